@@ -1,0 +1,70 @@
+"""The runtime object model the server hands out as module and function handles.
+
+This is the contract between the executor and the server (see ARCHITECTURE.md):
+
+* A *packed function* is any Python callable.  It takes positional arguments of these kinds
+  and returns one of them (or None):
+
+  - ``int``, ``float``, ``bool``, ``str``, ``bytes``, ``None``
+  - ``rpcsrv.protocol.dtypes.Device`` and ``rpcsrv.protocol.dtypes.DataType``
+  - ``numpy.ndarray`` — a tensor.  Arrays the server passes in are *views of session-owned
+    device buffers*: writing into them writes the remote tensor (that is how ``get_output(i, out)``
+    and the ExampleJSON output arguments work).  A returned array becomes a new remote NDArray
+    handle; the server keeps it alive until the client frees it.
+  - ``RuntimeModule`` — a module (returned modules become module handles).
+  - another packed function.
+
+* A ``RuntimeModule`` has a ``type_key``, a list of ``imports`` and ``get_function(name)`` which
+  returns a packed function or ``None`` when the module has no such function (TVM's
+  ``GetFunction`` returning a null PackedFunc).  Errors a user can act on are raised as
+  ``RuntimeError`` subclasses with a message; the server sends the message to the client as an
+  RPC exception.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Optional
+
+PackedFunc = Callable[..., Any]
+
+
+class ExecutorError(RuntimeError):
+    """A user-facing error from the executor (bad input, missing function, bad graph)."""
+
+
+class RuntimeModule:
+    """Base class of every module the server can hand out."""
+
+    type_key: str = "module"
+
+    def __init__(self, imports: Optional[list["RuntimeModule"]] = None):
+        self.imports: list[RuntimeModule] = list(imports or [])
+
+    def get_function(self, name: str) -> Optional[PackedFunc]:
+        """This module's own function ``name``, or None."""
+        return None
+
+    def walk(self) -> Iterator["RuntimeModule"]:
+        """This module, then its imports depth-first (each module once)."""
+        seen: set[int] = set()
+        stack: list[RuntimeModule] = [self]
+        while stack:
+            mod = stack.pop()
+            if id(mod) in seen:
+                continue
+            seen.add(id(mod))
+            yield mod
+            stack.extend(reversed(mod.imports))
+
+    def find_function(self, name: str, query_imports: bool = True) -> Optional[PackedFunc]:
+        """TVM's lookup: this module first, then (if asked) the import tree depth-first."""
+        if not query_imports:
+            return self.get_function(name)
+        for mod in self.walk():
+            fn = mod.get_function(name)
+            if fn is not None:
+                return fn
+        return None
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} type_key={self.type_key!r} imports={len(self.imports)}>"

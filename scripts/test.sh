@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Install rpcsrv with its test extras and the real TVM client, then run the whole test suite.
+# Tests that need a cross compiler or clang skip with a reason where those are missing
+# (.ci/run installs them and sets RPCSRV_REQUIRE_ALL=1 so that nothing is skipped there).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m pip install -q -e '.[test,tvm]'
+exec python3 -m pytest -q "$@"
