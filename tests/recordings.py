@@ -1,0 +1,72 @@
+"""Read the recorded real TVM sessions in ../shared/{classic,ffi}-sessions/.
+
+Each recording is JSON lines of raw socket chunks per direction (or, for graph-executor.jsonl,
+already-framed handshakes and packets).  ``streams`` joins each direction into one byte string;
+``packets`` frames them into (direction, kind, bytes) with kind "handshake" or "packet" (the packet
+bytes include their int64 length prefix).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+from rpcsrv.protocol.codes import RPC_MAGIC
+
+
+def load(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def streams(path: Path) -> dict[str, bytes]:
+    out = {"c2s": bytearray(), "s2c": bytearray()}
+    for rec in load(path):
+        if "hex" in rec:
+            out[rec["dir"]] += bytes.fromhex(rec["hex"])
+    return {k: bytes(v) for k, v in out.items()}
+
+
+def _split(direction: str, data: bytes) -> list[tuple[str, bytes]]:
+    """Frame one direction's stream: a handshake first, then length-prefixed packets."""
+    items, pos = [], 0
+    if direction == "c2s":
+        (klen,) = struct.unpack_from("<i", data, 4)
+        items.append(("handshake", data[:8 + klen]))
+        pos = 8 + klen
+    else:
+        (code,) = struct.unpack_from("<i", data, 0)
+        if code != RPC_MAGIC:
+            return [("handshake", data[:4])]
+        (klen,) = struct.unpack_from("<i", data, 4)
+        items.append(("handshake", data[:8 + klen]))
+        pos = 8 + klen
+    while pos + 8 <= len(data):
+        (n,) = struct.unpack_from("<q", data, pos)
+        items.append(("packet", data[pos:pos + 8 + n]))
+        pos += 8 + n
+    return items
+
+
+def packets(path: Path) -> list[tuple[str, str, bytes]]:
+    """(direction, kind, bytes) in conversation order (request, answer, request, ...)."""
+    recs = load(path)
+    if recs and "kind" in recs[0]:  # pre-framed recording
+        out = []
+        for rec in recs:
+            data = bytes.fromhex(rec["hex"]) if "hex" in rec else None
+            out.append((rec["dir"], rec["kind"], data))
+        return out
+    s = streams(path)
+    c2s, s2c = _split("c2s", s["c2s"]), _split("s2c", s["s2c"])
+    out = []
+    # the protocol is strictly request/answer; Shutdown (code 1) gets no answer
+    i = j = 0
+    while i < len(c2s):
+        out.append(("c2s",) + c2s[i])
+        is_shutdown = c2s[i][0] == "packet" and struct.unpack_from("<i", c2s[i][1], 8)[0] == 1
+        i += 1
+        if not is_shutdown and j < len(s2c):
+            out.append(("s2c",) + s2c[j])
+            j += 1
+    return out
