@@ -48,3 +48,55 @@ def need_shared(*parts: str) -> Path:
     if not path.exists():
         _missing(f"{path} not found (the shared/ folder sits beside the repo)")
     return path
+
+
+class ServerProcess:
+    """``rpcsrv serve`` in a child process on a free port (what a user runs on the board)."""
+
+    def __init__(self, *args: str, workdir=None):
+        import re
+        import subprocess
+        import sys
+
+        cmd = [sys.executable, "-m", "rpcsrv", "serve", "--port", "0", *args]
+        if workdir is not None:
+            cmd += ["--workdir", str(workdir)]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        m = re.search(r":(\d+)", line)
+        if not m:
+            self.proc.kill()
+            raise RuntimeError(f"rpcsrv did not start: {line!r} {self.proc.stderr.read()}")
+        self.port = int(m.group(1))
+        self.host = "127.0.0.1"
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        import signal
+
+        if self.alive():
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(10)
+            except Exception:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A keyless rpcsrv for the tests of one module."""
+    srv = ServerProcess(workdir=tmp_path_factory.mktemp("rpcsrv-work"))
+    yield srv
+    assert srv.alive(), "the server died during the tests"
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def keyed_server(tmp_path_factory):
+    srv = ServerProcess("--key", "board-a", workdir=tmp_path_factory.mktemp("rpcsrv-work"))
+    yield srv
+    assert srv.alive(), "the server died during the tests"
+    srv.stop()

@@ -12,6 +12,8 @@ import json
 import struct
 from pathlib import Path
 
+from rpcsrv.protocol import (CallFunc, Connection, CopyAck, CopyFromRemote, CopyToRemote, InitServer,
+                             RemoteError, Return, Shutdown, Syscall)
 from rpcsrv.protocol.codes import RPC_MAGIC
 
 
@@ -70,3 +72,28 @@ def packets(path: Path) -> list[tuple[str, str, bytes]]:
             out.append(("s2c",) + s2c[j])
             j += 1
     return out
+
+
+def reencode(conn: Connection, ev) -> bytes:
+    """Rebuild the packet bytes of a decoded event with our encoder."""
+    if isinstance(ev, InitServer):
+        parts = conn.send_init_server(ev.args, ev.version)
+    elif isinstance(ev, CallFunc):
+        parts = conn.send_call(ev.handle, ev.args)
+    elif isinstance(ev, Syscall):
+        parts = conn.send_syscall(ev.code, ev.args)
+    elif isinstance(ev, CopyToRemote):
+        parts = conn.send_copy_to_remote(ev.tensor, ev.data)
+    elif isinstance(ev, CopyFromRemote):
+        parts = conn.send_copy_from_remote(ev.tensor, ev.nbytes)
+    elif isinstance(ev, Return):
+        parts = conn.send_return(ev.values)
+    elif isinstance(ev, RemoteError):
+        parts = conn.send_exception(ev.message)
+    elif isinstance(ev, CopyAck):
+        parts = conn.send_copy_ack(ev.data)
+    elif isinstance(ev, Shutdown):
+        parts = conn.send_shutdown()
+    else:
+        raise AssertionError(f"unexpected event {ev}")
+    return b"".join(bytes(p) for p in parts)
