@@ -286,8 +286,12 @@ def detect_dialect(packet, offset: int) -> Dialect | None:
 
 # ----------------------------------------------------------------------------- encoding
 
-def _encode_one(w: Writer, v: Any, dialect: Dialect) -> int:
-    """Write value ``v`` (without its code) and return its type code / index."""
+def _encode_one(w: Writer, v: Any, dialect: Dialect, bytes_object: bool = False) -> int:
+    """Write value ``v`` (without its code) and return its type code / index.
+
+    ``bytes_object``: in tvm-ffi, clients send bytes as a Bytes object (index repeated), servers
+    return them as a byte-array pointer.
+    """
     classic = dialect is Dialect.CLASSIC
     if v is None:
         return TypeCode.NULLPTR if classic else TypeIndex.NONE
@@ -304,8 +308,15 @@ def _encode_one(w: Writer, v: Any, dialect: Dialect) -> int:
         w.blob(v.encode("utf-8"))
         return TypeCode.STR if classic else TypeIndex.RAW_STR
     if isinstance(v, (bytes, bytearray, memoryview)):
+        if classic:
+            w.blob(v)
+            return TypeCode.BYTES
+        if bytes_object:
+            w.u32(TypeIndex.BYTES)
+            w.blob(v)
+            return TypeIndex.BYTES
         w.blob(v)
-        return TypeCode.BYTES if classic else TypeIndex.BYTE_ARRAY_PTR
+        return TypeIndex.BYTE_ARRAY_PTR
     if isinstance(v, DataType):
         w.dtype(v, padded=True)
         return TypeCode.DATA_TYPE if classic else TypeIndex.DATA_TYPE
@@ -329,13 +340,14 @@ def _encode_one(w: Writer, v: Any, dialect: Dialect) -> int:
     raise TypeError(f"cannot send a {type(v).__name__} over RPC")
 
 
-def encode_packed_seq(w: Writer, values: Sequence[Any], dialect: Dialect) -> None:
-    """Append a packed-argument sequence of ``values`` to ``w``."""
+def encode_packed_seq(w: Writer, values: Sequence[Any], dialect: Dialect,
+                      bytes_object: bool = False) -> None:
+    """Append a packed-argument sequence of ``values`` to ``w`` (see ``_encode_one``)."""
     w.i32(len(values))
     if dialect is Dialect.FFI:
         for v in values:
             body = Writer()
-            code = _encode_one(body, v, dialect)
+            code = _encode_one(body, v, dialect, bytes_object)
             w.i32(code)
             for part in body.finish():
                 w.put_big(part)

@@ -376,7 +376,7 @@ class Connection:
     def send_call(self, handle: int, args: list) -> list:
         def fill(w: Writer) -> None:
             w.u64(handle)
-            encode_packed_seq(w, args, self._dialect_for_send())
+            encode_packed_seq(w, args, self._dialect_for_send(), bytes_object=True)
         return self._packet_bytes(RPCCode.CALL_FUNC, fill)
 
     def send_syscall(self, code: RPCCode, args: list) -> list:
