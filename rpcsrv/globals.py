@@ -137,3 +137,9 @@ def _time_evaluator(sess: Session, mod, name: str, device_type: int, device_id: 
         return struct.pack(f"<{len(out)}d", *out)
 
     return PackedFunction(evaluate, f"time_evaluator({name})", blocking=True)
+
+
+@reg("rpcsrv.session_stats")
+def _session_stats(sess: Session) -> str:
+    """What this session holds: ``objects=N,buffers=N,bytes=N`` (for leak checks)."""
+    return f"objects={len(sess.objects)},buffers={len(sess.buffers)},bytes={sess.memory_used}"

@@ -137,7 +137,7 @@ class Session:
 
     def export_array(self, arr: np.ndarray) -> RemoteTensor:
         """Hand an array to the client as an NDArray (its memory gets a data handle)."""
-        arr = np.ascontiguousarray(arr)
+        arr = np.asarray(arr, order="C")
         raw = arr.reshape(-1).view(np.uint8) if arr.size else np.zeros(0, np.uint8)
         data = self._new_handle()
         self.buffers[data] = raw
@@ -208,7 +208,7 @@ class Session:
 
     @property
     def _dialect(self) -> Dialect:
-        return self.conn.dialect or Dialect.CLASSIC
+        return self.conn.dialect or Dialect.FFI
 
     def _init(self, ev: InitServer) -> list:
         if self.initialized:

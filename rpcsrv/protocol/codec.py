@@ -267,19 +267,34 @@ def decode_packed_seq(r: Reader, dialect: Dialect) -> list:
     return [_decode_ffi(r, r.i32("type index")) for _ in range(n)]
 
 
-def detect_dialect(packet, offset: int) -> Dialect | None:
-    """The dialect in which the packed sequence at ``offset`` parses to exactly the packet's end.
+def _plausible(values: list) -> bool:
+    """Whether decoded values look like something a real client sends (used to break ties)."""
+    for v in values:
+        dev = v.device if isinstance(v, TensorHeader) else v if isinstance(v, Device) else None
+        if dev is not None and not (1 <= dev.device_type <= 64 and 0 <= dev.device_id < 1024):
+            return False
+        dt = v.dtype if isinstance(v, TensorHeader) else v if isinstance(v, DataType) else None
+        if dt is not None and not (dt.code <= 17 and dt.bits in (1, 4, 6, 8, 16, 32, 64, 128)
+                                   and 1 <= dt.lanes <= 1024):
+            return False
+    return True
 
-    Returns None when both or neither parse (the caller keeps guessing on later packets).
+
+def detect_dialect(packet, offset: int) -> Dialect | None:
+    """The dialect in which the packed sequence at ``offset`` parses, to exactly the packet's end,
+    into plausible values (real devices and dtypes).
+
+    When both dialects still fit, tvm-ffi is assumed for this packet but None is returned, so the
+    caller keeps looking at later packets; when neither fits, None as well.
     """
     fits = []
     for dialect in (Dialect.CLASSIC, Dialect.FFI):
         r = Reader(packet, offset)
         try:
-            decode_packed_seq(r, dialect)
+            values = decode_packed_seq(r, dialect)
         except ProtocolError:
             continue
-        if r.remaining == 0:
+        if r.remaining == 0 and _plausible(values):
             fits.append(dialect)
     return fits[0] if len(fits) == 1 else None
 

@@ -281,7 +281,7 @@ class Connection:
             guess = detect_dialect(packet, offset)
             if guess is not None:
                 self.dialect = guess
-            dialect = guess or Dialect.CLASSIC
+            dialect = guess or Dialect.FFI
         else:
             dialect = self.dialect
         values = decode_packed_seq(r, dialect)
@@ -350,7 +350,7 @@ class Connection:
         return [_I64.pack(sum(len(p) for p in parts))] + parts
 
     def _dialect_for_send(self) -> Dialect:
-        return self.dialect or Dialect.CLASSIC
+        return self.dialect or Dialect.FFI
 
     def send_return(self, values: list) -> list:
         return self._packet_bytes(RPCCode.RETURN,
