@@ -56,8 +56,15 @@ class RPCSession:
             ev = self._conn.next_event()
             if ev is not NEED_DATA:
                 return ev
-            data = self._sock.recv(1 << 20)
-            self._conn.receive_data(data)
+            region = self._conn.writable()
+            if region is not None and len(region) >= 1 << 16:
+                n = self._sock.recv_into(region)  # large bodies land in place
+                if n:
+                    self._conn.advance(n)
+                else:
+                    self._conn.receive_data(b"")
+            else:
+                self._conn.receive_data(self._sock.recv(1 << 20))
 
     def _request(self, parts: list):
         self._send(parts)
@@ -271,10 +278,16 @@ class RemoteArray:
 
     def numpy(self) -> np.ndarray:
         out = np.empty(self.shape, dtype=self.header.dtype.numpy())
-        ev = self.session._request(self.session._conn.send_copy_from_remote(self.header, out.nbytes))
+        flat = out.reshape(-1).view(np.uint8)
+        conn = self.session._conn
+        if out.nbytes:
+            conn.expect_copy_ack(flat.data)
+        ev = self.session._request(conn.send_copy_from_remote(self.header, out.nbytes))
+        conn._ack_target = None
         if not isinstance(ev, CopyAck) or len(ev.data) != out.nbytes:
             raise RPCError("bad answer to a copy from the server")
-        out.reshape(-1).view(np.uint8)[:] = np.frombuffer(ev.data, dtype=np.uint8)
+        if ev.data.obj is not flat.data.obj:
+            flat[:] = np.frombuffer(ev.data, dtype=np.uint8)
         return out
 
     def __del__(self):

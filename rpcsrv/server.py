@@ -17,10 +17,11 @@ from typing import Optional
 import trio
 
 from .globals import REGISTRY, Registry
-from .protocol import (NEED_DATA, Connection, ConnectionClosed, Dialect, HandshakeRequest, Role,
-                       Shutdown)
+from .protocol import (NEED_DATA, Connection, ConnectionClosed, CopyToRemoteStart, Dialect,
+                       HandshakeRequest, Role, Shutdown)
 from .protocol.connection import DEFAULT_MAX_PACKET
 from .session import Limits, Session
+from .transport import Transport
 from .workspace import Workspace
 
 log = logging.getLogger("rpcsrv.server")
@@ -42,24 +43,6 @@ class ServerConfig:
     registry: Registry = field(default_factory=lambda: REGISTRY)
 
 
-async def _send(stream: trio.abc.Stream, parts: list) -> None:
-    total = sum(len(p) for p in parts)
-    if total <= 1 << 16 or len(parts) == 1:
-        await stream.send_all(b"".join(parts) if len(parts) > 1 else parts[0])
-        return
-    head = []
-    for p in parts:  # coalesce small headers, send large payloads from their own memory
-        if len(p) < 1 << 16:
-            head.append(bytes(p))
-            continue
-        if head:
-            await stream.send_all(b"".join(head))
-            head = []
-        await stream.send_all(p)
-    if head:
-        await stream.send_all(b"".join(head))
-
-
 async def serve_connection(stream: trio.SocketStream, cfg: ServerConfig) -> None:
     """Serve one client from handshake to close."""
     try:
@@ -68,31 +51,33 @@ async def serve_connection(stream: trio.SocketStream, cfg: ServerConfig) -> None
         peer = "?"
     conn = Connection(Role.SERVER, dialect=cfg.dialect, max_packet=cfg.max_packet)
     session: Optional[Session] = None
+    io = Transport(stream.socket)
     try:
         with trio.move_on_after(HANDSHAKE_TIMEOUT) as hs_scope:
-            request = await _next(stream, conn)
+            request = await _next(io, conn)
         if hs_scope.cancelled_caught or not isinstance(request, HandshakeRequest):
             log.info("%s: no valid handshake (%s)", peer, getattr(request, "error", "timeout"))
             return
         if request.key != cfg.key:
             log.warning("%s: key mismatch (client sent %r)", peer, request.header)
-            await stream.send_all(conn.refuse())
+            await io.send_all([conn.refuse()])
             return
-        await stream.send_all(conn.accept(cfg.key))
+        await io.send_all([conn.accept(cfg.key)])
         timeout = _timeout(request.options.get("timeout"))
         session = Session(conn, Workspace.create(cfg.workdir, max_bytes=cfg.limits.max_workspace),
                           cfg.registry, cfg.limits, peer)
         log.info("%s: session started in %s", peer, session.workspace.root)
         with trio.move_on_after(timeout) as scope:
-            await _session_loop(stream, conn, session, peer)
+            await _session_loop(io, conn, session, peer)
         if scope.cancelled_caught:
             log.info("%s: session timed out after %ss", peer, timeout)
-            await _send(stream, conn.send_exception(
+            await io.send_all(conn.send_exception(
                 f"RPCSessionTimeoutError: Your {timeout}s session has expired, "
                 f'try to increase the "session_timeout" value.'))
-    except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError) as exc:
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
         log.info("%s: connection lost: %s", peer, exc)
     finally:
+        io.close()
         if session is not None:
             session.close()
             log.info("%s: session closed", peer)
@@ -108,24 +93,35 @@ def _timeout(text: Optional[str]) -> float:
     return value if value > 0 else float("inf")
 
 
-async def _next(stream: trio.abc.Stream, conn: Connection):
+async def _next(io: Transport, conn: Connection):
     while True:
         ev = conn.next_event()
         if ev is not NEED_DATA:
             return ev
-        conn.receive_data(await stream.receive_some(RECV_SIZE))
+        region = conn.writable()
+        if region is not None and len(region) >= 1 << 16:
+            n = await io.recv_into(region)  # large bodies land in place, no copies
+            if n:
+                conn.advance(n)
+            else:
+                conn.receive_data(b"")
+        else:
+            conn.receive_data(await io.recv(RECV_SIZE))
 
 
-async def _session_loop(stream, conn: Connection, session: Session, peer: str) -> None:
+async def _session_loop(io: Transport, conn: Connection, session: Session, peer: str) -> None:
     while True:
-        ev = await _next(stream, conn)
+        ev = await _next(io, conn)
         if isinstance(ev, ConnectionClosed):
             if not ev.clean:
                 log.info("%s: closing: %s", peer, ev.error)
             return
         if isinstance(ev, Shutdown):
             return
-        await _send(stream, await session.handle(ev))
+        if isinstance(ev, CopyToRemoteStart):
+            conn.set_copy_target(*session.copy_target(ev))
+            continue
+        await io.send_all(await session.handle(ev))
 
 
 async def open_listener(cfg: ServerConfig) -> trio.SocketListener:

@@ -302,7 +302,16 @@ class Session:
             return "rpcsrv-cpu"
         return None  # TVM's CPU device API leaves other attributes unset
 
+    def copy_target(self, ev) -> tuple[Optional[memoryview], str]:
+        """Where a streamed kCopyToRemote body goes (or None and the reason to refuse it)."""
+        try:
+            return memoryview(self._copy_target(ev.tensor, ev.nbytes)), ""
+        except RPCUserError as exc:
+            return None, str(exc)
+
     def _copy_to(self, ev: CopyToRemote) -> None:
+        if ev.in_place:
+            return  # already received into the buffer named by copy_target
         dst = self._copy_target(ev.tensor, ev.nbytes)
         dst[:] = np.frombuffer(ev.data, dtype=np.uint8)
 

@@ -3,10 +3,10 @@
 from .codec import ProtocolError, Reader, Writer, decode_packed_seq, detect_dialect, encode_packed_seq
 from .codes import (PROTOCOL_VERSION, RPC_CODE_MISMATCH, RPC_CODE_SUCCESS, RPC_MAGIC, RPC_SESS_MASK,
                     RPC_TRACKER_MAGIC, DeviceAttrKind, Dialect, RPCCode, TypeCode, TypeIndex)
-from .connection import (NEED_DATA, BadPacket, CallFunc, Connection, ConnectionClosed, CopyAck,
-                         CopyFromRemote, CopyToRemote, Event, HandshakeDone, HandshakeRefused,
-                         HandshakeRequest, InitServer, RemoteError, Return, Role, Shutdown, Syscall,
-                         decode_values, encode_values)
+from .connection import Connection, Role, decode_values, encode_values
+from .events import (NEED_DATA, BadPacket, CallFunc, ConnectionClosed, CopyAck, CopyFromRemote,
+                     CopyToRemote, CopyToRemoteStart, Event, HandshakeDone, HandshakeRefused,
+                     HandshakeRequest, InitServer, RemoteError, Return, Shutdown, Syscall)
 from .dtypes import DataType, Device, DLDataTypeCode, DLDeviceType
 from .returns import RemoteTensor, pack_return, unpack_return
 from .values import FunctionHandle, Handle, ModuleHandle, ObjectHandle, OpaqueHandle, TensorHeader

@@ -26,6 +26,9 @@ from typing import Optional
 from .codec import ProtocolError, Reader, Writer, decode_packed_seq, detect_dialect, encode_packed_seq
 from .codes import (PROTOCOL_VERSION, RPC_CODE_MISMATCH, RPC_CODE_SUCCESS, RPC_MAGIC, SYSCALL_START,
                     Dialect, RPCCode)
+from .events import (NEED_DATA, BadPacket, CallFunc, ConnectionClosed, CopyAck, CopyFromRemote,
+                     CopyToRemote, CopyToRemoteStart, Event, HandshakeDone, HandshakeRefused,
+                     HandshakeRequest, InitServer, RemoteError, Return, Shutdown, Syscall)
 from .values import TensorHeader
 
 DEFAULT_MAX_PACKET = 1 << 32  # 4 GiB: larger packets are refused before any allocation
@@ -40,137 +43,38 @@ class Role(enum.Enum):
     CLIENT = "client"
 
 
-# ----------------------------------------------------------------------------- events
-
-class Event:
-    """Base class of everything :meth:`Connection.next_event` returns."""
-
-
-class NeedData(Event):
-    """Nothing complete yet: feed more bytes."""
-
-
-NEED_DATA = NeedData()
-
-
-@dataclass
-class HandshakeRequest(Event):
-    """(server) A client presented its key, e.g. ``"client:board-a -timeout=10"``."""
-
-    header: str
-
-    @property
-    def key(self) -> Optional[str]:
-        """The key after ``client:`` (None when the header is not a client header)."""
-        first = self.header.split()[0] if self.header.split() else ""
-        return first[len("client:"):] if first.startswith("client:") else None
-
-    @property
-    def options(self) -> dict[str, str]:
-        """Options after the key (``-timeout=10`` → ``{"timeout": "10"}``)."""
-        opts = {}
-        for word in self.header.split()[1:]:
-            if word.startswith("-") and "=" in word:
-                k, v = word[1:].split("=", 1)
-                opts[k] = v
-        return opts
-
-
-@dataclass
-class HandshakeDone(Event):
-    """(client) The server accepted; ``server_key`` is its ``"server:<key>"`` header."""
-
-    server_key: str
-
-
-@dataclass
-class HandshakeRefused(Event):
-    """(client) The server answered a code other than success (e.g. key mismatch)."""
-
-    code: int
-
-
-@dataclass
-class InitServer(Event):
-    version: str
-    args: list
-
-
-@dataclass
-class CallFunc(Event):
-    handle: int
-    args: list
-
-
-@dataclass
-class Syscall(Event):
-    code: RPCCode
-    args: list
-
-
-@dataclass
-class CopyToRemote(Event):
-    tensor: TensorHeader
-    nbytes: int
-    data: memoryview
-
-
-@dataclass
-class CopyFromRemote(Event):
-    tensor: TensorHeader
-    nbytes: int
-
-
-@dataclass
-class Return(Event):
-    values: list
-
-
-@dataclass
-class RemoteError(Event):
-    """(client) The server answered kException."""
-
-    message: str
-
-
-@dataclass
-class CopyAck(Event):
-    data: memoryview
-
-
-@dataclass
-class Shutdown(Event):
-    pass
-
-
-@dataclass
-class BadPacket(Event):
-    """A well-framed packet whose content is wrong; the peer expects an answer (an exception)."""
-
-    code: int
-    error: str
-
-
-@dataclass
-class ConnectionClosed(Event):
-    """The peer closed (``clean``: at a packet boundary) or the stream is beyond repair."""
-
-    clean: bool = True
-    error: str = ""
-
-
 # ----------------------------------------------------------------------------- connection
+
+PREFIX = 512  # bytes of a large packet read before deciding where its body goes
+STREAM_MIN = 1 << 16  # packets at least this large may stream their body into a target
+
 
 @dataclass
 class Connection:
+    """One end of an RPC connection.
+
+    Input: :meth:`receive_data` (bytes the socket gave) or, to skip a copy, :meth:`writable` +
+    :meth:`advance` (``recv_into`` the region it names); then :meth:`next_event` until it returns
+    :data:`NEED_DATA`.  Large copies stream straight into their destination: the server names it in
+    answer to :class:`CopyToRemoteStart` (:meth:`set_copy_target`); the client names it before asking
+    (:meth:`expect_copy_ack`).
+    """
+
     role: Role
     dialect: Optional[Dialect] = None
     max_packet: int = DEFAULT_MAX_PACKET
     _buf: bytearray = field(default_factory=bytearray)
     _pos: int = 0
     _state: str = "handshake"
-    _packet: Optional[bytearray] = None
+    # current packet: phase is None (awaiting length), "prefix", "packet", "target", "discard", "await"
+    _phase: Optional[str] = None
+    _total: int = 0
+    _region_buf: Optional[memoryview] = None
     _filled: int = 0
+    _prefix: bytes = b""
+    _copy: Optional[CopyToRemoteStart] = None
+    _discard_error: str = ""
+    _ack_target: Optional[memoryview] = None
     _eof: bool = False
     _closed_event: Optional[ConnectionClosed] = None
 
@@ -180,18 +84,50 @@ class Connection:
         if not data:
             self._eof = True
             return
-        if self._packet is not None:
-            mv = memoryview(data).cast("B")
-            n = min(len(mv), len(self._packet) - self._filled)
-            self._packet[self._filled:self._filled + n] = mv[:n]
-            self._filled += n
-            data = mv[n:]
-            if not data:
-                return
-        if self._pos and self._pos == len(self._buf):
-            self._buf.clear()
-            self._pos = 0
-        self._buf += data
+        mv = memoryview(data).cast("B")
+        region = self.writable()
+        if region is not None:
+            n = min(len(mv), len(region))
+            region[:n] = mv[:n]
+            self.advance(n)
+            mv = mv[n:]
+        if mv:
+            if self._pos and self._pos == len(self._buf):
+                self._buf.clear()
+                self._pos = 0
+            self._buf += mv
+
+    def writable(self) -> Optional[memoryview]:
+        """The memory the next received bytes belong in (for ``recv_into``), or None."""
+        return None if self._avail() else self._region()
+
+    def _region(self) -> Optional[memoryview]:
+        if self._region_buf is None or self._phase in (None, "await"):
+            return None
+        if self._phase == "discard":
+            return self._region_buf[:min(len(self._region_buf), self._total - self._filled)]
+        return self._region_buf[self._filled:]
+
+    def advance(self, n: int) -> None:
+        """``n`` bytes were received into :meth:`writable`'s region."""
+        self._filled += n
+
+    def set_copy_target(self, target: Optional[memoryview], error: str = "") -> None:
+        """(server) Where the announced kCopyToRemote body goes; None (with ``error``) discards it."""
+        assert self._phase == "await" and self._copy is not None
+        extra = self._prefix
+        if target is None or len(target) != self._copy.nbytes:
+            self._phase, self._region_buf = "discard", memoryview(bytearray(min(self._total, 1 << 20)))
+            self._total, self._filled = self._copy.nbytes, len(extra)
+            self._discard_error = error or "copy target rejected"
+            return
+        target = target.cast("B") if target.format != "B" else target
+        target[:len(extra)] = extra
+        self._phase, self._region_buf, self._filled = "target", target, len(extra)
+
+    def expect_copy_ack(self, target: memoryview) -> None:
+        """(client) Receive the next kCopyAck body straight into ``target`` (its exact size)."""
+        self._ack_target = target.cast("B") if target.format != "B" else target
 
     def _avail(self) -> int:
         return len(self._buf) - self._pos
@@ -203,6 +139,14 @@ class Connection:
             del self._buf[:self._pos]
             self._pos = 0
         return out
+
+    def _fill_from_buffer(self) -> None:
+        region = self._region()
+        if region is not None and self._avail():
+            n = min(len(region), self._avail())
+            region[:n] = self._buf[self._pos:self._pos + n]
+            self._pos += n
+            self._filled += n
 
     def _fail(self, error: str) -> ConnectionClosed:
         self._state = "closed"
@@ -217,26 +161,77 @@ class Connection:
             return self._next_handshake()
         if self._state == "await_accept":
             return NEED_DATA
-        if self._packet is None:
-            if self._avail() < 8:
-                return self._eof_event(self._avail() == 0)
-            (n,) = _I64.unpack(self._take(8))
-            if n < 4 or n > self.max_packet:
-                return self._fail(f"packet length {n} is outside 4..{self.max_packet}")
-            self._packet = bytearray(n)
-            take = min(n, self._avail())
-            self._packet[:take] = self._buf[self._pos:self._pos + take]
-            self._pos += take
-            self._filled = take
-        if self._filled < len(self._packet):
-            return self._eof_event(False)
-        packet, self._packet = self._packet, None
-        return self._parse_packet(packet)
+        while True:
+            if self._phase is None:
+                if self._avail() < 8:
+                    return self._eof_event(self._avail() == 0)
+                (n,) = _I64.unpack(self._take(8))
+                if n < 4 or n > self.max_packet:
+                    return self._fail(f"packet length {n} is outside 4..{self.max_packet}")
+                self._total = n
+                streamed = n >= STREAM_MIN
+                self._start_region("prefix" if streamed else "packet", bytearray(PREFIX if streamed else n))
+            if self._phase == "await":
+                return NEED_DATA
+            self._fill_from_buffer()
+            size = self._total if self._phase == "discard" else len(self._region_buf)
+            if self._filled < size:
+                return self._eof_event(False)
+            event = self._region_complete()
+            if event is not None:
+                return event
+
+    def _start_region(self, phase: str, buf) -> None:
+        self._phase, self._region_buf, self._filled = phase, memoryview(buf), 0
+
+    def _region_complete(self) -> Optional[Event]:
+        phase, region = self._phase, self._region_buf
+        if phase == "packet":
+            self._phase = self._region_buf = None
+            return self._parse_packet(region.obj if isinstance(region.obj, bytearray) else bytearray(region))
+        if phase == "prefix":
+            return self._prefix_complete(bytes(region))
+        if phase == "target":
+            self._phase = self._region_buf = None
+            if self._copy is not None:
+                copy, self._copy = self._copy, None
+                return CopyToRemote(copy.tensor, copy.nbytes, region, in_place=True)
+            return CopyAck(region)
+        # discard
+        self._phase = self._region_buf = None
+        copy, self._copy = self._copy, None
+        return BadPacket(RPCCode.COPY_TO_REMOTE, self._discard_error)
+
+    def _prefix_complete(self, prefix: bytes) -> Optional[Event]:
+        (code,) = _I32.unpack_from(prefix)
+        if code == RPCCode.COPY_ACK and self._ack_target is not None \
+                and len(self._ack_target) == self._total - 4:
+            target, self._ack_target = self._ack_target, None
+            target[:len(prefix) - 4] = prefix[4:]
+            self._phase, self._region_buf, self._filled = "target", target, len(prefix) - 4
+            return None
+        if code == RPCCode.COPY_TO_REMOTE and self.role is Role.SERVER:
+            r = Reader(prefix)
+            r.pos = 4
+            try:
+                tensor = r.tensor()
+                nbytes = r.u64("copy size")
+            except ProtocolError:
+                tensor = None
+            if tensor is not None and nbytes == self._total - r.pos:
+                self._copy = CopyToRemoteStart(tensor, nbytes)
+                self._prefix = prefix[r.pos:]
+                self._phase, self._region_buf = "await", None
+                return self._copy
+        packet = bytearray(self._total)
+        packet[:len(prefix)] = prefix
+        self._phase, self._region_buf, self._filled = "packet", memoryview(packet), len(prefix)
+        return None
 
     def _eof_event(self, at_boundary: bool) -> Event:
         if not self._eof:
             return NEED_DATA
-        if at_boundary and self._packet is None:
+        if at_boundary and self._phase is None:
             self._closed_event = ConnectionClosed(clean=True)
         else:
             self._closed_event = ConnectionClosed(clean=False, error="peer closed in the middle of a packet")
