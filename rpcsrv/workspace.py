@@ -22,6 +22,7 @@ class Workspace:
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
+        self._resolved: dict[str, Path] = {}  # nothing here creates symlinks, so results stay valid
 
     @classmethod
     def create(cls, parent: Path | None, prefix: str = "session-", max_bytes: int = 1 << 30) -> "Workspace":
@@ -32,6 +33,9 @@ class Workspace:
 
     def path(self, name: str) -> Path:
         """The absolute path of ``name`` inside the workspace, or WorkspaceError."""
+        cached = self._resolved.get(name)
+        if cached is not None:
+            return cached
         if not isinstance(name, str) or "\0" in name:
             raise WorkspaceError(f"invalid path {name!r}")
         if os.path.isabs(name):
@@ -39,6 +43,8 @@ class Workspace:
         target = (self.root / name).resolve()
         if target != self.root and self.root not in target.parents:
             raise WorkspaceError(f"path {name!r} leaves the session workspace")
+        if len(self._resolved) < 4096:
+            self._resolved[name] = target
         return target
 
     def used_bytes(self) -> int:
