@@ -41,15 +41,22 @@ class RPCSession:
         self.closed = False
 
     # ----------------------------------------------------------------- transport
-    def _send(self, parts: list) -> None:
+    def _send(self, parts: list, progress=None) -> None:
         if self.closed:
             raise RPCError("the session is closed")
         total = sum(len(p) for p in parts)
         if total <= 1 << 16:
             self._sock.sendall(b"".join(parts))
-        else:
-            for p in parts:
-                self._sock.sendall(p)
+            return
+        sent = 0
+        for p in parts:
+            view = memoryview(p).cast("B") if len(p) else memoryview(b"")
+            for start in range(0, len(view), 1 << 22 if progress else max(len(view), 1)):
+                chunk = view[start:start + (1 << 22)] if progress else view
+                self._sock.sendall(chunk)
+                sent += len(chunk)
+                if progress:
+                    progress(sent)
 
     def _recv_event(self):
         while True:
@@ -66,8 +73,8 @@ class RPCSession:
             else:
                 self._conn.receive_data(self._sock.recv(1 << 20))
 
-    def _request(self, parts: list):
-        self._send(parts)
+    def _request(self, parts: list, progress=None):
+        self._send(parts, progress)
         ev = self._recv_event()
         if isinstance(ev, RemoteError):
             raise RPCError(ev.message)
@@ -130,7 +137,8 @@ class RPCSession:
             self._funcs[name] = self.get_function(name)
         return self._funcs[name]
 
-    def upload(self, data, target: Optional[str] = None) -> None:
+    def upload(self, data, target: Optional[str] = None, progress=None) -> None:
+        """Upload a file (path) or bytes to the workspace; ``progress(bytes_sent)`` is called as it goes."""
         if isinstance(data, (bytes, bytearray, memoryview)):
             if not target:
                 raise ValueError("target must be given when uploading bytes")
@@ -139,7 +147,11 @@ class RPCSession:
             with open(data, "rb") as f:
                 blob = f.read()
             target = target or os.path.basename(data)
-        self._global("tvm.rpc.server.upload")(target, blob)
+        fn = self._global("tvm.rpc.server.upload")
+        if progress is None:
+            fn(target, blob)
+        else:
+            self._request(self._conn.send_call(fn.handle, [target, blob]), progress)
 
     def download(self, path: str) -> bytes:
         return bytes(self._global("tvm.rpc.server.download")(path))
