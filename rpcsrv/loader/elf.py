@@ -1,0 +1,122 @@
+"""Locate the blob symbol in an ELF file (any class, byte order, machine; .so, executable or .o).
+
+pyelftools does the ELF decoding (32/64-bit, both byte orders, symbol tables, the dynamic
+segment's hash tables when section headers are stripped): it is well kept and saves us from
+re-declaring ELF.  Untrusted sizes are checked here before pyelftools walks anything they govern,
+and every error it raises on a malformed file becomes a ``LoaderError``.
+"""
+
+from __future__ import annotations
+
+from .containers import SYMBOL_LAYOUTS, BlobLocation, _BytesReader, _read_header, no_symbol
+from .errors import LoaderError
+
+_NAMES = tuple(SYMBOL_LAYOUTS)
+
+
+def find_in_elf(data: memoryview) -> BlobLocation:
+    """Locate the blob symbol (``.dynsym``/``.symtab``, else the dynamic segment)."""
+    try:
+        return _find(data)
+    except LoaderError:
+        raise
+    except Exception as exc:  # pyelftools signals malformed input with many exception types
+        raise LoaderError(f"malformed ELF file: {type(exc).__name__}: {exc}") from None
+
+
+def _arch(elf) -> str:
+    order = "le" if elf.little_endian else "be"
+    return f"{elf.get_machine_arch()} ELF{elf.elfclass} {order}"
+
+
+def _find(data: memoryview) -> BlobLocation:
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.sections import SymbolTableSection
+
+    elf = ELFFile(_BytesReader(data))
+    arch = _arch(elf)
+    tables = []
+    if elf.num_sections():
+        for sec in elf.iter_sections():
+            if isinstance(sec, SymbolTableSection):
+                _check_table(sec, len(data))
+                tables.append(sec)
+        tables.sort(key=lambda s: s.name != ".dynsym")
+    if tables:
+        return _from_sections(elf, data, tables, arch)
+    return _from_segments(elf, data, arch)
+
+
+def _check_table(sec, file_size: int) -> None:
+    off, size, entsize = sec["sh_offset"], sec["sh_size"], sec["sh_entsize"]
+    if entsize <= 0 or off + size > file_size:
+        raise LoaderError(f"ELF: symbol table {sec.name!r} at offset {off} (size {size}, entry "
+                          f"size {entsize}) does not fit the {file_size}-byte file")
+    link = sec.stringtable
+    if link["sh_offset"] + link["sh_size"] > file_size:
+        raise LoaderError(f"ELF: string table of {sec.name!r} runs past the end of the file")
+
+
+def _functions(symbols) -> list[str]:
+    return sorted({s.name for s in symbols if s["st_info"]["type"] == "STT_FUNC"
+                   and s["st_shndx"] != "SHN_UNDEF" and s.name})
+
+
+def _from_sections(elf, data: memoryview, tables, arch: str) -> BlobLocation:
+    found, functions = None, set()
+    for table in tables:
+        symbols = list(table.iter_symbols())
+        functions.update(_functions(symbols))
+        if found is None:
+            found = next((s for s in symbols if s.name in _NAMES and s["st_shndx"] != "SHN_UNDEF"),
+                         None)
+    if found is None:
+        raise no_symbol("ELF", arch)
+    shndx = found["st_shndx"]
+    if not isinstance(shndx, int) or not 0 < shndx < elf.num_sections():
+        raise LoaderError(f"ELF: symbol {found.name} has section index {shndx!r}, expected a "
+                          f"section holding its bytes")
+    sec = elf.get_section(shndx)
+    if sec["sh_type"] == "SHT_NOBITS":
+        raise LoaderError(f"ELF: symbol {found.name} lives in {sec.name!r}, which has no file bytes")
+    start, end = sec["sh_offset"], sec["sh_offset"] + sec["sh_size"]
+    if end > len(data):
+        raise LoaderError(f"ELF: section {sec.name!r} (offset {start}, size {sec['sh_size']}) runs "
+                          f"past the end of the {len(data)}-byte file")
+    # in objects st_value is the offset in the section, elsewhere an address (sh_addr based)
+    at = start + found["st_value"] - (0 if elf["e_type"] == "ET_REL" else sec["sh_addr"])
+    if not start <= at < end:
+        raise LoaderError(f"ELF: symbol {found.name} (value 0x{found['st_value']:x}) lies outside "
+                          f"its section {sec.name!r}")
+    limit = end if not found["st_size"] else min(end, at + found["st_size"])
+    offset, size = _read_header(data, at, limit, f"ELF symbol {found.name}")
+    return BlobLocation("elf", arch, offset, size, SYMBOL_LAYOUTS[found.name], found.name,
+                        sorted(functions))
+
+
+def _from_segments(elf, data: memoryview, arch: str) -> BlobLocation:
+    """No section headers: read the dynamic symbol table and map addresses through PT_LOAD."""
+    from elftools.elf.dynamic import DynamicSegment
+
+    dyn = next((s for s in elf.iter_segments() if isinstance(s, DynamicSegment)), None)
+    if dyn is None:
+        raise no_symbol("ELF without section headers or dynamic segment", arch)
+    count = dyn.num_symbols()
+    if count * (16 if elf.elfclass == 32 else 24) > len(data):
+        raise LoaderError(f"ELF: dynamic symbol table claims {count} symbols, more than the file holds")
+    symbols = list(dyn.iter_symbols())
+    found = next((s for s in symbols if s.name in _NAMES and s["st_shndx"] != "SHN_UNDEF"), None)
+    if found is None:
+        raise no_symbol("ELF", arch)
+    addr = found["st_value"]
+    for seg in elf.iter_segments():
+        if seg["p_type"] != "PT_LOAD" or not seg["p_vaddr"] <= addr < seg["p_vaddr"] + seg["p_filesz"]:
+            continue
+        at = seg["p_offset"] + addr - seg["p_vaddr"]
+        end = min(seg["p_offset"] + seg["p_filesz"], len(data))
+        limit = end if not found["st_size"] else min(end, at + found["st_size"])
+        offset, size = _read_header(data, at, limit, f"ELF symbol {found.name}")
+        return BlobLocation("elf", arch, offset, size, SYMBOL_LAYOUTS[found.name], found.name,
+                            _functions(symbols))
+    raise LoaderError(f"ELF: symbol {found.name} at address 0x{addr:x} is in no loadable segment "
+                      f"with file bytes")
