@@ -1,0 +1,137 @@
+"""Runtime modules for the loader's module tree (other than ExampleJSON and the executor).
+
+* ``GraphExecutorFactoryModule`` — TVM's ``GraphExecutorFactory``: ``lib[module_name](dev, ...)``
+  creates a :class:`GraphExecutorModule` over the factory's first import and sets the params;
+  also ``get_graph_json``, ``get_graph_params``, ``remove_params``.
+* ``ConstLoaderRuntime`` — TVM's ``ConstLoaderModule`` (``metadata`` before 0.9): holds named
+  constants and the list each external symbol needs, binds them into the modules it imports.
+* ``HostLibraryRuntime`` — the ``_lib`` placeholder for host code compiled into the .so; the board
+  cannot run it, so asking for one of its symbols is a clear error.
+* ``OpaqueRuntime`` — any other module type: kept in the tree, exports nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+import numpy as np
+
+from .examplejson import ExampleJSONModule
+from .graph import GraphExecutorModule, check_devices
+from .graph_json import parse_graph_json
+from .runtime import ExecutorError, RuntimeModule
+
+
+class GraphExecutorFactoryRuntime(RuntimeModule):
+    """The graph executor factory; its graph JSON is checked when the library is loaded."""
+
+    type_key = "GraphExecutorFactory"
+
+    def __init__(self, graph_json: str, params: Mapping[str, np.ndarray], module_name: str = "default",
+                 imports: Optional[list[RuntimeModule]] = None):
+        super().__init__(imports)
+        self.graph_json = graph_json
+        self.graph = parse_graph_json(graph_json)
+        self.params = dict(params)
+        self.module_name = module_name
+
+    @property
+    def lib(self) -> Optional[RuntimeModule]:
+        """The module whose tree holds the graph's functions (TVM uses the first import)."""
+        return self.imports[0] if self.imports else None
+
+    def create(self, *devices: Any) -> GraphExecutorModule:
+        """A new executor with its own buffers, params set largest first (as TVM does)."""
+        check_devices(devices)
+        executor = GraphExecutorModule(self.graph, self.lib, devices)
+        for name in sorted(self.params, key=lambda k: -self.params[k].nbytes):
+            idx = executor.input_map.get(name, -1)
+            if idx >= 0:
+                executor.set_input(idx, self.params[name])
+        return executor
+
+    def get_function(self, name: str):
+        if name == self.module_name:
+            return self.create
+        if name == "get_graph_json":
+            return lambda: self.graph_json
+        if name == "get_graph_params":
+            return lambda: dict(self.params)
+        if name == "remove_params":
+            return self._remove_params
+        if name in ("debug_create", "cuda_graph_create"):
+            return self._unavailable(name)
+        return None
+
+    def _remove_params(self) -> "GraphExecutorFactoryRuntime":
+        return GraphExecutorFactoryRuntime(self.graph_json, {}, self.module_name, self.imports[:1])
+
+    @staticmethod
+    def _unavailable(name: str):
+        def fail(*_args):
+            raise ExecutorError(f"{name}: this executor kind is not available on this board "
+                                "(create the plain graph executor instead)")
+        return fail
+
+
+class ConstLoaderRuntime(RuntimeModule):
+    """TVM's const loader: constants by name, and which names each external symbol needs."""
+
+    type_key = "const_loader"
+
+    def __init__(self, arrays: Mapping[str, np.ndarray], const_vars_by_symbol: Mapping[str, list[str]],
+                 imports: Optional[list[RuntimeModule]] = None, type_key: str = "const_loader"):
+        super().__init__(imports)
+        self.type_key = type_key
+        self.arrays = dict(arrays)
+        self.const_vars_by_symbol = {k: list(v) for k, v in const_vars_by_symbol.items()}
+        for symbol, names in self.const_vars_by_symbol.items():
+            for name in names:
+                if name not in self.arrays:
+                    raise ExecutorError(f"{type_key} module is missing constant {name!r} for function {symbol!r}")
+
+    def bind_imports(self) -> None:
+        """Give each imported module the constants of its symbols (TVM's ``__init_<symbol>``)."""
+        for symbol, names in self.const_vars_by_symbol.items():
+            arrays = [self.arrays[n] for n in names]
+            for mod in self.imports:
+                if isinstance(mod, ExampleJSONModule) and symbol in mod.graphs:
+                    mod.bind(symbol, dict(zip(names, arrays)), f"the {self.type_key} module")
+                    break
+                init = mod.get_function(f"__init_{symbol}")
+                if init is not None:
+                    init(arrays)
+                    break
+
+    def get_function(self, name: str):
+        if name == "get_const_var_ndarray":
+            return lambda: dict(self.arrays)
+        for mod in self.imports:  # like TVM: the imports' functions are reachable through this module
+            fn = mod.get_function(name)
+            if fn is not None:
+                return fn
+        return None
+
+
+class HostLibraryRuntime(RuntimeModule):
+    """The host code of the library (``_lib``): listed, but it cannot run on this board."""
+
+    def __init__(self, symbols: list[str], imports: Optional[list[RuntimeModule]] = None,
+                 type_key: str = "library"):
+        super().__init__(imports)
+        self.type_key = type_key
+        self.symbols = set(symbols)
+
+    def get_function(self, name: str):
+        if name in self.symbols:
+            raise ExecutorError(f"host function {name} cannot run on this board: host fallback is "
+                                f"not implemented")
+        return None
+
+
+class OpaqueRuntime(RuntimeModule):
+    """A module of a type this board does not run; it only keeps its place in the tree."""
+
+    def __init__(self, type_key: str, imports: Optional[list[RuntimeModule]] = None):
+        super().__init__(imports)
+        self.type_key = type_key
