@@ -98,7 +98,7 @@ def find_in_tar(data: memoryview) -> BlobLocation:
             members = [m for m in tar.getmembers() if m.isfile()]
     except (tarfile.TarError, EOFError, ValueError) as exc:
         raise LoaderError(f"malformed tar file: {exc}") from None
-    tried = []
+    tried, found, functions = [], None, set()
     for m in members:
         start, end = m.offset_data, m.offset_data + m.size
         if end > len(data):
@@ -109,22 +109,32 @@ def find_in_tar(data: memoryview) -> BlobLocation:
         tried.append(m.name)
         try:
             loc = find_blob(data[start:end])
-        except _NoSymbol:
+        except _NoSymbol as exc:
+            functions.update(exc.functions)
             continue
-        loc.offset += start
-        loc.container, loc.member = "tar", m.name
-        return loc
+        functions.update(loc.symbols)
+        if found is None:
+            loc.offset += start
+            loc.container, loc.member = "tar", m.name
+            found = loc
+    if found is not None:
+        found.symbols = sorted(functions)
+        return found
     raise LoaderError(f"tar file: no object member defines {BLOB_SYMBOL} or {FFI_BLOB_SYMBOL} "
                       f"(searched {tried or 'no ELF/Mach-O members'})")
 
 
 class _NoSymbol(LoaderError):
-    """The container is fine but holds neither blob symbol."""
+    """The container is fine but holds neither blob symbol; ``functions`` are its functions."""
+
+    functions: list[str] = []
 
 
-def no_symbol(container: str, arch: str) -> _NoSymbol:
-    return _NoSymbol(f"{container} ({arch}): no symbol {BLOB_SYMBOL} or {FFI_BLOB_SYMBOL} found "
-                     f"(expected a library written by TVM's export_library or our exporter)")
+def no_symbol(container: str, arch: str, functions: list[str] | None = None) -> _NoSymbol:
+    exc = _NoSymbol(f"{container} ({arch}): no symbol {BLOB_SYMBOL} or {FFI_BLOB_SYMBOL} found "
+                    f"(expected a library written by TVM's export_library or our exporter)")
+    exc.functions = list(functions or [])
+    return exc
 
 
 class _BytesReader(ViewStream):
@@ -142,7 +152,7 @@ class _BytesReader(ViewStream):
 # ---------------------------------------------------------------------------------------- Mach-O
 _LC_SEGMENT_64 = 0x19
 _LC_SYMTAB = 0x2
-_N_STAB, _N_TYPE, _N_SECT = 0xE0, 0x0E, 0x0E
+_N_STAB, _N_TYPE, _N_SECT, _N_EXT = 0xE0, 0x0E, 0x0E, 0x01
 
 
 def find_in_macho(data: memoryview) -> BlobLocation:
@@ -184,7 +194,7 @@ def find_in_macho(data: memoryview) -> BlobLocation:
     for i in range(int(symtab.nsyms)):
         sym = struct_at(mach_o.nlist_64, int(symtab.symoff) + i * 16, "symbol")
         ntype = int(sym.n_type)
-        if ntype & _N_STAB or ntype & _N_TYPE != _N_SECT:
+        if ntype & _N_STAB or ntype & _N_TYPE != _N_SECT or not ntype & _N_EXT:
             continue
         name = _cstring(data, int(symtab.stroff) + int(sym.n_un), str_end)
         if name in ("_" + BLOB_SYMBOL, "_" + FFI_BLOB_SYMBOL) and found is None:
@@ -193,7 +203,7 @@ def find_in_macho(data: memoryview) -> BlobLocation:
                 bytes(sections[int(sym.n_sect) - 1].sectname).rstrip(b"\0") == b"__text":
             functions.append(name[1:] if name.startswith("_") else name)
     if found is None:
-        raise no_symbol("Mach-O", arch)
+        raise no_symbol("Mach-O", arch, functions)
     name, sym = found
     if not 0 < int(sym.n_sect) <= len(sections):
         raise LoaderError(f"Mach-O: symbol {name} names section {int(sym.n_sect)}, "

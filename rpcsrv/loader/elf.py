@@ -59,7 +59,8 @@ def _check_table(sec, file_size: int) -> None:
 
 def _functions(symbols) -> list[str]:
     return sorted({s.name for s in symbols if s["st_info"]["type"] == "STT_FUNC"
-                   and s["st_shndx"] != "SHN_UNDEF" and s.name})
+                   and s["st_info"]["bind"] != "STB_LOCAL" and s["st_shndx"] != "SHN_UNDEF"
+                   and s.name})
 
 
 def _from_sections(elf, data: memoryview, tables, arch: str) -> BlobLocation:
@@ -71,7 +72,7 @@ def _from_sections(elf, data: memoryview, tables, arch: str) -> BlobLocation:
             found = next((s for s in symbols if s.name in _NAMES and s["st_shndx"] != "SHN_UNDEF"),
                          None)
     if found is None:
-        raise no_symbol("ELF", arch)
+        raise no_symbol("ELF", arch, sorted(functions))
     shndx = found["st_shndx"]
     if not isinstance(shndx, int) or not 0 < shndx < elf.num_sections():
         raise LoaderError(f"ELF: symbol {found.name} has section index {shndx!r}, expected a "
@@ -107,7 +108,7 @@ def _from_segments(elf, data: memoryview, arch: str) -> BlobLocation:
     symbols = list(dyn.iter_symbols())
     found = next((s for s in symbols if s.name in _NAMES and s["st_shndx"] != "SHN_UNDEF"), None)
     if found is None:
-        raise no_symbol("ELF", arch)
+        raise no_symbol("ELF", arch, _functions(symbols))
     addr = found["st_value"]
     for seg in elf.iter_segments():
         if seg["p_type"] != "PT_LOAD" or not seg["p_vaddr"] <= addr < seg["p_vaddr"] + seg["p_filesz"]:

@@ -1,0 +1,169 @@
+"""``rpcsrv inspect``: what a library holds, for a vendor debugging it before it reaches the board.
+
+``inspect_library`` returns a JSON-serialisable summary: container and architecture, blob layout
+and position, the module tree, for each graph executor factory its inputs, outputs, op nodes
+(with the ``func_name`` each calls) and params, each ExampleJSON subgraph, each constant table.
+``format_inspection`` renders it as text.  The summary is read-only and tolerant: a graph JSON or
+ExampleJSON text that does not parse is reported as such instead of failing the inspection (the
+executor is the authority on whether it runs).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from .library import load_library
+from .modules import (
+    ConstLoaderModule, ExampleJSONModule, GraphExecutorFactoryModule, HostLibraryModule,
+    UnknownModule,
+)
+
+
+def _array_info(name: str, arr: np.ndarray) -> dict:
+    from ..protocol.dtypes import dtype_str
+
+    return {"name": name, "shape": list(arr.shape), "dtype": dtype_str(arr.dtype), "nbytes": int(arr.nbytes)}
+
+
+def summarize_graph(graph_json: str, params: dict) -> dict:
+    """Inputs, outputs, op nodes and params of a graph executor JSON."""
+    info = {"params": [_array_info(n, a) for n, a in params.items()],
+            "param_bytes": int(sum(a.nbytes for a in params.values()))}
+    try:
+        g = json.loads(graph_json)
+        nodes, attrs = g["nodes"], g.get("attrs", {})
+        row_ptr = g.get("node_row_ptr") or list(range(len(nodes) + 1))
+        shapes = attrs.get("shape", [None, []])[1]
+        dtypes = attrs.get("dltype", [None, []])[1]
+
+        def entry(nid: int, index: int, name: str) -> dict:
+            eid = row_ptr[nid] + index
+            return {"name": name, "shape": shapes[eid] if eid < len(shapes) else None,
+                    "dtype": dtypes[eid] if eid < len(dtypes) else None}
+
+        info["inputs"] = [entry(nid, 0, nodes[nid]["name"]) for nid in g.get("arg_nodes", [])
+                          if nodes[nid]["name"] not in params]
+        info["outputs"] = [entry(h[0], h[1], f"output {i} ({nodes[h[0]]['name']})")
+                           for i, h in enumerate(g.get("heads", []))]
+        info["ops"] = [{"name": n["name"], "func_name": n.get("attrs", {}).get("func_name"),
+                        "inputs": len(n.get("inputs", []))}
+                       for n in nodes if n.get("op") == "tvm_op"]
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        info["graph_error"] = f"graph JSON not understood: {type(exc).__name__}: {exc}"
+    return info
+
+
+def summarize_examplejson(code: str) -> list[dict]:
+    """Each subgraph of an ExampleJSON text: name, inputs, constants, op counts, outputs."""
+    subgraphs: list[dict] = []
+    for raw in code.splitlines():
+        words = raw.split()
+        if not words or words[0].startswith("#"):
+            continue
+        if len(words) == 1 and words[0] != "output":
+            subgraphs.append({"name": words[0], "inputs": [], "consts": [], "ops": {}, "nodes": 0,
+                              "outputs": []})
+            continue
+        if not subgraphs:
+            subgraphs.append({"name": "(unnamed)", "inputs": [], "consts": [], "ops": {}, "nodes": 0,
+                              "outputs": []})
+        sg, kind = subgraphs[-1], words[0]
+        if kind == "input":
+            dims = [w for w in words[2:] if w.lstrip("-").isdigit()]
+            dtype = words[words.index("dtype:") + 1] if "dtype:" in words[:-1] else "float32"
+            sg["inputs"].append({"id": words[1] if len(words) > 1 else "?",
+                                 "shape": [int(d) for d in dims], "dtype": dtype})
+        elif kind == "const":
+            sg["consts"].append(words[words.index("name:") + 1] if "name:" in words[:-1] else "?")
+        elif kind == "output":
+            sg["outputs"] = words[1:]
+        else:
+            sg["ops"][kind] = sg["ops"].get(kind, 0) + 1
+            sg["nodes"] += 1
+    return subgraphs
+
+
+def _module_info(mod, index: dict) -> dict:
+    info = {"index": index[id(mod)], "type_key": mod.type_key,
+            "imports": [index[id(m)] for m in mod.imports]}
+    if isinstance(mod, GraphExecutorFactoryModule):
+        info["module_name"] = mod.module_name
+        info["graph"] = summarize_graph(mod.graph_json, mod.params)
+    elif isinstance(mod, ExampleJSONModule):
+        info["subgraphs"] = summarize_examplejson(mod.code)
+    elif isinstance(mod, ConstLoaderModule):
+        info["constants"] = [_array_info(n, a) for n, a in mod.arrays.items()]
+        info["const_vars_by_symbol"] = {k: list(v) for k, v in mod.const_vars_by_symbol.items()}
+    elif isinstance(mod, HostLibraryModule):
+        info["symbols"] = list(mod.symbols)
+    elif isinstance(mod, UnknownModule):
+        info["payload_bytes"] = len(mod.payload)
+        info["note"] = "unknown type key: rpcsrv cannot run this module"
+    return info
+
+
+def inspect_library(source) -> dict:
+    """A JSON-serialisable summary of the library at ``source`` (path or bytes)."""
+    lib = load_library(source)
+    modules = lib.modules()
+    index = {id(m): i for i, m in enumerate(modules)}
+    return {
+        "path": lib.path, "container": lib.container, "arch": lib.arch, "member": lib.member,
+        "symbol": lib.symbol, "layout": lib.layout,
+        "blob": {"offset": lib.blob_offset, "size": lib.blob_size},
+        "host_symbols": list(lib.symbols),
+        "modules": [_module_info(m, index) for m in modules],
+    }
+
+
+def _shape(info: dict) -> str:
+    return f"{info.get('dtype')}{list(info.get('shape') or [])}"
+
+
+def format_inspection(info: dict) -> str:
+    """Human-readable text for an ``inspect_library`` summary."""
+    out = [f"{info.get('path') or '<bytes>'}: {info['container']} ({info['arch']})"
+           + (f", member {info['member']}" if info.get("member") else ""),
+           f"blob: {info['layout']} layout, {info['blob']['size']} bytes at offset "
+           f"{info['blob']['offset']}" + (f" (symbol {info['symbol']})" if info.get("symbol") else "")]
+    out.append("module tree:")
+    for m in info["modules"]:
+        out.append(f"  [{m['index']}] {m['type_key']}" + (f" -> imports {m['imports']}" if m["imports"] else ""))
+    for m in info["modules"]:
+        head = f"[{m['index']}] {m['type_key']}"
+        if "graph" in m:
+            g = m["graph"]
+            out.append(f"{head} (module name {m['module_name']!r}):")
+            if "graph_error" in g:
+                out.append(f"  {g['graph_error']}")
+            for i in g.get("inputs", []):
+                out.append(f"  input  {i['name']}: {_shape(i)}")
+            for o in g.get("outputs", []):
+                out.append(f"  output {o['name']}: {_shape(o)}")
+            for op in g.get("ops", []):
+                out.append(f"  op     {op['name']} -> {op['func_name']} ({op['inputs']} inputs)")
+            out.append(f"  params: {len(g['params'])}, {g['param_bytes']} bytes")
+            for p in g["params"]:
+                out.append(f"    {p['name']}: {_shape(p)} {p['nbytes']} bytes")
+        elif "subgraphs" in m:
+            out.append(f"{head}: {len(m['subgraphs'])} subgraph(s)")
+            for sg in m["subgraphs"]:
+                ops = ", ".join(f"{k} x{v}" for k, v in sg["ops"].items())
+                ins = ", ".join(_shape(i) for i in sg["inputs"])
+                out.append(f"  {sg['name']}: inputs [{ins}], {sg['nodes']} nodes ({ops})"
+                           + (f", consts {sg['consts']}" if sg["consts"] else "")
+                           + (f", outputs {sg['outputs']}" if sg["outputs"] else ""))
+        elif "constants" in m:
+            out.append(f"{head}: {len(m['constants'])} constant(s)")
+            for c in m["constants"]:
+                out.append(f"  {c['name']}: {_shape(c)} {c['nbytes']} bytes")
+            for sym, names in m["const_vars_by_symbol"].items():
+                out.append(f"  {sym} needs {names}")
+        elif "symbols" in m:
+            out.append(f"{head}: host library, {len(m['symbols'])} function symbol(s)")
+            out.extend(f"  {s}" for s in m["symbols"])
+        elif "payload_bytes" in m:
+            out.append(f"{head}: {m['payload_bytes']} bytes, {m['note']}")
+    return "\n".join(out)
