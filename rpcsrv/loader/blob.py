@@ -228,8 +228,9 @@ def _number(root: ModuleNode) -> tuple[list[list[ModuleNode]], list[list[int]]]:
     for parent, group in enumerate(groups):
         kids = sorted({index[id(im)] for m in group for im in m.imports} - {parent})
         if kids and kids[0] < parent:
-            raise ValueError(f"cannot export: merging host libraries makes {group[0].type_key!r} "
-                             f"and {groups[kids[0]][0].type_key!r} import each other")
+            raise ValueError(f"cannot export: {group[0].type_key!r} (module {parent}) imports "
+                             f"{groups[kids[0]][0].type_key!r} numbered before it (module {kids[0]}); "
+                             f"TVM's serializer refuses such import graphs")
         rows.append(kids)
     return groups, rows
 

@@ -1,0 +1,112 @@
+"""Libraries built by real toolchains (gcc, Debian cross gcc for 32-bit ARM and big-endian MIPS,
+clang for Mach-O), tars as ``export_library`` writes them, raw blob files: the loader must give
+back the tree, graph, params and subgraphs that went in."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from loader_fixtures import HOST_FUNCTION, TARGETS, compile_library, export_tar, strip_section_headers
+from rpcsrv.loader import (
+    BLOB_SYMBOL, FFI_BLOB_SYMBOL, ConstLoaderModule, ExampleJSONModule, GraphExecutorFactoryModule,
+    HostLibraryModule, LoaderError, build_blob, load_library,
+)
+
+SYMBOLS = {"classic": BLOB_SYMBOL, "ffi": FFI_BLOB_SYMBOL}
+GRAPH = json.dumps({"nodes": [{"op": "null", "name": "x", "inputs": []},
+                              {"op": "tvm_op", "name": "ext0", "inputs": [[0, 0, 0]],
+                               "attrs": {"func_name": "ext0", "num_inputs": "1", "num_outputs": "1"}}],
+                    "arg_nodes": [0], "heads": [[1, 0, 0]], "node_row_ptr": [0, 1, 2],
+                    "attrs": {"shape": ["list_shape", [[2, 3], [2, 3]]],
+                              "dltype": ["list_str", ["float32", "float32"]]}})
+CODE = "ext0\n  input 0 2 3\n  const 1 2 3 name: ext0_const_0\n  add 2 inputs: 0 1 shape: 2 3\n"
+PARAMS = {"p0": np.arange(6, dtype=np.float32).reshape(2, 3), "p1": np.array([7], np.int64)}
+CONST = np.full((2, 3), 0.5, np.float32)
+
+
+def make_tree() -> GraphExecutorFactoryModule:
+    ej = ExampleJSONModule(CODE)
+    consts = ConstLoaderModule({"ext0_const_0": CONST}, {"ext0": ["ext0_const_0"]}, imports=[ej])
+    return GraphExecutorFactoryModule(GRAPH, dict(PARAMS), imports=[HostLibraryModule(imports=[consts])])
+
+
+def check_tree(root) -> None:
+    assert isinstance(root, GraphExecutorFactoryModule)
+    assert root.graph_json == GRAPH and root.module_name == "default"
+    assert list(root.params) == list(PARAMS)
+    for name, arr in PARAMS.items():
+        np.testing.assert_array_equal(root.params[name], arr)
+        assert root.params[name].dtype == arr.dtype
+    (lib,) = root.imports
+    assert isinstance(lib, HostLibraryModule)
+    (consts,) = lib.imports
+    assert consts.const_vars_by_symbol == {"ext0": ["ext0_const_0"]}
+    np.testing.assert_array_equal(consts.arrays["ext0_const_0"], CONST)
+    assert [m.code for m in consts.imports] == [CODE]
+
+
+@pytest.fixture(scope="module")
+def blobs():
+    return {layout: build_blob(make_tree(), layout) for layout in SYMBOLS}
+
+
+ARCH = {"host": None, "arm32": "ARM ELF32 le", "mips32be": "MIPS ELF32 be", "macho": "ARM64"}
+
+
+@pytest.mark.toolchain
+@pytest.mark.parametrize("layout", ["classic", "ffi"])
+@pytest.mark.parametrize("kind", ["shared", "object"])
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_compiled_library(blobs, tmp_path, target, kind, layout):
+    path = compile_library(blobs[layout], SYMBOLS[layout], target, tmp_path / f"lib.{kind}", kind)
+    lib = load_library(path)
+    assert lib.container == ("macho" if target == "macho" else "elf")
+    if ARCH[target]:
+        assert lib.arch == ARCH[target]
+    assert lib.layout == layout and lib.symbol == SYMBOLS[layout] and lib.path == str(path)
+    assert HOST_FUNCTION in lib.symbols and lib.root.imports[0].symbols == lib.symbols
+    check_tree(lib.root)
+    # params are views over the mapped file, at the blob's place in it
+    raw = path.read_bytes()
+    assert raw[lib.blob_offset - 8:lib.blob_offset] == struct.pack("<Q", len(blobs[layout]))
+    assert raw[lib.blob_offset:lib.blob_offset + lib.blob_size] == blobs[layout]
+    assert not lib.root.params["p0"].flags.owndata and not lib.root.params["p0"].flags.writeable
+
+
+@pytest.mark.toolchain
+@pytest.mark.parametrize("target", ["host", "mips32be"])
+def test_section_headers_stripped(blobs, tmp_path, target):
+    path = strip_section_headers(compile_library(blobs["classic"], BLOB_SYMBOL, target, tmp_path / "s.so"))
+    lib = load_library(path)
+    assert HOST_FUNCTION in lib.symbols
+    check_tree(lib.root)
+
+
+@pytest.mark.toolchain
+@pytest.mark.parametrize("layout", ["classic", "ffi"])
+def test_export_tar(blobs, tmp_path, layout):
+    lib = load_library(export_tar(blobs[layout], SYMBOLS[layout], tmp_path / "model.tar"))
+    assert (lib.container, lib.member, lib.layout) == ("tar", "devc.o", layout)
+    assert {HOST_FUNCTION, "tvmgen_default_fused_mul"} <= set(lib.symbols)  # from both members
+    check_tree(lib.root)
+
+
+@pytest.mark.parametrize("layout", ["classic", "ffi"])
+def test_raw_blob_file(blobs, tmp_path, layout):
+    path = tmp_path / "model.blob"
+    path.write_bytes(struct.pack("<Q", len(blobs[layout])) + blobs[layout])
+    lib = load_library(path)
+    assert (lib.container, lib.layout, lib.symbols) == ("raw", layout, [])
+    check_tree(lib.root)
+    check_tree(load_library(path.read_bytes()).root)  # bytes in memory work too
+
+
+@pytest.mark.toolchain
+def test_library_without_blob(tmp_path):
+    path = compile_library(b"", "not_the_blob", "host", tmp_path / "plain.so")
+    with pytest.raises(LoaderError, match=f"no symbol {BLOB_SYMBOL}"):
+        load_library(path)
