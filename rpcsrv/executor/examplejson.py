@@ -291,6 +291,9 @@ class SubgraphFunction:
             np.copyto(out, values[node.id], casting="no")
 
     def _pick(self, node: Node, result: Any, index: int) -> np.ndarray:
+        if type(result) is np.ndarray and index == 0 and result.shape == node.shape \
+                and result.dtype == node.dtype:
+            return result  # the common case, checked cheaply
         what = f"{self.graph.name} {node.describe()}"
         if isinstance(result, (tuple, list)):
             if index >= len(result):
