@@ -61,6 +61,7 @@ class GraphExecutorModule(RuntimeModule):
             "get_num_inputs": self.get_num_inputs, "run": self.run, "load_params": self.load_params,
             "share_params": self.share_params, "get_input_index": self.get_input_index,
             "get_input_info": self.get_input_info, "get_output_info": self.get_output_info,
+            "run_from_inputs": self.run_from_inputs,
         }
 
     # ------------------------------------------------------------------ setup
@@ -130,8 +131,9 @@ class GraphExecutorModule(RuntimeModule):
                 names = ", ".join(self.input_map) or "none"
                 raise ExecutorError(f"{what}: no input named {key!r} in the graph (inputs: {names})")
             return idx
-        if not isinstance(key, int) or isinstance(key, bool):
+        if not isinstance(key, (int, np.integer)) or isinstance(key, bool):
             raise ExecutorError(f"{what}: the input key must be a name or an index, got {type(key).__name__}")
+        key = int(key)
         if not 0 <= key < len(self.graph.arg_nodes):
             raise ExecutorError(f"{what}: input index {key} out of range (the graph has "
                                 f"{len(self.graph.arg_nodes)} inputs)")
@@ -144,8 +146,9 @@ class GraphExecutorModule(RuntimeModule):
                 if g.nodes[nid].name == key:
                     return i
             raise ExecutorError(f"Invalid output node:{key}")
-        if not isinstance(key, int) or isinstance(key, bool):
+        if not isinstance(key, (int, np.integer)) or isinstance(key, bool):
             raise ExecutorError(f"{what}: the output key must be an index, got {type(key).__name__}")
+        key = int(key)
         if not 0 <= key < len(g.heads):
             raise ExecutorError(f"{what}: output index {key} out of range (the graph has {len(g.heads)} outputs)")
         return key
@@ -183,6 +186,17 @@ class GraphExecutorModule(RuntimeModule):
     def run(self) -> None:
         for fn, args in self.op_execs:
             fn(*args)
+
+    def run_from_inputs(self, device_type: Any, device_id: Any, *pairs: Any) -> list[np.ndarray]:
+        """Set ``key, value`` pairs, run, and return copies of all outputs (TVM's convenience call)."""
+        if len(pairs) % 2:
+            raise ExecutorError("Number of arguments to run_from_inputs must be an even number of "
+                                "key-value pairs")
+        check_devices([Device(int(device_type), int(device_id))])
+        for key, value in zip(pairs[::2], pairs[1::2]):
+            self.set_input(key, value)
+        self.run()
+        return [self.data_entry[self._output_eid(i)].copy() for i in range(len(self.graph.heads))]
 
     def get_output(self, index: Any, out: Any = None) -> Optional[np.ndarray]:
         """Output ``index`` (a view of the executor's storage), or copy it into ``out``."""

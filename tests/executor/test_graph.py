@@ -97,6 +97,16 @@ def test_wrong_input_name_shape_dtype_and_index():
         ex.get_input_index(0)
 
 
+def test_run_from_inputs_returns_copies_of_the_outputs():
+    ex = seed_executor()
+    ones = np.ones((10, 10), np.float32)
+    outs = ex.get_function("run_from_inputs")(1, 0, "input0", ones, 1, ones, "input2", ones, "input3", ones * 3)
+    assert len(outs) == 1 and (outs[0] == 3).all()
+    assert not np.shares_memory(outs[0], ex.get_output(0))
+    with pytest.raises(ExecutorError, match="even number of key-value pairs"):
+        ex.run_from_inputs(1, 0, "input0")
+
+
 def test_set_input_from_raw_bytes():
     ex = seed_executor()
     a = rand(10, 10)
