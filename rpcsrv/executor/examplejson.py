@@ -256,11 +256,29 @@ class SubgraphFunction:
         self.inputs = graph.inputs
         self.outputs = [graph.nodes[i] for i in graph.outputs]
         # ops that share op, inputs and attrs (the outputs of one multi-output op) run once per call
-        self.steps = []
+        keys = []
         for node in graph.ops:
             kattrs = {k: v for k, v in node.attrs.items() if k not in _RUNTIME_ATTRS}
-            key = (node.op, node.inputs, json.dumps(kattrs, sort_keys=True))
-            self.steps.append((node, kernels[node.op], kattrs, key, node.attrs.get("output_index", 0)))
+            keys.append((node.op, node.inputs, json.dumps(kattrs, sort_keys=True)))
+        last_of_key = {key: k for k, key in enumerate(keys)}
+        # an intermediate is dropped after its last use, so peak memory stays near the live set
+        last_use: dict[int, int] = {}
+        for k, node in enumerate(graph.ops):
+            for i in node.inputs:
+                if i >= 0:
+                    last_use[i] = k
+        keep = set(graph.outputs) | {n.id for n in graph.nodes.values() if n.kind != "op"}
+        drops: dict[int, list[int]] = {}
+        for nid, k in last_use.items():
+            if nid not in keep:
+                drops.setdefault(k, []).append(nid)
+        self.steps = []
+        for k, (node, key) in enumerate(zip(graph.ops, keys)):
+            kattrs = {a: v for a, v in node.attrs.items() if a not in _RUNTIME_ATTRS}
+            shared = keys.count(key) > 1
+            self.steps.append((node, kernels[node.op], kattrs, key if shared else None,
+                               last_of_key[key] == k, node.attrs.get("output_index", 0),
+                               tuple(drops.get(k, ()))))
 
     def __call__(self, *args: Any) -> None:
         g, n_in, n_out = self.graph, len(self.inputs), len(self.outputs)
@@ -276,19 +294,30 @@ class SubgraphFunction:
             if node.id not in self.constants:
                 raise ExecutorError(f"{g.name}: constant {node.name!r} (node {node.id}) is not bound")
             values[node.id] = self.constants[node.id]
-        results: dict[tuple, Any] = {}
-        for node, kernel, kattrs, key, index in self.steps:
-            if key not in results:
-                try:
-                    results[key] = kernel(*(values[i] for i in node.inputs), **kattrs)
-                except ExecutorError:
-                    raise
-                except Exception as exc:
-                    raise ExecutorError(f"{g.name} {node.describe()} failed: {type(exc).__name__}: "
-                                        f"{exc}") from exc
-            values[node.id] = self._pick(node, results[key], index)
+        shared: dict[tuple, Any] = {}  # results of multi-output ops until their last node
+        for node, kernel, kattrs, key, last_of_key, index, drops in self.steps:
+            if key is not None and key in shared:
+                result = shared[key]
+            else:
+                result = self._run_kernel(node, kernel, kattrs, values)
+                if key is not None:
+                    shared[key] = result
+            if key is not None and last_of_key:
+                del shared[key]
+            values[node.id] = self._pick(node, result, index)
+            for nid in drops:
+                del values[nid]
         for out, node in zip(outs, self.outputs):
             np.copyto(out, values[node.id], casting="no")
+
+    def _run_kernel(self, node: Node, kernel: Kernel, kattrs: dict, values: dict) -> Any:
+        try:
+            return kernel(*(values[i] for i in node.inputs), **kattrs)
+        except ExecutorError:
+            raise
+        except Exception as exc:
+            raise ExecutorError(f"{self.graph.name} {node.describe()} failed: {type(exc).__name__}: "
+                                f"{exc}") from exc
 
     def _pick(self, node: Node, result: Any, index: int) -> np.ndarray:
         if type(result) is np.ndarray and index == 0 and result.shape == node.shape \

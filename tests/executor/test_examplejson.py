@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -83,6 +84,25 @@ def test_multi_output_op_runs_once_and_absent_inputs_are_none():
     mod.get_function("g")(np.arange(4, dtype=np.float32), hi, lo)
     assert lo.tolist() == [0, 1] and hi.tolist() == [2, 3]
     assert calls == [None]  # one kernel call for both nodes, the absent input passed as None
+
+
+def test_intermediates_are_released_after_their_last_use():
+    made, alive_at_step = [], []
+
+    def step(x, maybe=None):
+        alive_at_step.append([ref() is not None for ref in made])
+        out = x + 1
+        made.append(weakref.ref(out))
+        return out
+
+    text = "g\n input 0 2\n step 1 inputs: 0 -1 shape: 2\n step 2 inputs: 1 shape: 2\n" \
+           " step 3 inputs: 2 -1 shape: 2\n step 4 inputs: 3 1 shape: 2\n"
+    mod = ExampleJSONModule(text, {"step": step})
+    out = np.zeros(2, np.float32)
+    mod.get_function("g")(np.zeros(2, np.float32), out)
+    assert out.tolist() == [4, 4]
+    # node 2 is dead once node 3 exists; node 1 is kept for node 4
+    assert alive_at_step == [[], [True], [True, True], [True, False, True]]
 
 
 def test_kernel_result_must_match_the_declared_shape_and_dtype():
