@@ -73,9 +73,13 @@ class GraphExecutorModule(RuntimeModule):
                 continue
             fn = self.lib.find_function(name) if self.lib is not None else None
             if fn is None:
-                where = " → ".join(m.type_key for m in self.lib.walk()) if self.lib else "no library"
+                mods = list(self.lib.walk()) if self.lib is not None else []
+                where = " → ".join(m.type_key for m in mods) if mods else "no library"
+                opaque = sorted({m.type_key for m in mods if getattr(m, "opaque", False)})
+                hint = (f"; modules of type {', '.join(opaque)} cannot be run by rpcsrv and export "
+                        f"nothing") if opaque else ""
                 raise ExecutorError(f"no such function in module: {name} (graph node {nid} "
-                                    f"{node.name!r}; searched {where})")
+                                    f"{node.name!r}; searched {where}{hint})")
             funcs[name] = fn
         return funcs
 

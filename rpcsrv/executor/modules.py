@@ -132,6 +132,8 @@ class HostLibraryRuntime(RuntimeModule):
 class OpaqueRuntime(RuntimeModule):
     """A module of a type this board does not run; it only keeps its place in the tree."""
 
+    opaque = True
+
     def __init__(self, type_key: str, imports: Optional[list[RuntimeModule]] = None):
         super().__init__(imports)
         self.type_key = type_key

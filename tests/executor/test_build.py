@@ -91,7 +91,7 @@ def test_host_function_and_unknown_module():
     y2 = g2.op("npu_func", [g2.input("x", (2,))], [((2,), "float32")])
     tree2 = GraphExecutorFactoryModule(g2.json([y2]), {}, imports=[HostLibraryModule([], imports=[
         UnknownModule(type_key="vendor_npu")])])
-    with pytest.raises(ExecutorError, match="no such function in module: npu_func .*_lib → vendor_npu"):
+    with pytest.raises(ExecutorError, match="no such function in module: npu_func .*_lib → vendor_npu; modules of type vendor_npu cannot be run"):
         build_runtime(tree2).get_function("default")(CPU)
 
 
