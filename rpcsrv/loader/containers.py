@@ -33,6 +33,8 @@ from __future__ import annotations
 import tarfile
 from dataclasses import dataclass, field
 
+from macholib import mach_o
+
 from .errors import LoaderError, ViewStream
 
 BLOB_SYMBOL = "__tvm_dev_mblob"
@@ -97,7 +99,8 @@ def find_in_tar(data: memoryview) -> BlobLocation:
         with tarfile.open(fileobj=_BytesReader(data), mode="r:") as tar:
             members = [m for m in tar.getmembers() if m.isfile()]
     except (tarfile.TarError, EOFError, ValueError) as exc:
-        raise LoaderError(f"malformed tar file: {exc}") from None
+        raise LoaderError(f"malformed tar file (expected a tar written by export_library): "
+                          f"{exc}") from None
     tried, found, functions = [], None, set()
     for m in members:
         start, end = m.offset_data, m.offset_data + m.size
@@ -121,7 +124,8 @@ def find_in_tar(data: memoryview) -> BlobLocation:
         found.symbols = sorted(functions)
         return found
     raise LoaderError(f"tar file: no object member defines {BLOB_SYMBOL} or {FFI_BLOB_SYMBOL} "
-                      f"(searched {tried or 'no ELF/Mach-O members'})")
+                      f"(expected one in devc.o or another object member; searched "
+                      f"{tried or 'no ELF/Mach-O members'})")
 
 
 class _NoSymbol(LoaderError):
@@ -157,8 +161,6 @@ _N_STAB, _N_TYPE, _N_SECT, _N_EXT = 0xE0, 0x0E, 0x0E, 0x01
 
 def find_in_macho(data: memoryview) -> BlobLocation:
     """Locate the blob in a 64-bit Mach-O object or dylib (symbols carry a leading ``_``)."""
-    from macholib import mach_o
-
     endian = "<" if bytes(data[:4]) == b"\xcf\xfa\xed\xfe" else ">"
 
     def struct_at(cls, offset: int, what: str):

@@ -8,6 +8,12 @@ and every error it raises on a malformed file becomes a ``LoaderError``.
 
 from __future__ import annotations
 
+import struct
+
+from elftools.elf.dynamic import DynamicSegment
+from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import SymbolTableSection
+
 from .containers import SYMBOL_LAYOUTS, BlobLocation, _BytesReader, _read_header, no_symbol
 from .errors import LoaderError
 
@@ -16,12 +22,45 @@ _NAMES = tuple(SYMBOL_LAYOUTS)
 
 def find_in_elf(data: memoryview) -> BlobLocation:
     """Locate the blob symbol (``.dynsym``/``.symtab``, else the dynamic segment)."""
+    _check_header(data)
     try:
         return _find(data)
     except LoaderError:
         raise
     except Exception as exc:  # pyelftools signals malformed input with many exception types
-        raise LoaderError(f"malformed ELF file: {type(exc).__name__}: {exc}") from None
+        raise LoaderError(f"malformed ELF file (expected well-formed sections, segments and symbol "
+                          f"tables): {type(exc).__name__}: {exc}") from None
+
+
+def _check_header(data: memoryview) -> None:
+    """Check the identification bytes and that the header tables lie inside the file."""
+    if len(data) < 52:
+        raise LoaderError(f"ELF file of {len(data)} bytes is shorter than an ELF header "
+                          f"(expected at least 52 bytes at offset 0)")
+    cls, order = data[4], data[5]
+    if cls not in (1, 2) or order not in (1, 2):
+        raise LoaderError(f"ELF identification: class {cls} at offset 4 and data encoding {order} at "
+                          f"offset 5, expected 1 or 2 each")
+    e = "<" if order == 1 else ">"
+    if cls == 2:
+        if len(data) < 64:
+            raise LoaderError("ELF64 header runs past the end (expected 64 bytes at offset 0)")
+        phoff, shoff = struct.unpack_from(e + "QQ", data, 0x20)
+        phentsize, phnum, shentsize, shnum, shstrndx = struct.unpack_from(e + "HHHHH", data, 0x36)
+        want_ph, want_sh = 56, 64
+    else:
+        phoff, shoff = struct.unpack_from(e + "II", data, 0x1C)
+        phentsize, phnum, shentsize, shnum, shstrndx = struct.unpack_from(e + "HHHHH", data, 0x2A)
+        want_ph, want_sh = 32, 40
+    for what, off, entsize, want, num in (("program header table", phoff, phentsize, want_ph, phnum),
+                                          ("section header table", shoff, shentsize, want_sh, shnum)):
+        if num and (entsize != want or off + num * entsize > len(data)):
+            raise LoaderError(f"ELF {what} at offset {off} ({num} entries of {entsize} bytes) does "
+                              f"not fit the {len(data)}-byte file (expected {want}-byte entries "
+                              f"inside the file)")
+    if shnum and shstrndx >= shnum:
+        raise LoaderError(f"ELF section name table index {shstrndx} is out of range "
+                          f"(expected < {shnum})")
 
 
 def _arch(elf) -> str:
@@ -30,9 +69,6 @@ def _arch(elf) -> str:
 
 
 def _find(data: memoryview) -> BlobLocation:
-    from elftools.elf.elffile import ELFFile
-    from elftools.elf.sections import SymbolTableSection
-
     elf = ELFFile(_BytesReader(data))
     arch = _arch(elf)
     tables = []
@@ -97,8 +133,6 @@ def _from_sections(elf, data: memoryview, tables, arch: str) -> BlobLocation:
 
 def _from_segments(elf, data: memoryview, arch: str) -> BlobLocation:
     """No section headers: read the dynamic symbol table and map addresses through PT_LOAD."""
-    from elftools.elf.dynamic import DynamicSegment
-
     dyn = next((s for s in elf.iter_segments() if isinstance(s, DynamicSegment)), None)
     if dyn is None:
         raise no_symbol("ELF without section headers or dynamic segment", arch)

@@ -50,7 +50,7 @@ def summarize_graph(graph_json: str, params: dict) -> dict:
         info["ops"] = [{"name": n["name"], "func_name": n.get("attrs", {}).get("func_name"),
                         "inputs": len(n.get("inputs", []))}
                        for n in nodes if n.get("op") == "tvm_op"]
-    except (ValueError, KeyError, IndexError, TypeError) as exc:
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError) as exc:
         info["graph_error"] = f"graph JSON not understood: {type(exc).__name__}: {exc}"
     return info
 
