@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import struct
+import subprocess
 
 import numpy as np
 import pytest
 
+from conftest import need_module, need_program
 from loader_fixtures import HOST_FUNCTION, TARGETS, compile_library, export_tar, strip_section_headers
 from rpcsrv.loader import (
     BLOB_SYMBOL, FFI_BLOB_SYMBOL, ConstLoaderModule, ExampleJSONModule, GraphExecutorFactoryModule,
@@ -110,3 +112,44 @@ def test_library_without_blob(tmp_path):
     path = compile_library(b"", "not_the_blob", "host", tmp_path / "plain.so")
     with pytest.raises(LoaderError, match=f"no symbol {BLOB_SYMBOL}"):
         load_library(path)
+
+
+def _tvm_const_loader_tree():
+    """A host library importing a const_loader, built inside the real TVM (0.21+ tvm-ffi)."""
+    tvm_ffi = need_module("tvm_ffi", "the real TVM writes the reference library")
+    need_module("tvm", "registers the const_loader module and the blob writer")
+    from rpcsrv.loader.modules import PAYLOADS
+
+    codec = PAYLOADS["const_loader"]
+    ours = ConstLoaderModule({"c": CONST}, {"ext0": ["c"]})
+    load = tvm_ffi.get_global_func("ffi.Module.load_from_bytes.const_loader")
+    return tvm_ffi, ours, load(codec.fmt.build(codec.encode(ours)))
+
+
+@pytest.mark.tvm
+@pytest.mark.toolchain
+def test_library_from_tvm_pack_imports_to_c(tmp_path):
+    """TVM's own PackImportsToC output, compiled with gcc, read by the loader."""
+    tvm_ffi, ours, theirs = _tvm_const_loader_tree()
+    c_code = tvm_ffi.get_global_func("runtime.ModulePackImportsToC")(theirs, False, "")
+    src = tmp_path / "devc.c"
+    src.write_text(c_code)
+    out = tmp_path / "devc.so"
+    subprocess.run([need_program("gcc"), "-shared", "-fPIC", "-o", str(out), str(src)], check=True)
+    lib = load_library(out)
+    assert (lib.layout, lib.symbol) == ("ffi", FFI_BLOB_SYMBOL)
+    assert lib.root.const_vars_by_symbol == ours.const_vars_by_symbol
+    np.testing.assert_array_equal(lib.root.arrays["c"], CONST)
+
+
+@pytest.mark.tvm
+@pytest.mark.toolchain
+def test_real_tvm_loads_our_library(tmp_path):
+    """Our ffi blob in a gcc-built .so, loaded by the real TVM runtime (dlopen + its blob reader)."""
+    _, ours, _ = _tvm_const_loader_tree()
+    import tvm
+
+    root = HostLibraryModule(imports=[ours])
+    path = compile_library(build_blob(root, "ffi"), FFI_BLOB_SYMBOL, "host", tmp_path / "ours.so")
+    mod = tvm.runtime.load_module(str(path))
+    assert [m.kind for m in mod.imports] == ["const_loader"]
