@@ -20,20 +20,22 @@ Containers
   relocatable objects.  pyelftools reads headers, sections, symbol tables and, when the section
   headers are stripped, the dynamic segment's symbol table; we only map the symbol to file bytes
   (through its section, or the ``PT_LOAD`` segment holding its address) and check every bound.
-* Mach-O 64-bit (``0xfeedfacf``), objects and dylibs: the headers are declared by macholib's
-  ``mach_o`` structures; we walk the load commands ourselves (``LC_SEGMENT_64`` sections and
-  ``LC_SYMTAB``) so that every offset is checked against the file before use.
+* Mach-O 64-bit (``0xfeedfacf``), objects and dylibs (``macho.py``): the headers are declared by
+  macholib's ``mach_o`` structures; we walk the load commands ourselves (``LC_SEGMENT_64``
+  sections and ``LC_SYMTAB``) so that every offset is checked against the file before use.
+* Universal (fat) Mach-O: each 64-bit slice is searched, the first holding the blob is used.
 * tar (``export_library("x.tar")``): each regular member that is an ELF or Mach-O object is
-  searched in place (no extraction, no copy).
+  searched in place (no extraction, no copy); a ``devc.c`` member (TVM without LLVM writes the
+  ``PackImportsToC`` source instead of an object) is decoded from its hex array (a copy).
+* A symbol with a system-lib prefix (``<prefix>__tvm_dev_mblob``) is found like the plain one.
 * anything else is taken as a raw blob file.
 """
 
 from __future__ import annotations
 
+import re
 import tarfile
 from dataclasses import dataclass, field
-
-from macholib import mach_o
 
 from .errors import LoaderError, ViewStream
 
@@ -42,6 +44,16 @@ FFI_BLOB_SYMBOL = "__tvm_ffi__library_bin"
 #: symbol name -> layout family ("classic" covers the legacy layout too)
 SYMBOL_LAYOUTS = {BLOB_SYMBOL: "classic", FFI_BLOB_SYMBOL: "ffi"}
 HEADER = 8  # the u64 length in front of the blob
+MACHO_MAGICS = (b"\xcf\xfa\xed\xfe", b"\xfe\xed\xfa\xcf")
+FAT_MAGICS = (b"\xca\xfe\xba\xbe", b"\xca\xfe\xba\xbf")
+
+
+def blob_symbol(name: str) -> str | None:
+    """The blob symbol ``name`` stands for, also with a system-lib prefix (``<prefix>__tvm_...``)."""
+    for symbol in SYMBOL_LAYOUTS:
+        if name.endswith(symbol):
+            return symbol
+    return None
 
 
 @dataclass
@@ -56,6 +68,7 @@ class BlobLocation:
     symbol: str | None = None
     symbols: list[str] = field(default_factory=list)  # the host library's function symbols
     member: str | None = None  # tar member holding the blob
+    buffer: bytes | None = None  # set when the blob was decoded from C source, not in the file
 
 
 def _read_header(data: memoryview, at: int, limit: int, what: str) -> tuple[int, int]:
@@ -77,13 +90,16 @@ def find_blob(data: memoryview) -> BlobLocation:
         from .elf import find_in_elf
 
         return find_in_elf(data)
-    if magic in (b"\xcf\xfa\xed\xfe", b"\xfe\xed\xfa\xcf"):
+    if magic in MACHO_MAGICS:
+        from .macho import find_in_macho
+
         return find_in_macho(data)
     if magic in (b"\xce\xfa\xed\xfe", b"\xfe\xed\xfa\xce"):
-        raise LoaderError("32-bit Mach-O files are not supported (expected a 64-bit Mach-O)")
-    if magic in (b"\xca\xfe\xba\xbe", b"\xbe\xba\xfe\xca"):
-        raise LoaderError("universal (fat) Mach-O files are not supported; extract one "
-                          "architecture with lipo -thin")
+        raise LoaderError("32-bit Mach-O at offset 0: not supported (expected a 64-bit Mach-O)")
+    if magic in FAT_MAGICS:
+        from .macho import find_in_fat
+
+        return find_in_fat(data)
     if len(data) >= 262 and bytes(data[257:262]) == b"ustar":
         return find_in_tar(data)
     if len(data) < HEADER:
@@ -107,17 +123,18 @@ def find_in_tar(data: memoryview) -> BlobLocation:
         if end > len(data):
             raise LoaderError(f"tar member {m.name!r} at offset {start} runs past the end")
         head = bytes(data[start:start + 4])
-        if head != b"\x7fELF" and head not in (b"\xcf\xfa\xed\xfe", b"\xfe\xed\xfa\xcf"):
+        is_c = m.name.endswith(".c")
+        if head != b"\x7fELF" and head not in MACHO_MAGICS and not is_c:
             continue
         tried.append(m.name)
         try:
-            loc = find_blob(data[start:end])
+            loc = find_in_c_source(data[start:end]) if is_c else find_blob(data[start:end])
         except _NoSymbol as exc:
             functions.update(exc.functions)
             continue
         functions.update(loc.symbols)
         if found is None:
-            loc.offset += start
+            loc.offset += start if loc.buffer is None else 0
             loc.container, loc.member = "tar", m.name
             found = loc
     if found is not None:
@@ -126,6 +143,33 @@ def find_in_tar(data: memoryview) -> BlobLocation:
     raise LoaderError(f"tar file: no object member defines {BLOB_SYMBOL} or {FFI_BLOB_SYMBOL} "
                       f"(expected one in devc.o or another object member; searched "
                       f"{tried or 'no ELF/Mach-O members'})")
+
+
+_C_ARRAY = re.compile(rb"const unsigned char (\w*(?:__tvm_dev_mblob|__tvm_ffi__library_bin))"
+                      rb"\[(\d+)\] = \{")
+_C_BYTE = re.compile(rb"0x([0-9a-fA-F]{2}),")
+
+
+def find_in_c_source(data: memoryview) -> BlobLocation:
+    """Decode the blob array of the ``devc.c`` that ``export_library`` puts in a tar when TVM has
+    no LLVM (``PackImportsToC`` output).  The blob is copied out of the text into ``buffer``."""
+    text = bytes(data)
+    m = _C_ARRAY.search(text)
+    if m is None:
+        raise no_symbol("C source", "any")
+    name, declared = m.group(1).decode(), int(m.group(2))
+    if declared * 5 > len(text) - m.end():
+        raise LoaderError(f"C source: array {name} at offset {m.start()} declares {declared} bytes, "
+                          f"more than the text holds (expected 5 characters per byte)")
+    close = text.find(b"}", m.end())
+    hexes = _C_BYTE.findall(text, m.end(), close if close >= 0 else len(text))
+    if len(hexes) != declared:
+        raise LoaderError(f"C source: array {name} at offset {m.start()} declares {declared} bytes "
+                          f"but lists {len(hexes)} (expected one 0x.. per byte)")
+    content = bytes.fromhex(b"".join(hexes).decode())
+    offset, size = _read_header(memoryview(content), 0, len(content), f"C array {name}")
+    return BlobLocation("c", "any", offset, size, SYMBOL_LAYOUTS[blob_symbol(name)], name,
+                        buffer=content)
 
 
 class _NoSymbol(LoaderError):
@@ -151,78 +195,3 @@ class _BytesReader(ViewStream):
         chunk = super(_BytesReader, self).read(len(b))
         b[:len(chunk)] = chunk
         return len(chunk)
-
-
-# ---------------------------------------------------------------------------------------- Mach-O
-_LC_SEGMENT_64 = 0x19
-_LC_SYMTAB = 0x2
-_N_STAB, _N_TYPE, _N_SECT, _N_EXT = 0xE0, 0x0E, 0x0E, 0x01
-
-
-def find_in_macho(data: memoryview) -> BlobLocation:
-    """Locate the blob in a 64-bit Mach-O object or dylib (symbols carry a leading ``_``)."""
-    endian = "<" if bytes(data[:4]) == b"\xcf\xfa\xed\xfe" else ">"
-
-    def struct_at(cls, offset: int, what: str):
-        if offset < 0 or offset + cls._size_ > len(data):
-            raise LoaderError(f"Mach-O: {what} at offset {offset} runs past the end of the "
-                              f"{len(data)}-byte file (expected {cls._size_} bytes)")
-        return cls.from_str(bytes(data[offset:offset + cls._size_]), _endian_=endian)
-
-    hdr = struct_at(mach_o.mach_header_64, 0, "header")
-    arch = mach_o.CPU_TYPE_NAMES.get(int(hdr.cputype), f"cputype {int(hdr.cputype)}")
-    sections, symtab = [], None
-    at, end = mach_o.mach_header_64._size_, mach_o.mach_header_64._size_ + int(hdr.sizeofcmds)
-    for _ in range(int(hdr.ncmds)):
-        lc = struct_at(mach_o.load_command, at, "load command")
-        if int(lc.cmdsize) < mach_o.load_command._size_ or at + int(lc.cmdsize) > end:
-            raise LoaderError(f"Mach-O: load command at offset {at} has size {int(lc.cmdsize)}, "
-                              f"expected 8..{end - at}")
-        if int(lc.cmd) == _LC_SEGMENT_64:
-            seg = struct_at(mach_o.segment_command_64, at + 8, "segment command")
-            base = at + 8 + mach_o.segment_command_64._size_
-            for i in range(int(seg.nsects)):
-                sections.append(struct_at(mach_o.section_64, base + i * mach_o.section_64._size_,
-                                          "section header"))
-        elif int(lc.cmd) == _LC_SYMTAB:
-            symtab = struct_at(mach_o.symtab_command, at + 8, "symtab command")
-        at += int(lc.cmdsize)
-    if symtab is None:
-        raise no_symbol("Mach-O", arch)
-    str_end = int(symtab.stroff) + int(symtab.strsize)
-    if str_end > len(data):
-        raise LoaderError(f"Mach-O: string table at offset {int(symtab.stroff)} runs past the end")
-    found, functions = None, []
-    for i in range(int(symtab.nsyms)):
-        sym = struct_at(mach_o.nlist_64, int(symtab.symoff) + i * 16, "symbol")
-        ntype = int(sym.n_type)
-        if ntype & _N_STAB or ntype & _N_TYPE != _N_SECT or not ntype & _N_EXT:
-            continue
-        name = _cstring(data, int(symtab.stroff) + int(sym.n_un), str_end)
-        if name in ("_" + BLOB_SYMBOL, "_" + FFI_BLOB_SYMBOL) and found is None:
-            found = (name[1:], sym)
-        elif 0 < int(sym.n_sect) <= len(sections) and \
-                bytes(sections[int(sym.n_sect) - 1].sectname).rstrip(b"\0") == b"__text":
-            functions.append(name[1:] if name.startswith("_") else name)
-    if found is None:
-        raise no_symbol("Mach-O", arch, functions)
-    name, sym = found
-    if not 0 < int(sym.n_sect) <= len(sections):
-        raise LoaderError(f"Mach-O: symbol {name} names section {int(sym.n_sect)}, "
-                          f"expected 1..{len(sections)}")
-    sect = sections[int(sym.n_sect) - 1]
-    rel = int(sym.n_value) - int(sect.addr)
-    sect_end = int(sect.offset) + int(sect.size)
-    if rel < 0 or int(sect.offset) == 0 or sect_end > len(data):
-        raise LoaderError(f"Mach-O: symbol {name} (address 0x{int(sym.n_value):x}) has no bytes in "
-                          f"the file (expected it inside section {bytes(sect.sectname).rstrip(bytes(1))!r})")
-    offset, size = _read_header(data, int(sect.offset) + rel, sect_end, f"Mach-O symbol {name}")
-    return BlobLocation("macho", arch, offset, size, SYMBOL_LAYOUTS[name], name, functions)
-
-
-def _cstring(data: memoryview, start: int, end: int) -> str:
-    if not 0 <= start < end:
-        return ""
-    chunk = bytes(data[start:min(end, start + 4096)])
-    return chunk.split(b"\0", 1)[0].decode("utf-8", "replace")
-

@@ -14,10 +14,8 @@ from elftools.elf.dynamic import DynamicSegment
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
-from .containers import SYMBOL_LAYOUTS, BlobLocation, _BytesReader, _read_header, no_symbol
+from .containers import SYMBOL_LAYOUTS, BlobLocation, _BytesReader, _read_header, blob_symbol, no_symbol
 from .errors import LoaderError
-
-_NAMES = tuple(SYMBOL_LAYOUTS)
 
 
 def find_in_elf(data: memoryview) -> BlobLocation:
@@ -105,7 +103,7 @@ def _from_sections(elf, data: memoryview, tables, arch: str) -> BlobLocation:
         symbols = list(table.iter_symbols())
         functions.update(_functions(symbols))
         if found is None:
-            found = next((s for s in symbols if s.name in _NAMES and s["st_shndx"] != "SHN_UNDEF"),
+            found = next((s for s in symbols if blob_symbol(s.name) and s["st_shndx"] != "SHN_UNDEF"),
                          None)
     if found is None:
         raise no_symbol("ELF", arch, sorted(functions))
@@ -127,8 +125,8 @@ def _from_sections(elf, data: memoryview, tables, arch: str) -> BlobLocation:
                           f"its section {sec.name!r}")
     limit = end if not found["st_size"] else min(end, at + found["st_size"])
     offset, size = _read_header(data, at, limit, f"ELF symbol {found.name}")
-    return BlobLocation("elf", arch, offset, size, SYMBOL_LAYOUTS[found.name], found.name,
-                        sorted(functions))
+    layout = SYMBOL_LAYOUTS[blob_symbol(found.name)]
+    return BlobLocation("elf", arch, offset, size, layout, found.name, sorted(functions))
 
 
 def _from_segments(elf, data: memoryview, arch: str) -> BlobLocation:
@@ -140,7 +138,7 @@ def _from_segments(elf, data: memoryview, arch: str) -> BlobLocation:
     if count * (16 if elf.elfclass == 32 else 24) > len(data):
         raise LoaderError(f"ELF: dynamic symbol table claims {count} symbols, more than the file holds")
     symbols = list(dyn.iter_symbols())
-    found = next((s for s in symbols if s.name in _NAMES and s["st_shndx"] != "SHN_UNDEF"), None)
+    found = next((s for s in symbols if blob_symbol(s.name) and s["st_shndx"] != "SHN_UNDEF"), None)
     if found is None:
         raise no_symbol("ELF", arch, _functions(symbols))
     addr = found["st_value"]
@@ -151,7 +149,7 @@ def _from_segments(elf, data: memoryview, arch: str) -> BlobLocation:
         end = min(seg["p_offset"] + seg["p_filesz"], len(data))
         limit = end if not found["st_size"] else min(end, at + found["st_size"])
         offset, size = _read_header(data, at, limit, f"ELF symbol {found.name}")
-        return BlobLocation("elf", arch, offset, size, SYMBOL_LAYOUTS[found.name], found.name,
-                            _functions(symbols))
+        layout = SYMBOL_LAYOUTS[blob_symbol(found.name)]
+        return BlobLocation("elf", arch, offset, size, layout, found.name, _functions(symbols))
     raise LoaderError(f"ELF: symbol {found.name} at address 0x{addr:x} is in no loadable segment "
                       f"with file bytes")

@@ -60,14 +60,13 @@ def load_library(source: str | os.PathLike | bytes) -> LoadedLibrary:
     data, path = _map(source)
     try:
         loc = find_blob(data)
-        blob = data[loc.offset:loc.offset + loc.size]
+        source = data if loc.buffer is None else loc.buffer
+        blob = source[loc.offset:loc.offset + loc.size]
         root, layout = parse_blob_ex(blob, loc.layout, base=loc.offset)
     except LoaderError as exc:
         if path is not None:
             raise LoaderError(f"{path}: {exc}") from None
         raise
-    if loc.layout == "ffi" and layout != "ffi":
-        raise LoaderError(f"{loc.symbol} must hold a tvm-ffi blob")
     for mod in root.walk():
         if isinstance(mod, HostLibraryModule):
             mod.symbols = list(loc.symbols)

@@ -81,3 +81,34 @@ def export_tar(blob: bytes, symbol: str, out: Path) -> Path:
         tar.add(work / "lib0.o", arcname="lib0.o")
         tar.add(work / "devc.o", arcname="devc.o")
     return out
+
+
+def universal_dylib(blob: bytes, symbol: str, out: Path) -> Path:
+    """A universal (fat) Mach-O with arm64 and x86_64 dylib slices, joined by llvm-lipo."""
+    import shutil
+
+    lipo = shutil.which("llvm-lipo") or need_program("llvm-lipo-14", "joins Mach-O slices")
+    clang = need_program("clang")
+    src = out.with_suffix(".c")
+    src.write_text(c_source(blob, symbol))
+    slices = []
+    for arch in ("arm64", "x86_64"):
+        path = out.with_name(f"{out.stem}.{arch}.dylib")
+        subprocess.run([clang, "-target", f"{arch}-apple-macos11", "-shared", "-fuse-ld=lld",
+                        "-nostdlib", "-o", str(path), str(src)], check=True, capture_output=True)
+        slices.append(str(path))
+    subprocess.run([lipo, "-create", *slices, "-output", str(out)], check=True, capture_output=True)
+    return out
+
+
+def export_tar_c_source(blob: bytes, symbol: str, out: Path) -> Path:
+    """``export_library("x.tar")`` by a TVM without LLVM: ``lib0.o`` and the ``devc.c`` source."""
+    work = out.parent
+    (work / "devc.c").write_text(c_source(blob, symbol))
+    lib0 = work / "lib0.c"
+    lib0.write_text("int tvmgen_default_fused_mul(void* a, int* c, int n) { return 0; }\n")
+    subprocess.run([need_program("gcc"), "-c", "-fPIC", "-o", str(work / "lib0.o"), str(lib0)], check=True)
+    with tarfile.open(out, "w") as tar:
+        tar.add(work / "lib0.o", arcname="lib0.o")
+        tar.add(work / "devc.c", arcname="devc.c")
+    return out

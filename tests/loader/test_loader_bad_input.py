@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loader_fixtures import compile_library, export_tar
+from loader_fixtures import compile_library, export_tar, export_tar_c_source, universal_dylib
 from rpcsrv.loader import (
     BLOB_SYMBOL, FFI_BLOB_SYMBOL, ExampleJSONModule, GraphExecutorFactoryModule, HostLibraryModule,
     LoaderError, build_blob, load_library,
@@ -162,15 +162,20 @@ def corpus(tmp_path_factory, elf_so) -> dict[str, bytes]:
         "mips-o": compile_library(ffi, FFI_BLOB_SYMBOL, "mips32be", work / "m.o", "object").read_bytes(),
         "macho-o": compile_library(ffi, FFI_BLOB_SYMBOL, "macho", work / "x.o", "object").read_bytes(),
         "tar": export_tar(build_blob(tree()), BLOB_SYMBOL, work / "x.tar").read_bytes(),
+        "fat": universal_dylib(ffi, FFI_BLOB_SYMBOL, work / "f.dylib").read_bytes(),
+        "tar-c": export_tar_c_source(build_blob(tree()), BLOB_SYMBOL, work / "c.tar").read_bytes(),
     }
 
 
 @pytest.mark.toolchain
-@pytest.mark.parametrize("name", ["raw-classic", "raw-ffi", "elf-so", "mips-o", "macho-o", "tar"])
+@pytest.mark.parametrize("name", ["raw-classic", "raw-ffi", "elf-so", "mips-o", "macho-o", "tar", "fat",
+                                  "tar-c"])
 def test_mutated_libraries(corpus, name):
     data = corpus[name]
-    layout = "ffi" if name in ("raw-ffi", "mips-o", "macho-o") else "classic"
+    layout = "ffi" if name in ("raw-ffi", "mips-o", "macho-o", "fat") else "classic"
     start = data.find(build_blob(tree(), layout)) - 8
+    if start < 0:  # tar-c: the blob is hex text; aim at the array instead
+        start = data.find(b"__tvm_dev_mblob")
     hot = (max(0, start), start + 8 + len(build_blob(tree(), layout)))
     for warm_up in (data, data[:len(data) // 2], apply(data, [("u64", hot[0], 1 << 40)], None)):
         try:  # first calls import and cache things; allocations are measured after that

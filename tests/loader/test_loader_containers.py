@@ -12,7 +12,10 @@ import numpy as np
 import pytest
 
 from conftest import need_module, need_program
-from loader_fixtures import HOST_FUNCTION, TARGETS, compile_library, export_tar, strip_section_headers
+from loader_fixtures import (
+    HOST_FUNCTION, TARGETS, compile_library, export_tar, export_tar_c_source, strip_section_headers,
+    universal_dylib,
+)
 from rpcsrv.loader import (
     BLOB_SYMBOL, FFI_BLOB_SYMBOL, ConstLoaderModule, ExampleJSONModule, GraphExecutorFactoryModule,
     HostLibraryModule, LoaderError, build_blob, load_library,
@@ -153,3 +156,29 @@ def test_real_tvm_loads_our_library(tmp_path):
     path = compile_library(build_blob(root, "ffi"), FFI_BLOB_SYMBOL, "host", tmp_path / "ours.so")
     mod = tvm.runtime.load_module(str(path))
     assert [m.kind for m in mod.imports] == ["const_loader"]
+
+
+@pytest.mark.toolchain
+def test_universal_macho(blobs, tmp_path):
+    lib = load_library(universal_dylib(blobs["ffi"], FFI_BLOB_SYMBOL, tmp_path / "fat.dylib"))
+    assert lib.container == "macho" and lib.arch.startswith("universal (")
+    assert "ARM64" in lib.arch and "x86_64" in lib.arch
+    assert lib.layout == "ffi" and HOST_FUNCTION in lib.symbols
+    check_tree(lib.root)
+
+
+@pytest.mark.toolchain
+def test_tar_with_c_source(blobs, tmp_path):
+    lib = load_library(export_tar_c_source(blobs["classic"], BLOB_SYMBOL, tmp_path / "model.tar"))
+    assert (lib.container, lib.member, lib.layout) == ("tar", "devc.c", "classic")
+    assert "tvmgen_default_fused_mul" in lib.symbols
+    check_tree(lib.root)
+
+
+@pytest.mark.toolchain
+def test_system_lib_prefix(blobs, tmp_path):
+    path = compile_library(blobs["classic"], "tvmgen_mymodel_" + BLOB_SYMBOL, "arm32", tmp_path / "p.o",
+                           "object")
+    lib = load_library(path)
+    assert lib.symbol == "tvmgen_mymodel_" + BLOB_SYMBOL and lib.layout == "classic"
+    check_tree(lib.root)
