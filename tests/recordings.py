@@ -56,8 +56,10 @@ def packets(path: Path) -> list[tuple[str, str, bytes]]:
     if recs and "kind" in recs[0]:  # pre-framed recording
         out = []
         for rec in recs:
-            data = bytes.fromhex(rec["hex"]) if "hex" in rec else None
-            out.append((rec["dir"], rec["kind"], data))
+            if "hex" in rec:
+                out.append((rec["dir"], rec["kind"], bytes.fromhex(rec["hex"])))
+            else:  # an elided packet: kind "elided", data = its first bytes
+                out.append((rec["dir"], "elided", bytes.fromhex(rec["head_hex"])))
         return out
     s = streams(path)
     c2s, s2c = _split("c2s", s["c2s"]), _split("s2c", s["s2c"])

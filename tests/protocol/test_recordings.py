@@ -25,7 +25,7 @@ def test_recorded_packets_roundtrip_byte_exact(folder, name, dialect):
     client_side = Connection(Role.CLIENT, dialect=dialect)
     checked = 0
     for direction, kind, data in packets(path):
-        if data is None:  # elided upload in graph-executor.jsonl
+        if kind == "elided":  # the upload in graph-executor.jsonl
             continue
         conn = server_side if direction == "c2s" else client_side
         conn.receive_data(data)
