@@ -19,7 +19,7 @@ above its parent's and each module's imports come back in index order, as with T
 
 from __future__ import annotations
 
-from construct import Array, Construct, If, Int64ul, Pass, Struct, Switch, Tell, this
+from construct import Array, Construct, If, Pass, Struct, Switch, Tell, this
 
 from .errors import LoaderError
 from .formats import DmlcBytes, DmlcString, Expect, FormatError, ImportTree, Vector, fail, parse

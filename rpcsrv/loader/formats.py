@@ -16,7 +16,7 @@ All of them are dmlc-stream encodings (little-endian whatever the target):
 Parsing runs over a ``ViewStream``: byte strings come back as memoryview slices and NDArrays as
 numpy views over the input, never copies.  Every untrusted length or count is checked against
 the bytes that remain before anything is read or allocated; a violation raises ``FormatError``
-naming the offset and what was expected (``codec.parse`` turns it into ``LoaderError``).
+naming the offset and what was expected (``parse`` below turns it into ``LoaderError``).
 """
 
 from __future__ import annotations
@@ -175,8 +175,8 @@ class NDArrayFormat(Construct):
         if not 0 <= head.ndim <= MAX_NDIM:
             fail(stream, start + 24, f"absurd NDArray ndim {head.ndim}, expected 0..{MAX_NDIM}")
         if 8 * head.ndim + 8 > _remaining(stream):
-            fail(stream, start + 32, f"NDArray shape of {head.ndim} dims and its byte size run past "
-                                     f"the end (expected {8 * head.ndim + 8} bytes, {_remaining(stream)} left)")
+            fail(stream, start + 32, f"NDArray shape of {head.ndim} dims and its byte size run past the "
+                                     f"end (expected {8 * head.ndim + 8} bytes, {_remaining(stream)} left)")
         dtype = DataType(head.dtype.code, head.dtype.bits, head.dtype.lanes)
         try:
             npdt = dtype.numpy()
@@ -254,7 +254,6 @@ ExampleJSONPayload = DmlcString
 
 #: classic blob ``_import_tree`` entry and the tvm-ffi blob's leading import tree (CSR form)
 ImportTree = Struct("row_ptr" / U64Vector, "child_indices" / U64Vector)
-
 
 
 def parse(fmt: Construct, data, offset: int = 0, base: int = 0, what: str = "blob"):

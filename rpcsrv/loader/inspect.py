@@ -130,7 +130,8 @@ def format_inspection(info: dict) -> str:
            f"{info['blob']['offset']}" + (f" (symbol {info['symbol']})" if info.get("symbol") else "")]
     out.append("module tree:")
     for m in info["modules"]:
-        out.append(f"  [{m['index']}] {m['type_key']}" + (f" -> imports {m['imports']}" if m["imports"] else ""))
+        imports = f" -> imports {m['imports']}" if m["imports"] else ""
+        out.append(f"  [{m['index']}] {m['type_key']}{imports}")
     for m in info["modules"]:
         head = f"[{m['index']}] {m['type_key']}"
         if "graph" in m:
