@@ -265,9 +265,39 @@ def bench(name: str, model, threads: int, repeat: int, workdir: Path) -> dict:
     diff = float(np.max(np.abs(got - expected)))
     ort_ms = median_ms(lambda: sess.run(None, feeds), repeat)
     ours_ms = median_ms(run_rpcsrv, repeat)
+    kernel_ms = kernel_profile(ex, run_rpcsrv, repeat)
     return {"model": name, "nodes": len(model.graph.node), "onnxruntime_ms": round(ort_ms, 3),
             "rpcsrv_ms": round(ours_ms, 3), "ratio": round(ours_ms / ort_ms, 2), "max_abs_diff": diff,
-            "max_abs_output": float(np.max(np.abs(expected)))}
+            "max_abs_output": float(np.max(np.abs(expected))),
+            "kernel_ms": round(sum(kernel_ms.values()), 3),
+            "slowest_ops_ms": dict(sorted(kernel_ms.items(), key=lambda kv: -kv[1])[:5])}
+
+
+def kernel_profile(ex, run, repeat: int) -> dict[str, float]:
+    """Milliseconds per run spent in each op's kernels (the rest of a run is executor overhead).
+
+    Wraps the kernels of the executor's ExampleJSON function in timers for a few extra runs.
+    """
+    from rpcsrv.executor.examplejson import SubgraphFunction
+
+    totals: dict[str, float] = {}
+
+    def timed(op, kernel):
+        def call(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return kernel(*args, **kwargs)
+            finally:
+                totals[op] = totals.get(op, 0.0) + time.perf_counter() - start
+        return call
+
+    runs = max(3, repeat // 4)
+    for fn, _args in ex.op_execs:
+        if isinstance(fn, SubgraphFunction):
+            fn.steps = [(node, timed(node.op, kernel), *rest) for node, kernel, *rest in fn.steps]
+    for _ in range(runs):
+        run()
+    return {op: round(t * 1e3 / runs, 3) for op, t in totals.items()}
 
 
 def main(argv=None) -> int:
