@@ -8,6 +8,7 @@ import weakref
 import numpy as np
 import pytest
 
+from conftest import need_shared
 from exec_helpers import SEED
 from rpcsrv.executor import ExampleJSONError, ExampleJSONModule, ExecutorError
 
@@ -23,6 +24,19 @@ def test_seed_text_runs_unchanged():
     a, b, c, d = (rand(10, 10) for _ in range(4))
     out = np.zeros((10, 10), np.float32)
     assert mod.get_function("subgraph_0")(a, b, c, d, out) is None
+    np.testing.assert_allclose(out, (a + b - c) * d, rtol=1e-6)
+
+
+def test_seed_text_taken_from_the_byoc_guide_itself():
+    guide = need_shared("seeds").glob("001_*.txt")
+    text = next(guide).read_text(encoding="utf-8")
+    start = text.index("\nsubgraph_0\n") + 1
+    block = text[start:text.index("\n\n", start)]
+    assert block.splitlines()[-1].strip() == "mul 6 inputs: 5 3 shape: 10 10"
+    mod = ExampleJSONModule(block)
+    a, b, c, d = (rand(10, 10) for _ in range(4))
+    out = np.zeros((10, 10), np.float32)
+    mod.get_function("subgraph_0")(a, b, c, d, out)
     np.testing.assert_allclose(out, (a + b - c) * d, rtol=1e-6)
 
 
