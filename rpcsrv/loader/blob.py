@@ -62,7 +62,8 @@ FfiEntry = Struct(
 #: tvm-ffi blob: import tree, then one entry per module
 FfiBlob = Struct(
     "tree" / ImportTree,
-    Expect(lambda c: len(c.tree.row_ptr) >= 2, "import tree row_ptr {tree.row_ptr} lists no module"),
+    Expect(lambda c: len(c.tree.row_ptr) >= 2,
+           lambda c: f"import tree with {len(c.tree.row_ptr)} row pointers lists no module (expected >= 2)"),
     "entries" / Array(lambda c: len(c.tree.row_ptr) - 1, FfiEntry),
 )
 

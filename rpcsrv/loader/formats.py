@@ -113,16 +113,18 @@ class Vector(Construct):
 
 
 class Expect(Construct):
-    """A consistency check between fields already parsed; builds nothing."""
+    """A consistency check between fields already parsed; builds nothing.
 
-    def __init__(self, predicate, message: str):
+    ``message(context)`` describes the violation (called only when the check fails)."""
+
+    def __init__(self, predicate, message):
         super().__init__()
         self.predicate, self.message = predicate, message
         self.flagbuildnone = True
 
     def _parse(self, stream, context, path):
         if not self.predicate(context):
-            fail(stream, stream.tell(), self.message.format(**context))
+            fail(stream, stream.tell(), self.message(context))
 
     def _build(self, obj, stream, context, path):
         return None
@@ -196,7 +198,10 @@ class NDArrayFormat(Construct):
             fail(stream, size_at, f"NDArray data of {nbytes} bytes runs past the end "
                                   f"(expected at most {_remaining(stream)} bytes)")
         data = stream_read(stream, nbytes, path)
-        return np.frombuffer(data, dtype=_le(npdt), count=count).reshape(shape)
+        try:
+            return np.frombuffer(data, dtype=_le(npdt), count=count).reshape(shape)
+        except ValueError as exc:  # e.g. shape (0, 2**62): no bytes, but numpy refuses the shape
+            fail(stream, start + 32, f"NDArray shape {shape} not representable: {exc}")
 
     def _build(self, obj, stream, context, path):
         arr = np.asarray(obj)
@@ -217,13 +222,20 @@ StringVector = Vector(DmlcString, min_size=8)
 U64Vector = Vector(Int64ul, min_size=8)
 NDArray = NDArrayFormat()
 
+def _one_per(count: str, names: str, what: str) -> Expect:
+    """Check that the count field ``count`` equals the length of the list field ``names``."""
+    return Expect(lambda c: c[count] == len(c[names]),
+                  lambda c: f"{what}: {c[count]} of them, expected one per entry of {names} "
+                            f"({len(c[names])})")
+
+
 #: TVM's param dict (``tvm.runtime.save_param_dict``)
 ParamDict = Struct(
     "magic" / Magic(PARAM_DICT_MAGIC, "param dict"),
     "reserved" / Rebuild(Int64ul, 0),
     "names" / StringVector,
     "count" / Rebuild(Int64ul, len_(this.names)),
-    Expect(lambda c: c.count == len(c.names), "param dict holds {count} arrays for {names} names"),
+    _one_per("count", "names", "param dict: arrays"),
     "arrays" / Array(this.count, NDArray),
 )
 
@@ -232,7 +244,7 @@ GraphExecutorFactoryPayload = Struct(
     "graph_json" / DmlcString,
     "count" / Rebuild(Int64ul, len_(this.names)),
     "names" / StringVector,
-    Expect(lambda c: c.count == len(c.names), "graph executor factory: {count} params but {names}"),
+    _one_per("count", "names", "graph executor factory: params"),
     "arrays" / Array(this.count, NDArray),
     "module_name" / DmlcString,
 )
@@ -241,11 +253,11 @@ GraphExecutorFactoryPayload = Struct(
 ConstLoaderPayload = Struct(
     "names" / StringVector,
     "count" / Rebuild(Int64ul, len_(this.names)),
-    Expect(lambda c: c.count == len(c.names), "const loader: {count} arrays but names {names}"),
+    _one_per("count", "names", "const loader: arrays"),
     "arrays" / Array(this.count, NDArray),
     "symbols" / StringVector,
     "nsymbols" / Rebuild(Int64ul, len_(this.symbols)),
-    Expect(lambda c: c.nsymbols == len(c.symbols), "const loader: {nsymbols} lists for symbols {symbols}"),
+    _one_per("nsymbols", "symbols", "const loader: constant name lists"),
     "const_vars" / Array(this.nsymbols, StringVector),
 )
 

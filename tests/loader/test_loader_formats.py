@@ -100,6 +100,12 @@ def test_bad_ndarray(patch, message):
     assert "offset" in str(info.value)
 
 
+def test_empty_tensor_with_absurd_shape():
+    raw = ndarray_bytes(2, 32, (0, 1 << 62), b"")
+    with pytest.raises(LoaderError, match=r"shape \[0, 4611686018427387904\] not representable.*offset 32"):
+        load_ndarray(raw)
+
+
 def test_truncated_ndarray_names_offset():
     raw = save_ndarray(np.arange(4, dtype=np.float32))
     with pytest.raises(LoaderError, match=r"runs past the end.*offset 40"):
@@ -109,5 +115,24 @@ def test_truncated_ndarray_names_offset():
 def test_param_dict_count_mismatch():
     raw = bytearray(save_param_dict({"a": np.zeros(2, np.float32)}))
     raw[33:41] = struct.pack("<Q", 2)  # count after the names vector (8+8+8+8+1 bytes)
-    with pytest.raises(LoaderError, match="2 arrays for"):
+    with pytest.raises(LoaderError, match=r"param dict: arrays: 2 of them, expected one per entry of names \(1\)"):
         load_param_dict(bytes(raw))
+
+
+_DIM = st.sampled_from([0, 1, 2, 3, 7, 1 << 31, 1 << 62, (1 << 63) - 1, -1, -(1 << 63)])
+
+
+@settings(max_examples=300, deadline=None)
+@given(device=st.sampled_from([1, 2, 0, -1]), ndim=st.integers(-3, 70),
+       dtype=st.tuples(st.integers(0, 255), st.integers(0, 255), st.integers(0, 3)),
+       shape=st.lists(_DIM, max_size=8), nbytes=st.one_of(st.integers(-1, 64), _DIM),
+       tail=st.binary(max_size=64))
+def test_any_ndarray_header_is_accepted_or_refused_cleanly(device, ndim, dtype, shape, nbytes, tail):
+    raw = (struct.pack("<QQiii", 0xDD5E40F096B4A13F, 0, device, 0, ndim) + struct.pack("<BBH", *dtype)
+           + b"".join(struct.pack("<q", d) for d in shape) + struct.pack("<q", nbytes) + tail)
+    try:
+        arr, end = load_ndarray(raw)
+    except LoaderError as exc:
+        assert "offset" in str(exc)
+    else:
+        assert end <= len(raw) and arr.nbytes <= len(raw)
