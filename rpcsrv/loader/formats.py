@@ -153,12 +153,13 @@ class Magic(Construct):
 DLDataTypeFormat = Struct("code" / Int8ul, "bits" / Int8ul, "lanes" / Int16ul)
 DLDeviceFormat = Struct("device_type" / Int32sl, "device_id" / Int32sl)
 NDArrayHeader = Struct(
-    "magic" / Magic(NDARRAY_MAGIC, "NDArray"),
+    "magic" / Int64ul,  # NDARRAY_MAGIC, checked by NDArrayFormat with an offset in the message
     "reserved" / Int64ul,
     "device" / DLDeviceFormat,
     "ndim" / Int32sl,
     "dtype" / DLDataTypeFormat,
 )
+_HEADER_FAST = NDArrayHeader.compile()  # same declaration, generated parser (~4x faster)
 
 
 def _le(dt: np.dtype) -> np.dtype:
@@ -171,7 +172,9 @@ class NDArrayFormat(Construct):
 
     def _parse(self, stream, context, path):
         start = stream.tell()
-        head = NDArrayHeader._parsereport(stream, context, path)
+        head = _HEADER_FAST._parsereport(stream, context, path)
+        if head.magic != NDARRAY_MAGIC:
+            fail(stream, start, f"bad NDArray magic 0x{head.magic:016X}, expected 0x{NDARRAY_MAGIC:016X}")
         if head.device.device_type != DLDeviceType.CPU:
             fail(stream, start + 16, f"NDArray device type {head.device.device_type}, expected 1 (CPU)")
         if not 0 <= head.ndim <= MAX_NDIM:
@@ -207,7 +210,7 @@ class NDArrayFormat(Construct):
         arr = np.asarray(obj)
         arr = np.require(arr, dtype=_le(arr.dtype), requirements="C")
         dtype = DataType.from_numpy(arr.dtype)
-        NDArrayHeader._build(dict(reserved=0, device=dict(device_type=int(DLDeviceType.CPU), device_id=0),
+        NDArrayHeader._build(dict(magic=NDARRAY_MAGIC, reserved=0, device=dict(device_type=int(DLDeviceType.CPU), device_id=0),
                                   ndim=arr.ndim, dtype=dict(code=dtype.code, bits=dtype.bits, lanes=1)),
                              stream, context, path)
         stream.write(np.asarray(arr.shape, "<i8").tobytes())
