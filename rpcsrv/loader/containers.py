@@ -102,6 +102,9 @@ def find_blob(data: memoryview) -> BlobLocation:
         return find_in_fat(data)
     if len(data) >= 262 and bytes(data[257:262]) == b"ustar":
         return find_in_tar(data)
+    if magic[:2] == b"MZ":
+        raise LoaderError("Windows PE/DLL at offset 0: not supported (expected ELF, Mach-O, tar "
+                          "or a raw blob)")
     if len(data) < HEADER:
         raise LoaderError(f"file of {len(data)} bytes is no library and no raw blob "
                           f"(expected at least the 8-byte blob length)")
@@ -132,6 +135,8 @@ def find_in_tar(data: memoryview) -> BlobLocation:
         except _NoSymbol as exc:
             functions.update(exc.functions)
             continue
+        except LoaderError as exc:  # offsets inside the member: say where the member starts
+            raise LoaderError(f"tar member {m.name!r} (data at file offset {start}): {exc}") from None
         functions.update(loc.symbols)
         if found is None:
             loc.offset += start if loc.buffer is None else 0
