@@ -8,6 +8,9 @@ import struct
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 from conftest import need_module
 from rpcsrv.loader import (
@@ -160,3 +163,48 @@ def test_ffi_blob_equals_real_tvm_writer():
     assert packed[8:] == build_blob(a, "ffi")
     back = parse_blob(packed[8:])
     np.testing.assert_array_equal(back.imports[0].arrays["v"], b.arrays["v"])
+
+
+_names = st.text(st.characters(min_codepoint=33, max_codepoint=0x2FF), min_size=1, max_size=8)
+_arrays = hnp.arrays(st.sampled_from(["float32", "int8", "int64", "bool"]),
+                     hnp.array_shapes(min_dims=0, max_dims=3, max_side=3))
+
+
+def _leaf():
+    return st.one_of(
+        st.builds(ExampleJSONModule, st.text(max_size=40)),
+        st.builds(ConstLoaderModule, st.dictionaries(_names, _arrays, max_size=3),
+                  st.dictionaries(_names, st.lists(_names, max_size=3), max_size=2)),
+        st.builds(GraphExecutorFactoryModule, st.text(max_size=40),
+                  st.dictionaries(_names, _arrays, max_size=3), _names),
+    )
+
+
+def _with_imports(children):
+    return st.builds(lambda node, kids: (setattr(node, "imports", kids), node)[1], _leaf(),
+                     st.lists(children, max_size=3))
+
+
+def _canonical(mod):
+    """Structure and payloads, with imports in any order (TVM renumbers them)."""
+    fields = {k: v for k, v in vars(mod).items() if k != "imports"}
+    for key in ("params", "arrays"):
+        if key in fields:
+            fields[key] = {n: (a.dtype.str, a.shape, a.tobytes()) for n, a in fields[key].items()}
+    return (type(mod).__name__, repr(sorted(fields.items())),
+            sorted(repr(_canonical(m)) for m in mod.imports))
+
+
+@settings(max_examples=80, deadline=None)
+@given(tree=st.recursive(_leaf(), _with_imports, max_leaves=6), layout=st.sampled_from(["classic", "ffi"]),
+       with_lib=st.booleans())
+def test_random_trees_round_trip(tree, layout, with_lib):
+    root = HostLibraryModule(imports=[tree]) if with_lib else tree
+    blob = build_blob(root, layout)
+    back, found = parse_blob_ex(blob)
+    assert found == ("legacy" if layout == "classic" and isinstance(root, HostLibraryModule)
+                     and not root.imports else layout)
+    assert _canonical(back) == _canonical(root)
+    # TVM renumbers siblings on every write, so a second write may differ in order, never in content
+    again = build_blob(back, layout)
+    assert len(again) == len(blob) and _canonical(parse_blob(again)) == _canonical(root)
