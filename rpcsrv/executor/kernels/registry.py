@@ -1,0 +1,95 @@
+"""The kernel registry: op name -> numpy function, and the ONNX op-type naming rule.
+
+A kernel is ``kernel(*inputs, **attrs)``: tensor inputs positionally in ONNX order (``None`` for an
+absent optional input), attributes by their ONNX names as JSON-decoded Python values.  It returns one
+``np.ndarray`` or, for multi-output ops, a tuple of them.  Kernels are pure: they never write into
+their inputs and keep no state between calls (they may return views).
+
+``register`` checks attribute names once per call against the kernel's keyword-only parameters, so a
+misspelled or unsupported attribute is a ``ValueError`` naming the op and the attribute, instead of
+being silently ignored or surfacing as a confusing ``TypeError`` deep inside numpy.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+from typing import Any, Callable
+
+import numpy as np
+
+Kernel = Callable[..., Any]
+
+KERNELS: dict[str, Kernel] = {}
+
+# ONNX types whose plain snake_case reads badly; everything else follows the regex rule.
+_NAME_EXCEPTIONS = {"PRelu": "prelu", "IsNaN": "is_nan", "IsInf": "is_inf"}
+_CAMEL_RE = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+
+
+def onnx_op_to_kernel(op_type: str) -> str:
+    """Kernel name for an ONNX op type: snake_case, with ``MatMul`` read as one word.
+
+    ``BatchNormalization`` -> ``batch_normalization``, ``MatMul`` -> ``matmul``,
+    ``ReduceLogSumExp`` -> ``reduce_log_sum_exp``, ``LRN`` -> ``lrn``, ``PRelu`` -> ``prelu``.
+    """
+    if op_type in _NAME_EXCEPTIONS:
+        return _NAME_EXCEPTIONS[op_type]
+    return _CAMEL_RE.sub("_", op_type.replace("MatMul", "Matmul")).lower()
+
+
+def _attr_names(fn: Kernel) -> tuple[frozenset[str], bool]:
+    params = inspect.signature(fn).parameters.values()
+    names = frozenset(p.name for p in params if p.kind is p.KEYWORD_ONLY)
+    open_ended = any(p.kind is p.VAR_KEYWORD for p in params)
+    return names, open_ended
+
+
+def register(name: str) -> Callable[[Kernel], Kernel]:
+    """Decorator: put ``fn`` into ``KERNELS`` under ``name``, with attribute-name checking.
+
+    The attributes a kernel accepts are its keyword-only parameters.  Registering a name twice is an
+    error (two modules claiming one op is a bug, not an override).
+    """
+
+    def decorate(fn: Kernel) -> Kernel:
+        if name in KERNELS:
+            raise ValueError(f"kernel {name!r} registered twice")
+        allowed, open_ended = _attr_names(fn)
+
+        @functools.wraps(fn)
+        def kernel(*inputs, **attrs):
+            if not open_ended and not allowed.issuperset(attrs):
+                bad = sorted(set(attrs) - allowed)
+                raise ValueError(f"op {name!r}: unsupported attribute(s) {', '.join(bad)} "
+                                 f"(accepted: {', '.join(sorted(allowed)) or 'none'})")
+            return fn(*inputs, **attrs)
+
+        kernel.attrs = allowed
+        KERNELS[name] = kernel
+        return kernel
+
+    return decorate
+
+
+def bad(op: str, message: str) -> ValueError:
+    """A ValueError whose message starts with the op name (``raise bad("conv", "...")``)."""
+    return ValueError(f"op {op!r}: {message}")
+
+
+def ints(value, op: str = "", what: str = "") -> list[int]:
+    """A list of Python ints from an attribute list or a 1-D integer tensor input."""
+    if value is None:
+        return []
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "iub" and arr.size:
+        raise bad(op, f"{what} must be integers, got {arr.dtype}")
+    return [int(v) for v in arr.reshape(-1)]
+
+
+def norm_axis(axis: int, rank: int, op: str) -> int:
+    """An ONNX axis (negative counts from the end) as a non-negative int, range-checked."""
+    if not -rank <= axis < max(rank, 1):
+        raise bad(op, f"axis {axis} out of range for rank {rank}")
+    return axis % rank if rank else 0
