@@ -106,7 +106,8 @@ def parse_blob_ex(blob, layout: str | None = None, base: int = 0) -> tuple[Modul
     _check_single_lib(nodes, base)
     if tree is None:
         if any(isinstance(n, HostLibraryModule) for n in nodes):
-            raise LoaderError(f"classic blob: {LIB_KEY} entry without an {IMPORT_TREE_KEY} entry")
+            raise LoaderError(f"classic blob at offset {base}: {LIB_KEY} entry without an "
+                              f"{IMPORT_TREE_KEY} entry (expected one whenever {LIB_KEY} is present)")
         return HostLibraryModule(imports=nodes), "legacy"
     return _link(nodes, tree.row_ptr, tree.child_indices, base), "classic"
 

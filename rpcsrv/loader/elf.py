@@ -85,10 +85,13 @@ def _check_table(sec, file_size: int) -> None:
     off, size, entsize = sec["sh_offset"], sec["sh_size"], sec["sh_entsize"]
     if entsize <= 0 or off + size > file_size:
         raise LoaderError(f"ELF: symbol table {sec.name!r} at offset {off} (size {size}, entry "
-                          f"size {entsize}) does not fit the {file_size}-byte file")
+                          f"size {entsize}) does not fit the {file_size}-byte file (expected "
+                          f"non-empty entries inside the file)")
     link = sec.stringtable
     if link["sh_offset"] + link["sh_size"] > file_size:
-        raise LoaderError(f"ELF: string table of {sec.name!r} runs past the end of the file")
+        raise LoaderError(f"ELF: string table of {sec.name!r} at offset {link['sh_offset']} (size "
+                          f"{link['sh_size']}) does not fit the {file_size}-byte file (expected "
+                          f"it inside the file)")
 
 
 def _functions(symbols) -> list[str]:
@@ -113,7 +116,8 @@ def _from_sections(elf, data: memoryview, tables, arch: str) -> BlobLocation:
                           f"section holding its bytes")
     sec = elf.get_section(shndx)
     if sec["sh_type"] == "SHT_NOBITS":
-        raise LoaderError(f"ELF: symbol {found.name} lives in {sec.name!r}, which has no file bytes")
+        raise LoaderError(f"ELF: symbol {found.name} lives in {sec.name!r} (section {shndx}), which "
+                          f"has no file bytes (expected a data section such as .rodata)")
     start, end = sec["sh_offset"], sec["sh_offset"] + sec["sh_size"]
     if end > len(data):
         raise LoaderError(f"ELF: section {sec.name!r} (offset {start}, size {sec['sh_size']}) runs "
@@ -121,8 +125,8 @@ def _from_sections(elf, data: memoryview, tables, arch: str) -> BlobLocation:
     # in objects st_value is the offset in the section, elsewhere an address (sh_addr based)
     at = start + found["st_value"] - (0 if elf["e_type"] == "ET_REL" else sec["sh_addr"])
     if not start <= at < end:
-        raise LoaderError(f"ELF: symbol {found.name} (value 0x{found['st_value']:x}) lies outside "
-                          f"its section {sec.name!r}")
+        raise LoaderError(f"ELF: symbol {found.name} (value 0x{found['st_value']:x}) maps to file "
+                          f"offset {at}, expected inside its section {sec.name!r} ({start}..{end})")
     limit = end if not found["st_size"] else min(end, at + found["st_size"])
     offset, size = _read_header(data, at, limit, f"ELF symbol {found.name}")
     layout = SYMBOL_LAYOUTS[blob_symbol(found.name)]
@@ -136,7 +140,8 @@ def _from_segments(elf, data: memoryview, arch: str) -> BlobLocation:
         raise no_symbol("ELF without section headers or dynamic segment", arch)
     count = dyn.num_symbols()
     if count * (16 if elf.elfclass == 32 else 24) > len(data):
-        raise LoaderError(f"ELF: dynamic symbol table claims {count} symbols, more than the file holds")
+        raise LoaderError(f"ELF: dynamic symbol table claims {count} symbols, more than the "
+                          f"{len(data)}-byte file holds (expected a count that fits)")
     symbols = list(dyn.iter_symbols())
     found = next((s for s in symbols if blob_symbol(s.name) and s["st_shndx"] != "SHN_UNDEF"), None)
     if found is None:
@@ -152,4 +157,4 @@ def _from_segments(elf, data: memoryview, arch: str) -> BlobLocation:
         layout = SYMBOL_LAYOUTS[blob_symbol(found.name)]
         return BlobLocation("elf", arch, offset, size, layout, found.name, _functions(symbols))
     raise LoaderError(f"ELF: symbol {found.name} at address 0x{addr:x} is in no loadable segment "
-                      f"with file bytes")
+                      f"with file bytes (expected a PT_LOAD segment holding it)")

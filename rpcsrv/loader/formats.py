@@ -160,6 +160,7 @@ NDArrayHeader = Struct(
     "dtype" / DLDataTypeFormat,
 )
 _HEADER_FAST = NDArrayHeader.compile()  # same declaration, generated parser (~4x faster)
+NDARRAY_HEADER_SIZE = NDArrayHeader.sizeof()
 
 
 def _le(dt: np.dtype) -> np.dtype:
@@ -172,6 +173,9 @@ class NDArrayFormat(Construct):
 
     def _parse(self, stream, context, path):
         start = stream.tell()
+        if _remaining(stream) < NDARRAY_HEADER_SIZE:  # the generated parser does not check
+            fail(stream, start, f"NDArray header runs past the end (expected {NDARRAY_HEADER_SIZE} "
+                                f"bytes, {_remaining(stream)} left)")
         head = _HEADER_FAST._parsereport(stream, context, path)
         if head.magic != NDARRAY_MAGIC:
             fail(stream, start, f"bad NDArray magic 0x{head.magic:016X}, expected 0x{NDARRAY_MAGIC:016X}")
@@ -315,5 +319,5 @@ def load_param_dict(data) -> dict[str, np.ndarray]:
     """Parse a param dict; arrays are read-only views over ``data``, not copies."""
     value, _ = parse(ParamDict, data, what="param dict")
     if len(set(value.names)) != len(value.names):
-        raise LoaderError("param dict: duplicate parameter names")
+        raise LoaderError("param dict: duplicate parameter names (expected each name once)")
     return dict(zip(value.names, value.arrays))

@@ -57,7 +57,8 @@ def find_in_macho(data: memoryview) -> BlobLocation:
                           f"past the end of the {len(data)}-byte file (expected 16 bytes each)")
     str_end = int(symtab.stroff) + int(symtab.strsize)
     if str_end > len(data):
-        raise LoaderError(f"Mach-O: string table at offset {int(symtab.stroff)} runs past the end")
+        raise LoaderError(f"Mach-O: string table at offset {int(symtab.stroff)} (size "
+                          f"{int(symtab.strsize)}) runs past the end of the {len(data)}-byte file")
     found, functions = None, []
     for i in range(int(symtab.nsyms)):
         sym = struct_at(mach_o.nlist_64, int(symtab.symoff) + i * 16, "symbol")
@@ -80,8 +81,10 @@ def find_in_macho(data: memoryview) -> BlobLocation:
     rel = int(sym.n_value) - int(sect.addr)
     sect_end = int(sect.offset) + int(sect.size)
     if rel < 0 or int(sect.offset) == 0 or sect_end > len(data):
+        section = bytes(sect.sectname).rstrip(b"\0").decode("ascii", "replace")
         raise LoaderError(f"Mach-O: symbol {name} (address 0x{int(sym.n_value):x}) has no bytes in "
-                          f"the file (expected it inside section {bytes(sect.sectname).rstrip(bytes(1))!r})")
+                          f"the file (expected it inside section {section} at offset "
+                          f"{int(sect.offset)}, size {int(sect.size)})")
     offset, size = _read_header(data, int(sect.offset) + rel, sect_end, f"Mach-O symbol {name}")
     return BlobLocation("macho", arch, offset, size, SYMBOL_LAYOUTS[blob_symbol(name)], name,
                         functions)

@@ -136,3 +136,10 @@ def test_any_ndarray_header_is_accepted_or_refused_cleanly(device, ndim, dtype, 
         assert "offset" in str(exc)
     else:
         assert end <= len(raw) and arr.nbytes <= len(raw)
+
+
+def test_every_truncation_is_refused():
+    raw = save_param_dict({"a": np.arange(3, dtype=np.float32), "b": np.array(2, np.int64)})
+    for cut in range(len(raw)):
+        with pytest.raises(LoaderError, match="offset"):
+            load_param_dict(raw[:cut])
