@@ -63,18 +63,21 @@ FfiEntry = Struct(
 FfiBlob = Struct(
     "tree" / ImportTree,
     Expect(lambda c: len(c.tree.row_ptr) >= 2,
-           lambda c: f"import tree with {len(c.tree.row_ptr)} row pointers lists no module (expected >= 2)"),
+           lambda c: f"import tree with {len(c.tree.row_ptr)} row pointers lists no module "
+                     f"(expected at least 2)"),
     "entries" / Array(lambda c: len(c.tree.row_ptr) - 1, FfiEntry),
 )
 
 
 def detect_layout(blob) -> str:
-    """"ffi" when the blob starts with an import tree (its second word is row_ptr[0] == 0), else
-    "classic" (where the second word is the first type key's length, never 0)."""
+    """The blob's layout family: "ffi" or "classic" (which also covers "legacy").
+
+    A tvm-ffi blob starts with the import tree: a non-zero count, then ``row_ptr[0] == 0``.  A
+    classic blob starts with the entry count, then the first type key's length, never 0.
+    """
     view = memoryview(blob).cast("B")
-    if len(view) >= 16 and int.from_bytes(view[8:16], "little") == 0 and int.from_bytes(view[:8], "little"):
-        return "ffi"
-    return "classic"
+    first, second = (int.from_bytes(view[i:i + 8], "little") for i in (0, 8))
+    return "ffi" if len(view) >= 16 and first and second == 0 else "classic"
 
 
 def parse_blob(blob, layout: str | None = None, base: int = 0) -> ModuleNode:
@@ -93,7 +96,7 @@ def parse_blob_ex(blob, layout: str | None = None, base: int = 0) -> tuple[Modul
         raise ValueError(f"unknown blob layout {layout!r}; expected one of {LAYOUTS}")
     if layout == "ffi":
         return _parse_ffi(blob, base), "ffi"
-    entries, end = parse(ClassicBlob, blob, base=base, what="classic blob")
+    entries, _ = parse(ClassicBlob, blob, base=base, what="classic blob")  # TVM ignores the rest
     nodes, tree = [], None
     for entry in entries:
         if entry.type_key == IMPORT_TREE_KEY:

@@ -60,8 +60,8 @@ def load_library(source: str | os.PathLike | bytes) -> LoadedLibrary:
     data, path = _map(source)
     try:
         loc = find_blob(data)
-        source = data if loc.buffer is None else loc.buffer
-        blob = source[loc.offset:loc.offset + loc.size]
+        holder = data if loc.buffer is None else memoryview(loc.buffer)
+        blob = holder[loc.offset:loc.offset + loc.size]
         root, layout = parse_blob_ex(blob, loc.layout, base=loc.offset)
     except LoaderError as exc:
         if path is not None:
