@@ -124,10 +124,12 @@ def _shape(info: dict) -> str:
 
 def format_inspection(info: dict) -> str:
     """Human-readable text for an ``inspect_library`` summary."""
+    in_c = (info.get("member") or "").endswith(".c")
     out = [f"{info.get('path') or '<bytes>'}: {info['container']} ({info['arch']})"
            + (f", member {info['member']}" if info.get("member") else ""),
            f"blob: {info['layout']} layout, {info['blob']['size']} bytes at offset "
-           f"{info['blob']['offset']}" + (f" (symbol {info['symbol']})" if info.get("symbol") else "")]
+           f"{info['blob']['offset']}" + (" of the decoded C array" if in_c else "")
+           + (f" (symbol {info['symbol']})" if info.get("symbol") else "")]
     out.append("module tree:")
     for m in info["modules"]:
         imports = f" -> imports {m['imports']}" if m["imports"] else ""
