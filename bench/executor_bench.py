@@ -152,7 +152,12 @@ def build_encoder(seq=64, width=128, heads=4, ffn=512, layers=2):
 
 # ---------------------------------------------------------------------- ONNX -> graph JSON + ExampleJSON
 def snake(op_type: str) -> str:
-    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", op_type).lower()
+    """The kernel table's name for an ONNX op type (its own rule when it has one)."""
+    try:
+        from rpcsrv.executor.kernels import onnx_op_to_kernel
+    except ImportError:
+        return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", op_type).lower()
+    return onnx_op_to_kernel(op_type)
 
 
 def to_examplejson(model):
