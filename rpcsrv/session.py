@@ -74,6 +74,8 @@ class Session:
         self.peer = peer
         self.buffers: dict[int, np.ndarray] = {}
         self.allocated: dict[int, int] = {}
+        self.globals: dict[str, int] = {}  # global function name -> its handle
+        self.refs: dict[int, int] = {}  # handle -> times handed out, when more than once
         self.objects: dict[int, Any] = {}
         self.memory_used = 0
         self._next = 0x7E0000000000 + (secrets.randbits(24) << 12)
@@ -233,18 +235,36 @@ class Session:
     def to_wire_syscall(self, v: Any) -> Any:
         return v
 
+    def _global(self, name: str) -> int:
+        """Handle of global function ``name`` (0: none).  Like TVM, asking twice gives the same
+        handle, counted: it stays valid until freed as many times as it was handed out."""
+        handle = self.globals.get(name)
+        if handle is not None:
+            self.refs[handle] = self.refs.get(handle, 1) + 1
+            return handle
+        fn = self.registry.get(name, self)
+        if fn is None:
+            return 0
+        handle = self.put_object(fn)
+        self.globals[name] = handle
+        return handle
+
     def _syscall(self, ev: Syscall) -> Any:
         a = ev.args
         code = ev.code
         if code == RPCCode.GET_GLOBAL_FUNC:
-            name = _arg(a, 0, str, "function name")
-            fn = self.registry.get(name, self)
-            return OpaqueHandle(self.put_object(fn) if fn is not None else 0)
+            return OpaqueHandle(self._global(_arg(a, 0, str, "function name")))
         if code == RPCCode.FREE_HANDLE:
             handle = _arg(a, 0, Handle, "handle").value
-            obj = self.objects.pop(handle, None)
-            if obj is None:
+            if handle not in self.objects:
                 raise RPCUserError(f"cannot free unknown handle 0x{handle:x}")
+            if self.refs.get(handle, 1) > 1:  # a global handed out more than once
+                self.refs[handle] -= 1
+                return None
+            obj = self.objects.pop(handle)
+            self.refs.pop(handle, None)
+            if isinstance(obj, PackedFunction) and self.globals.get(obj.name) == handle:
+                del self.globals[obj.name]
             if isinstance(obj, NDArrayRef):
                 self.buffers.pop(obj.data_handle, None)
             return None

@@ -17,7 +17,7 @@ import trio
 from conftest import need_shared
 from recordings import packets, reencode
 from rpcsrv.protocol import (NEED_DATA, CallFunc, Connection, CopyAck, CopyFromRemote, CopyToRemote,
-                             Dialect, Handle, RemoteError, Return, Role, Syscall, TensorHeader)
+                             Dialect, Handle, RemoteError, Return, Role, RPCCode, Syscall, TensorHeader)
 from rpcsrv.server import ServerConfig, serve
 
 RECORDED_WORKSPACE = "/srv/rpc-workspa"
@@ -28,9 +28,13 @@ class HandleMap:
 
     def __init__(self):
         self.fwd = {0: 0}
+        self.freed: set[int] = set()  # recorded handles the client freed: the value may come back
 
     def learn(self, recorded: int, ours: int) -> None:
-        if recorded in self.fwd:
+        if recorded in self.freed:
+            self.freed.discard(recorded)
+            self.fwd[recorded] = ours
+        elif recorded in self.fwd:
             assert self.fwd[recorded] == ours, f"handle 0x{recorded:x} mapped twice"
         else:
             self.fwd[recorded] = ours
@@ -117,10 +121,14 @@ async def replay(path, dialect: Dialect, fixed: bool, key: str = "", elided=None
             if isinstance(ev, (CallFunc,)):
                 ev = CallFunc(handles.fwd.get(ev.handle, ev.handle), [handles.sub(a) for a in ev.args])
             elif isinstance(ev, Syscall):
+                freed = ev.args[0 if ev.code == RPCCode.FREE_HANDLE else 1].value \
+                    if ev.code in (RPCCode.FREE_HANDLE, RPCCode.DEV_FREE_DATA) else None
                 ev = Syscall(ev.code, [handles.sub(a) for a in ev.args])
             elif isinstance(ev, (CopyToRemote, CopyFromRemote)):
                 ev = replace(ev, tensor=handles.sub(ev.tensor))
             await stream.send_all(reencode(writer, ev))
+            if isinstance(ev, Syscall) and freed is not None:
+                handles.freed.add(freed)  # TVM's server may hand the same value out again
             if answer is None:
                 break
             got = await _read_packet(stream, buf)
