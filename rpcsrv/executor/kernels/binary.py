@@ -49,3 +49,101 @@ def div(a, b):
         # numpy floors; ONNX (like C) truncates: step back toward zero where the signs differ
         return q + ((q < 0) & (q * b != a)).astype(a.dtype)
     return np.divide(a, b).astype(a.dtype, copy=False)
+
+
+@register("pow")
+def pow_(x, y):
+    """ONNX Pow: result has the base's dtype (the exponent may be another numeric type)."""
+    x, y = np.asarray(x), np.asarray(y)
+    if x.dtype.kind in "iu" and y.dtype.kind in "iu":
+        if np.any(y < 0):
+            raise bad("pow", "negative integer exponent")
+        return np.power(x, y.astype(x.dtype)).astype(x.dtype, copy=False)
+    ct = np.float32 if x.dtype == np.float16 else np.result_type(x.dtype, y.dtype, np.float32)
+    return np.power(x.astype(ct, copy=False), y.astype(ct, copy=False)).astype(x.dtype)
+
+
+@register("mod")
+def mod(a, b, *, fmod: int = 0):
+    """ONNX Mod: ``fmod=0`` takes the divisor's sign (integers only), ``fmod=1`` the dividend's."""
+    a, b = np.asarray(a), np.asarray(b)
+    _same_dtype("mod", a, b)
+    if fmod:
+        return np.fmod(a, b).astype(a.dtype, copy=False)
+    if a.dtype.kind == "f":
+        raise bad("mod", "fmod=0 is only defined for integer inputs")
+    return np.mod(a, b).astype(a.dtype, copy=False)
+
+
+def _simple(name: str, ufunc, doc: str):
+    @register(name)
+    def kernel(a, b):
+        return ufunc(np.asarray(a), np.asarray(b))
+
+    kernel.__doc__ = doc
+
+
+for _name, _ufunc in {"equal": np.equal, "less": np.less, "greater": np.greater,
+                      "less_or_equal": np.less_equal, "greater_or_equal": np.greater_equal}.items():
+    _simple(_name, _ufunc, f"ONNX {_name}: elementwise comparison with broadcasting, bool result.")
+for _name, _ufunc in {"and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor}.items():
+    _simple(_name, _ufunc, f"ONNX {_name}: elementwise logic on bools with broadcasting.")
+for _name, _ufunc in {"bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or,
+                      "bitwise_xor": np.bitwise_xor}.items():
+    _simple(_name, _ufunc, f"ONNX {_name}: elementwise on integers with broadcasting.")
+
+
+@register("bitwise_not")
+def bitwise_not(x):
+    """ONNX BitwiseNot."""
+    return np.invert(np.asarray(x))
+
+
+@register("bit_shift")
+def bit_shift(x, y, *, direction: str):
+    """ONNX BitShift on unsigned integers, ``direction`` 'LEFT' or 'RIGHT' (bits shifted out are lost)."""
+    x, y = np.asarray(x), np.asarray(y)
+    if direction == "LEFT":
+        return np.left_shift(x, y).astype(x.dtype, copy=False)
+    if direction == "RIGHT":
+        return np.right_shift(x, y).astype(x.dtype, copy=False)
+    raise bad("bit_shift", f"direction must be 'LEFT' or 'RIGHT', got {direction!r}")
+
+
+def _variadic(name: str, ufunc, mean: bool = False):
+    @register(name)
+    def kernel(*xs):
+        if not xs or any(x is None for x in xs):
+            raise bad(name, "needs at least one input and no absent ones")
+        arrays = [np.asarray(x) for x in xs]
+        out = arrays[0]
+        for x in arrays[1:]:
+            _same_dtype(name, out, x)
+            out = ufunc(out, x)
+        if mean:
+            out = out / len(arrays)
+        return np.broadcast_to(out, np.broadcast_shapes(*(a.shape for a in arrays))).astype(
+            arrays[0].dtype, copy=False)
+
+    kernel.__doc__ = f"ONNX {name}: elementwise over any number of broadcast inputs."
+
+
+_variadic("max", np.maximum)
+_variadic("min", np.minimum)
+_variadic("sum", np.add)
+_variadic("mean", np.add, mean=True)
+
+
+@register("where")
+def where(condition, x, y):
+    """ONNX Where: pick ``x`` where ``condition`` holds, else ``y`` (all three broadcast)."""
+    x, y = np.asarray(x), np.asarray(y)
+    _same_dtype("where", x, y)
+    return np.where(np.asarray(condition, dtype=bool), x, y)
+
+
+@register("prelu")
+def prelu(x, slope):
+    """ONNX PRelu: x, or slope*x below zero; ``slope`` broadcasts to ``x`` (unidirectionally)."""
+    x, slope = np.asarray(x), np.asarray(slope)
+    return np.where(x < 0, x * slope, x).astype(x.dtype, copy=False)

@@ -93,3 +93,19 @@ def norm_axis(axis: int, rank: int, op: str) -> int:
     if not -rank <= axis < max(rank, 1):
         raise bad(op, f"axis {axis} out of range for rank {rank}")
     return axis % rank if rank else 0
+
+
+def apply_activation(y: np.ndarray, activation, activation_attrs, op: str) -> np.ndarray:
+    """Apply a fused unary op (``"activation": "relu"`` etc.) from the table to a kernel's result."""
+    if activation is None:
+        if activation_attrs:
+            raise bad(op, "activation_attrs given without activation")
+        return y
+    fn = KERNELS.get(activation) if isinstance(activation, str) else None
+    if fn is None:
+        raise bad(op, f"unknown fused activation {activation!r}")
+    if activation_attrs is not None and not isinstance(activation_attrs, dict):
+        raise bad(op, "activation_attrs must be a JSON object")
+    if activation == "relu":  # the common case, without a temporary
+        return np.maximum(y, 0, out=y) if y.flags.writeable and y.base is None else np.maximum(y, 0)
+    return fn(y, **(activation_attrs or {}))

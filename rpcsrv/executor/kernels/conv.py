@@ -1,0 +1,120 @@
+"""ONNX Conv (1-D/2-D/3-D, strides, pads/auto_pad, dilations, groups) and ConvTranspose.
+
+Conv is an im2col product: the padded input's window view is copied once into a
+(N, C*K, OH*OW) column matrix and multiplied by the (M, C*K) weight matrix with one BLAS call,
+which leaves the result directly in NCHW order.  Depthwise convolutions (one input channel per group)
+instead accumulate ``kernel_size`` broadcast multiply-adds, which beats a per-group loop of tiny
+matrix products.  Float16 is computed in float32.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .registry import apply_activation, bad, register
+from .windows import pad_spatial, resolve_pads, spatial_attr, windows
+
+
+@register("conv")
+def conv(x, w, b=None, *, auto_pad: str = "NOTSET", dilations=None, group: int = 1, kernel_shape=None,
+         pads=None, strides=None, activation=None, activation_attrs=None):
+    """ONNX Conv; ``kernel_shape`` is optional and must match the weights when given."""
+    x, w = np.asarray(x), np.asarray(w)
+    if x.ndim < 3 or w.ndim != x.ndim:
+        raise bad("conv", f"need X (N, C, spatial...) and W of the same rank, got {x.shape} and {w.shape}")
+    k = x.ndim - 2
+    n, c = x.shape[:2]
+    m, cg = w.shape[:2]
+    kernel = list(w.shape[2:])
+    if kernel_shape is not None and [int(v) for v in kernel_shape] != kernel:
+        raise bad("conv", f"kernel_shape {kernel_shape} does not match weights {w.shape}")
+    if group < 1 or c % group or m % group or cg * group != c:
+        raise bad("conv", f"group={group} does not fit C={c}, W {w.shape}")
+    strides = spatial_attr(strides, k, 1, "strides", "conv")
+    dilations = spatial_attr(dilations, k, 1, "dilations", "conv")
+    begin, end, out = resolve_pads("conv", x.shape[2:], kernel, strides, dilations, pads, auto_pad)
+    ct = np.dtype(np.float32) if x.dtype == np.float16 else x.dtype
+    xp = pad_spatial(x.astype(ct, copy=False), begin, end, 0)
+    win = windows(xp, kernel, strides, dilations, out)  # (N, C, O..., K...)
+    w = w.astype(ct, copy=False)
+    ksize = int(np.prod(kernel))
+    osize = int(np.prod(out))
+    if group == 1:
+        # (N, C, K..., O...) -> columns (N, C*K, O); one matmul gives (N, M, O) in NCHW order
+        order = (0, 1) + tuple(range(2 + k, 2 + 2 * k)) + tuple(range(2, 2 + k))
+        cols = win.transpose(order).reshape(n, c * ksize, osize)
+        y = np.matmul(w.reshape(m, c * ksize), cols)
+    elif cg == 1:
+        y = _depthwise(win, w, n, group, m // group, k, osize)
+    else:
+        mg = m // group
+        order = (0, 1) + tuple(range(2 + k, 2 + 2 * k)) + tuple(range(2, 2 + k))
+        cols = win.transpose(order).reshape(n, group, cg * ksize, osize)
+        y = np.matmul(w.reshape(group, mg, cg * ksize), cols)  # (N, G, Mg, O)
+    y = y.reshape((n, m) + tuple(out))
+    if b is not None:
+        y += np.asarray(b).astype(ct, copy=False).reshape((m,) + (1,) * k)
+    y = y.astype(x.dtype, copy=False)
+    return apply_activation(y, activation, activation_attrs, "conv")
+
+
+def _depthwise(win, w, n, group, mg, k, osize):
+    """Grouped conv with one input channel per group, as broadcast multiply-adds per kernel tap."""
+    # win: (N, G, O..., K...) ; w: (G*Mg, 1, K...) -> (G, Mg, K)
+    wk = w.reshape(group, mg, -1)
+    taps = win.reshape(win.shape[:2 + k] + (-1,))
+    y = np.zeros((n, group, mg, osize), dtype=w.dtype)
+    for t in range(wk.shape[2]):
+        tap = taps[..., t].reshape(n, group, 1, osize)
+        y += tap * wk[None, :, :, t, None]
+    return y
+
+
+@register("conv_transpose")
+def conv_transpose(x, w, b=None, *, auto_pad: str = "NOTSET", dilations=None, group: int = 1,
+                   kernel_shape=None, output_padding=None, output_shape=None, pads=None, strides=None):
+    """ONNX ConvTranspose: scatter-add of ``x @ W`` taps into the (un)padded output, then cropped."""
+    x, w = np.asarray(x), np.asarray(w)
+    if x.ndim < 3 or w.ndim != x.ndim:
+        raise bad("conv_transpose", f"need X and W of the same rank >= 3, got {x.shape}, {w.shape}")
+    k = x.ndim - 2
+    n, c = x.shape[:2]
+    if w.shape[0] != c or c % group:
+        raise bad("conv_transpose", f"W {w.shape} / group={group} does not fit C={c}")
+    mg, kernel = w.shape[1], list(w.shape[2:])
+    if kernel_shape is not None and [int(v) for v in kernel_shape] != kernel:
+        raise bad("conv_transpose", f"kernel_shape {kernel_shape} does not match weights {w.shape}")
+    strides = spatial_attr(strides, k, 1, "strides", "conv_transpose")
+    dilations = spatial_attr(dilations, k, 1, "dilations", "conv_transpose")
+    opad = [0] * k if output_padding is None else [int(v) for v in output_padding]
+    ins = x.shape[2:]
+    full = [(i - 1) * s + (kk - 1) * d + 1 + op for i, s, kk, d, op in zip(ins, strides, kernel, dilations, opad)]
+    if output_shape is not None:
+        target = [int(v) for v in output_shape][-k:]
+        total = [f - t for f, t in zip(full, target)]
+        if any(t < 0 for t in total):
+            raise bad("conv_transpose", f"output_shape {output_shape} larger than the full output {full}")
+        upper = auto_pad != "SAME_LOWER"
+        begin = [t // 2 if upper else t - t // 2 for t in total]
+    elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        target = [i * s for i, s in zip(ins, strides)]
+        total = [f - t for f, t in zip(full, target)]
+        begin = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in total]
+    else:
+        p = [0] * (2 * k) if pads is None or auto_pad == "VALID" else [int(v) for v in pads]
+        begin = p[:k]
+        target = [f - p[i] - p[k + i] for i, f in enumerate(full)]
+    ct = np.dtype(np.float32) if x.dtype == np.float16 else x.dtype
+    xg = x.astype(ct).reshape((n, group, c // group) + tuple(ins))
+    wg = w.astype(ct).reshape((group, c // group, mg) + tuple(kernel))
+    y = np.zeros((n, group, mg) + tuple(full), dtype=ct)
+    # contributions of every kernel tap: einsum over input channels, then a strided add
+    for tap in np.ndindex(*kernel):
+        contrib = np.einsum("ngc...,gcm->ngm...", xg, wg[(slice(None),) * 3 + tap])
+        sl = tuple(slice(t * d, t * d + (i - 1) * s + 1, s) for t, d, i, s in zip(tap, dilations, ins, strides))
+        y[(slice(None),) * 3 + sl] += contrib
+    y = y.reshape((n, group * mg) + tuple(full))
+    y = y[(slice(None),) * 2 + tuple(slice(bg, bg + t) for bg, t in zip(begin, target))]
+    if b is not None:
+        y = y + np.asarray(b).astype(ct).reshape((-1,) + (1,) * k)
+    return np.ascontiguousarray(y).astype(x.dtype, copy=False)
