@@ -9,7 +9,9 @@ and every error it raises on a malformed file becomes a ``LoaderError``.
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 
+import numpy as np
 from elftools.elf.dynamic import DynamicSegment
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
@@ -95,42 +97,87 @@ def _check_table(sec, file_size: int) -> None:
 
 
 def _functions(symbols) -> list[str]:
+    """Defined, non-local function names among pyelftools symbols (dynamic segment path)."""
     return sorted({s.name for s in symbols if s["st_info"]["type"] == "STT_FUNC"
                    and s["st_info"]["bind"] != "STB_LOCAL" and s["st_shndx"] != "SHN_UNDEF"
                    and s.name})
 
 
+# Elf64_Sym and Elf32_Sym field layouts (the byte order is the file's)
+_SYM_FIELDS = {
+    64: [("name", "u4"), ("info", "u1"), ("other", "u1"), ("shndx", "u2"), ("value", "u8"), ("size", "u8")],
+    32: [("name", "u4"), ("value", "u4"), ("size", "u4"), ("info", "u1"), ("other", "u1"), ("shndx", "u2")],
+}
+_STT_FUNC, _STB_LOCAL, _SHN_LORESERVE = 2, 0, 0xFF00
+
+
+@dataclass
+class _Symbol:
+    name: str
+    shndx: int
+    value: int
+    size: int
+
+
+def _scan_table(elf, data: memoryview, sec) -> tuple[list[str], _Symbol | None]:
+    """Read a symbol table with numpy (thousands of symbols in milliseconds): the host function
+    names and the blob symbol, if this table defines it."""
+    order = "<" if elf.little_endian else ">"
+    dtype = np.dtype([(name, order + kind) for name, kind in _SYM_FIELDS[elf.elfclass]])
+    if sec["sh_entsize"] != dtype.itemsize:
+        raise LoaderError(f"ELF: symbol table {sec.name!r} at offset {sec['sh_offset']} has entries of "
+                          f"{sec['sh_entsize']} bytes, expected {dtype.itemsize}")
+    syms = np.frombuffer(data, dtype, count=sec["sh_size"] // dtype.itemsize, offset=sec["sh_offset"])
+    link = sec.stringtable
+    strings = bytes(data[link["sh_offset"]:link["sh_offset"] + link["sh_size"]])
+
+    def name(i: int) -> str:
+        start = int(syms["name"][i])
+        stop = strings.find(b"\0", start)
+        return strings[start:stop if stop >= 0 else len(strings)].decode("utf-8", "replace")
+
+    kind, bind, defined = syms["info"] & 0xF, syms["info"] >> 4, syms["shndx"] != 0
+    functions = sorted({name(i) for i in np.flatnonzero(defined & (kind == _STT_FUNC) & (bind != _STB_LOCAL))}
+                       - {""})
+    for i in np.flatnonzero(defined & (kind != _STT_FUNC)):
+        text = name(i)
+        if blob_symbol(text):
+            return functions, _Symbol(text, int(syms["shndx"][i]), int(syms["value"][i]), int(syms["size"][i]))
+    return functions, None
+
+
 def _from_sections(elf, data: memoryview, tables, arch: str) -> BlobLocation:
-    found, functions = None, set()
+    """Search .dynsym, then .symtab.  The host functions are listed from the first table that
+    has any: for a shared object that is .dynsym, what ``dlsym`` (and so TVM) would see."""
+    found, functions = None, []
     for table in tables:
-        symbols = list(table.iter_symbols())
-        functions.update(_functions(symbols))
-        if found is None:
-            found = next((s for s in symbols if blob_symbol(s.name) and s["st_shndx"] != "SHN_UNDEF"),
-                         None)
+        if found is not None and functions:
+            break
+        names, symbol = _scan_table(elf, data, table)
+        functions = functions or names
+        found = found or symbol
     if found is None:
-        raise no_symbol("ELF", arch, sorted(functions))
-    shndx = found["st_shndx"]
-    if not isinstance(shndx, int) or not 0 < shndx < elf.num_sections():
-        raise LoaderError(f"ELF: symbol {found.name} has section index {shndx!r}, expected a "
-                          f"section holding its bytes")
-    sec = elf.get_section(shndx)
+        raise no_symbol("ELF", arch, functions)
+    if not 0 < found.shndx < min(elf.num_sections(), _SHN_LORESERVE):
+        raise LoaderError(f"ELF: symbol {found.name} has section index {found.shndx}, expected a "
+                          f"section holding its bytes (1..{elf.num_sections() - 1})")
+    sec = elf.get_section(found.shndx)
     if sec["sh_type"] == "SHT_NOBITS":
-        raise LoaderError(f"ELF: symbol {found.name} lives in {sec.name!r} (section {shndx}), which "
-                          f"has no file bytes (expected a data section such as .rodata)")
+        raise LoaderError(f"ELF: symbol {found.name} lives in {sec.name!r} (section {found.shndx}), "
+                          f"which has no file bytes (expected a data section such as .rodata)")
     start, end = sec["sh_offset"], sec["sh_offset"] + sec["sh_size"]
     if end > len(data):
         raise LoaderError(f"ELF: section {sec.name!r} (offset {start}, size {sec['sh_size']}) runs "
                           f"past the end of the {len(data)}-byte file")
     # in objects st_value is the offset in the section, elsewhere an address (sh_addr based)
-    at = start + found["st_value"] - (0 if elf["e_type"] == "ET_REL" else sec["sh_addr"])
+    at = start + found.value - (0 if elf["e_type"] == "ET_REL" else sec["sh_addr"])
     if not start <= at < end:
-        raise LoaderError(f"ELF: symbol {found.name} (value 0x{found['st_value']:x}) maps to file "
+        raise LoaderError(f"ELF: symbol {found.name} (value 0x{found.value:x}) maps to file "
                           f"offset {at}, expected inside its section {sec.name!r} ({start}..{end})")
-    limit = end if not found["st_size"] else min(end, at + found["st_size"])
+    limit = end if not found.size else min(end, at + found.size)
     offset, size = _read_header(data, at, limit, f"ELF symbol {found.name}")
     layout = SYMBOL_LAYOUTS[blob_symbol(found.name)]
-    return BlobLocation("elf", arch, offset, size, layout, found.name, sorted(functions))
+    return BlobLocation("elf", arch, offset, size, layout, found.name, functions)
 
 
 def _from_segments(elf, data: memoryview, arch: str) -> BlobLocation:
