@@ -142,7 +142,8 @@ def _scan_table(elf, data: memoryview, sec) -> tuple[list[str], _Symbol | None]:
     for i in np.flatnonzero(defined & (kind != _STT_FUNC)):
         text = name(i)
         if blob_symbol(text):
-            return functions, _Symbol(text, int(syms["shndx"][i]), int(syms["value"][i]), int(syms["size"][i]))
+            sym = syms[i]
+            return functions, _Symbol(text, int(sym["shndx"]), int(sym["value"]), int(sym["size"]))
     return functions, None
 
 

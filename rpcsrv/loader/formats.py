@@ -214,9 +214,10 @@ class NDArrayFormat(Construct):
         arr = np.asarray(obj)
         arr = np.require(arr, dtype=_le(arr.dtype), requirements="C")
         dtype = DataType.from_numpy(arr.dtype)
-        NDArrayHeader._build(dict(magic=NDARRAY_MAGIC, reserved=0, device=dict(device_type=int(DLDeviceType.CPU), device_id=0),
-                                  ndim=arr.ndim, dtype=dict(code=dtype.code, bits=dtype.bits, lanes=1)),
-                             stream, context, path)
+        header = dict(magic=NDARRAY_MAGIC, reserved=0,
+                      device=dict(device_type=int(DLDeviceType.CPU), device_id=0),
+                      ndim=arr.ndim, dtype=dict(code=dtype.code, bits=dtype.bits, lanes=1))
+        NDArrayHeader._build(header, stream, context, path)
         stream.write(np.asarray(arr.shape, "<i8").tobytes())
         stream.write(Int64sl.build(arr.nbytes))
         stream.write(arr.reshape(-1).view(np.uint8).data if arr.nbytes else b"")

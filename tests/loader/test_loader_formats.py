@@ -115,7 +115,7 @@ def test_truncated_ndarray_names_offset():
 def test_param_dict_count_mismatch():
     raw = bytearray(save_param_dict({"a": np.zeros(2, np.float32)}))
     raw[33:41] = struct.pack("<Q", 2)  # count after the names vector (8+8+8+8+1 bytes)
-    with pytest.raises(LoaderError, match=r"param dict: arrays: 2 of them, expected one per entry of names \(1\)"):
+    with pytest.raises(LoaderError, match=r"arrays: 2 of them, expected one per entry of names \(1\)"):
         load_param_dict(bytes(raw))
 
 
