@@ -1,0 +1,107 @@
+"""Pooling over strided window views: MaxPool, AveragePool, LpPool and the global pools.
+
+The padded input's window view (N, C, O..., K...) is reduced over its window axes in one numpy call.
+Max pooling pads with -inf (or the dtype's minimum), so padding never wins.  Average pooling divides
+by a per-position count computed once on the spatial shape: the explicit pads count when
+``count_include_pad=1``; the extra end padding that ``ceil_mode`` adds never counts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .registry import bad, register
+from .windows import pad_spatial, resolve_pads, spatial_attr, windows
+
+
+def _geometry(op, x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode):
+    x = np.asarray(x)
+    if x.ndim < 3:
+        raise bad(op, f"input must be (N, C, spatial...), got shape {x.shape}")
+    k = x.ndim - 2
+    if kernel_shape is None:
+        raise bad(op, "kernel_shape is required")
+    kernel = spatial_attr(kernel_shape, k, 1, "kernel_shape", op)
+    strides = spatial_attr(strides, k, 1, "strides", op)
+    dilations = spatial_attr(dilations, k, 1, "dilations", op)
+    begin, end, out = resolve_pads(op, x.shape[2:], kernel, strides, dilations, pads, auto_pad, ceil_mode)
+    return x, k, kernel, strides, dilations, begin, end, out
+
+
+def _lowest(dtype: np.dtype):
+    return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
+
+
+@register("max_pool")
+def max_pool(x, *, auto_pad: str = "NOTSET", ceil_mode: int = 0, dilations=None, kernel_shape=None,
+             pads=None, storage_order: int = 0, strides=None):
+    """ONNX MaxPool, output ``Y`` only (the optional ``Indices`` output is not provided).
+
+    ``storage_order`` only affects ``Indices`` and is accepted and ignored.
+    """
+    x, k, kernel, strides, dilations, begin, end, out = _geometry(
+        "max_pool", x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    xp = pad_spatial(x, begin, end, _lowest(x.dtype))
+    win = windows(xp, kernel, strides, dilations, out)
+    return win.max(axis=tuple(range(2 + k, 2 + 2 * k)))
+
+
+def _window_counts(shape, k, kernel, strides, dilations, begin, end, out, pads_count, pads):
+    """Per output position: how many window cells the average divides by."""
+    if pads_count:  # explicit pads count; ceil-mode overhang does not
+        p = [0] * (2 * k) if pads is None else [int(v) for v in pads]
+        inner = np.ones([s + p[i] + p[k + i] for i, s in enumerate(shape)])
+        mask = pad_spatial(inner, [b - p[i] for i, b in enumerate(begin)],
+                           [e - p[k + i] for i, e in enumerate(end)], 0.0)
+    else:
+        mask = pad_spatial(np.ones(shape), begin, end, 0.0)
+    return windows(mask, kernel, strides, dilations, out).sum(axis=tuple(range(k, 2 * k)))
+
+
+@register("average_pool")
+def average_pool(x, *, auto_pad: str = "NOTSET", ceil_mode: int = 0, count_include_pad: int = 0,
+                 dilations=None, kernel_shape=None, pads=None, strides=None):
+    """ONNX AveragePool (mean over each window; see the module note on what the count includes)."""
+    x, k, kernel, strides, dilations, begin, end, out = _geometry(
+        "average_pool", x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    ct = np.dtype(np.float32) if x.dtype == np.float16 else x.dtype
+    xp = pad_spatial(x.astype(ct, copy=False), begin, end, 0)
+    total = windows(xp, kernel, strides, dilations, out).sum(axis=tuple(range(2 + k, 2 + 2 * k)))
+    auto = auto_pad in ("SAME_UPPER", "SAME_LOWER")
+    explicit = None if auto else pads
+    if auto and count_include_pad:  # auto pads are real pads here
+        explicit = list(begin) + list(end)
+    counts = _window_counts(x.shape[2:], k, kernel, strides, dilations, begin, end, out,
+                            count_include_pad and auto_pad != "VALID", explicit)
+    return (total / counts.astype(ct)).astype(x.dtype, copy=False)
+
+
+@register("lp_pool")
+def lp_pool(x, *, auto_pad: str = "NOTSET", ceil_mode: int = 0, dilations=None, kernel_shape=None,
+            p: int = 2, pads=None, strides=None):
+    """ONNX LpPool: (sum over the window of |x|^p)^(1/p), zero padding."""
+    x, k, kernel, strides, dilations, begin, end, out = _geometry(
+        "lp_pool", x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    ct = np.dtype(np.float32) if x.dtype == np.float16 else x.dtype
+    xp = pad_spatial(np.abs(x.astype(ct, copy=False)) ** p, begin, end, 0)
+    total = windows(xp, kernel, strides, dilations, out).sum(axis=tuple(range(2 + k, 2 + 2 * k)))
+    return (total ** (1.0 / p)).astype(x.dtype, copy=False)
+
+
+def _global(name, reduce, doc):
+    @register(name)
+    def kernel(x):
+        x = np.asarray(x)
+        if x.ndim < 3:
+            raise bad(name, f"input must be (N, C, spatial...), got shape {x.shape}")
+        axes = tuple(range(2, x.ndim))
+        ct = np.float32 if x.dtype == np.float16 else x.dtype
+        return reduce(x.astype(ct, copy=False), axes).astype(x.dtype, copy=False)
+
+    kernel.__doc__ = doc
+
+
+_global("global_average_pool", lambda x, a: x.mean(axis=a, keepdims=True),
+        "ONNX GlobalAveragePool: mean over all spatial dims, kept as size 1.")
+_global("global_max_pool", lambda x, a: x.max(axis=a, keepdims=True),
+        "ONNX GlobalMaxPool: max over all spatial dims, kept as size 1.")
