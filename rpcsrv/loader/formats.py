@@ -34,7 +34,7 @@ from .errors import LoaderError, ViewStream
 
 NDARRAY_MAGIC = 0xDD5E40F096B4A13F
 PARAM_DICT_MAGIC = 0xF7E58D4F05049CB7
-#: numpy's own limit on dimensions; anything above is absurd for a parameter
+#: numpy 2 limit on dimensions (numpy 1 refuses above 32; reported as a LoaderError too)
 MAX_NDIM = 64
 
 
