@@ -1,0 +1,40 @@
+"""``byoc bench``: run the benchmarks in ``bench/`` (RPC transport, loader, executor).
+
+The benchmarks are scripts in the source tree (``bench/*.py``), run by hand or through here; they
+print their figures and the ratios against the anchors (TVM's own RPC server, a plain file read,
+onnxruntime).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+BENCHES = {"rpc": "rpc_bench.py", "loader": "loader_bench.py", "executor": "executor_bench.py"}
+
+
+def bench_dir() -> Path:
+    return Path(__file__).resolve().parent.parent / "bench"
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench", help="run the benchmarks in bench/ (rpc, loader, executor)")
+    p.add_argument("which", nargs="*", choices=[*BENCHES, "all"], default=["all"])
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    folder = bench_dir()
+    if not folder.is_dir():
+        print(f"byoc bench: error: no bench/ folder next to the installed package ({folder}); "
+              "run it from a source checkout", file=sys.stderr)
+        return 2
+    names = list(BENCHES) if "all" in args.which else args.which
+    status = 0
+    for name in names:
+        script = folder / BENCHES[name]
+        print(f"== {name}: {script.name}", flush=True)
+        status |= subprocess.call([sys.executable, str(script)])
+    return status

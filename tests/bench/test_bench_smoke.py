@@ -1,0 +1,21 @@
+"""Bounded smoke runs of the benchmarks: they work and print their ratios (no timing asserts)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from conftest import need_module
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+
+def test_rpc_bench_smoke():
+    need_module("tvm", "the benchmark drives the real TVM client")
+    import rpc_bench
+
+    results = rpc_bench.run(size_mb=1, calls=20, repeat=1, with_tvm_server=True)
+    text = rpc_bench.report(results)
+    assert "round trip rpcsrv/TVM" in text and "our client / raw socket" in text
+    for row in ("TVM client -> TVM server", "TVM client -> rpcsrv", "our client -> rpcsrv"):
+        assert all(v > 0 for v in results[row].values())
