@@ -14,7 +14,9 @@ round trip rpcsrv/TVM <= 1.5x; TVM-client throughput rpcsrv/TVM >= 1.5x; our cli
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -29,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 def start(cmd: list[str], pattern: str, timeout: float = 60.0) -> tuple[subprocess.Popen, int]:
     """Start a server process and return it with the port it reports."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # its own process group: workers die with it
     deadline = time.time() + timeout
     while time.time() < deadline:
         line = proc.stdout.readline()
@@ -139,7 +142,10 @@ def run(size_mb: int, calls: int, repeat: int, with_tvm_server: bool = True) -> 
         results["raw loopback socket"] = {"copy to MB/s": raw_socket(nbytes, repeat)}
     finally:
         for p in procs:
-            p.terminate()
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
             p.wait(10)
     return results
 
