@@ -1,0 +1,161 @@
+"""``compile_onnx``: ONNX model → partitioned BYOC library contents, ready to export.
+
+The result, :class:`CompiledModel`, holds what TVM's ``relay.build`` with the ExampleJSON BYOC
+codegen produces: the graph JSON, the params, one ExampleJSON module per external function and the
+constants those functions need (the const loader's arrays, listed per symbol).  ``module_tree()``
+lays them out as TVM does, ``export_library()`` writes the file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rpcsrv.executor.kernels import KERNELS, onnx_op_to_kernel
+from rpcsrv.loader import (
+    ConstLoaderModule, ExampleJSONModule, GraphExecutorFactoryModule, HostLibraryModule,
+)
+
+from .codegen import examplejson_text, graph_json
+from .errors import CompileError, UnsupportedNodesError
+from .onnx_import import Graph, import_onnx
+from .partition import COMPILER, Op, Partition, partition
+
+
+@dataclass
+class Subgraph:
+    """One external function: its symbol, ExampleJSON text and constants (name → array)."""
+
+    symbol: str
+    code: str
+    constants: dict[str, np.ndarray]
+    inputs: list[str]
+    outputs: list[str]
+    ops: list[str]  # kernel names, in order
+    patterns: list[str]  # composite patterns used ("" entries omitted)
+
+
+@dataclass
+class CompiledModel:
+    """A compiled model: graph JSON + params + ExampleJSON subgraphs."""
+
+    graph_json: str
+    params: dict[str, np.ndarray]
+    subgraphs: list[Subgraph]
+    input_names: list[str]
+    output_names: list[str]
+    module_name: str = "default"
+    graph: Graph | None = field(default=None, repr=False)
+
+    def module_tree(self) -> GraphExecutorFactoryModule:
+        """TVM's module tree: factory → host library → const loader → ExampleJSON modules."""
+        externals = [ExampleJSONModule(sg.code) for sg in self.subgraphs]
+        arrays = {name: arr for sg in self.subgraphs for name, arr in sg.constants.items()}
+        consts = ConstLoaderModule(arrays, {sg.symbol: list(sg.constants) for sg in self.subgraphs},
+                                   imports=externals)
+        host = HostLibraryModule([], imports=[consts] if externals else [])
+        return GraphExecutorFactoryModule(self.graph_json, dict(self.params), self.module_name,
+                                          imports=[host])
+
+    def export_library(self, path, fmt: str | None = None, layout: str = "classic",
+                       cc: str | None = None) -> str:
+        """Write the library (``.so``/``.tar``/raw blob, see ``client.export``); returns the path."""
+        from ..export import export_library
+
+        return export_library(self.module_tree(), path, fmt=fmt, layout=layout, cc=cc)
+
+    def summary(self) -> str:
+        """Human-readable: the subgraphs, their ops and constants."""
+        lines = [f"{len(self.subgraphs)} ExampleJSON subgraph(s); inputs {', '.join(self.input_names)}; "
+                 f"outputs {', '.join(self.output_names)}"]
+        for sg in self.subgraphs:
+            nbytes = sum(a.nbytes for a in sg.constants.values())
+            lines.append(f"  {sg.symbol}: {len(sg.ops)} op(s) [{', '.join(sg.ops)}], "
+                         f"{len(sg.constants)} constant(s) ({nbytes} bytes)"
+                         + (f", composites {', '.join(sg.patterns)}" if sg.patterns else ""))
+        return "\n".join(lines)
+
+
+def resolve_ops(ops) -> frozenset:
+    """The op set from ``--ops``: kernel names or ONNX op types, as a list or ``"add,sub"``."""
+    if ops is None:
+        return frozenset(KERNELS)
+    if isinstance(ops, str):
+        ops = ops.split(",")
+    chosen = set()
+    for raw in ops:
+        name = str(raw).strip()
+        if not name:
+            continue
+        kernel = name if name in KERNELS else onnx_op_to_kernel(name)
+        if kernel not in KERNELS:
+            raise CompileError(f"unknown op {name!r} in --ops; the board's kernels are: "
+                               f"{', '.join(sorted(KERNELS))}")
+        chosen.add(kernel)
+    if not chosen:
+        raise CompileError("--ops is empty; name at least one op (e.g. --ops add,sub,mul)")
+    return frozenset(chosen)
+
+
+def _describe(op: Op, graph: Graph) -> str:
+    types = "+".join(n.op_type for n in op.nodes)
+    ins = ", ".join(graph.describe(t) for t in op.inputs if t) or "none"
+    outs = ", ".join(graph.describe(t) for t in op.outputs if t)
+    return f"  - {op.name!r} ({types}) inputs: {ins} -> outputs: {outs}: {op.reason}"
+
+
+def _unsupported_error(part: Partition, graph: Graph, partial: "CompiledModel") -> UnsupportedNodesError:
+    listed = "\n".join(_describe(op, graph) for op in part.unsupported)
+    subgraphs = "; ".join(f"{sg.symbol} ({', '.join(sg.ops)})" for sg in partial.subgraphs) or "none"
+    message = (f"{len(part.unsupported)} node(s) cannot run on the {COMPILER} accelerator and there is "
+               f"no host fallback yet:\n{listed}\n"
+               f"The supported part forms {len(partial.subgraphs)} subgraph(s): {subgraphs}.\n"
+               f"What to do: add the missing ops to --ops (or leave --ops out to use every kernel of "
+               f"the board), or replace these nodes in the model.")
+    nodes = [(op.name, "+".join(n.op_type for n in op.nodes),
+              [graph.tensors[t].shape for t in op.inputs if t in graph.tensors],
+              [graph.tensors[t].shape for t in op.outputs if t in graph.tensors]) for op in part.unsupported]
+    return UnsupportedNodesError(message, nodes, partial)
+
+
+def build(graph: Graph, part: Partition, module_name: str = "default") -> CompiledModel:
+    """Codegen for a partition: ExampleJSON per function, graph JSON, params."""
+    subgraphs = []
+    for fn in part.functions:
+        code, names = examplejson_text(fn, graph)
+        consts = {name: np.ascontiguousarray(graph.constants[t]) for name, t in zip(names, fn.constants)}
+        subgraphs.append(Subgraph(fn.symbol, code, consts, fn.inputs, fn.outputs,
+                                  [op.kernel for op in fn.ops], [op.pattern for op in fn.ops if op.pattern]))
+    # constants the model returns directly are the only params: everything else is offloaded
+    params = {t: np.ascontiguousarray(graph.constants[t]) for t in dict.fromkeys(graph.outputs)
+              if t in graph.constants}
+    # with unsupported nodes there is no complete graph to describe (partial result, for messages)
+    text = "" if part.unsupported else graph_json(graph, part.functions, params)
+    return CompiledModel(text, params, subgraphs, list(graph.inputs), list(graph.outputs),
+                         module_name, graph)
+
+
+def compile_onnx(model_or_path, input_shapes: dict | None = None, ops=None, *,
+                 module_name: str = "default", bind_inputs: dict | None = None) -> CompiledModel:
+    """Compile an ONNX model (``ModelProto``, path or bytes) for the ExampleJSON accelerator.
+
+    ``input_shapes``: ``{input name: shape}`` for inputs with dynamic dimensions.  ``ops``: restrict
+    the accelerator to these ops (kernel names such as ``add`` or ONNX types such as ``Add``);
+    default: every kernel of the board.  ``bind_inputs``: ``{input name: array}`` to make inputs
+    constants (e.g. a Reshape target shape).  Raises ``CompileError`` for anything wrong with the
+    input, ``UnsupportedNodesError`` when some nodes cannot be offloaded.
+    """
+    if not module_name.isidentifier():
+        raise CompileError(f"module name {module_name!r} must be an identifier")
+    chosen = resolve_ops(ops)
+    graph = import_onnx(model_or_path, input_shapes, bind_inputs)
+    part = partition(graph, chosen, module_name)
+    compiled = build(graph, part, module_name)
+    if part.unsupported:
+        raise _unsupported_error(part, graph, compiled)
+    missing = [o for o in graph.outputs if o not in graph.inputs and o not in compiled.params
+               and not any(o in sg.outputs for sg in compiled.subgraphs)]
+    if missing:
+        raise CompileError(f"model output(s) {', '.join(missing)} are computed by no subgraph")
+    return compiled

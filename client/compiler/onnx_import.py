@@ -1,0 +1,275 @@
+"""ONNX → the compiler's graph IR: nodes in execution order, every tensor with a static shape.
+
+The ``onnx`` library does the heavy lifting: parsing, the checker, shape inference.  We first put the
+user's concrete input shapes into the graph inputs (dynamic dimensions such as ``N`` or unnamed ones
+must be given), then run ``onnx.shape_inference.infer_shapes`` so that every tensor has a static
+shape and dtype, which the graph JSON and the ExampleJSON text both need.  Initializers and
+``Constant`` nodes become constants (later: the const loader's arrays).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from rpcsrv.protocol.dtypes import dtype_str
+
+from .errors import CompileError
+
+#: Oldest default-domain opset we accept; opsets this old are what current exporters still emit.
+MIN_OPSET = 7
+ONNX_DOMAINS = ("", "ai.onnx")
+
+
+@dataclass
+class TensorInfo:
+    """Static shape and TVM dtype string of one tensor."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass
+class Node:
+    """One ONNX node; ``inputs`` uses ``""`` for an absent optional input, as ONNX does."""
+
+    name: str
+    op_type: str
+    domain: str
+    inputs: list[str]
+    outputs: list[str]
+    attrs: dict
+
+
+@dataclass
+class Graph:
+    """A whole model with static shapes: what partitioning and codegen work on."""
+
+    name: str
+    inputs: list[str]
+    outputs: list[str]
+    nodes: list[Node]
+    tensors: dict[str, TensorInfo]
+    constants: dict[str, np.ndarray] = field(default_factory=dict)
+    opset: int = 0
+
+    def describe(self, name: str) -> str:
+        """``name 1x3x224x224 float32`` for messages."""
+        info = self.tensors.get(name)
+        if info is None:
+            return f"{name} (?)"
+        return f"{name} {'x'.join(map(str, info.shape)) or 'scalar'} {info.dtype}"
+
+
+def load_model(model_or_path) -> onnx.ModelProto:
+    """A ModelProto from a ModelProto, a path or the serialized bytes, with clear errors."""
+    if isinstance(model_or_path, onnx.ModelProto):
+        return model_or_path
+    if isinstance(model_or_path, (bytes, bytearray)):
+        data, where = bytes(model_or_path), "the given bytes"
+    elif isinstance(model_or_path, (str, os.PathLike)):
+        where = os.fspath(model_or_path)
+        try:
+            with open(where, "rb") as f:
+                data = f.read()
+        except OSError as exc:
+            raise CompileError(f"cannot read ONNX file {where!r}: {exc.strerror or exc}") from None
+    else:
+        raise CompileError(f"expected an onnx.ModelProto, a path or bytes, got {type(model_or_path).__name__}")
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except Exception as exc:  # protobuf's DecodeError and friends
+        raise CompileError(f"{where} is not a valid ONNX file (truncated or not ONNX?): {exc}") from None
+    if not model.HasField("graph") or not model.graph.node and not model.graph.output:
+        raise CompileError(f"{where} holds no ONNX graph (truncated or not an ONNX model file?)")
+    return model
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    newest = onnx.defs.onnx_opset_version()
+    versions = {o.domain: o.version for o in model.opset_import}
+    version = versions.get("", versions.get("ai.onnx"))
+    if version is None:
+        raise CompileError("the model imports no default-domain ONNX opset (expected opset_import "
+                           "with domain '' or 'ai.onnx')")
+    if not MIN_OPSET <= version <= newest:
+        raise CompileError(f"ONNX opset {version} is not supported (supported: {MIN_OPSET}..{newest}); "
+                           f"convert the model with onnx.version_converter.convert_version")
+    return version
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """``1x3x224x224`` (or ``1,3,224,224``; empty for a scalar) as a tuple of ints."""
+    parts = [p for p in text.replace(",", "x").split("x") if p.strip()] if text.strip() else []
+    try:
+        dims = tuple(int(p) for p in parts)
+    except ValueError:
+        raise CompileError(f"bad shape {text!r}: expected dimensions like 1x3x224x224") from None
+    if any(d < 0 for d in dims):
+        raise CompileError(f"bad shape {text!r}: dimensions must be >= 0")
+    return dims
+
+
+def _set_input_shapes(model: onnx.ModelProto, input_shapes: dict, initializers: set) -> None:
+    """Write concrete shapes into the graph inputs; refuse dynamic dims nobody gave."""
+    graph_inputs = {vi.name: vi for vi in model.graph.input if vi.name not in initializers}
+    unknown = sorted(set(input_shapes) - set(graph_inputs))
+    if unknown:
+        raise CompileError(f"--input-shape names {', '.join(unknown)}, which the model has no input for "
+                           f"(inputs: {', '.join(graph_inputs) or 'none'})")
+    for name, vi in graph_inputs.items():
+        ttype = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type"):
+            raise CompileError(f"model input {name!r} is not a tensor (sequences and maps are not supported)")
+        if name in input_shapes:
+            shape = tuple(input_shapes[name])
+            given = [d.dim_value if d.HasField("dim_value") else None for d in ttype.shape.dim]
+            if ttype.HasField("shape") and (len(given) != len(shape) or any(
+                    g is not None and g != s for g, s in zip(given, shape))):
+                shown = "x".join("?" if g is None else str(g) for g in given)
+                raise CompileError(f"input {name!r}: shape {'x'.join(map(str, shape))} does not fit "
+                                   f"the model's {shown or 'scalar'}")
+        else:
+            dims = ttype.shape.dim
+            missing = not ttype.HasField("shape") or any(not d.HasField("dim_value") for d in dims)
+            if missing:
+                shown = "x".join(d.dim_param or (str(d.dim_value) if d.HasField("dim_value") else "?")
+                                 for d in dims) if ttype.HasField("shape") else "unknown rank"
+                raise CompileError(f"input {name!r} has a dynamic shape ({shown}); give a concrete one, "
+                                   f"e.g. --input-shape {name}=1x3x224x224")
+            continue
+        ttype.ClearField("shape")
+        ttype.shape.SetInParent()
+        for d in shape:
+            ttype.shape.dim.add().dim_value = d
+
+
+def _attr_value(attr: onnx.AttributeProto, node: str):
+    value = helper.get_attribute_value(attr)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, onnx.TensorProto):
+        return numpy_helper.to_array(value).tolist()
+    if isinstance(value, list):
+        if value and isinstance(value[0], bytes):
+            return [v.decode("utf-8", "replace") for v in value]
+        if value and not isinstance(value[0], (int, float)):
+            return None
+        return list(value)
+    if isinstance(value, (int, float)):
+        return value
+    return None  # graphs, sparse tensors, type protos: no JSON form
+
+
+def _tensor_info(vi: onnx.ValueInfoProto) -> TensorInfo | None:
+    if not vi.type.HasField("tensor_type"):
+        return None
+    tt = vi.type.tensor_type
+    if not tt.HasField("shape") or any(not d.HasField("dim_value") for d in tt.shape.dim):
+        return None
+    try:
+        dtype = dtype_str(helper.tensor_dtype_to_np_dtype(tt.elem_type))
+    except Exception:
+        return None
+    return TensorInfo(tuple(d.dim_value for d in tt.shape.dim), dtype)
+
+
+def import_onnx(model_or_path, input_shapes: dict | None = None,
+                bind_inputs: dict | None = None) -> Graph:
+    """The model as a :class:`Graph` with static shapes.
+
+    ``input_shapes`` maps input names to concrete shapes (needed for dynamic dimensions);
+    ``bind_inputs`` turns graph inputs into constants with the given values (TVM's bind-params
+    step, for inputs such as a Reshape target shape that the model takes at run time).
+    """
+    model = onnx.ModelProto()
+    model.CopyFrom(load_model(model_or_path))
+    opset = _opset(model)
+    graph = model.graph
+    for name, value in (bind_inputs or {}).items():
+        if not any(vi.name == name for vi in graph.input):
+            raise CompileError(f"cannot bind {name!r}: the model has no such input")
+        graph.initializer.append(numpy_helper.from_array(np.asarray(value), name))
+    initializers = {t.name for t in graph.initializer}
+    _check_names(graph, initializers)
+    _set_input_shapes(model, dict(input_shapes or {}), initializers)
+    try:
+        model = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
+    except Exception as exc:
+        raise CompileError(f"ONNX shape inference failed: {str(exc).strip()}") from None
+    graph = model.graph
+    constants = {}
+    for t in graph.initializer:
+        try:
+            constants[t.name] = numpy_helper.to_array(t)
+        except Exception as exc:
+            raise CompileError(f"initializer {t.name!r} cannot be read: {exc}") from None
+    tensors = {}
+    for vi in list(graph.input) + list(graph.value_info) + list(graph.output):
+        info = _tensor_info(vi)
+        if info is not None:
+            tensors[vi.name] = info
+    for name, arr in constants.items():
+        tensors[name] = TensorInfo(tuple(arr.shape), dtype_str(arr.dtype))
+    return _to_graph(model, opset, constants, tensors, initializers)
+
+
+def _to_graph(model, opset, constants, tensors, initializers) -> Graph:
+    graph = model.graph
+    nodes, names = [], set()
+    for i, n in enumerate(graph.node):
+        name = n.name or f"{n.op_type}_{i}"
+        if name in names:
+            name = f"{name}_{i}"
+        names.add(name)
+        if n.op_type == "Constant" and n.domain in ONNX_DOMAINS:
+            try:
+                arr = numpy_helper.to_array(helper.get_attribute_value(n.attribute[0])) \
+                    if n.attribute[0].name == "value" else np.asarray(helper.get_attribute_value(n.attribute[0]))
+            except Exception as exc:
+                raise CompileError(f"Constant node {name!r} cannot be read: {exc}") from None
+            constants[n.output[0]] = arr
+            tensors[n.output[0]] = TensorInfo(tuple(arr.shape), dtype_str(arr.dtype))
+            continue
+        attrs = {a.name: _attr_value(a, name) for a in n.attribute}
+        nodes.append(Node(name, n.op_type, n.domain, list(n.input), list(n.output), attrs))
+    inputs = [vi.name for vi in graph.input if vi.name not in initializers]
+    outputs = [vi.name for vi in graph.output]
+    unknown = [(n, o) for n in nodes for o in n.outputs if o and o not in tensors]
+    if unknown:
+        shown = "; ".join(f"{o!r} of node {n.name!r} ({n.op_type})" for n, o in unknown[:8])
+        raise CompileError(f"shape inference left {len(unknown)} tensor(s) without a static shape: {shown}. "
+                           f"Give concrete --input-shape values, or make shape inputs constants")
+    return Graph(graph.name or "model", inputs, outputs, nodes, tensors, constants, opset)
+
+
+def _check_names(graph: onnx.GraphProto, initializers: set) -> None:
+    """Each tensor is produced once and before use (ONNX's rules); say which name breaks them."""
+    produced: dict[str, str] = {}
+    for vi in graph.input:
+        if vi.name in produced:
+            raise CompileError(f"name collision: two model inputs are called {vi.name!r}")
+        produced[vi.name] = "constant" if vi.name in initializers else "model input"
+    for name in initializers:
+        produced.setdefault(name, "constant")
+    for i, n in enumerate(graph.node):
+        label = n.name or f"#{i} ({n.op_type})"
+        for inp in n.input:
+            if inp and inp not in produced:
+                raise CompileError(f"node {label!r} ({n.op_type}) reads {inp!r}, which no earlier node, "
+                                   f"input or constant produces (nodes must be in topological order)")
+        for o in n.output:
+            if not o:
+                continue
+            if o in produced:
+                raise CompileError(f"name collision: tensor {o!r} is produced by node {label!r} and is "
+                                   f"already a {produced[o]}; every tensor name must be unique")
+            produced[o] = f"output of node {label!r}"
+    for vi in graph.output:
+        if vi.name not in produced:
+            raise CompileError(f"model output {vi.name!r} is not produced by any node")

@@ -1,0 +1,269 @@
+"""BYOC partitioning, the way TVM's Relay passes do it, on the ONNX graph IR.
+
+1. **Merge composites** (TVM's ``MergeComposite``): a pattern table, tried in order, fuses chains
+   such as Conv → Relu (``examplejson.conv2d_bias_relu``) or MatMul → Add(bias) (``dense_bias``)
+   into one op whose kernel applies the activation (``"activation": "relu"``).  A chain only fuses
+   when the inner tensors are used by nothing else.
+2. **Annotate** (``AnnotateTarget``): each op is supported when its kernel is in the chosen op set
+   (the board's kernel table, optionally restricted with ``--ops``) and its attributes are ones the
+   kernel knows; otherwise the reason is kept for the error message.
+3. **Merge regions** (``MergeCompilerRegions``): walking in execution order, a supported op joins
+   the regions of its supported producers, unless that would make a cycle (a path leaving the
+   region and coming back into it through an op outside it).
+4. **Partition** (``PartitionGraph``): each region becomes a function with an external symbol
+   ``tvmgen_<module>_examplejson_main_<k>``, numbered in execution order; its parameters are the
+   tensors it reads from outside (constants stay inside, for the const loader), its results the
+   tensors used after it or returned by the model.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+
+from rpcsrv.executor.kernels import KERNELS, onnx_op_to_kernel
+
+from .onnx_import import ONNX_DOMAINS, Graph, Node
+
+COMPILER = "examplejson"
+
+
+@dataclass
+class Op:
+    """A unit of partitioning: one ONNX node, or a composite of several fused ones."""
+
+    name: str
+    kernel: str
+    inputs: list[str]
+    outputs: list[str]
+    attrs: dict
+    nodes: list[Node]
+    pattern: str = ""  # composite name, "" for a single op
+    reason: str = ""  # why it is not supported ("" when it is)
+    requires: set = field(default_factory=set)  # op names the accelerator must have for this op
+
+    def __post_init__(self):
+        self.requires = set(self.requires) or {self.kernel}
+
+
+@dataclass
+class Function:
+    """One partitioned region: an external function of the ExampleJSON codegen."""
+
+    symbol: str
+    ops: list[Op]
+    inputs: list[str]  # non-constant tensors read from outside, in first-use order
+    outputs: list[str]
+    constants: list[str] = field(default_factory=list)  # constant tensors used inside
+
+
+@dataclass
+class Partition:
+    """The model cut into external functions; ``unsupported`` ops have no place to run yet."""
+
+    functions: list[Function]
+    unsupported: list[Op]
+
+
+def _consumers(graph: Graph) -> dict[str, int]:
+    uses: dict[str, int] = {}
+    for n in graph.nodes:
+        for i in n.inputs:
+            uses[i] = uses.get(i, 0) + 1
+    for o in graph.outputs:
+        uses[o] = uses.get(o, 0) + 1
+    return uses
+
+
+def _single(node: Node) -> Op:
+    return Op(node.name, onnx_op_to_kernel(node.op_type), list(node.inputs), list(node.outputs),
+              dict(node.attrs), [node])
+
+
+def _fusable(first: Node, second: Node, uses: dict) -> bool:
+    """``second`` reads ``first``'s only output, which nothing else uses."""
+    return (len(first.outputs) == 1 and uses.get(first.outputs[0]) == 1
+            and first.outputs[0] in second.inputs and first.domain in ONNX_DOMAINS
+            and second.domain in ONNX_DOMAINS)
+
+
+def _can_fuse_activation(kernel: str, act: Node, ops: frozenset) -> bool:
+    return (act.op_type == "Relu" and "relu" in ops and kernel in KERNELS
+            and "activation" in getattr(KERNELS[kernel], "attrs", ()))
+
+
+def _dense_bias(mm: Node, add: Node, graph: Graph) -> list[str] | None:
+    """Gemm inputs for MatMul(A, B) → Add(bias): 2-D A and B, a constant bias that broadcasts."""
+    bias = [i for i in add.inputs if i != mm.outputs[0]]
+    if len(add.inputs) != 2 or len(bias) != 1 or bias[0] not in graph.constants:
+        return None
+    a, b = (graph.tensors.get(x) for x in mm.inputs)
+    c = graph.tensors.get(bias[0])
+    if a is None or b is None or c is None or len(a.shape) != 2 or len(b.shape) != 2:
+        return None
+    if not a.dtype == b.dtype == c.dtype or c.dtype not in ("float32", "float64", "float16"):
+        return None
+    m, n = a.shape[0], b.shape[1]
+    padded = (1,) * (2 - len(c.shape)) + c.shape
+    if len(c.shape) > 2 or any(d not in (1, want) for d, want in zip(padded, (m, n))):
+        return None
+    return [mm.inputs[0], mm.inputs[1], bias[0]]
+
+
+def merge_composites(graph: Graph, ops: frozenset) -> list[Op]:
+    """Apply the pattern table; returns the ops in execution order."""
+    uses = _consumers(graph)
+    consumer_of: dict[str, list[Node]] = {}
+    for n in graph.nodes:
+        for i in n.inputs:
+            consumer_of.setdefault(i, []).append(n)
+    done: set[int] = set()
+    result: list[Op] = []
+
+    def next_node(node: Node) -> Node | None:
+        users = consumer_of.get(node.outputs[0], []) if node.outputs else []
+        return users[0] if len(users) == 1 and _fusable(node, users[0], uses) else None
+
+    for node in graph.nodes:
+        if id(node) in done:
+            continue
+        op = _single(node)
+        nxt = next_node(node)
+        if node.op_type == "MatMul" and nxt is not None and nxt.op_type == "Add" \
+                and {"matmul", "add"} <= ops and "gemm" in KERNELS:
+            gemm_inputs = _dense_bias(node, nxt, graph)
+            if gemm_inputs is not None:
+                op = Op(f"{node.name}+{nxt.name}", "gemm", gemm_inputs, list(nxt.outputs), {},
+                        [node, nxt], f"{COMPILER}.dense_bias", requires={"matmul", "add"})
+                done.add(id(nxt))
+                nxt = next_node(nxt)
+        if node.op_type in ("Conv", "Gemm", "MatMul") and nxt is not None \
+                and _can_fuse_activation(op.kernel, nxt, ops) and op.requires <= ops:
+            base = {"Conv": "conv2d_bias" if len(node.inputs) > 2 and node.inputs[2] else "conv2d",
+                    "Gemm": "dense_bias", "MatMul": "dense_bias" if op.pattern else "dense"}
+            op = Op(f"{op.name}+{nxt.name}", op.kernel, op.inputs, list(nxt.outputs),
+                    {**op.attrs, "activation": "relu"}, op.nodes + [nxt],
+                    f"{COMPILER}.{base[node.op_type]}_relu", requires=op.requires | {"relu"})
+            done.add(id(nxt))
+        result.append(op)
+    return result
+
+
+def annotate(op: Op, ops: frozenset) -> str:
+    """Why ``op`` cannot go to the accelerator, or ``""`` when it can."""
+    node = op.nodes[0]
+    if node.domain not in ONNX_DOMAINS:
+        return f"operator domain {node.domain!r} is not supported (only the default ONNX domain)"
+    if op.kernel not in KERNELS:
+        return f"no kernel {op.kernel!r} on the board"
+    missing = sorted(op.requires - ops)
+    if missing:
+        return f"{', '.join(map(repr, missing))} not in the chosen op set (--ops)"
+    bad = sorted(k for k, v in op.attrs.items() if v is None)
+    if bad:
+        return f"attribute(s) {', '.join(bad)} cannot be expressed (graphs or sparse tensors)"
+    known = kernel_attrs(op.kernel)
+    unknown = sorted(set(op.attrs) - known) if known is not None else []
+    if unknown:
+        return f"kernel {op.kernel!r} does not implement attribute(s) {', '.join(unknown)}"
+    return ""
+
+
+def kernel_attrs(kernel: str) -> set | None:
+    """The attribute names a kernel accepts (its keyword-only parameters), None if any."""
+    params = inspect.signature(KERNELS[kernel]).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return {p.name for p in params if p.kind is p.KEYWORD_ONLY}
+
+
+def merge_regions(ops: list[Op]) -> list[list[int]]:
+    """Group supported ops (by index) into regions without creating cycles.
+
+    Ancestry is kept as bitsets: ``anc[i]`` has bit ``j`` set when op ``j`` feeds op ``i``
+    (directly or not).  Op ``i`` may join the set of ops ``S`` when no op outside ``S`` that feeds
+    a member of ``S ∪ {i}`` has an ancestor in ``S``.
+    """
+    producer: dict[str, int] = {o: i for i, op in enumerate(ops) for o in op.outputs if o}
+    preds = [sorted({producer[t] for t in op.inputs if t in producer}) for op in ops]
+    anc = [0] * len(ops)
+    for i, ps in enumerate(preds):
+        for p in ps:
+            anc[i] |= anc[p] | (1 << p)
+    region_of: dict[int, int] = {}
+    members: dict[int, int] = {}  # region id -> bitset of ops
+
+    def legal(mask: int) -> bool:
+        m = mask
+        while m:
+            low = m & -m
+            j = low.bit_length() - 1
+            m ^= low
+            for p in preds[j]:
+                if not mask >> p & 1 and anc[p] & mask:
+                    return False
+        return True
+
+    for i, op in enumerate(ops):
+        if op.reason:
+            continue
+        chosen = 1 << i
+        for p in preds[i]:
+            r = region_of.get(p)
+            if r is None or members[r] & chosen:
+                continue
+            if legal(chosen | members[r]):
+                chosen |= members[r]
+        rid = i
+        members[rid] = chosen
+        for j in range(len(ops)):
+            if chosen >> j & 1:
+                old = region_of.get(j)
+                if old is not None and old != rid:
+                    members.pop(old, None)
+                region_of[j] = rid
+    return [[j for j in range(len(ops)) if mask >> j & 1] for mask in members.values()]
+
+
+def partition(graph: Graph, ops: frozenset, module_name: str = "default") -> Partition:
+    """Run the four passes; functions are numbered in execution order."""
+    all_ops = merge_composites(graph, ops)
+    for op in all_ops:
+        op.reason = annotate(op, ops)
+    regions = _execution_order(merge_regions(all_ops), all_ops)
+    outputs = set(graph.outputs)
+    functions = []
+    for region in regions:
+        inside = set(region)
+        produced = {o for j in region for o in all_ops[j].outputs if o}
+        inputs, consts = [], []
+        for j in region:
+            for t in all_ops[j].inputs:
+                if not t or t in produced:
+                    continue
+                target = consts if t in graph.constants else inputs
+                if t not in target:
+                    target.append(t)
+        readers = {t: {j for j, op in enumerate(all_ops) if t in op.inputs} for t in produced}
+        outs = [o for j in region for o in all_ops[j].outputs
+                if o and (o in outputs or readers[o] - inside)]
+        if not outs:
+            continue  # dead code: TVM's dead-code pass drops it too
+        symbol = f"tvmgen_{module_name}_{COMPILER}_main_{len(functions)}"
+        functions.append(Function(symbol, [all_ops[j] for j in region], inputs, outs, consts))
+    return Partition(functions, [op for op in all_ops if op.reason])
+
+
+def _execution_order(regions: list[list[int]], ops: list[Op]) -> list[list[int]]:
+    """Regions topologically sorted (ties: the region whose first op comes first)."""
+    where = {j: r for r, region in enumerate(regions) for j in region}
+    producer = {o: i for i, op in enumerate(ops) for o in op.outputs if o}
+    deps = [{where[producer[t]] for j in region for t in ops[j].inputs
+             if t in producer and producer[t] in where} - {r} for r, region in enumerate(regions)]
+    order, placed = [], set()
+    while len(order) < len(regions):
+        ready = [r for r in range(len(regions)) if r not in placed and deps[r] <= placed]
+        r = min(ready, key=lambda r: regions[r][0])
+        order.append(regions[r])
+        placed.add(r)
+    return order
