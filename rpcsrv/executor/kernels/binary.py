@@ -65,13 +65,11 @@ def pow_(x, y):
 
 @register("mod")
 def mod(a, b, *, fmod: int = 0):
-    """ONNX Mod: ``fmod=0`` takes the divisor's sign (integers only), ``fmod=1`` the dividend's."""
+    """ONNX Mod: ``fmod=0`` takes the divisor's sign (Python style), ``fmod=1`` the dividend's (C fmod)."""
     a, b = np.asarray(a), np.asarray(b)
     _same_dtype("mod", a, b)
     if fmod:
         return np.fmod(a, b).astype(a.dtype, copy=False)
-    if a.dtype.kind == "f":
-        raise bad("mod", "fmod=0 is only defined for integer inputs")
     return np.mod(a, b).astype(a.dtype, copy=False)
 
 

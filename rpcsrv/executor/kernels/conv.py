@@ -91,10 +91,8 @@ def conv_transpose(x, w, b=None, *, auto_pad: str = "NOTSET", dilations=None, gr
     full = [(i - 1) * s + (kk - 1) * d + 1 + op for i, s, kk, d, op in zip(ins, strides, kernel, dilations, opad)]
     if output_shape is not None:
         target = [int(v) for v in output_shape][-k:]
-        total = [f - t for f, t in zip(full, target)]
-        if any(t < 0 for t in total):
-            raise bad("conv_transpose", f"output_shape {output_shape} larger than the full output {full}")
-        upper = auto_pad != "SAME_LOWER"
+        total = [f - t for f, t in zip(full, target)]  # negative: the output grows with zeros
+        upper = auto_pad == "SAME_UPPER"
         begin = [t // 2 if upper else t - t // 2 for t in total]
     elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         target = [i * s for i, s in zip(ins, strides)]
@@ -114,6 +112,11 @@ def conv_transpose(x, w, b=None, *, auto_pad: str = "NOTSET", dilations=None, gr
         sl = tuple(slice(t * d, t * d + (i - 1) * s + 1, s) for t, d, i, s in zip(tap, dilations, ins, strides))
         y[(slice(None),) * 3 + sl] += contrib
     y = y.reshape((n, group * mg) + tuple(full))
+    # crop to [begin, begin + target) of the full output, zero-filling beyond either edge
+    grow = [(max(-bg, 0), max(bg + t - f, 0)) for bg, t, f in zip(begin, target, full)]
+    if any(g != (0, 0) for g in grow):
+        y = np.pad(y, [(0, 0), (0, 0)] + grow)
+        begin = [bg + g[0] for bg, g in zip(begin, grow)]
     y = y[(slice(None),) * 2 + tuple(slice(bg, bg + t) for bg, t in zip(begin, target))]
     if b is not None:
         y = y + np.asarray(b).astype(ct).reshape((-1,) + (1,) * k)

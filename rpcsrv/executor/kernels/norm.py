@@ -54,10 +54,10 @@ def instance_normalization(x, scale, b, *, epsilon: float = 1e-5):
 
 @register("layer_normalization")
 def layer_normalization(x, scale, b=None, *, axis: int = -1, epsilon: float = 1e-5, stash_type: int = 1):
-    """ONNX LayerNormalization: normalize over dims ``axis..`` then scale (and shift), Y only.
+    """ONNX LayerNormalization: normalize over dims ``axis..`` then scale (and shift).
 
-    ``stash_type`` picks the statistics' precision in ONNX; we always use at least float32.
-    The optional Mean / InvStdDev outputs are not provided.
+    Returns (Y, Mean, InvStdDev) as ONNX does; the statistics keep the reduced dims as 1 and are
+    float32 (``stash_type`` 1, the only value ONNX defines; float64 inputs keep float64).
     """
     x = np.asarray(x)
     ct = _ct(x.dtype)
@@ -67,11 +67,12 @@ def layer_normalization(x, scale, b=None, *, axis: int = -1, epsilon: float = 1e
     mean = xc.mean(axis=axes, keepdims=True)
     d = xc - mean
     var = np.mean(d * d, axis=axes, keepdims=True)
-    y = d * (1.0 / np.sqrt(var + ct.type(epsilon))).astype(ct, copy=False)
+    inv_std = (1.0 / np.sqrt(var + ct.type(epsilon))).astype(ct, copy=False)
+    y = d * inv_std
     y *= np.asarray(scale).astype(ct, copy=False)
     if b is not None:
         y += np.asarray(b).astype(ct, copy=False)
-    return y.astype(x.dtype, copy=False)
+    return y.astype(x.dtype, copy=False), mean, inv_std
 
 
 @register("group_normalization")

@@ -51,6 +51,8 @@ def _extreme(fn, lowest: bool):
         if x.size == 0:  # ONNX: an empty reduction gives the identity of max/min
             if x.dtype.kind == "f":
                 fill = -np.inf if lowest else np.inf
+            elif x.dtype == np.bool_:
+                fill = not lowest
             else:
                 info = np.iinfo(x.dtype)
                 fill = info.min if lowest else info.max
@@ -146,7 +148,9 @@ def top_k(x, k, *, axis: int = -1, largest: int = 1, sorted: int = 1):  # noqa: 
     kk = ints(k, "top_k", "K")[0]
     if not 0 <= kk <= x.shape[a]:
         raise bad("top_k", f"K={kk} out of range for axis of size {x.shape[a]}")
-    key = -x if largest else x
-    idx = np.argsort(key, axis=a, kind="stable")
+    if largest:  # stable descending: sort the reversed axis ascending, reverse, map indices back
+        idx = x.shape[a] - 1 - np.flip(np.argsort(np.flip(x, axis=a), axis=a, kind="stable"), axis=a)
+    else:
+        idx = np.argsort(x, axis=a, kind="stable")
     idx = np.take(idx, np.arange(kk), axis=a).astype(np.int64)
     return np.take_along_axis(x, idx, axis=a), idx

@@ -21,23 +21,27 @@ _ROUNDING = {
 
 
 def _source_coords(mode, out_len, in_len, scale, roi_start, roi_end):
-    """Input-space coordinate of each output index along one axis."""
+    """Input-space coordinate of each output index along one axis.
+
+    As in ONNX's reference, the formulas use the unrounded resized length ``in_len * scale``.
+    """
     x = np.arange(out_len, dtype=np.float64)
+    out_int, out_len = out_len, in_len * scale
     if mode == "half_pixel":
         return (x + 0.5) / scale - 0.5
     if mode == "half_pixel_symmetric":
-        adjust = out_len / (scale * in_len)
+        adjust = out_int / out_len
         return in_len / 2 * (1 - adjust) + (x + 0.5) / scale - 0.5
     if mode == "pytorch_half_pixel":
-        return (x + 0.5) / scale - 0.5 if out_len > 1 else np.zeros(out_len)
+        return (x + 0.5) / scale - 0.5 if out_len > 1 else np.zeros(out_int)
     if mode == "align_corners":
-        return x * (in_len - 1) / (out_len - 1) if out_len > 1 else np.zeros(out_len)
+        return x * (in_len - 1) / (out_len - 1) if out_len > 1 else np.zeros(out_int)
     if mode == "asymmetric":
         return x / scale
     if mode == "tf_crop_and_resize":
         if out_len > 1:
             return roi_start * (in_len - 1) + x * (roi_end - roi_start) * (in_len - 1) / (out_len - 1)
-        return np.full(out_len, 0.5 * (roi_start + roi_end) * (in_len - 1))
+        return np.full(out_int, 0.5 * (roi_start + roi_end) * (in_len - 1))
     raise bad("resize", f"unknown coordinate_transformation_mode {mode!r}")
 
 

@@ -266,14 +266,17 @@ def depth_to_space(x, *, blocksize: int, mode: str = "DCR"):
 
 
 @register("space_to_depth")
-def space_to_depth(x, *, blocksize: int):
-    """ONNX SpaceToDepth: the inverse of DepthToSpace in DCR mode."""
+def space_to_depth(x, *, blocksize: int, mode: str = "DCR"):
+    """ONNX SpaceToDepth: the inverse of DepthToSpace (``mode`` 'DCR' or 'CRD')."""
     x = np.asarray(x)
     n, c, h, w = x.shape
     b = int(blocksize)
     if h % b or w % b:
         raise bad("space_to_depth", f"spatial dims {h}x{w} not divisible by blocksize {b}")
-    y = x.reshape(n, c, h // b, b, w // b, b).transpose(0, 3, 5, 1, 2, 4)
+    if mode not in ("DCR", "CRD"):
+        raise bad("space_to_depth", f"mode must be 'DCR' or 'CRD', got {mode!r}")
+    order = (0, 3, 5, 1, 2, 4) if mode == "DCR" else (0, 1, 3, 5, 2, 4)
+    y = x.reshape(n, c, h // b, b, w // b, b).transpose(order)
     return y.reshape(n, c * b * b, h // b, w // b)
 
 

@@ -65,7 +65,6 @@ for _name, _fn in {
     "erf": erf_approx, "sigmoid": _sigmoid, "softplus": _softplus,
     "softsign": lambda x: x / (1 + np.abs(x)),
     "mish": lambda x: x * np.tanh(_softplus(x)),
-    "swish": lambda x: x * _sigmoid(x),
 }.items():
     _float_op(_name, _fn, f"ONNX {_name}: elementwise on floats.")
 
@@ -162,15 +161,24 @@ def shrink(x, *, bias: float = 0.0, lambd: float = 0.5):
     return y.astype(x.dtype, copy=False)
 
 
+@register("swish")
+def swish(x, *, alpha: float = 1.0):
+    """ONNX Swish: x * sigmoid(alpha * x)."""
+    x, ct = _floats(x, "swish")
+    xc = x.astype(ct, copy=False)
+    return (xc * _sigmoid(xc * np.dtype(ct).type(alpha))).astype(x.dtype, copy=False)
+
+
 @register("gelu")
 def gelu(x, *, approximate: str = "none"):
     """ONNX Gelu: x*Phi(x) with the exact erf form, or the tanh form for approximate='tanh'."""
     x, ct = _floats(x, "gelu")
+    ct = np.dtype(ct)
     xc = x.astype(ct, copy=False)
     if approximate == "none":
-        y = 0.5 * xc * (1.0 + erf_approx(xc * ct(0.7071067811865476)))
+        y = 0.5 * xc * (1.0 + erf_approx(xc * ct.type(0.7071067811865476)))
     elif approximate == "tanh":
-        y = 0.5 * xc * (1.0 + np.tanh(ct(0.7978845608028654) * (xc + ct(0.044715) * xc ** 3)))
+        y = 0.5 * xc * (1.0 + np.tanh(ct.type(0.7978845608028654) * (xc + ct.type(0.044715) * xc ** 3)))
     else:
         raise bad("gelu", f"approximate must be 'none' or 'tanh', got {approximate!r}")
     return y.astype(x.dtype, copy=False)

@@ -1,0 +1,89 @@
+"""Run ONNX's backend node conformance cases (shipped in the ``onnx`` wheel) through the kernel table.
+
+``collect_testcases`` executes ONNX's reference implementation for every case, which takes ~10 s, so
+the cases are collected once per test session and cached here.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import numpy as np
+
+from rpcsrv.executor.kernels import KERNELS, onnx_op_to_kernel
+from rpcsrv.executor.kernels.dtypes import ONNX_DTYPES
+
+NUMPY_TYPES = set(ONNX_DTYPES.values())
+
+
+@functools.lru_cache(maxsize=1)
+def single_node_cases() -> list:
+    """All conformance cases whose graph is one node of an op in our table."""
+    from onnx.backend.test.case.node import collect_testcases
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cases = collect_testcases(None)
+    out = []
+    for case in cases:
+        nodes = case.model.graph.node
+        if len(nodes) == 1 and nodes[0].domain in ("", "ai.onnx") and onnx_op_to_kernel(nodes[0].op_type) in KERNELS:
+            out.append(case)
+    return sorted(out, key=lambda c: c.name)
+
+
+def attribute_value(attr):
+    """An ONNX attribute as the JSON-ish Python value the runtime would hand a kernel."""
+    from onnx import helper, numpy_helper
+
+    value = helper.get_attribute_value(attr)
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, list) and value and isinstance(value[0], bytes):
+        return [v.decode() for v in value]
+    if hasattr(value, "data_type"):  # a TensorProto (ConstantOfShape's value)
+        return numpy_helper.to_array(value)
+    return value
+
+
+def numpy_lacks_types(case) -> bool:
+    """Whether any input or expected output of ``case`` has an element type numpy does not have."""
+    for inputs, outputs in case.data_sets:
+        for value in list(inputs) + list(outputs):
+            if as_array(value).dtype not in NUMPY_TYPES:
+                return True
+    return False
+
+
+def as_array(value) -> np.ndarray:
+    """Data-set values are arrays, or TensorProtos for types numpy lacks (bfloat16, float8, int4)."""
+    if hasattr(value, "data_type"):
+        from onnx import numpy_helper
+
+        return numpy_helper.to_array(value)
+    return np.asarray(value)
+
+
+def run_case(case) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Run every data set of ``case``; returns (got, expected) pairs for each output of each set."""
+    graph = case.model.graph
+    node = graph.node[0]
+    kernel = KERNELS[onnx_op_to_kernel(node.op_type)]
+    attrs = {a.name: attribute_value(a) for a in node.attribute}
+    outputs = [name for name in node.output if name]
+    if node.op_type == "Split" and "split" not in attrs and "num_outputs" not in attrs and \
+            (len(node.input) < 2 or not node.input[1]):
+        attrs["num_outputs"] = len(outputs)  # ONNX infers it from the outputs; the compiler passes it
+    graph_inputs = [vi.name for vi in graph.input]
+    pairs = []
+    for inputs, expected in case.data_sets:
+        feed = dict(zip(graph_inputs, [as_array(v) for v in inputs]))
+        args = [feed.get(name) if name else None for name in node.input]
+        while args and args[-1] is None:
+            args.pop()
+        result = kernel(*args, **attrs)
+        results = result if isinstance(result, tuple) else (result,)
+        for k in range(len(outputs)):
+            pairs.append((np.asarray(results[k]), as_array(expected[k])))
+    return pairs
