@@ -220,19 +220,28 @@ def to_examplejson(model):
     return text, json.dumps(graph), consts
 
 
-def load_executor(model, workdir: Path):
-    """Blob → file → ``load_module`` → ``default(cpu(0))``, as the board does."""
+def load_executor(model, workdir: Path, compiler: str):
+    """Library file → ``load_module`` → ``default(cpu(0))``, as the board does.
+
+    ``compiler`` "client": the project's compiler (``client.compile_onnx``, partitioning with
+    composites and TVM-like storage plan); "adapter": the one-subgraph conversion above.
+    """
     from rpcsrv.executor import load_module
     from rpcsrv.loader import (ConstLoaderModule, ExampleJSONModule, GraphExecutorFactoryModule,
                                HostLibraryModule, build_blob)
     from rpcsrv.protocol.dtypes import Device
 
-    text, graph_json, consts = to_examplejson(model)
-    tree = GraphExecutorFactoryModule(graph_json, {}, imports=[HostLibraryModule([], imports=[
-        ConstLoaderModule(consts, {SYMBOL: list(consts)}, imports=[ExampleJSONModule(text)])])])
-    blob = build_blob(tree)
     path = workdir / "model.blob"
-    path.write_bytes(len(blob).to_bytes(8, "little") + blob)
+    if compiler == "client":
+        from client import compile_onnx
+
+        compile_onnx(model).export_library(str(path), fmt="blob")
+    else:
+        text, graph_json, consts = to_examplejson(model)
+        tree = GraphExecutorFactoryModule(graph_json, {}, imports=[HostLibraryModule([], imports=[
+            ConstLoaderModule(consts, {SYMBOL: list(consts)}, imports=[ExampleJSONModule(text)])])])
+        blob = build_blob(tree)
+        path.write_bytes(len(blob).to_bytes(8, "little") + blob)
     return load_module(str(path)).get_function("default")(Device(1, 0))
 
 
@@ -247,7 +256,7 @@ def median_ms(fn, repeat: int) -> float:
     return float(np.median(times) * 1e3)
 
 
-def bench(name: str, model, threads: int, repeat: int, workdir: Path) -> dict:
+def bench(name: str, model, threads: int, repeat: int, workdir: Path, compiler: str) -> dict:
     import onnxruntime as ort
 
     feeds = {i.name: np.random.default_rng(2).standard_normal(
@@ -258,7 +267,7 @@ def bench(name: str, model, threads: int, repeat: int, workdir: Path) -> dict:
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     expected = sess.run(None, feeds)[0]
 
-    ex = load_executor(model, workdir)
+    ex = load_executor(model, workdir, compiler)
     for key, value in feeds.items():
         ex.get_function("set_input")(key, value)
 
@@ -271,7 +280,7 @@ def bench(name: str, model, threads: int, repeat: int, workdir: Path) -> dict:
     ort_ms = median_ms(lambda: sess.run(None, feeds), repeat)
     ours_ms = median_ms(run_rpcsrv, repeat)
     kernel_ms = kernel_profile(ex, run_rpcsrv, repeat)
-    return {"model": name, "nodes": len(model.graph.node), "onnxruntime_ms": round(ort_ms, 3),
+    return {"model": name, "compiler": compiler, "nodes": len(model.graph.node), "onnxruntime_ms": round(ort_ms, 3),
             "rpcsrv_ms": round(ours_ms, 3), "ratio": round(ours_ms / ort_ms, 2), "max_abs_diff": diff,
             "max_abs_output": float(np.max(np.abs(expected))),
             "kernel_ms": round(sum(kernel_ms.values()), 3),
@@ -310,15 +319,18 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="threads for onnxruntime and BLAS (default 1)")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--models", default="resnet,encoder")
+    ap.add_argument("--compiler", default="client,adapter",
+                    help="client (client.compile_onnx), adapter (this file's converter) or both")
     args = ap.parse_args(argv)
     builders = {"resnet": build_resnet, "encoder": build_encoder}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
-            try:
-                rows.append(bench(name, builders[name](), args.threads, args.repeat, Path(tmp)))
-            except Exception as exc:  # e.g. an op the kernel table does not have yet
-                rows.append({"model": name, "error": f"{type(exc).__name__}: {exc}"})
+            for compiler in args.compiler.split(","):
+                try:
+                    rows.append(bench(name, builders[name](), args.threads, args.repeat, Path(tmp), compiler))
+                except Exception as exc:  # e.g. an op the kernel table does not have yet
+                    rows.append({"model": name, "compiler": compiler, "error": f"{type(exc).__name__}: {exc}"})
     for row in rows:
         print(json.dumps(row))
     return 0 if all("error" not in r for r in rows) else 1

@@ -295,29 +295,24 @@ class SubgraphFunction:
                 raise ExecutorError(f"{g.name}: constant {node.name!r} (node {node.id}) is not bound")
             values[node.id] = self.constants[node.id]
         shared: dict[tuple, Any] = {}  # results of multi-output ops until their last node
-        for node, kernel, kattrs, key, last_of_key, index, drops in self.steps:
-            if key is not None and key in shared:
-                result = shared[key]
-            else:
-                result = self._run_kernel(node, kernel, kattrs, values)
-                if key is not None:
-                    shared[key] = result
-            if key is not None and last_of_key:
-                del shared[key]
-            values[node.id] = self._pick(node, result, index)
-            for nid in drops:
-                del values[nid]
-        for out, node in zip(outs, self.outputs):
-            np.copyto(out, values[node.id], casting="no")
-
-    def _run_kernel(self, node: Node, kernel: Kernel, kattrs: dict, values: dict) -> Any:
+        node = None
         try:
-            return kernel(*(values[i] for i in node.inputs), **kattrs)
+            for node, kernel, kattrs, key, last_of_key, index, drops in self.steps:
+                if key is None:
+                    result = kernel(*[values[i] for i in node.inputs], **kattrs)
+                else:
+                    if key not in shared:
+                        shared[key] = kernel(*[values[i] for i in node.inputs], **kattrs)
+                    result = shared.pop(key) if last_of_key else shared[key]
+                values[node.id] = self._pick(node, result, index)
+                for nid in drops:
+                    del values[nid]
         except ExecutorError:
             raise
-        except Exception as exc:
-            raise ExecutorError(f"{self.graph.name} {node.describe()} failed: {type(exc).__name__}: "
-                                f"{exc}") from exc
+        except Exception as exc:  # a kernel's own error: say which node of which subgraph
+            raise ExecutorError(f"{g.name} {node.describe()} failed: {type(exc).__name__}: {exc}") from exc
+        for out, onode in zip(outs, self.outputs):
+            np.copyto(out, values[onode.id], casting="no")
 
     def _pick(self, node: Node, result: Any, index: int) -> np.ndarray:
         if type(result) is np.ndarray and index == 0 and result.shape == node.shape \
