@@ -124,11 +124,11 @@ def build(graph: Graph, part: Partition, module_name: str = "default") -> Compil
     subgraphs = []
     for fn in part.functions:
         code, names = examplejson_text(fn, graph)
-        consts = {name: np.ascontiguousarray(graph.constants[t]) for name, t in zip(names, fn.constants)}
+        consts = {name: np.asarray(graph.constants[t], order="C") for name, t in zip(names, fn.constants)}
         subgraphs.append(Subgraph(fn.symbol, code, consts, fn.inputs, fn.outputs,
                                   [op.kernel for op in fn.ops], [op.pattern for op in fn.ops if op.pattern]))
     # constants the model returns directly are the only params: everything else is offloaded
-    params = {t: np.ascontiguousarray(graph.constants[t]) for t in dict.fromkeys(graph.outputs)
+    params = {t: np.asarray(graph.constants[t], order="C") for t in dict.fromkeys(graph.outputs)
               if t in graph.constants}
     # with unsupported nodes there is no complete graph to describe (partial result, for messages)
     text = "" if part.unsupported else graph_json(graph, part.functions, params)

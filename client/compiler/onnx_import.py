@@ -16,13 +16,17 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from rpcsrv.protocol.dtypes import dtype_str
+from rpcsrv.protocol.dtypes import dtype_str, numpy_dtype
 
 from .errors import CompileError
+from .fold import fold_constants
 
-#: Oldest default-domain opset we accept; opsets this old are what current exporters still emit.
-MIN_OPSET = 7
+#: Default-domain opsets we accept: all that the installed ``onnx`` knows.  Kernels take an op's
+#: current attributes and inputs; a node of an old version with other attributes is reported as
+#: unsupported by name (the partitioner checks attribute names against the kernel).
+MIN_OPSET = 1
 ONNX_DOMAINS = ("", "ai.onnx")
+MAX_FOLD_ROUNDS = 32
 
 
 @dataclass
@@ -166,17 +170,44 @@ def _attr_value(attr: onnx.AttributeProto, node: str):
     return None  # graphs, sparse tensors, type protos: no JSON form
 
 
+def board_dtype(np_dtype) -> str | None:
+    """TVM's dtype string for a numpy dtype the board can hold (and send), else None."""
+    try:
+        name = dtype_str(np.dtype(np_dtype))
+        numpy_dtype(name)
+        return name
+    except Exception:
+        return None
+
+
+def _elem_dtype(elem_type: int, what: str) -> str:
+    try:
+        np_dtype = helper.tensor_dtype_to_np_dtype(elem_type)
+    except Exception:
+        np_dtype = None
+    name = board_dtype(np_dtype) if np_dtype is not None else None
+    if name is None:
+        label = onnx.TensorProto.DataType.Name(elem_type) if elem_type in onnx.TensorProto.DataType.values() \
+            else str(elem_type)
+        raise CompileError(f"{what} has element type {label}, which the board has no dtype for "
+                           f"(supported: bool, (u)int8..64, float16/32/64)")
+    return name
+
+
 def _tensor_info(vi: onnx.ValueInfoProto) -> TensorInfo | None:
     if not vi.type.HasField("tensor_type"):
         return None
     tt = vi.type.tensor_type
     if not tt.HasField("shape") or any(not d.HasField("dim_value") for d in tt.shape.dim):
         return None
+    return TensorInfo(tuple(d.dim_value for d in tt.shape.dim), _elem_dtype(tt.elem_type, f"tensor {vi.name!r}"))
+
+
+def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
     try:
-        dtype = dtype_str(helper.tensor_dtype_to_np_dtype(tt.elem_type))
-    except Exception:
-        return None
-    return TensorInfo(tuple(d.dim_value for d in tt.shape.dim), dtype)
+        return onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
+    except Exception as exc:
+        raise CompileError(f"ONNX shape inference failed: {str(exc).strip()}") from None
 
 
 def import_onnx(model_or_path, input_shapes: dict | None = None,
@@ -198,11 +229,13 @@ def import_onnx(model_or_path, input_shapes: dict | None = None,
     initializers = {t.name for t in graph.initializer}
     _check_names(graph, initializers)
     _set_input_shapes(model, dict(input_shapes or {}), initializers)
-    try:
-        model = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
-    except Exception as exc:
-        raise CompileError(f"ONNX shape inference failed: {str(exc).strip()}") from None
+    model = _infer(model)
+    for _ in range(MAX_FOLD_ROUNDS):
+        if not fold_constants(model):
+            break
+        model = _infer(model)
     graph = model.graph
+    initializers = {t.name for t in graph.initializer}
     constants = {}
     for t in graph.initializer:
         try:
@@ -215,7 +248,10 @@ def import_onnx(model_or_path, input_shapes: dict | None = None,
         if info is not None:
             tensors[vi.name] = info
     for name, arr in constants.items():
-        tensors[name] = TensorInfo(tuple(arr.shape), dtype_str(arr.dtype))
+        dtype = board_dtype(arr.dtype)
+        if dtype is None:
+            raise CompileError(f"constant {name!r} has dtype {arr.dtype}, which the board has no dtype for")
+        tensors[name] = TensorInfo(tuple(arr.shape), dtype)
     return _to_graph(model, opset, constants, tensors, initializers)
 
 

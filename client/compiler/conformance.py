@@ -1,0 +1,214 @@
+"""ONNX backend node test cases (shipped in the ``onnx`` wheel) through compiler, exporter and a runner.
+
+Each case has a model and data sets (inputs, expected outputs) and its tolerance.  A case is
+*in scope* when every node of its model maps to a kernel of the board's table; the others are
+counted as skipped with the ops they lack.  A case passes when compile → export (raw blob) → run
+gives outputs with the expected dtype and shape, equal within ONNX's backend tolerance
+(the case's ``rtol``/``atol``, by default ``rtol=1e-3, atol=1e-7``).
+
+The ``runner`` is a callable ``runner(library_path, inputs: dict[str, ndarray], num_outputs)
+-> list[ndarray]``; :func:`run_in_process` loads the library with ``rpcsrv.executor`` directly,
+an RPC runner can be passed instead.
+
+Inputs that decide output *shapes* (a Reshape target, Expand shape, ...) are model inputs in these
+cases; when shape inference cannot finish, the case is compiled again with its non-float inputs
+bound as constants (TVM's ``bind_params`` step), which is recorded in the result.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from rpcsrv.executor.kernels import KERNELS, onnx_op_to_kernel
+
+from .errors import CompileError
+from .model import compile_onnx
+from .onnx_import import board_dtype
+
+RTOL, ATOL = 1e-3, 1e-7
+Runner = Callable[[str, dict, int], list]
+
+
+@dataclass
+class CaseResult:
+    name: str
+    op: str
+    ok: bool
+    reason: str = ""
+    bound: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def run_in_process(path: str, inputs: dict, num_outputs: int) -> list:
+    """Load ``path`` with ``rpcsrv.executor``, run factory "default" on CPU, return the outputs."""
+    from rpcsrv.executor import load_module
+    from rpcsrv.protocol.dtypes import Device
+
+    gmod = load_module(path).get_function("default")(Device(1, 0))
+    for name, value in inputs.items():
+        gmod.get_function("set_input")(name, value)
+    gmod.get_function("run")()
+    return [np.array(gmod.get_function("get_output")(i)) for i in range(num_outputs)]
+
+
+def node_cases() -> list:
+    """The ONNX backend's node test cases, generated in memory by the ``onnx`` wheel
+    (``onnx.backend.test.case.node.collect_testcases``: ``name``, ``model``, ``data_sets``,
+    ``rtol``, ``atol``)."""
+    import warnings
+
+    from onnx.backend.test.case.node import collect_testcases
+
+    with warnings.catch_warnings():  # the generators divide by zero on purpose
+        warnings.simplefilter("ignore")
+        return [c for c in collect_testcases() if c.model is not None and c.data_sets]
+
+
+def _primary_op(name: str, kernels: list[str]) -> str:
+    """The op a case tests: the longest kernel name (underscores ignored) its name starts with."""
+    flat = name.removeprefix("test_").replace("_", "")
+    hits = [k for k in kernels if flat.startswith(k.replace("_", ""))]
+    return max(hits, key=len) if hits else kernels[0]
+
+
+def case_ops(model: onnx.ModelProto) -> list[str]:
+    """Kernel names of the model's nodes ('domain:OpType' for foreign domains)."""
+    return [onnx_op_to_kernel(n.op_type) if n.domain in ("", "ai.onnx") else f"{n.domain}:{n.op_type}"
+            for n in model.graph.node if n.op_type != "Constant" or n.domain not in ("", "ai.onnx")]
+
+
+def _data_sets(case) -> list[tuple[dict, list]]:
+    """(inputs by name, expected outputs) per data set; only plain tensors are accepted."""
+    model = case.model
+    inits = {t.name for t in model.graph.initializer}
+    names = [vi.name for vi in model.graph.input if vi.name not in inits]
+    out = []
+    for inputs, outputs in case.data_sets:
+        values = [numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else v
+                  for v in list(inputs) + list(outputs)]
+        if any(not isinstance(v, (np.ndarray, np.generic)) for v in values):
+            raise CompileError("sequence/optional values are not supported (tensors only)")
+        values = [np.asarray(v) for v in values]
+        out.append((dict(zip(names, values[:len(inputs)])), values[len(inputs):]))
+    return out
+
+
+def _compare(got, want, rtol: float = RTOL, atol: float = ATOL) -> str:
+    if len(got) != len(want):
+        return f"{len(got)} outputs, expected {len(want)}"
+    for i, (g, w) in enumerate(zip(got, want)):
+        if g.dtype != w.dtype:
+            return f"output {i}: dtype {g.dtype}, expected {w.dtype}"
+        if g.shape != w.shape:
+            return f"output {i}: shape {g.shape}, expected {w.shape}"
+        try:
+            np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, equal_nan=True)
+        except AssertionError:
+            err = np.max(np.abs(g.astype(np.float64) - w.astype(np.float64))) if g.size else 0
+            return f"output {i}: values differ (max abs error {err:.3g})"
+    return ""
+
+
+def run_case(case, runner: Runner = run_in_process, tmp: str | None = None) -> CaseResult:
+    """Compile, export and run one case with every test data set; never raises."""
+    start = time.perf_counter()
+    model = case.model
+    ops = case_ops(model)
+    result = CaseResult(case.name, _primary_op(case.name, ops) if ops else "?", False)
+    try:
+        data = _data_sets(case)
+        ins = data[0][0]
+        try:
+            compiled = compile_onnx(model)
+        except CompileError as exc:
+            if "without a static shape" not in str(exc):
+                raise
+            result.bound = [k for k, v in ins.items() if v.dtype.kind not in "fc"]
+            if not result.bound:
+                raise
+            compiled = compile_onnx(model, bind_inputs={k: ins[k] for k in result.bound})
+        with tempfile.TemporaryDirectory(dir=tmp) as d:
+            path = compiled.export_library(os.path.join(d, "case.blob"))
+            for ins, outs in data:
+                feed = {k: v for k, v in ins.items() if k not in result.bound}
+                got = runner(path, feed, len(compiled.output_names))
+                result.reason = _compare(got, outs, getattr(case, "rtol", RTOL), getattr(case, "atol", ATOL))
+                if result.reason:
+                    break
+        result.ok = not result.reason
+    except CompileError as exc:
+        result.reason = f"compile: {str(exc).splitlines()[0]}"
+    except Exception as exc:  # a runner or kernel failure is this case's result
+        result.reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _foreign_dtypes(case) -> list[str]:
+    """Element types in the case's data or Cast targets that the board has no dtype for."""
+    found = set()
+    for inputs, outputs in case.data_sets:
+        for v in list(inputs) + list(outputs):
+            if isinstance(v, onnx.TensorProto):
+                found.add(onnx.TensorProto.DataType.Name(v.data_type))
+            elif isinstance(v, (np.ndarray, np.generic)) and board_dtype(v.dtype) is None:
+                found.add(str(v.dtype))
+    for node in case.model.graph.node:
+        for a in node.attribute:
+            if a.name == "to" and a.type == onnx.AttributeProto.INT:
+                found.add(onnx.TensorProto.DataType.Name(a.i))
+    bad = []
+    for name in sorted(found):
+        try:
+            np_dtype = helper.tensor_dtype_to_np_dtype(onnx.TensorProto.DataType.Value(name))
+        except Exception:
+            np_dtype = name
+        if board_dtype(np_dtype) is None:
+            bad.append(name)
+    return bad
+
+
+def select_cases(supported=None):
+    """(in-scope cases, {case name: why skipped}) for the given op set (default: all kernels).
+
+    Skipped: cases with ops outside the set, or with element types the board has no dtype for
+    (bfloat16, float8, int4, ...).
+    """
+    supported = set(KERNELS if supported is None else supported)
+    chosen, skipped = [], {}
+    for case in node_cases():
+        missing = sorted(set(case_ops(case.model)) - supported)
+        foreign = _foreign_dtypes(case)
+        if missing:
+            skipped[case.name] = f"ops {', '.join(missing)}"
+        elif foreign:
+            skipped[case.name] = f"dtypes {', '.join(foreign)}"
+        else:
+            chosen.append(case)
+    return chosen, skipped
+
+
+def report(results: list[CaseResult]) -> str:
+    """A table per op: cases, passed, and the reason of each failure."""
+    by_op: dict[str, list[CaseResult]] = {}
+    for r in results:
+        by_op.setdefault(r.op, []).append(r)
+    passed = sum(r.ok for r in results)
+    lines = [f"{'op':<24} {'cases':>5} {'pass':>5}"]
+    for op in sorted(by_op):
+        rs = by_op[op]
+        lines.append(f"{op:<24} {len(rs):>5} {sum(r.ok for r in rs):>5}")
+        for r in rs:
+            if not r.ok:
+                lines.append(f"    FAIL {r.name}: {r.reason}")
+    pct = 100.0 * passed / len(results) if results else 0.0
+    lines.append(f"total: {passed}/{len(results)} passed ({pct:.1f}%)")
+    return "\n".join(lines)

@@ -1,0 +1,124 @@
+"""Constant folding on the ONNX model, so that shape computations become static.
+
+Exported models often compute shapes at run time (``Shape → Gather → Concat → Reshape``, ``Range``
+over a size, ``ConstantOfShape``).  With concrete input shapes those values are known when
+compiling, as TVM's ``FoldConstant`` and static-shape passes know them.  One round:
+
+* ``Constant`` nodes become initializers;
+* ``Shape`` and ``Size`` of a tensor with a static shape become constants;
+* a node whose inputs are all constants is evaluated with the board's own numpy kernel (the
+  same function that would run it on the board) and its outputs become initializers.
+
+The importer alternates shape inference and folding until nothing changes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from rpcsrv.executor.kernels import KERNELS, onnx_op_to_kernel
+
+ONNX_DOMAINS = ("", "ai.onnx")
+#: refuse to fold into constants larger than this (bytes): they would bloat the library
+MAX_FOLDED_BYTES = 16 << 20
+
+
+def _static_shapes(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
+    shapes = {}
+    for vi in list(graph.input) + list(graph.value_info) + list(graph.output):
+        tt = vi.type.tensor_type
+        if vi.type.HasField("tensor_type") and tt.HasField("shape") and \
+                all(d.HasField("dim_value") for d in tt.shape.dim):
+            shapes[vi.name] = tuple(d.dim_value for d in tt.shape.dim)
+    return shapes
+
+
+def _attrs(node: onnx.NodeProto) -> dict | None:
+    out = {}
+    for a in node.attribute:
+        v = helper.get_attribute_value(a)
+        if isinstance(v, bytes):
+            v = v.decode("utf-8", "replace")
+        elif isinstance(v, onnx.TensorProto):
+            v = numpy_helper.to_array(v).tolist()
+        elif isinstance(v, list):
+            if v and isinstance(v[0], bytes):
+                v = [x.decode("utf-8", "replace") for x in v]
+            elif v and not isinstance(v[0], (int, float)):
+                return None
+        elif not isinstance(v, (int, float, str)):
+            return None
+        out[a.name] = v
+    return out
+
+
+def _shape_of(node: onnx.NodeProto, shape: tuple[int, ...]) -> np.ndarray:
+    attrs = {a.name: a.i for a in node.attribute}
+    rank = len(shape)
+    start, end = attrs.get("start", 0), attrs.get("end", rank)
+    start, end = (min(max(v + rank if v < 0 else v, 0), rank) for v in (start, end))
+    return np.array(shape[start:end], dtype=np.int64)
+
+
+def _evaluate(node: onnx.NodeProto, consts: dict, shapes: dict) -> list | None:
+    """The node's output values when they are known now, else None."""
+    if node.domain not in ONNX_DOMAINS:
+        return None
+    if node.op_type == "Constant":
+        a = node.attribute[0]
+        v = helper.get_attribute_value(a)
+        return [numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else np.asarray(v)]
+    if node.op_type in ("Shape", "Size") and node.input[0] in shapes:
+        shape = shapes[node.input[0]]
+        if node.op_type == "Size":
+            return [np.array(math.prod(shape), dtype=np.int64)]
+        return [_shape_of(node, shape)]
+    if not node.input or any(i and i not in consts for i in node.input):
+        return None
+    kernel = KERNELS.get(onnx_op_to_kernel(node.op_type))
+    attrs = _attrs(node)
+    if kernel is None or attrs is None:
+        return None
+    try:
+        with np.errstate(all="ignore"):
+            result = kernel(*[consts[i] if i else None for i in node.input], **attrs)
+    except Exception:
+        return None  # leave it to the board: the error shows up where it runs
+    values = list(result) if isinstance(result, tuple) else [result]
+    return [np.asarray(v) for v in values]
+
+
+def fold_constants(model: onnx.ModelProto) -> bool:
+    """One folding round over ``model`` (changed in place); True when anything was folded."""
+    graph = model.graph
+    consts = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    shapes = _static_shapes(graph)
+    keep, changed = [], False
+    for node in graph.node:
+        values = _evaluate(node, consts, shapes)
+        outs = [o for o in node.output if o]
+        if values is None or len(values) < len(outs) or \
+                sum(v.nbytes for v in values) > MAX_FOLDED_BYTES:
+            keep.append(node)
+            continue
+        try:
+            tensors = [numpy_helper.from_array(v, n) for n, v in zip(node.output, values) if n]
+        except Exception:  # a dtype ONNX cannot hold as a tensor: keep the node
+            keep.append(node)
+            continue
+        for t in tensors:
+            consts[t.name] = numpy_helper.to_array(t)
+        graph.initializer.extend(tensors)
+        changed = True
+    if changed:
+        del graph.node[:]
+        graph.node.extend(keep)
+        folded = {t.name for t in graph.initializer}
+        kept_vi = [vi for vi in graph.value_info if vi.name not in folded]
+        del graph.value_info[:]
+        graph.value_info.extend(kept_vi)
+    return changed
