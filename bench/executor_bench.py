@@ -7,15 +7,19 @@ Two models are built here with ``onnx.helper`` (random weights, fixed seed):
 * ``encoder`` — a two-layer transformer encoder (sequence 64, width 128, 4 heads, FFN 512, post-norm
   LayerNormalization, ReLU).
 
-Each model is converted to what the compiler emits for a fully offloaded model (one ExampleJSON
-subgraph per model, one ``tvm_op`` in the graph JSON, weights in a const loader module), written as
-a real blob, loaded with ``rpcsrv.executor.load_module`` and run through the graph executor's
-``set_input``/``run``/``get_output`` — the same calls a remote client makes.  onnxruntime runs
-the same ONNX model in the same process with the same thread budget.
+Each model is compiled by the project's compiler (``client.compile_onnx``: partitioning with
+composites, graph JSON with a storage plan, constants in a const loader) and, for comparison, by a
+small adapter here that offloads the whole model as one ExampleJSON subgraph.  The library is written
+as a real blob, loaded with ``rpcsrv.executor.load_module`` and run through the graph executor's
+``set_input``/``run``/``get_output`` — the same calls a remote client makes.  onnxruntime runs the
+same ONNX model in the same process with the same thread budget (also without its graph rewrites,
+for context).
 
     python bench/executor_bench.py [--threads 1] [--repeat 20] [--models resnet,encoder]
+                                   [--compiler client,adapter]
 
-Prints per-model median latency of both runtimes, their ratio and the largest output difference.
+Prints one JSON line per model and compiler: median latencies, ratios, the largest output difference
+and the time spent in kernels by op (the rest of a run is executor overhead).
 """
 
 from __future__ import annotations
@@ -278,10 +282,16 @@ def bench(name: str, model, threads: int, repeat: int, workdir: Path, compiler: 
     got = ex.get_function("get_output")(0)
     diff = float(np.max(np.abs(got - expected)))
     ort_ms = median_ms(lambda: sess.run(None, feeds), repeat)
+    # context: onnxruntime without its graph rewrites (no Conv+BN folding, no fused layouts)
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    plain = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    ort_plain_ms = median_ms(lambda: plain.run(None, feeds), repeat)
     ours_ms = median_ms(run_rpcsrv, repeat)
     kernel_ms = kernel_profile(ex, run_rpcsrv, repeat)
     return {"model": name, "compiler": compiler, "nodes": len(model.graph.node), "onnxruntime_ms": round(ort_ms, 3),
-            "rpcsrv_ms": round(ours_ms, 3), "ratio": round(ours_ms / ort_ms, 2), "max_abs_diff": diff,
+            "rpcsrv_ms": round(ours_ms, 3), "ratio": round(ours_ms / ort_ms, 2),
+            "onnxruntime_unoptimized_ms": round(ort_plain_ms, 3),
+            "ratio_vs_unoptimized": round(ours_ms / ort_plain_ms, 2), "max_abs_diff": diff,
             "max_abs_output": float(np.max(np.abs(expected))),
             "kernel_ms": round(sum(kernel_ms.values()), 3),
             "slowest_ops_ms": dict(sorted(kernel_ms.items(), key=lambda kv: -kv[1])[:5])}
