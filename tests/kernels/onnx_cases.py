@@ -82,7 +82,11 @@ def run_case(case) -> list[tuple[np.ndarray, np.ndarray]]:
         args = [feed.get(name) if name else None for name in node.input]
         while args and args[-1] is None:
             args.pop()
+        before = [None if a is None else a.copy() for a in args]
         result = kernel(*args, **attrs)
+        for a, b in zip(args, before):  # kernels are pure: inputs come back untouched
+            if a is not None and not np.array_equal(a, b, equal_nan=a.dtype.kind == "f"):
+                raise AssertionError(f"{node.op_type} wrote into one of its inputs")
         results = result if isinstance(result, tuple) else (result,)
         for k in range(len(outputs)):
             pairs.append((np.asarray(results[k]), as_array(expected[k])))

@@ -68,9 +68,9 @@ def mod(a, b, *, fmod: int = 0):
     """ONNX Mod: ``fmod=0`` takes the divisor's sign (Python style), ``fmod=1`` the dividend's (C fmod)."""
     a, b = np.asarray(a), np.asarray(b)
     _same_dtype("mod", a, b)
-    if fmod:
-        return np.fmod(a, b).astype(a.dtype, copy=False)
-    return np.mod(a, b).astype(a.dtype, copy=False)
+    with np.errstate(invalid="ignore", divide="ignore"):  # x mod 0 and inf mod y are NaN, as in ONNX
+        y = np.fmod(a, b) if fmod else np.mod(a, b)
+    return y.astype(a.dtype, copy=False)
 
 
 def _simple(name: str, ufunc, doc: str):

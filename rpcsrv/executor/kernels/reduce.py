@@ -31,7 +31,8 @@ def _reduce(name, fn, doc):
                 return x
             ax = tuple(range(x.ndim))
         ct = np.float32 if x.dtype == np.float16 else x.dtype
-        y = fn(x.astype(ct, copy=False), ax, bool(keepdims))
+        with np.errstate(divide="ignore"):  # log(0) = -inf is the defined answer (empty log-sums)
+            y = fn(x.astype(ct, copy=False), ax, bool(keepdims))
         return np.asarray(y).astype(x.dtype, copy=False)
 
     kernel.__doc__ = doc

@@ -1,0 +1,170 @@
+"""Focused kernel tests against onnxruntime on shapes ONNX's own cases do not cover: conv with
+groups/dilations/strides/odd sizes/auto_pad (1-D, 2-D, 3-D), pooling with ceil_mode and padding,
+resize modes, gemm broadcasting, float16, and the fused-activation attrs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import need_module
+
+need_module("onnxruntime", "onnxruntime is the reference implementation here")
+need_module("onnx", "models for onnxruntime are built with onnx.helper")
+
+from ort_helpers import assert_close, ort_run  # noqa: E402
+
+from rpcsrv.executor.kernels import KERNELS  # noqa: E402
+
+RNG = np.random.default_rng(1234)
+
+
+def rand(*shape, dtype=np.float32):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+CONV_CASES = [
+    # (x shape, w shape, attrs)
+    ((1, 3, 7, 9), (4, 3, 3, 3), {}),
+    ((2, 4, 11, 10), (6, 4, 3, 2), {"strides": [2, 3], "pads": [1, 0, 2, 1]}),
+    ((1, 6, 13, 13), (6, 2, 3, 3), {"group": 3, "dilations": [2, 2], "pads": [2, 2, 2, 2]}),
+    ((1, 8, 9, 9), (8, 1, 3, 3), {"group": 8, "strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+    ((1, 4, 9, 9), (12, 1, 3, 3), {"group": 4, "auto_pad": "SAME_LOWER"}),  # depth multiplier 3
+    ((1, 5, 10, 7), (3, 5, 4, 4), {"auto_pad": "SAME_LOWER", "strides": [3, 2]}),
+    ((1, 5, 10, 7), (3, 5, 2, 3), {"auto_pad": "VALID", "dilations": [3, 1]}),
+    ((1, 16, 6, 6), (16, 4, 1, 1), {"group": 4}),
+    ((2, 3, 17), (5, 3, 4), {"strides": [2], "pads": [1, 2]}),  # 1-D
+    ((1, 2, 5, 6, 7), (4, 2, 3, 2, 3), {"pads": [1, 0, 1, 1, 0, 1]}),  # 3-D
+]
+
+
+@pytest.mark.parametrize("xs, ws, attrs", CONV_CASES)
+def test_conv(xs, ws, attrs):
+    x, w, b = rand(*xs), rand(*ws), rand(ws[0])
+    assert_close(KERNELS["conv"](x, w, b, **attrs), ort_run("Conv", [x, w, b], attrs)[0])
+
+
+def test_conv_float16_and_fused_relu():
+    x, w, b = rand(1, 4, 8, 8, dtype=np.float16), rand(6, 4, 3, 3, dtype=np.float16), rand(6, dtype=np.float16)
+    got = KERNELS["conv"](x, w, b, pads=[1, 1, 1, 1], activation="relu")
+    want = np.maximum(ort_run("Conv", [x, w, b], {"pads": [1, 1, 1, 1]})[0], 0)
+    assert_close(got, want, rtol=1e-2, atol=1e-2)
+    assert got.min() >= 0
+
+
+def test_conv_fused_clip_with_attrs():
+    x, w = rand(1, 3, 6, 6), rand(4, 3, 3, 3)
+    got = KERNELS["conv"](x, w, activation="clip", activation_attrs={"min": -0.5, "max": 0.5})
+    assert_close(got, np.clip(ort_run("Conv", [x, w], {})[0], -0.5, 0.5))
+
+
+@pytest.mark.parametrize("xs, ws, attrs", [
+    ((1, 4, 5, 5), (4, 3, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]}),
+    ((1, 4, 4, 6), (4, 2, 2, 3), {"group": 2, "dilations": [2, 1]}),
+])
+def test_conv_transpose(xs, ws, attrs):
+    x, w = rand(*xs), rand(*ws)
+    assert_close(KERNELS["conv_transpose"](x, w, **attrs), ort_run("ConvTranspose", [x, w], attrs)[0])
+
+
+POOL_CASES = [
+    ("MaxPool", (1, 3, 9, 9), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ("MaxPool", (2, 2, 10, 7), {"kernel_shape": [3, 2], "strides": [2, 2], "ceil_mode": 1}),
+    ("MaxPool", (1, 2, 9, 9), {"kernel_shape": [2, 2], "strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+    ("MaxPool", (1, 2, 9, 9), {"kernel_shape": [2, 3], "dilations": [2, 2], "pads": [1, 2, 0, 1]}),
+    ("AveragePool", (1, 3, 9, 9), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ("AveragePool", (1, 3, 9, 9), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1],
+                                   "count_include_pad": 1}),
+    ("AveragePool", (1, 2, 10, 7), {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1,
+                                    "pads": [1, 1, 1, 1], "count_include_pad": 1}),
+    ("AveragePool", (1, 2, 8, 8), {"kernel_shape": [3, 3], "strides": [3, 3], "auto_pad": "SAME_LOWER"}),
+    ("AveragePool", (1, 2, 11), {"kernel_shape": [4], "strides": [3], "ceil_mode": 1}),
+    ("GlobalAveragePool", (2, 5, 7, 3), {}),
+    ("GlobalMaxPool", (2, 5, 7, 3), {}),
+]
+
+
+@pytest.mark.parametrize("op, xs, attrs", POOL_CASES)
+def test_pool(op, xs, attrs):
+    from rpcsrv.executor.kernels import onnx_op_to_kernel
+
+    x = rand(*xs)
+    assert_close(KERNELS[onnx_op_to_kernel(op)](x, **attrs), ort_run(op, [x], attrs)[0])
+
+
+RESIZE_CASES = [
+    ({"mode": "nearest"}, [1, 1, 2, 2.5], None),
+    ({"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}, [1, 1, 3, 3], None),
+    ({"mode": "linear"}, [1, 1, 0.5, 0.75], None),
+    ({"mode": "linear", "coordinate_transformation_mode": "align_corners"}, None, [2, 3, 9, 5]),
+    ({"mode": "linear", "coordinate_transformation_mode": "pytorch_half_pixel"}, None, [2, 3, 1, 12]),
+    ({"mode": "cubic"}, [1, 1, 1.5, 2], None),
+    ({"mode": "cubic", "exclude_outside": 1, "cubic_coeff_a": -0.5}, None, [2, 3, 4, 4]),
+    ({"mode": "linear", "coordinate_transformation_mode": "tf_crop_and_resize",
+      "extrapolation_value": 7.0}, None, [2, 3, 5, 5]),
+]
+
+
+@pytest.mark.parametrize("attrs, scales, sizes", RESIZE_CASES)
+def test_resize(attrs, scales, sizes):
+    x = rand(2, 3, 6, 7)
+    roi = np.array([0, 0, -0.1, 0.2, 1, 1, 0.9, 1.3], np.float32) if "tf_crop_and_resize" in str(attrs) else None
+    sc = None if scales is None else np.array(scales, np.float32)
+    sz = None if sizes is None else np.array(sizes, np.int64)
+    assert_close(KERNELS["resize"](x, roi, sc, sz, **attrs), ort_run("Resize", [x, roi, sc, sz], attrs)[0])
+
+
+@pytest.mark.parametrize("a_shape, b_shape, c_shape, attrs", [
+    ((4, 5), (5, 3), (3,), {}),
+    ((5, 4), (3, 5), (4, 1), {"transA": 1, "transB": 1, "alpha": 0.5, "beta": 2.0}),
+    ((4, 5), (5, 3), (), {"beta": -1.0}),
+    ((4, 5), (5, 3), None, {}),
+])
+def test_gemm(a_shape, b_shape, c_shape, attrs):
+    a, b = rand(*a_shape), rand(*b_shape)
+    c = None if c_shape is None else rand(*c_shape)
+    assert_close(KERNELS["gemm"](a, b, c, **attrs), ort_run("Gemm", [a, b, c], attrs)[0])
+
+
+def test_gemm_fused_relu_and_matmul_broadcast():
+    a, b, c = rand(6, 8), rand(8, 4), rand(4)
+    got = KERNELS["gemm"](a, b, c, activation="relu")
+    assert_close(got, np.maximum(ort_run("Gemm", [a, b, c], {})[0], 0))
+    x, y = rand(2, 1, 5, 8), rand(3, 8, 6)
+    assert_close(KERNELS["matmul"](x, y), ort_run("MatMul", [x, y], {})[0])
+    h = rand(2, 4, 16, dtype=np.float16)
+    wt = rand(16, 8, dtype=np.float16)
+    assert_close(KERNELS["matmul"](h, wt), ort_run("MatMul", [h, wt], {})[0], rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("op, inputs, attrs", [
+    ("LayerNormalization", lambda: [rand(2, 7, 16), rand(16), rand(16)], {"epsilon": 1e-6}),
+    ("LayerNormalization", lambda: [rand(2, 7, 16, dtype=np.float16), rand(16, dtype=np.float16),
+                                    rand(16, dtype=np.float16)], {}),
+    ("Softmax", lambda: [rand(2, 4, 7, 7) * 30], {"axis": -1}),
+    ("Gelu", lambda: [rand(3, 50) * 4], {}),
+    ("Erf", lambda: [rand(3, 50) * 3], {}),
+    ("Where", lambda: [RNG.random((3, 1, 5)) > 0.5, rand(4, 5), rand(3, 4, 1)], {}),
+    ("Expand", lambda: [rand(3, 1), np.array([2, 1, 4])], {}),
+    ("Gather", lambda: [rand(50, 8), np.array([[0, 49, -1], [3, 3, 7]])], {}),
+    ("Pow", lambda: [np.abs(rand(4, 5)), np.array(0.5, np.float32)], {}),
+    ("Div", lambda: [np.array([7, -7, 7, -7, 0], np.int64), np.array([2, 2, -2, -2, 3], np.int64)], {}),
+    ("BatchNormalization", lambda: [rand(2, 3, 4, 5), rand(3), rand(3), rand(3), np.abs(rand(3)) + 0.1], {}),
+    ("InstanceNormalization", lambda: [rand(2, 3, 4, 5), rand(3), rand(3)], {}),
+    ("Pad", lambda: [rand(2, 3, 4), np.array([0, 1, -1, 0, 2, 2]), np.array(1.5, np.float32)], {}),
+    ("Pad", lambda: [rand(2, 3, 4), np.array([0, 2, 1, 0, 1, 3])], {"mode": "reflect"}),
+    ("Slice", lambda: [rand(5, 6, 7), np.array([4, -100, 1]), np.array([-100, 100, 6]),
+                       np.array([0, 1, 2]), np.array([-2, 3, 2])], {}),
+    ("ReduceMean", lambda: [rand(3, 4, 5), np.array([0, -1])], {"keepdims": 0}),
+    ("CumSum", lambda: [rand(3, 4), np.array(1)], {"exclusive": 1, "reverse": 1}),
+])
+def test_transformer_and_misc_ops(op, inputs, attrs):
+    from rpcsrv.executor.kernels import onnx_op_to_kernel
+
+    args = inputs()
+    n_out = 1
+    got = KERNELS[onnx_op_to_kernel(op)](*args, **attrs)
+    got = got[0] if isinstance(got, tuple) else got
+    want = ort_run(op, args, attrs, n_out)[0]
+    tol = 1e-2 if got.dtype == np.float16 else 1e-5
+    assert_close(got, want, rtol=tol, atol=tol)
