@@ -266,3 +266,26 @@ def test_malformed_graph_json(mutate, message):
         GraphExecutorFactoryRuntime(json.dumps(doc), {})
     with pytest.raises(GraphJSONError, match="not valid JSON"):
         GraphExecutorFactoryRuntime("{nodes", {})
+
+
+def test_two_executors_run_at_once_in_two_threads():
+    import threading
+
+    factory = GraphExecutorFactoryRuntime(seed_graph_json(), {}, imports=[FuncModule({}, [ExampleJSONModule(SEED)])])
+    bad = []
+
+    def session(value: float):
+        ex = factory.create(CPU)
+        for i in range(4):
+            ex.set_input(i, np.full((10, 10), value if i == 0 else 1, np.float32))
+        for _ in range(200):
+            ex.run()
+            if not (ex.get_output(0) == value).all():  # (v + 1 - 1) * 1
+                bad.append(value)
+
+    threads = [threading.Thread(target=session, args=(float(v),)) for v in (2, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad
