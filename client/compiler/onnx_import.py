@@ -204,10 +204,16 @@ def _tensor_info(vi: onnx.ValueInfoProto) -> TensorInfo | None:
 
 
 def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Shape inference, strict first; when strict mode trips over a detail (e.g. inside a
+    function body) the lenient result is used and tensors left unknown are reported later."""
     try:
         return onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
     except Exception as exc:
-        raise CompileError(f"ONNX shape inference failed: {str(exc).strip()}") from None
+        strict_error = str(exc).strip()
+    try:
+        return onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=False, data_prop=True)
+    except Exception:
+        raise CompileError(f"ONNX shape inference failed: {strict_error}") from None
 
 
 def import_onnx(model_or_path, input_shapes: dict | None = None,
@@ -273,6 +279,7 @@ def _to_graph(model, opset, constants, tensors, initializers) -> Graph:
             tensors[n.output[0]] = TensorInfo(tuple(arr.shape), dtype_str(arr.dtype))
             continue
         attrs = {a.name: _attr_value(a, name) for a in n.attribute}
+        _normalize(n, attrs)
         nodes.append(Node(name, n.op_type, n.domain, list(n.input), list(n.output), attrs))
     inputs = [vi.name for vi in graph.input if vi.name not in initializers]
     outputs = [vi.name for vi in graph.output]
@@ -282,6 +289,13 @@ def _to_graph(model, opset, constants, tensors, initializers) -> Graph:
         raise CompileError(f"shape inference left {len(unknown)} tensor(s) without a static shape: {shown}. "
                            f"Give concrete --input-shape values, or make shape inputs constants")
     return Graph(graph.name or "model", inputs, outputs, nodes, tensors, constants, opset)
+
+
+def _normalize(node: onnx.NodeProto, attrs: dict) -> None:
+    """Spell older op versions the current way, where the meaning is the same."""
+    if node.op_type == "Split" and "split" not in attrs and "num_outputs" not in attrs \
+            and (len(node.input) < 2 or not node.input[1]):
+        attrs["num_outputs"] = len(node.output)  # before opset 18: equal parts, one per output
 
 
 def _check_names(graph: onnx.GraphProto, initializers: set) -> None:
