@@ -180,6 +180,9 @@ class Session:
             return FunctionHandle(self.put_object(v))
         if callable(v):
             return FunctionHandle(self.put_object(PackedFunction(v, getattr(v, "__name__", "function"))))
+        if isinstance(v, (dict, list, tuple)):
+            # TVM returns Map/Array results as opaque object handles the client can only pass back
+            return ObjectHandle(self.put_object(v))
         raise RPCUserError(f"function returned a {type(v).__name__}, which cannot travel over RPC")
 
     # ------------------------------------------------------------------ requests
