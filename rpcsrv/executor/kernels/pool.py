@@ -42,8 +42,21 @@ def max_pool(x, *, auto_pad: str = "NOTSET", ceil_mode: int = 0, dilations=None,
     x, k, kernel, strides, dilations, begin, end, out = _geometry(
         "max_pool", x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     xp = pad_spatial(x, begin, end, _lowest(x.dtype))
-    win = windows(xp, kernel, strides, dilations, out)
-    return win.max(axis=tuple(range(2 + k, 2 + 2 * k)))
+    return _reduce_taps(np.maximum, windows(xp, kernel, strides, dilations, out), k)
+
+
+def _reduce_taps(ufunc, win: np.ndarray, k: int) -> np.ndarray:
+    """Combine the window taps with ``ufunc``, one strided tap view at a time.
+
+    Reducing the window axes of the view directly makes numpy walk tiny inner loops per output
+    pixel; combining whole tap planes keeps every pass long and vectorised (several times faster).
+    """
+    taps = np.ndindex(*win.shape[win.ndim - k:])
+    lead = (Ellipsis,)
+    out = np.array(win[lead + next(taps)])
+    for tap in taps:
+        ufunc(out, win[lead + tap], out=out)
+    return out
 
 
 def _window_counts(shape, k, kernel, strides, dilations, begin, end, out, pads_count, pads):
@@ -66,7 +79,7 @@ def average_pool(x, *, auto_pad: str = "NOTSET", ceil_mode: int = 0, count_inclu
         "average_pool", x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     ct = np.dtype(np.float32) if x.dtype == np.float16 else x.dtype
     xp = pad_spatial(x.astype(ct, copy=False), begin, end, 0)
-    total = windows(xp, kernel, strides, dilations, out).sum(axis=tuple(range(2 + k, 2 + 2 * k)))
+    total = _reduce_taps(np.add, windows(xp, kernel, strides, dilations, out), k)
     auto = auto_pad in ("SAME_UPPER", "SAME_LOWER")
     explicit = None if auto else pads
     if auto and count_include_pad:  # auto pads are real pads here
@@ -84,7 +97,7 @@ def lp_pool(x, *, auto_pad: str = "NOTSET", ceil_mode: int = 0, dilations=None, 
         "lp_pool", x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     ct = np.dtype(np.float32) if x.dtype == np.float16 else x.dtype
     xp = pad_spatial(np.abs(x.astype(ct, copy=False)) ** p, begin, end, 0)
-    total = windows(xp, kernel, strides, dilations, out).sum(axis=tuple(range(2 + k, 2 + 2 * k)))
+    total = _reduce_taps(np.add, windows(xp, kernel, strides, dilations, out), k)
     return (total ** (1.0 / p)).astype(x.dtype, copy=False)
 
 

@@ -106,7 +106,7 @@ def _softmax_parts(x, axis, op):
 def softmax(x, *, axis: int = -1):
     """ONNX Softmax (opset 13 semantics: along one axis)."""
     x, a, shifted = _softmax_parts(x, axis, "softmax")
-    e = np.exp(shifted)
+    e = np.exp(shifted, out=shifted)  # ``shifted`` is our own temporary
     e /= np.sum(e, axis=a, keepdims=True)
     return e.astype(x.dtype, copy=False)
 

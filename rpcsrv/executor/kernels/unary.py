@@ -41,9 +41,19 @@ def _any_op(name: str, fn, doc: str):
 def erf_approx(x: np.ndarray) -> np.ndarray:
     """erf(x) by Abramowitz & Stegun 7.1.28-class rational fit (7.1.26), |error| < 1.5e-7."""
     a = np.abs(x)
-    t = 1.0 / (1.0 + 0.3275911 * a)
-    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
-    return np.copysign(1.0 - poly * np.exp(-a * a), x)
+    t = a * 0.3275911  # t = 1 / (1 + p|x|), then Horner's rule, all in place on one temporary
+    t += 1.0
+    np.reciprocal(t, out=t)
+    y = t * 1.061405429
+    for c in (-1.453152027, 1.421413741, -0.284496736, 0.254829592):
+        y += c
+        y *= t
+    np.square(a, out=a)
+    np.negative(a, out=a)
+    np.exp(a, out=a)
+    y *= a
+    np.subtract(1.0, y, out=y)
+    return np.copysign(y, x, out=y)
 
 
 def _sigmoid(x):
@@ -176,7 +186,10 @@ def gelu(x, *, approximate: str = "none"):
     ct = np.dtype(ct)
     xc = x.astype(ct, copy=False)
     if approximate == "none":
-        y = 0.5 * xc * (1.0 + erf_approx(xc * ct.type(0.7071067811865476)))
+        y = erf_approx(xc * ct.type(0.7071067811865476))
+        y += 1.0
+        y *= xc
+        y *= ct.type(0.5)
     elif approximate == "tanh":
         y = 0.5 * xc * (1.0 + np.tanh(ct.type(0.7978845608028654) * (xc + ct.type(0.044715) * xc ** 3)))
     else:
