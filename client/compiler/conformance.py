@@ -122,7 +122,7 @@ def run_case(case, runner: Runner = run_in_process, tmp: str | None = None) -> C
     start = time.perf_counter()
     model = case.model
     ops = case_ops(model)
-    result = CaseResult(case.name, _primary_op(case.name, ops) if ops else "?", False)
+    result = CaseResult(case.name, _primary_op(case.name, ops) if ops else "constant", False)
     try:
         data = _data_sets(case)
         ins = data[0][0]
