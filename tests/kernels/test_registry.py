@@ -79,3 +79,16 @@ def test_fused_relu_does_not_touch_inputs():
     assert y.tolist() == [[0.0, 2.0]] and x.tolist() == [[-1.0, 2.0]]
     y = KERNELS["gemm"](x, w, activation="leaky_relu", activation_attrs={"alpha": 0.5})
     assert y.tolist() == [[-0.5, 2.0]]
+
+
+def test_every_op_is_documented():
+    """docs/examplejson.md's op list names every kernel (and no op that does not exist)."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "examplejson.md").read_text()
+    ops_section = text[text.index("### Op list"):]
+    table = [line for line in ops_section[:ops_section.index("Per-op notes")].splitlines() if line.startswith("|")]
+    listed = set(re.findall(r"`([a-z_0-9]+)`", "\n".join(table)))
+    assert SUPPORTED_OPS - listed == set(), "kernels missing from the doc's op list"
+    assert listed - SUPPORTED_OPS == set(), "doc lists ops without kernels"
