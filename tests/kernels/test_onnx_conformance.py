@@ -16,6 +16,10 @@ from onnx_cases import numpy_lacks_types, run_case, single_node_cases  # noqa: E
 SKIP = {
     "test_batchnorm_epsilon_training_mode": "training mode (batch statistics, running-stat outputs) is refused",
     "test_batchnorm_example_training_mode": "training mode (batch statistics, running-stat outputs) is refused",
+    "test_training_dropout": "Dropout in training mode draws random masks",
+    "test_training_dropout_default": "Dropout in training mode draws random masks",
+    "test_training_dropout_default_mask": "Dropout in training mode draws random masks",
+    "test_training_dropout_mask": "Dropout in training mode draws random masks",
     "test_maxpool_with_argmax_2d_precomputed_pads": "MaxPool's optional Indices output is not provided",
     "test_maxpool_with_argmax_2d_precomputed_strides": "MaxPool's optional Indices output is not provided",
     "test_resize_downsample_scales_cubic_antialias": "Resize antialias=1 is not supported",

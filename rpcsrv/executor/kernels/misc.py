@@ -1,0 +1,124 @@
+"""Less common ops that are cheap to do exactly: Dropout (inference), OneHot, NonZero, Compress,
+EyeLike, CumProd, ScatterND, ReverseSequence, Constant."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .dtypes import onnx_dtype
+from .registry import bad, ints, norm_axis, register
+
+
+@register("dropout")
+def dropout(data, ratio_input=None, training_mode=None, *, seed=None, ratio=None, is_test=1):
+    """ONNX Dropout at inference: (data, all-true mask).  Training mode is refused.
+
+    ``ratio`` (an input from opset 12, an attribute before) does not change inference; ``seed``
+    only drives training-mode randomness; ``is_test`` is opset 6's inference switch.
+    """
+    rate = ratio_input if ratio_input is not None else ratio
+    training = (training_mode is not None and bool(np.asarray(training_mode))) or not is_test
+    if training and (rate is None or float(np.asarray(rate)) != 0.0):
+        raise bad("dropout", "training mode (random masking) is not supported")
+    x = np.asarray(data)
+    return x, np.ones(x.shape, dtype=bool)
+
+
+@register("one_hot")
+def one_hot(indices, depth, values, *, axis: int = -1):
+    """ONNX OneHot: ``values`` = [off, on]; negative indices count from ``depth``, others are off."""
+    idx = np.asarray(indices)
+    d = int(np.asarray(depth).reshape(-1)[0])
+    off, on = np.asarray(values).reshape(-1)[:2]
+    a = norm_axis(axis, idx.ndim + 1, "one_hot")
+    idx = np.where(idx < 0, idx + d, idx).astype(np.int64)
+    shape = [1] * (idx.ndim + 1)
+    shape[a] = d
+    hot = np.expand_dims(idx, a) == np.arange(d).reshape(shape)
+    return np.where(hot, on, off).astype(np.asarray(values).dtype)
+
+
+@register("non_zero")
+def non_zero(x):
+    """ONNX NonZero: int64 (rank, count) coordinates of the non-zero elements, row-major order."""
+    x = np.asarray(x)
+    return np.array(np.nonzero(x if x.ndim else x.reshape(1)), dtype=np.int64).reshape(max(x.ndim, 1), -1)
+
+
+@register("compress")
+def compress(data, condition, *, axis=None):
+    """ONNX Compress: keep the slices where ``condition`` is true (flattened input without axis)."""
+    x, cond = np.asarray(data), np.asarray(condition, dtype=bool)
+    if axis is None:
+        return np.compress(cond, x.reshape(-1))
+    return np.compress(cond, x, axis=norm_axis(axis, x.ndim, "compress"))
+
+
+@register("eye_like")
+def eye_like(x, *, dtype=None, k: int = 0):
+    """ONNX EyeLike: ones on diagonal ``k`` of a 2-D tensor shaped like ``x``."""
+    x = np.asarray(x)
+    if x.ndim != 2:
+        raise bad("eye_like", f"input must be 2-D, got shape {x.shape}")
+    dt = x.dtype if dtype is None else onnx_dtype(dtype, "eye_like")
+    return np.eye(x.shape[0], x.shape[1], k=k, dtype=dt)
+
+
+@register("cum_prod")
+def cum_prod(x, axis, *, exclusive: int = 0, reverse: int = 0):
+    """ONNX CumProd along the axis given as a scalar tensor input."""
+    x = np.asarray(x)
+    a = norm_axis(ints(axis, "cum_prod", "axis")[0], x.ndim, "cum_prod")
+    src = np.flip(x, axis=a) if reverse else x
+    y = np.cumprod(src, axis=a, dtype=x.dtype)
+    if exclusive:
+        y = np.concatenate([np.ones_like(np.take(y, [0], axis=a)), np.delete(y, -1, axis=a)], axis=a)
+    return np.flip(y, axis=a) if reverse else y
+
+
+@register("scatter_nd")
+def scatter_nd(data, indices, updates, *, reduction: str = "none"):
+    """ONNX ScatterND on a copy of ``data`` (reduction none/add/mul/max/min)."""
+    x = np.array(data, copy=True)
+    idx = np.asarray(indices).astype(np.int64)
+    depth = idx.shape[-1]
+    where = tuple(np.moveaxis(np.where(idx < 0, idx + np.array(x.shape[:depth]), idx), -1, 0))
+    upd = np.asarray(updates)
+    ufuncs = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+    if reduction == "none":
+        x[where] = upd
+    elif reduction in ufuncs:
+        ufuncs[reduction].at(x, where, upd)
+    else:
+        raise bad("scatter_nd", f"unknown reduction {reduction!r}")
+    return x
+
+
+@register("reverse_sequence")
+def reverse_sequence(x, sequence_lens, *, batch_axis: int = 1, time_axis: int = 0):
+    """ONNX ReverseSequence: reverse the first ``sequence_lens[b]`` steps of each batch entry."""
+    x = np.asarray(x)
+    y = x.copy()
+    lens = ints(sequence_lens, "reverse_sequence", "sequence_lens")
+    for b, n in enumerate(lens):
+        src = [slice(None)] * x.ndim
+        src[batch_axis], src[time_axis] = b, slice(n - 1, None, -1) if n > 0 else slice(0, 0)
+        dst = list(src)
+        dst[time_axis] = slice(0, n)
+        y[tuple(dst)] = x[tuple(src)]
+    return y
+
+
+@register("constant")
+def constant(*, value=None, value_float=None, value_floats=None, value_int=None, value_ints=None):
+    """ONNX Constant (numeric forms): ``value`` is a tensor or nested JSON list (then float32)."""
+    given = [(k, v) for k, v in (("value", value), ("value_float", value_float), ("value_floats", value_floats),
+                                 ("value_int", value_int), ("value_ints", value_ints)) if v is not None]
+    if len(given) != 1:
+        raise bad("constant", "exactly one value attribute is required")
+    key, v = given[0]
+    if key.startswith("value_int"):
+        return np.asarray(v, dtype=np.int64)
+    if isinstance(v, np.ndarray):
+        return v
+    return np.asarray(v, dtype=np.float32)
