@@ -10,7 +10,7 @@ from conftest import need_module
 
 need_module("onnx", "the conformance cases ship in the onnx wheel")
 
-from onnx_cases import numpy_lacks_types, run_case, single_node_cases  # noqa: E402
+from kernels_onnx_cases import numpy_lacks_types, run_case, single_node_cases  # noqa: E402
 
 # Cases we knowingly do not pass, each with the reason.  Everything else must match ONNX exactly.
 SKIP = {

@@ -12,7 +12,7 @@ from conftest import need_module
 need_module("onnxruntime", "onnxruntime is the reference implementation here")
 need_module("onnx", "models for onnxruntime are built with onnx.helper")
 
-from ort_helpers import assert_close, ort_run  # noqa: E402
+from kernels_ort import assert_close, ort_run  # noqa: E402
 
 from rpcsrv.executor.kernels import KERNELS  # noqa: E402
 
