@@ -1,6 +1,7 @@
 """Pooling over strided window views: MaxPool, AveragePool, LpPool and the global pools.
 
-The padded input's window view (N, C, O..., K...) is reduced over its window axes in one numpy call.
+The padded input's window view (N, C, O..., K...) is reduced tap by tap (one long vectorised pass
+per kernel position).
 Max pooling pads with -inf (or the dtype's minimum), so padding never wins.  Average pooling divides
 by a per-position count computed once on the spatial shape: the explicit pads count when
 ``count_include_pad=1``; the extra end padding that ``ceil_mode`` adds never counts.

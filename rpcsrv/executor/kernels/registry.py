@@ -96,7 +96,11 @@ def norm_axis(axis: int, rank: int, op: str) -> int:
 
 
 def apply_activation(y: np.ndarray, activation, activation_attrs, op: str) -> np.ndarray:
-    """Apply a fused unary op (``"activation": "relu"`` etc.) from the table to a kernel's result."""
+    """Apply a fused unary op (``"activation": "relu"`` etc.) from the table to a kernel's result.
+
+    ``y`` must be a buffer the calling kernel just allocated (never an input or a view of one):
+    relu, the common case, is applied in place.
+    """
     if activation is None:
         if activation_attrs:
             raise bad(op, "activation_attrs given without activation")
@@ -106,6 +110,6 @@ def apply_activation(y: np.ndarray, activation, activation_attrs, op: str) -> np
         raise bad(op, f"unknown fused activation {activation!r}")
     if activation_attrs is not None and not isinstance(activation_attrs, dict):
         raise bad(op, "activation_attrs must be a JSON object")
-    if activation == "relu":  # the common case, without a temporary
-        return np.maximum(y, 0, out=y) if y.flags.writeable and y.base is None else np.maximum(y, 0)
+    if activation == "relu" and not activation_attrs:
+        return np.maximum(y, 0, out=y)
     return fn(y, **(activation_attrs or {}))
