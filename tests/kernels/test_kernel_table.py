@@ -92,3 +92,18 @@ def test_every_op_is_documented():
     listed = set(re.findall(r"`([a-z_0-9]+)`", "\n".join(table)))
     assert SUPPORTED_OPS - listed == set(), "kernels missing from the doc's op list"
     assert listed - SUPPORTED_OPS == set(), "doc lists ops without kernels"
+
+
+FLOAT_UNARY = ["exp", "log", "sqrt", "reciprocal", "sin", "cos", "tanh", "sigmoid", "erf", "softplus",
+               "softsign", "mish", "swish", "gelu", "elu", "selu", "celu", "leaky_relu", "hard_sigmoid",
+               "hard_swish", "thresholded_relu", "relu", "abs", "neg", "floor", "ceil", "round"]
+
+
+@pytest.mark.parametrize("op", FLOAT_UNARY)
+def test_float16_stays_float16_and_matches_float32(op):
+    x32 = np.linspace(0.05, 4.0, 101, dtype=np.float32) * (1 if op in ("log", "sqrt") else np.tile([1, -1], 51)[:101])
+    x16 = x32.astype(np.float16)
+    y16 = KERNELS[op](x16)
+    y32 = KERNELS[op](x16.astype(np.float32))
+    assert y16.dtype == np.float16 and y16.shape == x16.shape
+    np.testing.assert_allclose(y16.astype(np.float32), y32, rtol=2e-3, atol=2e-3)
