@@ -107,3 +107,13 @@ def test_float16_stays_float16_and_matches_float32(op):
     y32 = KERNELS[op](x16.astype(np.float32))
     assert y16.dtype == np.float16 and y16.shape == x16.shape
     np.testing.assert_allclose(y16.astype(np.float32), y32, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("op, args, message", [
+    ("add", (None, np.ones(2)), r"required input\(s\) \[0\] absent"),
+    ("add", (np.ones(2),), "takes 2 required input"),
+    ("conv", (np.ones((1, 1, 3, 3)),) * 4, "up to 3 in all, got 4"),
+])
+def test_input_count_and_absent_required_inputs(op, args, message):
+    with pytest.raises(ValueError, match=message):
+        KERNELS[op](*args)

@@ -39,11 +39,15 @@ def onnx_op_to_kernel(op_type: str) -> str:
     return _CAMEL_RE.sub("_", op_type.replace("MatMul", "Matmul")).lower()
 
 
-def _attr_names(fn: Kernel) -> tuple[frozenset[str], bool]:
-    params = inspect.signature(fn).parameters.values()
+def _signature(fn: Kernel) -> tuple[frozenset[str], bool, int, float]:
+    """(attribute names, takes any attribute, required inputs, maximum inputs) of a kernel."""
+    params = list(inspect.signature(fn).parameters.values())
     names = frozenset(p.name for p in params if p.kind is p.KEYWORD_ONLY)
     open_ended = any(p.kind is p.VAR_KEYWORD for p in params)
-    return names, open_ended
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = sum(1 for p in positional if p.default is p.empty)
+    most = float("inf") if any(p.kind is p.VAR_POSITIONAL for p in params) else len(positional)
+    return names, open_ended, required, most
 
 
 def register(name: str) -> Callable[[Kernel], Kernel]:
@@ -56,14 +60,19 @@ def register(name: str) -> Callable[[Kernel], Kernel]:
     def decorate(fn: Kernel) -> Kernel:
         if name in KERNELS:
             raise ValueError(f"kernel {name!r} registered twice")
-        allowed, open_ended = _attr_names(fn)
+        allowed, open_ended, required, most = _signature(fn)
 
         @functools.wraps(fn)
         def kernel(*inputs, **attrs):
             if not open_ended and not allowed.issuperset(attrs):
-                bad = sorted(set(attrs) - allowed)
-                raise ValueError(f"op {name!r}: unsupported attribute(s) {', '.join(bad)} "
+                unknown = sorted(set(attrs) - allowed)
+                raise ValueError(f"op {name!r}: unsupported attribute(s) {', '.join(unknown)} "
                                  f"(accepted: {', '.join(sorted(allowed)) or 'none'})")
+            if len(inputs) > most or any(x is None for x in inputs[:required]) or len(inputs) < required:
+                absent = [i for i, x in enumerate(inputs[:required]) if x is None]
+                raise ValueError(f"op {name!r}: takes {required} required input(s)"
+                                 f"{'' if most == required else f' and up to {most} in all'}, got "
+                                 + (f"required input(s) {absent} absent" if absent else f"{len(inputs)}"))
             return fn(*inputs, **attrs)
 
         kernel.attrs = allowed
