@@ -59,15 +59,22 @@ def conv(x, w, b=None, *, auto_pad: str = "NOTSET", dilations=None, group: int =
 
 
 def _depthwise(win, w, n, group, mg, k, osize):
-    """Grouped conv with one input channel per group, as broadcast multiply-adds per kernel tap."""
-    # win: (N, G, O..., K...) ; w: (G*Mg, 1, K...) -> (G, Mg, K)
-    wk = w.reshape(group, mg, -1)
-    taps = win.reshape(win.shape[:2 + k] + (-1,))
-    y = np.zeros((n, group, mg, osize), dtype=w.dtype)
-    for t in range(wk.shape[2]):
-        tap = taps[..., t].reshape(n, group, 1, osize)
-        y += tap * wk[None, :, :, t, None]
-    return y
+    """Grouped conv with one input channel per group, as broadcast multiply-adds per kernel tap.
+
+    Each tap is a strided (N, G, O...) view of the window view, so every pass is a long
+    vectorised loop; ``tmp`` avoids allocating a product per tap.
+    """
+    # win: (N, G, O..., K...); w: (G*Mg, 1, K...) -> per tap a (G, Mg) column of weights
+    out_shape = win.shape[2:2 + k]
+    wk = w.reshape((group, mg) + w.shape[2:])
+    bcast = (1, group, mg) + (1,) * k
+    y = np.zeros((n, group, mg) + out_shape, dtype=w.dtype)
+    tmp = np.empty_like(y)
+    for tap in np.ndindex(*w.shape[2:]):
+        plane = win[(Ellipsis,) + tap][:, :, None]  # (N, G, 1, O...)
+        np.multiply(plane, wk[(slice(None), slice(None)) + tap].reshape(bcast), out=tmp)
+        y += tmp
+    return y.reshape(n, group, mg, osize)
 
 
 @register("conv_transpose")
