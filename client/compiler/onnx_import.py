@@ -9,6 +9,7 @@ shape and dtype, which the graph JSON and the ExampleJSON text both need.  Initi
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 
@@ -172,6 +173,14 @@ def _attr_value(attr: onnx.AttributeProto, node: str):
 
 def board_dtype(np_dtype) -> str | None:
     """TVM's dtype string for a numpy dtype the board can hold (and send), else None."""
+    try:
+        return _board_dtype(np.dtype(np_dtype))
+    except TypeError:
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def _board_dtype(np_dtype: np.dtype) -> str | None:
     try:
         name = dtype_str(np.dtype(np_dtype))
         numpy_dtype(name)

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass, field
 
@@ -169,20 +170,29 @@ def annotate(op: Op, ops: frozenset) -> str:
     return ""
 
 
-def kernel_attrs(kernel: str) -> set | None:
+@functools.lru_cache(maxsize=None)
+def kernel_attrs(kernel: str) -> frozenset | None:
     """The attribute names a kernel accepts (its keyword-only parameters), None if any."""
     params = inspect.signature(KERNELS[kernel]).parameters.values()
     if any(p.kind is p.VAR_KEYWORD for p in params):
         return None
-    return {p.name for p in params if p.kind is p.KEYWORD_ONLY}
+    return frozenset(p.name for p in params if p.kind is p.KEYWORD_ONLY)
+
+
+def _bits(mask: int):
+    while mask:
+        low = mask & -mask
+        yield low.bit_length() - 1
+        mask ^= low
 
 
 def merge_regions(ops: list[Op]) -> list[list[int]]:
-    """Group supported ops (by index) into regions without creating cycles.
+    """Group supported ops (by index, execution order) into regions without creating cycles.
 
     Ancestry is kept as bitsets: ``anc[i]`` has bit ``j`` set when op ``j`` feeds op ``i``
-    (directly or not).  Op ``i`` may join the set of ops ``S`` when no op outside ``S`` that feeds
-    a member of ``S ∪ {i}`` has an ancestor in ``S``.
+    (directly or not).  A set of ops ``S`` is a valid region when no op outside ``S`` that feeds a
+    member has an ancestor in ``S`` (that op would have to run both after and before the region).
+    Each region remembers its outside producers, so joining costs only a look at those.
     """
     producer: dict[str, int] = {o: i for i, op in enumerate(ops) for o in op.outputs if o}
     preds = [sorted({producer[t] for t in op.inputs if t in producer}) for op in ops]
@@ -190,39 +200,37 @@ def merge_regions(ops: list[Op]) -> list[list[int]]:
     for i, ps in enumerate(preds):
         for p in ps:
             anc[i] |= anc[p] | (1 << p)
-    region_of: dict[int, int] = {}
-    members: dict[int, int] = {}  # region id -> bitset of ops
+    parent: dict[int, int] = {}  # union-find over supported ops; roots are region ids
+    members: dict[int, int] = {}  # root -> bitset of ops
+    feeders: dict[int, int] = {}  # root -> bitset of outside ops feeding the region
 
-    def legal(mask: int) -> bool:
-        m = mask
-        while m:
-            low = m & -m
-            j = low.bit_length() - 1
-            m ^= low
-            for p in preds[j]:
-                if not mask >> p & 1 and anc[p] & mask:
-                    return False
-        return True
+    def find(j: int) -> int:
+        while parent[j] != j:
+            parent[j] = parent[parent[j]]
+            j = parent[j]
+        return j
 
     for i, op in enumerate(ops):
         if op.reason:
             continue
-        chosen = 1 << i
+        chosen, outside = 1 << i, sum(1 << p for p in preds[i])
+        joined = []
         for p in preds[i]:
-            r = region_of.get(p)
-            if r is None or members[r] & chosen:
+            if p not in parent:
                 continue
-            if legal(chosen | members[r]):
-                chosen |= members[r]
-        rid = i
-        members[rid] = chosen
-        for j in range(len(ops)):
-            if chosen >> j & 1:
-                old = region_of.get(j)
-                if old is not None and old != rid:
-                    members.pop(old, None)
-                region_of[j] = rid
-    return [[j for j in range(len(ops)) if mask >> j & 1] for mask in members.values()]
+            r = find(p)
+            if r in joined:
+                continue
+            mask, feed = chosen | members[r], outside | feeders[r]
+            if not any(anc[u] & mask for u in _bits(feed & ~mask)):
+                chosen, outside = mask, feed
+                joined.append(r)
+        parent[i] = i
+        for r in joined:
+            parent[r] = i
+            del members[r], feeders[r]
+        members[i], feeders[i] = chosen, outside & ~chosen
+    return [list(_bits(mask)) for mask in members.values()]
 
 
 def partition(graph: Graph, ops: frozenset, module_name: str = "default") -> Partition:
@@ -232,6 +240,10 @@ def partition(graph: Graph, ops: frozenset, module_name: str = "default") -> Par
         op.reason = annotate(op, ops)
     regions = _execution_order(merge_regions(all_ops), all_ops)
     outputs = set(graph.outputs)
+    readers: dict[str, set[int]] = {}
+    for j, op in enumerate(all_ops):
+        for t in op.inputs:
+            readers.setdefault(t, set()).add(j)
     functions = []
     for region in regions:
         inside = set(region)
@@ -244,9 +256,8 @@ def partition(graph: Graph, ops: frozenset, module_name: str = "default") -> Par
                 target = consts if t in graph.constants else inputs
                 if t not in target:
                     target.append(t)
-        readers = {t: {j for j, op in enumerate(all_ops) if t in op.inputs} for t in produced}
         outs = [o for j in region for o in all_ops[j].outputs
-                if o and (o in outputs or readers[o] - inside)]
+                if o and (o in outputs or readers.get(o, set()) - inside)]
         if not outs:
             continue  # dead code: TVM's dead-code pass drops it too
         symbol = f"tvmgen_{module_name}_{COMPILER}_main_{len(functions)}"
