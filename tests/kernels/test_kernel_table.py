@@ -117,3 +117,14 @@ def test_float16_stays_float16_and_matches_float32(op):
 def test_input_count_and_absent_required_inputs(op, args, message):
     with pytest.raises(ValueError, match=message):
         KERNELS[op](*args)
+
+
+@pytest.mark.parametrize("op, args, attrs", [
+    ("arg_max", (np.arange(3.0),), {"keepdims": 0}),
+    ("matmul", (np.ones(3), np.ones(3)), {"activation": "relu"}),
+    ("reduce_sum", (np.ones(3),), {"keepdims": 0}),
+    ("size", (np.ones((2, 3)),), {}),
+])
+def test_zero_d_results_are_arrays(op, args, attrs):
+    y = KERNELS[op](*args, **attrs)
+    assert isinstance(y, np.ndarray) and y.shape == ()

@@ -25,7 +25,7 @@ def matmul(a, b, *, activation=None, activation_attrs=None):
     if a.ndim == 0 or b.ndim == 0:
         raise bad("matmul", "inputs must have at least one dimension")
     ct = _compute_dtype(a.dtype)
-    y = np.matmul(a.astype(ct, copy=False), b.astype(ct, copy=False)).astype(a.dtype, copy=False)
+    y = np.asarray(np.matmul(a.astype(ct, copy=False), b.astype(ct, copy=False))).astype(a.dtype, copy=False)
     return apply_activation(y, activation, activation_attrs, "matmul")
 
 

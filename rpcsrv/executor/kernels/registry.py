@@ -73,7 +73,9 @@ def register(name: str) -> Callable[[Kernel], Kernel]:
                 raise ValueError(f"op {name!r}: takes {required} required input(s)"
                                  f"{'' if most == required else f' and up to {most} in all'}, got "
                                  + (f"required input(s) {absent} absent" if absent else f"{len(inputs)}"))
-            return fn(*inputs, **attrs)
+            result = fn(*inputs, **attrs)
+            # numpy reductions hand back scalars for 0-d results; callers always get arrays
+            return np.asarray(result) if isinstance(result, np.generic) else result
 
         kernel.attrs = allowed
         KERNELS[name] = kernel
