@@ -10,7 +10,9 @@ from client import CompileError, compile_onnx
 from client.cli import build_parser, main
 from client.demo_models import seed_model, small_cnn
 from compiler_helpers import chain_model
+from conftest import need_program
 from rpcsrv.cli import main as rpcsrv_main
+from rpcsrv.loader.inspect import inspect_library
 
 
 def _byoc(capsys, *argv) -> tuple[int, str, str]:
@@ -36,6 +38,21 @@ def test_compile_so_and_inspect_shows_it(tmp_path, capsys):
     for what in ("GraphExecutorFactory", "const_loader", "examplejson",
                  "tvmgen_default_examplejson_main_0_const_5", "image"):
         assert what in shown
+
+
+def test_inspect_summary_matches_the_compiled_model(tmp_path):
+    need_program("cc")
+    compiled = compile_onnx(seed_model(), ops="add,sub,mul")
+    path = compiled.export_library(tmp_path / "seed.so")
+    info = inspect_library(path)
+    assert (info["container"], info["symbol"], info["layout"]) == ("elf", "__tvm_dev_mblob", "classic")
+    mods = {m["type_key"]: m for m in info["modules"]}
+    graph = mods["GraphExecutorFactory"]["graph"]
+    assert [i["name"] for i in graph["inputs"]] == compiled.input_names
+    assert [o["func_name"] for o in graph["ops"]] == [sg.symbol for sg in compiled.subgraphs]
+    (sub,) = mods["examplejson"]["subgraphs"]
+    assert sub["name"] == compiled.subgraphs[0].symbol
+    assert sub["ops"] == {op: compiled.subgraphs[0].ops.count(op) for op in compiled.subgraphs[0].ops}
 
 
 def test_subcommands_from_other_modules_are_registered():
