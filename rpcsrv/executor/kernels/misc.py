@@ -122,3 +122,63 @@ def constant(*, value=None, value_float=None, value_floats=None, value_int=None,
     if isinstance(v, np.ndarray):
         return v
     return np.asarray(v, dtype=np.float32)
+
+
+def _along(param, x_ndim: int, axis: int, block_size: int, x_shape, op: str) -> np.ndarray:
+    """A scale/zero-point broadcast against x: scalar, per-axis (1-D) or blocked (same rank as x)."""
+    p = np.asarray(param)
+    if p.ndim == 0 or p.size == 1 and not block_size:
+        return p.reshape(())
+    a = norm_axis(axis, x_ndim, op)
+    if block_size:
+        if p.ndim != x_ndim:
+            raise bad(op, "blocked quantization needs a scale of the input's rank")
+        return np.repeat(p, block_size, axis=a)[tuple(slice(0, d) for d in x_shape)]
+    if p.ndim != 1 or p.shape[0] != x_shape[a]:
+        raise bad(op, f"per-axis parameter of shape {p.shape} does not match axis {a} of {tuple(x_shape)}")
+    shape = [1] * x_ndim
+    shape[a] = -1
+    return p.reshape(shape)
+
+
+@register("dequantize_linear")
+def dequantize_linear(x, x_scale, x_zero_point=None, *, axis: int = 1, block_size: int = 0,
+                      output_dtype: int = 0):
+    """ONNX DequantizeLinear: (x - zero_point) * scale, per tensor, per axis or per block.
+
+    The result has the scale's dtype unless ``output_dtype`` names another float type.
+    """
+    x = np.asarray(x)
+    scale = _along(x_scale, x.ndim, axis, block_size, x.shape, "dequantize_linear")
+    ct = np.float32 if np.asarray(x_scale).dtype == np.float16 else np.asarray(x_scale).dtype
+    y = x.astype(ct)
+    if x_zero_point is not None:
+        y = y - _along(x_zero_point, x.ndim, axis, block_size, x.shape, "dequantize_linear").astype(ct)
+    y = y * scale.astype(ct)
+    out = np.asarray(x_scale).dtype if not output_dtype else onnx_dtype(output_dtype, "dequantize_linear")
+    return y.astype(out, copy=False)
+
+
+@register("quantize_linear")
+def quantize_linear(x, y_scale, y_zero_point=None, *, axis: int = 1, block_size: int = 0,
+                    output_dtype: int = 0, precision: int = 0, saturate: int = 1):
+    """ONNX QuantizeLinear to 8/16-bit integers: saturate(round_half_even(x / scale) + zero_point).
+
+    The integer type is the zero point's, else ``output_dtype``, else uint8.  ``saturate`` only
+    concerns float8 targets and ``precision`` the internal float type; both are accepted and ignored
+    (we divide in float32, or float64 for float64 inputs).
+    """
+    x = np.asarray(x)
+    if y_zero_point is not None:
+        out = np.asarray(y_zero_point).dtype
+    else:
+        out = onnx_dtype(output_dtype, "quantize_linear") if output_dtype else np.dtype(np.uint8)
+    if out.kind not in "iu":
+        raise bad("quantize_linear", f"only integer targets are supported, got {out}")
+    ct = np.float64 if x.dtype == np.float64 else np.float32
+    scale = _along(y_scale, x.ndim, axis, block_size, x.shape, "quantize_linear").astype(ct)
+    q = np.rint(x.astype(ct) / scale)
+    if y_zero_point is not None:
+        q += _along(y_zero_point, x.ndim, axis, block_size, x.shape, "quantize_linear").astype(ct)
+    info = np.iinfo(out)
+    return np.clip(q, info.min, info.max).astype(out)
