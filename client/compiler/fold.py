@@ -37,23 +37,26 @@ def _static_shapes(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def attr_value(attr: onnx.AttributeProto):
+    """An ONNX attribute as a JSON-able value; None for kinds JSON cannot hold (graphs, ...).
+
+    Strings are decoded; a tensor becomes a (nested) list of its values, which loses its dtype.
+    """
+    value = helper.get_attribute_value(attr)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, onnx.TensorProto):
+        return numpy_helper.to_array(value).tolist()
+    if isinstance(value, list):
+        if value and isinstance(value[0], bytes):
+            return [v.decode("utf-8", "replace") for v in value]
+        return list(value) if all(isinstance(v, (int, float)) for v in value) else None
+    return value if isinstance(value, (int, float)) else None
+
+
 def _attrs(node: onnx.NodeProto) -> dict | None:
-    out = {}
-    for a in node.attribute:
-        v = helper.get_attribute_value(a)
-        if isinstance(v, bytes):
-            v = v.decode("utf-8", "replace")
-        elif isinstance(v, onnx.TensorProto):
-            v = numpy_helper.to_array(v).tolist()
-        elif isinstance(v, list):
-            if v and isinstance(v[0], bytes):
-                v = [x.decode("utf-8", "replace") for x in v]
-            elif v and not isinstance(v[0], (int, float)):
-                return None
-        elif not isinstance(v, (int, float, str)):
-            return None
-        out[a.name] = v
-    return out
+    values = {a.name: attr_value(a) for a in node.attribute}
+    return None if any(v is None for v in values.values()) else values
 
 
 def _shape_of(node: onnx.NodeProto, shape: tuple[int, ...]) -> np.ndarray:

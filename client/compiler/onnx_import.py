@@ -20,7 +20,7 @@ from onnx import helper, numpy_helper
 from rpcsrv.protocol.dtypes import dtype_str, numpy_dtype
 
 from .errors import CompileError
-from .fold import fold_constants
+from .fold import attr_value, fold_constants
 
 #: Default-domain opsets we accept: all that the installed ``onnx`` knows.  Kernels take an op's
 #: current attributes and inputs; a node of an old version with other attributes is reported as
@@ -154,23 +154,6 @@ def _set_input_shapes(model: onnx.ModelProto, input_shapes: dict, initializers: 
             ttype.shape.dim.add().dim_value = d
 
 
-def _attr_value(attr: onnx.AttributeProto, node: str):
-    value = helper.get_attribute_value(attr)
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    if isinstance(value, onnx.TensorProto):
-        return numpy_helper.to_array(value).tolist()
-    if isinstance(value, list):
-        if value and isinstance(value[0], bytes):
-            return [v.decode("utf-8", "replace") for v in value]
-        if value and not isinstance(value[0], (int, float)):
-            return None
-        return list(value)
-    if isinstance(value, (int, float)):
-        return value
-    return None  # graphs, sparse tensors, type protos: no JSON form
-
-
 def board_dtype(np_dtype) -> str | None:
     """TVM's dtype string for a numpy dtype the board can hold (and send), else None."""
     try:
@@ -278,16 +261,7 @@ def _to_graph(model, opset, constants, tensors, initializers) -> Graph:
         if name in names:
             name = f"{name}_{i}"
         names.add(name)
-        if n.op_type == "Constant" and n.domain in ONNX_DOMAINS:
-            try:
-                arr = numpy_helper.to_array(helper.get_attribute_value(n.attribute[0])) \
-                    if n.attribute[0].name == "value" else np.asarray(helper.get_attribute_value(n.attribute[0]))
-            except Exception as exc:
-                raise CompileError(f"Constant node {name!r} cannot be read: {exc}") from None
-            constants[n.output[0]] = arr
-            tensors[n.output[0]] = TensorInfo(tuple(arr.shape), dtype_str(arr.dtype))
-            continue
-        attrs = {a.name: _attr_value(a, name) for a in n.attribute}
+        attrs = {a.name: attr_value(a) for a in n.attribute}
         _normalize(n, attrs)
         nodes.append(Node(name, n.op_type, n.domain, list(n.input), list(n.output), attrs))
     inputs = [vi.name for vi in graph.input if vi.name not in initializers]
