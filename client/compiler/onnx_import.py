@@ -120,6 +120,19 @@ def parse_shape(text: str) -> tuple[int, ...]:
     return dims
 
 
+def _shape_arg(name: str, value) -> tuple[int, ...]:
+    """A shape from the API: ``"1x3x8x8"`` or a sequence of non-negative ints."""
+    if isinstance(value, str):
+        return parse_shape(value)
+    try:
+        dims = tuple(int(d) for d in value)
+    except (TypeError, ValueError):
+        raise CompileError(f"input {name!r}: shape {value!r} is not a sequence of integers") from None
+    if any(d < 0 for d in dims):
+        raise CompileError(f"input {name!r}: shape {value!r} has negative dimensions")
+    return dims
+
+
 def _set_input_shapes(model: onnx.ModelProto, input_shapes: dict, initializers: set) -> None:
     """Write concrete shapes into the graph inputs; refuse dynamic dims nobody gave."""
     graph_inputs = {vi.name: vi for vi in model.graph.input if vi.name not in initializers}
@@ -132,7 +145,7 @@ def _set_input_shapes(model: onnx.ModelProto, input_shapes: dict, initializers: 
         if not vi.type.HasField("tensor_type"):
             raise CompileError(f"model input {name!r} is not a tensor (sequences and maps are not supported)")
         if name in input_shapes:
-            shape = tuple(input_shapes[name])
+            shape = _shape_arg(name, input_shapes[name])
             given = [d.dim_value if d.HasField("dim_value") else None for d in ttype.shape.dim]
             if ttype.HasField("shape") and (len(given) != len(shape) or any(
                     g is not None and g != s for g, s in zip(given, shape))):
@@ -143,10 +156,13 @@ def _set_input_shapes(model: onnx.ModelProto, input_shapes: dict, initializers: 
             dims = ttype.shape.dim
             missing = not ttype.HasField("shape") or any(not d.HasField("dim_value") for d in dims)
             if missing:
+                known = ttype.HasField("shape")
                 shown = "x".join(d.dim_param or (str(d.dim_value) if d.HasField("dim_value") else "?")
-                                 for d in dims) if ttype.HasField("shape") else "unknown rank"
+                                 for d in dims) if known else "unknown rank"
+                example = "x".join(str(d.dim_value) if d.HasField("dim_value") else "1" for d in dims) \
+                    if known else "1x3x224x224"
                 raise CompileError(f"input {name!r} has a dynamic shape ({shown}); give a concrete one, "
-                                   f"e.g. --input-shape {name}=1x3x224x224")
+                                   f"e.g. --input-shape {name}={example}")
             continue
         ttype.ClearField("shape")
         ttype.shape.SetInParent()

@@ -106,7 +106,7 @@ def _dynamic_model() -> onnx.ModelProto:
 def test_missing_input_shape_asks_for_it(tmp_path, capsys):
     onnx.save(_dynamic_model(), tmp_path / "d.onnx")
     err = _user_error(capsys, "compile", tmp_path / "d.onnx", "-o", tmp_path / "d.blob")
-    assert "input 'x' has a dynamic shape (Nx3)" in err and "--input-shape x=" in err
+    assert "input 'x' has a dynamic shape (Nx3)" in err and "--input-shape x=1x3" in err
     rc, _, _ = _byoc(capsys, "compile", tmp_path / "d.onnx", "-o", tmp_path / "d.blob",
                      "--input-shape", "x=2x3")
     assert rc == 0
@@ -122,6 +122,13 @@ def test_bad_input_shapes(tmp_path, capsys, arg, expect):
     onnx.save(_dynamic_model(), tmp_path / "d.onnx")
     err = _user_error(capsys, "compile", tmp_path / "d.onnx", "-o", tmp_path / "d.blob", "--input-shape", arg)
     assert expect in err
+
+
+def test_input_shapes_through_the_api():
+    assert compile_onnx(_dynamic_model(), input_shapes={"x": "4x3"}).graph.tensors["y"].shape == (4, 3)
+    assert compile_onnx(_dynamic_model(), input_shapes={"x": [2, 3]}).graph.tensors["y"].shape == (2, 3)
+    with pytest.raises(CompileError, match="not a sequence of integers"):
+        compile_onnx(_dynamic_model(), input_shapes={"x": ["a", 3]})
 
 
 def test_unknown_op_in_ops(tmp_path, capsys):
