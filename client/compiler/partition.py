@@ -1,9 +1,9 @@
 """BYOC partitioning, the way TVM's Relay passes do it, on the ONNX graph IR.
 
 1. **Merge composites** (TVM's ``MergeComposite``): a pattern table, tried in order, fuses chains
-   such as Conv → Relu (``examplejson.conv2d_bias_relu``) or MatMul → Add(bias) (``dense_bias``)
-   into one op whose kernel applies the activation (``"activation": "relu"``).  A chain only fuses
-   when the inner tensors are used by nothing else.
+   such as Conv(+Add bias) → Relu (``examplejson.conv2d_bias_relu``) or MatMul → Add(bias)
+   (``dense_bias``, a Gemm) into one op whose kernel applies the activation
+   (``"activation": "relu"``).  A chain only fuses when the inner tensors are used by nothing else.
 2. **Annotate** (``AnnotateTarget``): each op is supported when its kernel is in the chosen op set
    (the board's kernel table, optionally restricted with ``--ops``) and its attributes are ones the
    kernel knows; otherwise the reason is kept for the error message.
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from rpcsrv.executor.kernels import KERNELS, onnx_op_to_kernel
 
-from .onnx_import import ONNX_DOMAINS, Graph, Node
+from .onnx_import import ONNX_DOMAINS, Graph, Node, TensorInfo
 
 COMPILER = "examplejson"
 
@@ -111,8 +111,35 @@ def _dense_bias(mm: Node, add: Node, graph: Graph) -> list[str] | None:
     return [mm.inputs[0], mm.inputs[1], bias[0]]
 
 
+def _conv_bias(conv: Node, add: Node, graph: Graph) -> list[str] | None:
+    """Conv inputs for Conv(X, W) → Add(per-channel constant), as PyTorch exports often write it.
+
+    The constant must broadcast as ``(1, C, 1, ...)`` over the output; it is added to the graph's
+    constants reshaped to ``(C,)``, the layout of Conv's bias input.
+    """
+    if len(conv.inputs) > 2 and conv.inputs[2] or len(add.inputs) != 2:
+        return None
+    other = [i for i in add.inputs if i != conv.outputs[0]]
+    out, w = graph.tensors.get(conv.outputs[0]), graph.tensors.get(conv.inputs[1])
+    if len(other) != 1 or other[0] not in graph.constants or out is None or w is None:
+        return None
+    bias = graph.constants[other[0]]
+    channels = w.shape[0]
+    padded = (1,) * (len(out.shape) - bias.ndim) + tuple(bias.shape)
+    if bias.ndim > len(out.shape) or bias.dtype.name != out.dtype or \
+            padded != (1, channels) + (1,) * (len(out.shape) - 2):
+        return None
+    name = f"{other[0]}__conv_bias"
+    graph.constants[name] = bias.reshape(channels)
+    graph.tensors[name] = TensorInfo((channels,), out.dtype)
+    return [conv.inputs[0], conv.inputs[1], name]
+
+
 def merge_composites(graph: Graph, ops: frozenset) -> list[Op]:
-    """Apply the pattern table; returns the ops in execution order."""
+    """Apply the pattern table; returns the ops in execution order.
+
+    (A fused Conv → Add(bias) adds the reshaped bias to ``graph.constants``.)
+    """
     uses = _consumers(graph)
     consumer_of: dict[str, list[Node]] = {}
     for n in graph.nodes:
@@ -138,9 +165,16 @@ def merge_composites(graph: Graph, ops: frozenset) -> list[Op]:
                         [node, nxt], f"{COMPILER}.dense_bias", requires={"matmul", "add"})
                 done.add(id(nxt))
                 nxt = next_node(nxt)
+        if node.op_type == "Conv" and nxt is not None and nxt.op_type == "Add" and {"conv", "add"} <= ops:
+            conv_inputs = _conv_bias(node, nxt, graph)
+            if conv_inputs is not None:
+                op = Op(f"{node.name}+{nxt.name}", "conv", conv_inputs, list(nxt.outputs), dict(node.attrs),
+                        [node, nxt], f"{COMPILER}.conv2d_bias", requires={"conv", "add"})
+                done.add(id(nxt))
+                nxt = next_node(nxt)
         if node.op_type in ("Conv", "Gemm", "MatMul") and nxt is not None \
                 and _can_fuse_activation(op.kernel, nxt, ops) and op.requires <= ops:
-            base = {"Conv": "conv2d_bias" if len(node.inputs) > 2 and node.inputs[2] else "conv2d",
+            base = {"Conv": "conv2d_bias" if op.pattern or len(node.inputs) > 2 and node.inputs[2] else "conv2d",
                     "Gemm": "dense_bias", "MatMul": "dense_bias" if op.pattern else "dense"}
             op = Op(f"{op.name}+{nxt.name}", op.kernel, op.inputs, list(nxt.outputs),
                     {**op.attrs, "activation": "relu"}, op.nodes + [nxt],

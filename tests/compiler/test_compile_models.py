@@ -68,6 +68,27 @@ def test_no_fusion_when_the_inner_tensor_is_used_elsewhere(tmp_path):
     np.testing.assert_allclose(run_compiled(compiled, feed, tmp_path)[0], reference(model, feed)[0], rtol=1e-5)
 
 
+def test_conv_then_add_bias_then_relu_fuses(tmp_path):
+    need_module("onnxruntime")
+    rng = np.random.default_rng(3)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("Add", ["c", "b"], ["cb"], name="bias"),
+             helper.make_node("Relu", ["cb"], ["out"], name="relu")]
+    model = make_model(nodes, [("x", [1, 2, 5, 5])], [("out", [1, 4, 5, 5])],
+                       {"w": rng.standard_normal((4, 2, 3, 3)).astype("float32"),
+                        "b": rng.standard_normal((4, 1, 1)).astype("float32")})
+    compiled = compile_onnx(model)
+    (sg,) = compiled.subgraphs
+    assert sg.ops == ["conv"] and sg.patterns == ["examplejson.conv2d_bias_relu"]
+    assert [a.shape for a in sg.constants.values()] == [(4, 2, 3, 3), (4,)]
+    feed = _inputs(model)
+    np.testing.assert_allclose(run_compiled(compiled, feed, tmp_path)[0], reference(model, feed)[0],
+                               rtol=1e-5, atol=1e-6)
+    # a bias that is not per channel stays a separate add
+    model.graph.initializer[1].CopyFrom(onnx.numpy_helper.from_array(np.ones((1, 5), "float32"), "b"))
+    assert compile_onnx(model).subgraphs[0].ops == ["conv", "add", "relu"]
+
+
 def test_partial_ops_give_several_subgraphs_and_the_error():
     with pytest.raises(UnsupportedNodesError) as info:
         compile_onnx(chain_model(), ops=["add", "mul"])
