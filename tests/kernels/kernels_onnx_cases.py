@@ -18,19 +18,26 @@ NUMPY_TYPES = set(ONNX_DTYPES.values())
 
 
 @functools.lru_cache(maxsize=1)
-def single_node_cases() -> list:
-    """All conformance cases whose graph is one node of an op in our table."""
+def _all_cases() -> list:
     from onnx.backend.test.case.node import collect_testcases
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        cases = collect_testcases(None)
-    out = []
-    for case in cases:
-        nodes = case.model.graph.node
-        if len(nodes) == 1 and nodes[0].domain in ("", "ai.onnx") and onnx_op_to_kernel(nodes[0].op_type) in KERNELS:
-            out.append(case)
-    return sorted(out, key=lambda c: c.name)
+        return sorted(collect_testcases(None), key=lambda c: c.name)
+
+
+def _ours(node) -> bool:
+    return node.domain in ("", "ai.onnx") and onnx_op_to_kernel(node.op_type) in KERNELS
+
+
+def single_node_cases() -> list:
+    """All conformance cases whose graph is one node of an op in our table."""
+    return [c for c in _all_cases() if len(c.model.graph.node) == 1 and _ours(c.model.graph.node[0])]
+
+
+def graph_cases() -> list:
+    """Multi-node cases (mostly ONNX functions "expanded" into primitive ops) made only of our ops."""
+    return [c for c in _all_cases() if len(c.model.graph.node) > 1 and all(map(_ours, c.model.graph.node))]
 
 
 def attribute_value(attr):
@@ -65,29 +72,36 @@ def as_array(value) -> np.ndarray:
     return np.asarray(value)
 
 
-def run_case(case) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Run every data set of ``case``; returns (got, expected) pairs for each output of each set."""
-    graph = case.model.graph
-    node = graph.node[0]
+def run_node(node, env: dict) -> None:
+    """Run one ONNX node through the kernel table, reading and writing tensors in ``env`` by name."""
     kernel = KERNELS[onnx_op_to_kernel(node.op_type)]
     attrs = {a.name: attribute_value(a) for a in node.attribute}
-    outputs = [name for name in node.output if name]
-    if node.op_type == "Split" and "split" not in attrs and "num_outputs" not in attrs and \
-            (len(node.input) < 2 or not node.input[1]):
-        attrs["num_outputs"] = len(outputs)  # ONNX infers it from the outputs; the compiler passes it
-    graph_inputs = [vi.name for vi in graph.input]
+    args = [env[name] if name else None for name in node.input]
+    while args and args[-1] is None:
+        args.pop()
+    if node.op_type == "Split" and "split" not in attrs and "num_outputs" not in attrs and len(args) < 2:
+        attrs["num_outputs"] = len(node.output)  # ONNX infers it from the outputs; the compiler passes it
+    before = [None if a is None else a.copy() for a in args]
+    result = kernel(*args, **attrs)
+    for a, b in zip(args, before):  # kernels are pure: inputs come back untouched
+        if a is not None and not np.array_equal(a, b, equal_nan=a.dtype.kind == "f"):
+            raise AssertionError(f"{node.op_type} wrote into one of its inputs")
+    results = result if isinstance(result, tuple) else (result,)
+    wanted = [name for name in node.output if name]
+    if len(results) < len(wanted):
+        raise AssertionError(f"{node.op_type} gave {len(results)} outputs, the node has {len(wanted)}")
+    for name, value in zip(node.output, results):
+        if name:
+            env[name] = np.asarray(value)
+
+
+def run_case(case) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Run every data set of ``case``; returns (got, expected) pairs for each graph output of each set."""
+    graph = case.model.graph
     pairs = []
     for inputs, expected in case.data_sets:
-        feed = dict(zip(graph_inputs, [as_array(v) for v in inputs]))
-        args = [feed.get(name) if name else None for name in node.input]
-        while args and args[-1] is None:
-            args.pop()
-        before = [None if a is None else a.copy() for a in args]
-        result = kernel(*args, **attrs)
-        for a, b in zip(args, before):  # kernels are pure: inputs come back untouched
-            if a is not None and not np.array_equal(a, b, equal_nan=a.dtype.kind == "f"):
-                raise AssertionError(f"{node.op_type} wrote into one of its inputs")
-        results = result if isinstance(result, tuple) else (result,)
-        for k in range(len(outputs)):
-            pairs.append((np.asarray(results[k]), as_array(expected[k])))
+        env = {vi.name: as_array(v) for vi, v in zip(graph.input, inputs)}
+        for node in graph.node:
+            run_node(node, env)
+        pairs.extend((env[vi.name], as_array(want)) for vi, want in zip(graph.output, expected))
     return pairs

@@ -98,7 +98,8 @@ def _softmax_parts(x, axis, op):
     a = norm_axis(axis, x.ndim, op)
     ct = np.float32 if x.dtype == np.float16 else x.dtype
     xc = x.astype(ct, copy=False)
-    shifted = xc - np.max(xc, axis=a, keepdims=True)
+    with np.errstate(invalid="ignore"):  # an all -inf row gives NaN, as in ONNX
+        shifted = xc - np.max(xc, axis=a, keepdims=True)
     return x, a, shifted
 
 

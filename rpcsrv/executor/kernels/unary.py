@@ -20,9 +20,10 @@ def _float_op(name: str, fn, doc: str):
         x = np.asarray(x)
         if x.dtype.kind != "f":
             raise bad(name, f"needs a floating-point input, got {x.dtype}")
-        if x.dtype == np.float16:
-            return fn(x.astype(np.float32)).astype(np.float16)
-        return fn(x).astype(x.dtype, copy=False)
+        with np.errstate(divide="ignore", invalid="ignore"):  # log(0) = -inf, sqrt(-1) = nan, as in ONNX
+            if x.dtype == np.float16:
+                return fn(x.astype(np.float32)).astype(np.float16)
+            return fn(x).astype(x.dtype, copy=False)
 
     kernel.__doc__ = doc
     return kernel
