@@ -46,6 +46,10 @@ def run_compile(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(f"wrote {path} ({os.path.getsize(path)} bytes, {args.layout} layout)")
         print(compiled.summary())
+    if args.verbose:
+        for sg in compiled.subgraphs:
+            print(f"\n# ExampleJSON of {sg.symbol}\n{sg.code}", end="")
+        print(f"\n# graph JSON\n{compiled.graph_json}")
     return 0
 
 
@@ -66,6 +70,8 @@ def add_compile_parser(sub) -> None:
                    help="blob layout: TVM's classic one or tvm-ffi's (default classic)")
     p.add_argument("--cc", help="C compiler for .so/.tar, e.g. arm-linux-gnueabihf-gcc (default: cc)")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="also print each subgraph's ExampleJSON text and the graph JSON")
     p.set_defaults(func=run_compile)
 
 

@@ -33,6 +33,9 @@ def test_compile_so_and_inspect_shows_it(tmp_path, capsys):
     onnx.save(small_cnn(), src)
     rc, out, _ = _byoc(capsys, "compile", src, "-o", tmp_path / "cnn.blob")
     assert rc == 0 and "wrote" in out and "tvmgen_default_examplejson_main_0" in out
+    rc, out, _ = _byoc(capsys, "compile", src, "-o", tmp_path / "cnn2.blob", "-q", "-v")
+    assert rc == 0 and out.startswith("\n# ExampleJSON of tvmgen_default_examplejson_main_0\n")
+    assert '"func_name": "tvmgen_default_examplejson_main_0"' in out
     assert rpcsrv_main(["inspect", str(tmp_path / "cnn.blob")]) == 0
     shown = capsys.readouterr().out
     for what in ("GraphExecutorFactory", "const_loader", "examplejson",
