@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import functools
+import heapq
 import inspect
 from dataclasses import dataclass, field
 
@@ -300,15 +301,25 @@ def partition(graph: Graph, ops: frozenset, module_name: str = "default") -> Par
 
 
 def _execution_order(regions: list[list[int]], ops: list[Op]) -> list[list[int]]:
-    """Regions topologically sorted (ties: the region whose first op comes first)."""
+    """Regions topologically sorted (Kahn's algorithm; ties: the region whose first op is first)."""
     where = {j: r for r, region in enumerate(regions) for j in region}
     producer = {o: i for i, op in enumerate(ops) for o in op.outputs if o}
-    deps = [{where[producer[t]] for j in region for t in ops[j].inputs
-             if t in producer and producer[t] in where} - {r} for r, region in enumerate(regions)]
-    order, placed = [], set()
-    while len(order) < len(regions):
-        ready = [r for r in range(len(regions)) if r not in placed and deps[r] <= placed]
-        r = min(ready, key=lambda r: regions[r][0])
+    users: list[set[int]] = [set() for _ in regions]
+    waiting = [0] * len(regions)
+    for r, region in enumerate(regions):
+        deps = {where[producer[t]] for j in region for t in ops[j].inputs
+                if t in producer and producer[t] in where} - {r}
+        waiting[r] = len(deps)
+        for d in deps:
+            users[d].add(r)
+    ready = [(region[0], r) for r, region in enumerate(regions) if not waiting[r]]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, r = heapq.heappop(ready)
         order.append(regions[r])
-        placed.add(r)
+        for u in users[r]:
+            waiting[u] -= 1
+            if not waiting[u]:
+                heapq.heappush(ready, (regions[u][0], u))
     return order
