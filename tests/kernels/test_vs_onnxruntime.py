@@ -168,3 +168,27 @@ def test_transformer_and_misc_ops(op, inputs, attrs):
     want = ort_run(op, args, attrs, n_out)[0]
     tol = 1e-2 if got.dtype == np.float16 else 1e-5
     assert_close(got, want, rtol=tol, atol=tol)
+
+
+def test_quantized_conv_and_matmul_per_channel():
+    rng = np.random.default_rng(7)
+    x = rng.integers(0, 255, (1, 4, 7, 6), dtype=np.uint8)
+    # small weights: ORT's u8s8 kernels on AVX2 saturate pairwise int16 sums of large products
+    w = rng.integers(-60, 60, (6, 4, 3, 3), dtype=np.int8)
+    args = [x, np.array(0.02, np.float32), np.array(128, np.uint8),
+            w, (rng.random(6) * 0.01 + 0.001).astype(np.float32), np.zeros(6, np.int8),
+            np.array(0.15, np.float32), np.array(120, np.uint8), rng.integers(-500, 500, 6).astype(np.int32)]
+    attrs = {"pads": [1, 0, 1, 2], "strides": [2, 1]}
+    got = KERNELS["q_linear_conv"](*args, **attrs)
+    want = ort_run("QLinearConv", args, attrs)[0]
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert np.abs(got.astype(int) - want.astype(int)).max() <= 1  # ORT may requantize in float32
+    a = rng.integers(-128, 127, (5, 9), dtype=np.int8)
+    b = rng.integers(-128, 127, (9, 3), dtype=np.int8)
+    margs = [a, np.array(0.05, np.float32), np.array(3, np.int8), b, np.array(0.03, np.float32),
+             np.array(-2, np.int8), np.array(0.4, np.float32), np.array(5, np.int8)]
+    got = KERNELS["q_linear_matmul"](*margs)
+    want = ort_run("QLinearMatMul", margs, {})[0]
+    assert got.dtype == want.dtype and np.abs(got.astype(int) - want.astype(int)).max() <= 1
+    got = KERNELS["matmul_integer"](a, b, np.array(3, np.int8), np.array(-2, np.int8))
+    assert_close(got, ort_run("MatMulInteger", [a, b, np.array(3, np.int8), np.array(-2, np.int8)], {})[0])

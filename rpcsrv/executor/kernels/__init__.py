@@ -8,7 +8,7 @@ here; docs/examplejson.md ("Ops") lists what each op accepts.
 from __future__ import annotations
 
 # each module registers its kernels on import
-from . import binary, conv, linalg, misc, norm, pool, reduce, resize, shape, unary  # noqa: F401
+from . import binary, conv, linalg, misc, norm, pool, quant, reduce, resize, shape, unary  # noqa: F401
 from .registry import KERNELS, Kernel, onnx_op_to_kernel, register
 
 SUPPORTED_OPS: frozenset[str] = frozenset(KERNELS)
