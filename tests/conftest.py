@@ -61,14 +61,23 @@ class ServerProcess:
         cmd = [sys.executable, "-m", "rpcsrv", "serve", "--port", "0", *args]
         if workdir is not None:
             cmd += ["--workdir", str(workdir)]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        import tempfile
+
+        # the log goes to a file: a pipe nobody reads would block the server once it fills
+        self.log = tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True)
         line = self.proc.stdout.readline()
         m = re.search(r":(\d+)", line)
         if not m:
             self.proc.kill()
-            raise RuntimeError(f"rpcsrv did not start: {line!r} {self.proc.stderr.read()}")
+            raise RuntimeError(f"rpcsrv did not start: {line!r} {self.stderr()}")
         self.port = int(m.group(1))
         self.host = "127.0.0.1"
+
+    def stderr(self) -> str:
+        """What the server logged so far."""
+        self.log.seek(0)
+        return self.log.read()
 
     def alive(self) -> bool:
         return self.proc.poll() is None

@@ -17,6 +17,7 @@ bound as constants (TVM's ``bind_params`` step), which is recorded in the result
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 import time
@@ -59,6 +60,7 @@ def run_in_process(path: str, inputs: dict, num_outputs: int) -> list:
     return [np.array(gmod.get_function("get_output")(i)) for i in range(num_outputs)]
 
 
+@functools.lru_cache(maxsize=1)
 def node_cases() -> list:
     """The ONNX backend's node test cases, generated in memory by the ``onnx`` wheel
     (``onnx.backend.test.case.node.collect_testcases``: ``name``, ``model``, ``data_sets``,
@@ -117,6 +119,15 @@ def _compare(got, want, rtol: float = RTOL, atol: float = ATOL) -> str:
     return ""
 
 
+def _reason(exc: Exception) -> str:
+    """One line saying why: the server's own error rather than the RPC client's wrapping of it."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    lines = [ln for ln in lines if not ln.rstrip(":").endswith("Error caught from RPC call")] or [""]
+    kind = type(exc).__name__
+    line = lines[0]
+    return line if line.startswith(kind + ":") or (kind == "RPCError" and ": " in line) else f"{kind}: {line}"
+
+
 def run_case(case, runner: Runner = run_in_process, tmp: str | None = None) -> CaseResult:
     """Compile, export and run one case with every test data set; never raises."""
     start = time.perf_counter()
@@ -147,7 +158,7 @@ def run_case(case, runner: Runner = run_in_process, tmp: str | None = None) -> C
     except CompileError as exc:
         result.reason = f"compile: {str(exc).splitlines()[0]}"
     except Exception as exc:  # a runner or kernel failure is this case's result
-        result.reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        result.reason = _reason(exc)
     result.seconds = time.perf_counter() - start
     return result
 
@@ -218,16 +229,27 @@ def report(results: list[CaseResult]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m client.compiler.conformance [--ops add,sub]``: run the cases, print the table."""
+    """``python -m client.compiler.conformance [--ops add,sub] [--rpc HOST:PORT [--client tvm]]``:
+    run the cases (in process, or on an ``rpcsrv serve`` board through an RPC client), print the table."""
     import argparse
     import warnings
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", help="restrict to these kernels (default: the whole table)")
+    parser.add_argument("--rpc", metavar="HOST:PORT", help="run on this rpcsrv board instead of in process")
+    parser.add_argument("--client", choices=("ours", "tvm"), default="ours",
+                        help="RPC client for --rpc: client.rpc (default) or the real TVM client")
+    parser.add_argument("--key", default="", help="device key for --rpc")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")
     cases, skipped = select_cases(args.ops.split(",") if args.ops else None)
-    results = [run_case(c) for c in cases]
+    runner: Runner = run_in_process
+    if args.rpc:
+        from .conformance_rpc import RUNNERS
+
+        host, _, port = args.rpc.rpartition(":")
+        runner = RUNNERS[args.client](host or "127.0.0.1", int(port), args.key)
+    results = [run_case(c, runner) for c in cases]
     print(report(results))
     kinds: dict[str, int] = {}
     for why in skipped.values():

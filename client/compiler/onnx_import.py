@@ -295,6 +295,13 @@ def _normalize(node: onnx.NodeProto, attrs: dict) -> None:
     if node.op_type == "Split" and "split" not in attrs and "num_outputs" not in attrs \
             and (len(node.input) < 2 or not node.input[1]):
         attrs["num_outputs"] = len(node.output)  # before opset 18: equal parts, one per output
+    if node.op_type == "MaxPool" and len(node.output) > 1 and node.output[1]:
+        attrs["return_indices"] = 1  # the optional Indices output is used
+    if node.op_type == "ConstantOfShape":
+        for a in node.attribute:
+            if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+                # JSON keeps the fill number but not its element type: say it beside the value
+                attrs["dtype"] = str(helper.tensor_dtype_to_np_dtype(a.t.data_type))
 
 
 def _check_names(graph: onnx.GraphProto, initializers: set) -> None:

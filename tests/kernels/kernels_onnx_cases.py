@@ -81,6 +81,8 @@ def run_node(node, env: dict) -> None:
         args.pop()
     if node.op_type == "Split" and "split" not in attrs and "num_outputs" not in attrs and len(args) < 2:
         attrs["num_outputs"] = len(node.output)  # ONNX infers it from the outputs; the compiler passes it
+    if node.op_type == "MaxPool" and len(node.output) > 1 and node.output[1]:
+        attrs["return_indices"] = 1  # as the compiler does when Indices is used
     before = [None if a is None else a.copy() for a in args]
     result = kernel(*args, **attrs)
     for a, b in zip(args, before):  # kernels are pure: inputs come back untouched

@@ -21,8 +21,6 @@ SKIP = {
     "test_training_dropout_default": "Dropout in training mode draws random masks",
     "test_training_dropout_default_mask": "Dropout in training mode draws random masks",
     "test_training_dropout_mask": "Dropout in training mode draws random masks",
-    "test_maxpool_with_argmax_2d_precomputed_pads": "MaxPool's optional Indices output is not provided",
-    "test_maxpool_with_argmax_2d_precomputed_strides": "MaxPool's optional Indices output is not provided",
     "test_resize_downsample_scales_cubic_antialias": "Resize antialias=1 is not supported",
     "test_resize_downsample_scales_linear_antialias": "Resize antialias=1 is not supported",
     "test_resize_downsample_sizes_cubic_antialias": "Resize antialias=1 is not supported",

@@ -192,3 +192,19 @@ def test_quantized_conv_and_matmul_per_channel():
     assert got.dtype == want.dtype and np.abs(got.astype(int) - want.astype(int)).max() <= 1
     got = KERNELS["matmul_integer"](a, b, np.array(3, np.int8), np.array(-2, np.int8))
     assert_close(got, ort_run("MatMulInteger", [a, b, np.array(3, np.int8), np.array(-2, np.int8)], {})[0])
+
+
+@pytest.mark.parametrize("xs, attrs", [
+    ((1, 3, 9, 9), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ((2, 2, 7, 5), {"kernel_shape": [2, 3], "storage_order": 1, "ceil_mode": 1, "strides": [2, 2]}),
+    ((2, 3, 11), {"kernel_shape": [3], "dilations": [2], "pads": [2, 1]}),
+])
+def test_max_pool_indices(xs, attrs):
+    """MaxPool's optional Indices output (flat index into x; column-major spatial with storage_order=1)."""
+    from rpcsrv.executor.kernels import KERNELS
+
+    x = np.random.default_rng(5).integers(-3, 4, xs).astype(np.float32)  # small ints: many ties
+    want_y, want_i = ort_run("MaxPool", [x], attrs, n_outputs=2)
+    got_y, got_i = KERNELS["max_pool"](x, return_indices=1, **attrs)
+    assert_close(got_y, want_y)
+    np.testing.assert_array_equal(got_i, want_i)

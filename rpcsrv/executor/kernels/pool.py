@@ -35,15 +35,35 @@ def _lowest(dtype: np.dtype):
 
 @register("max_pool")
 def max_pool(x, *, auto_pad: str = "NOTSET", ceil_mode: int = 0, dilations=None, kernel_shape=None,
-             pads=None, storage_order: int = 0, strides=None):
-    """ONNX MaxPool, output ``Y`` only (the optional ``Indices`` output is not provided).
-
-    ``storage_order`` only affects ``Indices`` and is accepted and ignored.
+             pads=None, storage_order: int = 0, strides=None, return_indices: int = 0):
+    """ONNX MaxPool.  With ``return_indices=1`` (an rpcsrv attribute the compiler sets when the
+    node's optional ``Indices`` output is used) it returns ``(Y, Indices)``: for each maximum the
+    flat index into ``x`` (first maximum on ties; spatial part column-major if ``storage_order=1``).
     """
     x, k, kernel, strides, dilations, begin, end, out = _geometry(
         "max_pool", x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     xp = pad_spatial(x, begin, end, _lowest(x.dtype))
-    return _reduce_taps(np.maximum, windows(xp, kernel, strides, dilations, out), k)
+    if not return_indices:
+        return _reduce_taps(np.maximum, windows(xp, kernel, strides, dilations, out), k)
+    ip = pad_spatial(_flat_indices(x.shape, storage_order), begin, end, -1)
+    win, iwin = windows(xp, kernel, strides, dilations, out), windows(ip, kernel, strides, dilations, out)
+    taps = np.ndindex(*kernel)
+    first = (Ellipsis,) + next(taps)
+    best, arg = np.array(win[first]), np.array(iwin[first])
+    for tap in taps:
+        tap = (Ellipsis,) + tap
+        better = win[tap] > best
+        np.copyto(best, win[tap], where=better)
+        np.copyto(arg, iwin[tap], where=better)
+    return best, arg
+
+
+def _flat_indices(shape, storage_order: int) -> np.ndarray:
+    """Each element's flat index in an (N, C, spatial...) tensor; spatial part in C or Fortran order."""
+    spatial = int(np.prod(shape[2:], dtype=np.int64))
+    inner = np.arange(spatial, dtype=np.int64).reshape(shape[2:], order="F" if storage_order else "C")
+    outer = np.arange(shape[0] * shape[1], dtype=np.int64).reshape(shape[:2] + (1,) * (len(shape) - 2))
+    return outer * spatial + inner
 
 
 def _reduce_taps(ufunc, win: np.ndarray, k: int) -> np.ndarray:

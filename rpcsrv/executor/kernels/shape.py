@@ -228,12 +228,18 @@ def size(data):
 
 
 @register("constant_of_shape")
-def constant_of_shape(shape, *, value=None):
-    """ONNX ConstantOfShape: ``value`` is a one-element tensor (or a JSON number; default float 0)."""
+def constant_of_shape(shape, *, value=None, dtype=None):
+    """ONNX ConstantOfShape: ``value`` is a one-element tensor (or a JSON number; default float 0);
+    ``dtype`` (an rpcsrv attribute: JSON numbers carry no element type) names the fill's type."""
     fill = np.zeros(1, np.float32) if value is None else np.asarray(value).reshape(-1)
     if fill.size != 1:
         raise bad("constant_of_shape", "value must have exactly one element")
-    if fill.dtype == np.float64 and not isinstance(value, np.ndarray):
+    if dtype is not None:
+        try:
+            fill = fill.astype(np.dtype(dtype))
+        except TypeError:
+            raise bad("constant_of_shape", f"unknown dtype {dtype!r}") from None
+    elif fill.dtype == np.float64 and not isinstance(value, np.ndarray):
         fill = fill.astype(np.float32)  # a bare JSON number means ONNX's float default
     return np.full(ints(shape, "constant_of_shape", "shape"), fill[0], dtype=fill.dtype)
 
