@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -24,10 +25,18 @@ def _serve(args: argparse.Namespace) -> int:
     )
 
     async def main() -> None:
-        async with trio.open_nursery() as nursery:
-            port = await nursery.start(serve, cfg)
-            print(f"rpcsrv: serving on {cfg.host}:{port}" + (f" with key {cfg.key!r}" if cfg.key else ""),
-                  flush=True)
+        # SIGTERM (docker stop, systemd) and SIGINT stop the server the same clean way: sessions are
+        # cancelled and their workspaces removed.  SIGINT is listened for explicitly because a shell
+        # without job control starts background commands with it ignored.
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as nursery:
+                port = await nursery.start(serve, cfg)
+                print(f"rpcsrv: serving on {cfg.host}:{port}" + (f" with key {cfg.key!r}" if cfg.key else ""),
+                      flush=True)
+                async for _ in signals:
+                    nursery.cancel_scope.cancel()
+                    break
+        print("rpcsrv: stopped", file=sys.stderr)
 
     try:
         trio.run(main)

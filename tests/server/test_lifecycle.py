@@ -13,14 +13,25 @@ from client import rpc
 from conftest import ServerProcess
 
 
-def test_ctrl_c_shuts_down_cleanly_and_removes_workspaces(tmp_path):
-    srv = ServerProcess(workdir=tmp_path)
+@pytest.mark.parametrize("sig, ignored_by_parent", [
+    (signal.SIGINT, False),   # Ctrl-C
+    (signal.SIGTERM, False),  # docker stop, systemd, kill
+    (signal.SIGINT, True),    # `rpcsrv serve &` in a shell without job control starts with SIGINT ignored
+])
+def test_signals_shut_down_cleanly_and_remove_workspaces(tmp_path, sig, ignored_by_parent):
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if ignored_by_parent else None
+    try:
+        srv = ServerProcess(workdir=tmp_path)  # the child inherits the ignored SIGINT
+    finally:
+        if ignored_by_parent:
+            signal.signal(signal.SIGINT, previous)
     s = rpc.connect(srv.host, srv.port)
     s.upload(b"data", "f.bin")
     assert len(list(tmp_path.iterdir())) == 1  # the session's workspace
-    srv.proc.send_signal(signal.SIGINT)
+    srv.proc.send_signal(sig)
     assert srv.proc.wait(15) == 0
     assert list(tmp_path.iterdir()) == []
+    assert "rpcsrv: stopped" in srv.stderr()
 
 
 def test_session_end_removes_its_workspace(server, tmp_path):
