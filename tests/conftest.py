@@ -17,6 +17,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
+# The recorded real TVM sessions are test vectors: a copy lives in the repo (tests/data) so that a
+# clean checkout anywhere runs them; ../shared is the fallback for anything not copied.
+DATA = REPO / "tests" / "data"
 REQUIRE_ALL = os.environ.get("RPCSRV_REQUIRE_ALL") == "1"
 
 
@@ -43,8 +46,10 @@ def need_program(name: str, why: str = "") -> str:
 
 
 def need_shared(*parts: str) -> Path:
-    """A path under ../shared (recorded sessions, seeds), or skip/fail when it is absent."""
-    path = SHARED.joinpath(*parts)
+    """A path under tests/data or ../shared (recorded sessions, seeds), or skip/fail when absent."""
+    path = DATA.joinpath(*parts)
+    if not path.exists():
+        path = SHARED.joinpath(*parts)
     if not path.exists():
         _missing(f"{path} not found (the shared/ folder sits beside the repo)")
     return path

@@ -8,7 +8,7 @@ import weakref
 import numpy as np
 import pytest
 
-from conftest import need_shared
+from conftest import SHARED
 from exec_helpers import SEED
 from rpcsrv.executor import ExampleJSONError, ExampleJSONModule, ExecutorError
 
@@ -28,8 +28,12 @@ def test_seed_text_runs_unchanged():
 
 
 def test_seed_text_taken_from_the_byoc_guide_itself():
-    guide = need_shared("seeds").glob("001_*.txt")
-    text = next(guide).read_text(encoding="utf-8")
+    # a cross-check against the guide's own text where the background documents sit beside the repo
+    # (not copied into the repo: it is TVM's text); SEED above is the same block, always tested
+    seeds = SHARED / "seeds"
+    if not seeds.is_dir():
+        pytest.skip(f"{seeds} not present (background documents); the SEED copy is tested above")
+    text = next(seeds.glob("001_*.txt")).read_text(encoding="utf-8")
     start = text.index("\nsubgraph_0\n") + 1
     block = text[start:text.index("\n\n", start)]
     assert block.splitlines()[-1].strip() == "mul 6 inputs: 5 3 shape: 10 10"
