@@ -13,13 +13,14 @@ from typing import Any
 from .examplejson import ExampleJSONError, ExampleJSONModule
 from .graph import GraphExecutorModule
 from .graph_json import GraphJSONError
+from .memory import tune_allocator
 from .modules import ConstLoaderRuntime, GraphExecutorFactoryRuntime, HostLibraryRuntime, OpaqueRuntime
 from .runtime import ExecutorError, RuntimeModule
 
 __all__ = [
     "build_runtime", "load_module", "ExecutorError", "ExampleJSONError", "GraphJSONError",
     "RuntimeModule", "GraphExecutorModule", "GraphExecutorFactoryRuntime", "ExampleJSONModule",
-    "ConstLoaderRuntime", "HostLibraryRuntime", "OpaqueRuntime",
+    "ConstLoaderRuntime", "HostLibraryRuntime", "OpaqueRuntime", "tune_allocator",
 ]
 
 
@@ -43,8 +44,10 @@ def build_runtime(root: Any) -> RuntimeModule:
 
     Constants of ExampleJSON subgraphs are bound here: first from a const loader that imports the
     module, then from the params of a graph executor factory above it.  A constant left unbound
-    is an error now, not at ``run``.
+    is an error now, not at ``run``.  The allocator is tuned for the kernels' large temporaries
+    first (:func:`rpcsrv.executor.memory.tune_allocator`, once per process).
     """
+    tune_allocator()
     built: dict[int, RuntimeModule] = {}
 
     def convert(node: Any, depth: int) -> RuntimeModule:
