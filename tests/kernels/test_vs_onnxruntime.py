@@ -35,6 +35,15 @@ CONV_CASES = [
     ((1, 16, 6, 6), (16, 4, 1, 1), {"group": 4}),
     ((2, 3, 17), (5, 3, 4), {"strides": [2], "pads": [1, 2]}),  # 1-D
     ((1, 2, 5, 6, 7), (4, 2, 3, 2, 3), {"pads": [1, 0, 1, 1, 0, 1]}),  # 3-D
+    # the im2col layouts: flat stride-1 columns (2-D, 3-D, dilated, batched, asymmetric pads),
+    # 1x1 without a copy, bias riding in the product (few rows, many positions)
+    ((2, 5, 24, 23), (7, 5, 3, 3), {"pads": [1, 2, 0, 1]}),
+    ((1, 4, 30, 30), (6, 4, 3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}),
+    ((1, 3, 4, 20, 21), (5, 3, 2, 3, 3), {"pads": [0, 1, 1, 1, 1, 1]}),
+    ((2, 8, 5, 6), (4, 8, 1, 1), {}),
+    ((1, 3, 40, 40), (8, 3, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ((1, 3, 32, 32), (8, 3, 7, 7), {"pads": [3, 3, 3, 3]}),
+    ((1, 16, 4, 4), (32, 16, 3, 3), {"pads": [1, 1, 1, 1]}),
 ]
 
 
@@ -52,10 +61,32 @@ def test_conv_float16_and_fused_relu():
     assert got.min() >= 0
 
 
-def test_conv_fused_clip_with_attrs():
-    x, w = rand(1, 3, 6, 6), rand(4, 3, 3, 3)
-    got = KERNELS["conv"](x, w, activation="clip", activation_attrs={"min": -0.5, "max": 0.5})
-    assert_close(got, np.clip(ort_run("Conv", [x, w], {})[0], -0.5, 0.5))
+@pytest.mark.parametrize("xs, ws, attrs", [
+    ((1, 4, 20, 20), (6, 4, 3, 3), {"pads": [1, 1, 1, 1]}),  # flat columns, cropped after relu
+    ((1, 3, 30, 30), (8, 3, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),  # bias in the GEMM
+    ((1, 8, 6, 6), (4, 8, 1, 1), {}),  # 1x1: the input is the column matrix
+])
+def test_conv_fused_relu_layouts(xs, ws, attrs):
+    x, w, b = rand(*xs), rand(*ws), rand(ws[0])
+    got = KERNELS["conv"](x, w, b, activation="relu", **attrs)
+    assert_close(got, np.maximum(ort_run("Conv", [x, w, b], attrs)[0], 0))
+    assert got.min() >= 0
+
+
+def test_conv_non_contiguous_input_and_no_bias():
+    x = rand(1, 18, 18, 5).transpose(0, 3, 1, 2)  # a strided view
+    w = rand(6, 5, 3, 3)
+    for attrs in ({"pads": [1, 1, 1, 1]}, {"strides": [2, 2]}, {}):
+        assert_close(KERNELS["conv"](x, w, **attrs), ort_run("Conv", [np.ascontiguousarray(x), w], attrs)[0])
+    w1 = rand(6, 5, 1, 1)
+    assert_close(KERNELS["conv"](x, w1), ort_run("Conv", [np.ascontiguousarray(x), w1], {})[0])
+
+
+@pytest.mark.parametrize("xs, attrs", [((1, 3, 6, 6), {}), ((1, 3, 20, 20), {"pads": [1, 1, 1, 1]})])
+def test_conv_fused_clip_with_attrs(xs, attrs):
+    x, w = rand(*xs), rand(4, 3, 3, 3)
+    got = KERNELS["conv"](x, w, activation="clip", activation_attrs={"min": -0.5, "max": 0.5}, **attrs)
+    assert_close(got, np.clip(ort_run("Conv", [x, w], attrs)[0], -0.5, 0.5))
 
 
 @pytest.mark.parametrize("xs, ws, attrs", [

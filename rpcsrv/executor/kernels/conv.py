@@ -1,16 +1,21 @@
 """ONNX Conv (1-D/2-D/3-D, strides, pads/auto_pad, dilations, groups) and ConvTranspose.
 
-Conv is an im2col product: the padded input's window view is copied once into a
-(N, C*K, OH*OW) column matrix and multiplied by the (M, C*K) weight matrix with one BLAS call,
-which leaves the result directly in NCHW order.  Depthwise convolutions (one input channel per group)
+Conv is an im2col product: the input is copied once into a (N, C*K, Q) column matrix (see
+``im2col``: no copy for 1x1 convs, contiguous row runs for stride 1) and multiplied by the (M, C*K)
+weight matrix with one BLAS call, which leaves the result directly in NCHW order.  The bias rides
+in the product as an extra weight column when C*K is small against Q (a stem conv), else it is one
+broadcast add; a fused relu runs in place.  Depthwise convolutions (one input channel per group)
 instead accumulate ``kernel_size`` broadcast multiply-adds, which beats a per-group loop of tiny
 matrix products.  Float16 is computed in float32.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from .im2col import columns
 from .registry import apply_activation, bad, register
 from .windows import pad_spatial, resolve_pads, spatial_attr, windows
 
@@ -33,29 +38,54 @@ def conv(x, w, b=None, *, auto_pad: str = "NOTSET", dilations=None, group: int =
     strides = spatial_attr(strides, k, 1, "strides", "conv")
     dilations = spatial_attr(dilations, k, 1, "dilations", "conv")
     begin, end, out = resolve_pads("conv", x.shape[2:], kernel, strides, dilations, pads, auto_pad)
-    ct = np.dtype(np.float32) if x.dtype == np.float16 else x.dtype
-    xp = pad_spatial(x.astype(ct, copy=False), begin, end, 0)
-    win = windows(xp, kernel, strides, dilations, out)  # (N, C, O..., K...)
-    w = w.astype(ct, copy=False)
-    ksize = int(np.prod(kernel))
-    osize = int(np.prod(out))
+    dtype = x.dtype
+    ct = np.dtype(np.float32) if dtype == np.float16 else dtype
+    x, w = x.astype(ct, copy=False), w.astype(ct, copy=False)
+    bias = None if b is None else np.asarray(b).astype(ct, copy=False).reshape(m)
     if group == 1:
-        # (N, C, K..., O...) -> columns (N, C*K, O); one matmul gives (N, M, O) in NCHW order
-        order = (0, 1) + tuple(range(2 + k, 2 + 2 * k)) + tuple(range(2, 2 + k))
-        cols = win.transpose(order).reshape(n, c * ksize, osize)
-        y = np.matmul(w.reshape(m, c * ksize), cols)
-    elif cg == 1:
-        y = _depthwise(win, w, n, group, m // group, k, osize)
+        y = _gemm_conv(x, w, bias, kernel, strides, dilations, begin, end, out, activation, activation_attrs)
     else:
-        mg = m // group
-        order = (0, 1) + tuple(range(2 + k, 2 + 2 * k)) + tuple(range(2, 2 + k))
-        cols = win.transpose(order).reshape(n, group, cg * ksize, osize)
-        y = np.matmul(w.reshape(group, mg, cg * ksize), cols)  # (N, G, Mg, O)
-    y = y.reshape((n, m) + tuple(out))
-    if b is not None:
-        y += np.asarray(b).astype(ct, copy=False).reshape((m,) + (1,) * k)
-    y = y.astype(x.dtype, copy=False)
-    return apply_activation(y, activation, activation_attrs, "conv")
+        win = windows(pad_spatial(x, begin, end, 0), kernel, strides, dilations, out)  # (N, C, O..., K...)
+        osize = math.prod(out)
+        if cg == 1:
+            y = _depthwise(win, w, n, group, m // group, k, osize)
+        else:
+            mg, ksize = m // group, math.prod(kernel)
+            order = (0, 1) + tuple(range(2 + k, 2 + 2 * k)) + tuple(range(2, 2 + k))
+            cols = win.transpose(order).reshape(n, group, cg * ksize, osize)
+            y = np.matmul(w.reshape(group, mg, cg * ksize), cols)  # (N, G, Mg, O)
+        y = y.reshape((n, m) + tuple(out))
+        if bias is not None:
+            y += bias.reshape((m,) + (1,) * k)
+        y = apply_activation(y, activation, activation_attrs, "conv")
+    return y.astype(dtype, copy=False)
+
+
+def _gemm_conv(x, w, bias, kernel, strides, dilations, begin, end, out, activation, activation_attrs):
+    """Ungrouped conv as one (M, C*K) x (C*K, Q) product per image, bias and activation included.
+
+    Returns (N, M, O...): a fresh array, or a cropped view of one when the columns were "flat"
+    (their extra positions are computed and dropped; see ``im2col``).
+    """
+    n, m = x.shape[0], w.shape[0]
+    rows = w[0].size
+    # the bias as one more weight column beats a pass over the result when C*K < Q
+    cols, grid, along = columns(x, kernel, strides, dilations, begin, end, out,
+                                ones_row=bias is not None and rows < math.prod(out))
+    wmat = w.reshape(m, rows)
+    if along:
+        wmat = np.concatenate([wmat, bias.reshape(m, 1)], axis=1)
+    y = wmat @ cols[0] if n == 1 else np.matmul(wmat, cols)
+    if bias is not None and not along:
+        y += bias.reshape(m, 1)
+    # relu runs over the whole buffer in one pass; other activations only see real outputs
+    whole = grid == tuple(out) or (activation == "relu" and not activation_attrs)
+    if whole:
+        y = apply_activation(y, activation, activation_attrs, "conv")
+    y = y.reshape((n, m) + grid)
+    if grid != tuple(out):
+        y = y[(slice(None), slice(None)) + tuple(slice(0, o) for o in out)]
+    return y if whole else apply_activation(y, activation, activation_attrs, "conv")
 
 
 def _depthwise(win, w, n, group, mg, k, osize):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .dtypes import onnx_dtype
-from .registry import bad, register
+from .registry import bad, register, relu
 
 
 def _float_op(name: str, fn, doc: str):
@@ -79,7 +79,7 @@ for _name, _fn in {
 }.items():
     _float_op(_name, _fn, f"ONNX {_name}: elementwise on floats.")
 
-for _name, _fn in {"abs": np.abs, "neg": np.negative, "sign": np.sign, "relu": lambda x: np.maximum(x, 0),
+for _name, _fn in {"abs": np.abs, "neg": np.negative, "sign": np.sign, "relu": relu,
                    "identity": lambda x: x}.items():
     _any_op(_name, _fn, f"ONNX {_name}: elementwise, any numeric dtype.")
 
