@@ -21,6 +21,7 @@ from .codegen import examplejson_text, graph_json
 from .errors import CompileError, UnsupportedNodesError
 from .onnx_import import Graph, import_onnx
 from .partition import COMPILER, Op, Partition, partition
+from .simplify import fold_conv_batchnorm
 
 
 @dataclass
@@ -137,19 +138,24 @@ def build(graph: Graph, part: Partition, module_name: str = "default") -> Compil
 
 
 def compile_onnx(model_or_path, input_shapes: dict | None = None, ops=None, *,
-                 module_name: str = "default", bind_inputs: dict | None = None) -> CompiledModel:
+                 module_name: str = "default", bind_inputs: dict | None = None,
+                 fold_batchnorm: bool = True) -> CompiledModel:
     """Compile an ONNX model (``ModelProto``, path or bytes) for the ExampleJSON accelerator.
 
     ``input_shapes``: ``{input name: shape}`` for inputs with dynamic dimensions.  ``ops``: restrict
     the accelerator to these ops (kernel names such as ``add`` or ONNX types such as ``Add``);
     default: every kernel of the board.  ``bind_inputs``: ``{input name: array}`` to make inputs
-    constants (e.g. a Reshape target shape).  Raises ``CompileError`` for anything wrong with the
-    input, ``UnsupportedNodesError`` when some nodes cannot be offloaded.
+    constants (e.g. a Reshape target shape).  ``fold_batchnorm``: fold inference BatchNormalization
+    into the Conv before it where only rounding can differ (``simplify``; TVM and onnxruntime
+    fold it too).  Raises ``CompileError`` for anything wrong with the input,
+    ``UnsupportedNodesError`` when some nodes cannot be offloaded.
     """
     if not module_name.isidentifier():
         raise CompileError(f"module name {module_name!r} must be an identifier")
     chosen = resolve_ops(ops)
     graph = import_onnx(model_or_path, input_shapes, bind_inputs)
+    if fold_batchnorm:
+        fold_conv_batchnorm(graph)
     part = partition(graph, chosen, module_name)
     compiled = build(graph, part, module_name)
     if part.unsupported:
