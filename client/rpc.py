@@ -14,6 +14,8 @@ they are garbage-collected, as TVM's client does.
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import os
 import socket
 from typing import Any, Optional
@@ -22,7 +24,7 @@ import numpy as np
 
 from rpcsrv.protocol import (NEED_DATA, Connection, ConnectionClosed, CopyAck, DataType, Device,
                              Dialect, FunctionHandle, HandshakeDone, HandshakeRefused, ModuleHandle,
-                             OpaqueHandle, RemoteError, RemoteTensor, Return, Role, RPCCode, TensorHeader,
+                             OpaqueHandle, RemoteError, RemoteTensor, Role, RPCCode, TensorHeader,
                              TypeCode, TypeIndex, unpack_return)
 from rpcsrv.protocol.dtypes import DLDeviceType
 
@@ -71,7 +73,7 @@ class RPCSession:
                 else:
                     self._conn.receive_data(b"")
             else:
-                self._conn.receive_data(self._sock.recv(1 << 20))
+                self._conn.receive_data(self._sock.recv(1 << 16))  # small: recv allocates this much
 
     def _request(self, parts: list, progress=None):
         self._send(parts, progress)
@@ -142,11 +144,21 @@ class RPCSession:
         if isinstance(data, (bytes, bytearray, memoryview)):
             if not target:
                 raise ValueError("target must be given when uploading bytes")
-            blob = data
-        else:
-            with open(data, "rb") as f:
-                blob = f.read()
-            target = target or os.path.basename(data)
+            self._upload(target, data, progress)
+            return
+        target = target or os.path.basename(data)
+        with open(data, "rb") as f:  # mapped, not read: the file goes out without a copy in memory
+            if os.fstat(f.fileno()).st_size == 0:
+                self._upload(target, b"", progress)
+                return
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            self._upload(target, memoryview(mm), progress)
+        finally:
+            with contextlib.suppress(BufferError):  # a failed send's traceback may still hold a view
+                mm.close()
+
+    def _upload(self, target: str, blob, progress) -> None:
         fn = self._global("tvm.rpc.server.upload")
         if progress is None:
             fn(target, blob)

@@ -25,9 +25,14 @@ class Registry:
     def __init__(self):
         self._entries: dict[str, GlobalFactory] = {}
 
-    def register(self, name: str, blocking: bool = False):
+    def register(self, name: str, blocking: bool = False, stream: Optional[Callable[..., Any]] = None):
+        """Register ``fn(session, *args)`` as global ``name``; ``stream(session, *args, nbytes)``
+        optionally takes its trailing bytes argument piece by piece (see ``PackedFunction``)."""
         def deco(fn: Callable[..., Any]):
-            self._entries[name] = lambda sess: PackedFunction(lambda *a: fn(sess, *a), name, blocking)
+            def make(sess: Session) -> PackedFunction:
+                sink = (lambda *a: stream(sess, *a)) if stream else None
+                return PackedFunction(lambda *a: fn(sess, *a), name, blocking, sink)
+            self._entries[name] = make
             return fn
         return deco
 
@@ -48,7 +53,14 @@ def _workpath(sess: Session, path: str) -> str:
     return str(sess.workspace.path(path))
 
 
-@reg("tvm.rpc.server.upload", blocking=True)
+def _upload_stream(sess: Session, path: str, nbytes: int):
+    """A large upload goes straight to its file, piece by piece."""
+    if not isinstance(path, str):
+        raise RPCUserError(f"upload expects a path string, got {type(path).__name__}")
+    return sess.workspace.open_write(path, nbytes)
+
+
+@reg("tvm.rpc.server.upload", blocking=True, stream=_upload_stream)
 def _upload(sess: Session, path: str, data) -> None:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise RPCUserError(f"upload expects bytes, got {type(data).__name__}")

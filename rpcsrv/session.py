@@ -24,7 +24,8 @@ import numpy as np
 import trio
 
 from .executor.runtime import RuntimeModule
-from .protocol import (BadPacket, CallFunc, Connection, CopyFromRemote, CopyToRemote, DataType, Device,
+from .protocol import (BadPacket, CallFunc, CallFuncEnd, CallFuncStart, Connection, CopyFromRemote,
+                       CopyToRemote, DataType, Device,
                        DeviceAttrKind, Dialect, FunctionHandle, Handle, InitServer, ModuleHandle,
                        ObjectHandle, OpaqueHandle, RemoteTensor, RPCCode, Syscall, TensorHeader,
                        pack_return)
@@ -57,11 +58,17 @@ class NDArrayRef:
 
 @dataclass
 class PackedFunction:
-    """A function handed out to the client; ``blocking`` ones run in a worker thread."""
+    """A function handed out to the client; ``blocking`` ones run in a worker thread.
+
+    ``stream``: for a function whose last argument is bytes and which returns nothing (an upload), a
+    factory ``stream(*other_args, nbytes)`` of a sink (``write(piece)``, ``commit()``, ``abort()``)
+    that takes those bytes piece by piece as they arrive, so a large call never sits in memory whole.
+    """
 
     fn: Callable[..., Any]
     name: str
     blocking: bool = True
+    stream: Optional[Callable[..., Any]] = None
 
 
 class Session:
@@ -80,6 +87,8 @@ class Session:
         self.memory_used = 0
         self._next = 0x7E0000000000 + (secrets.randbits(24) << 12)
         self.initialized = False
+        self._sink: Any = None  # the streamed call in progress (see open_stream)
+        self._sink_error: Optional[Exception] = None
 
     # ------------------------------------------------------------------ handles
     def _new_handle(self) -> int:
@@ -189,12 +198,15 @@ class Session:
     async def handle(self, event) -> list:
         """The answer (list of buffers) to one request event."""
         try:
+            if isinstance(event, CallFunc) and self.initialized:  # the common case first
+                return self.conn.send_return(pack_return(await self._call(event), self._dialect))
             if isinstance(event, InitServer):
                 return self._init(event)
             if not self.initialized:
                 raise RPCUserError("the client must send kInitServer before any other request")
-            if isinstance(event, CallFunc):
-                return self.conn.send_return(pack_return(await self._call(event), self._dialect))
+            if isinstance(event, CallFuncEnd):
+                self._end_stream()
+                return self.conn.send_return(pack_return(None, self._dialect))
             if isinstance(event, Syscall):
                 return self.conn.send_return([self.to_wire_syscall(self._syscall(event))])
             if isinstance(event, CopyToRemote):
@@ -234,6 +246,46 @@ class Session:
         else:
             result = func.fn(*args)
         return self.to_wire(result)
+
+    # ------------------------------------------------------------------ streamed calls (uploads)
+    def open_stream(self, ev: CallFuncStart) -> bool:
+        """Whether ``ev``'s trailing bytes should stream (its function takes them piece by piece).
+
+        An error opening the sink (bad path, budget) is kept and answered once the bytes are in,
+        because the client only reads an answer after sending the whole call."""
+        fn = self.objects.get(ev.handle)
+        if not self.initialized or not isinstance(fn, PackedFunction) or fn.stream is None:
+            return False
+        self._abort_stream()
+        try:
+            self._sink = fn.stream(*[self.to_local(a) for a in ev.args], ev.nbytes)
+        except Exception as exc:
+            self._sink_error = exc
+        return True
+
+    async def stream_piece(self, data: memoryview) -> None:
+        """Hand the next piece to the sink, in a worker thread (file writes can stall)."""
+        if self._sink is None:
+            return
+        try:
+            await trio.to_thread.run_sync(self._sink.write, data)
+        except Exception as exc:
+            self._abort_stream()
+            self._sink_error = exc
+
+    def _end_stream(self) -> None:
+        sink, error = self._sink, self._sink_error
+        self._sink = self._sink_error = None
+        if error is not None:
+            raise error
+        if sink is None:
+            raise RPCUserError("no streamed call in progress")
+        sink.commit()
+
+    def _abort_stream(self) -> None:
+        if self._sink is not None:
+            self._sink.abort()
+        self._sink = self._sink_error = None
 
     def to_wire_syscall(self, v: Any) -> Any:
         return v
@@ -354,6 +406,7 @@ class Session:
 
     def close(self) -> None:
         """Drop everything the session holds (buffers, modules, workspace)."""
+        self._abort_stream()
         self.buffers.clear()
         self.objects.clear()
         self.workspace.cleanup()

@@ -39,15 +39,27 @@ class Transport:
                 await wait(self.sock)
 
     async def recv(self, n: int) -> bytes:
-        return await self._io(lambda: self.sock.recv(n), trio.lowlevel.wait_readable)
+        try:  # the next request is often there already: no closure, no loop
+            return self.sock.recv(n)
+        except (BlockingIOError, InterruptedError):
+            return await self._io(lambda: self.sock.recv(n), trio.lowlevel.wait_readable)
 
     async def recv_into(self, region: memoryview) -> int:
         return await self._io(lambda: self.sock.recv_into(region), trio.lowlevel.wait_readable)
 
     async def send_all(self, parts: list) -> None:
         """Send every buffer in ``parts`` (small ones joined into one write)."""
-        if len(parts) > 1 and sum(len(p) for p in parts) <= 1 << 16:
+        if len(parts) > 1 and sum(map(len, parts)) <= 1 << 16:
             parts = [b"".join(parts)]
+        if len(parts) == 1 and type(parts[0]) in (bytes, bytearray):
+            try:  # a small answer usually goes out in one send
+                n = self.sock.send(parts[0])
+            except (BlockingIOError, InterruptedError):
+                n = 0
+            if n == len(parts[0]):
+                await trio.lowlevel.checkpoint_if_cancelled()
+                return
+            parts = [memoryview(parts[0])[n:]]
         for part in parts:
             if not len(part):
                 continue

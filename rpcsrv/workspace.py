@@ -51,17 +51,27 @@ class Workspace:
         return sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file() and not p.is_symlink())
 
     def write(self, name: str, data) -> Path:
+        """Store ``data`` as file ``name`` (replacing it), within the byte budget."""
+        sink = self.open_write(name, len(data))
+        try:
+            sink.write(data)
+        except BaseException:
+            sink.abort()
+            raise
+        return sink.commit()
+
+    def open_write(self, name: str, nbytes: int) -> "FileSink":
+        """Start writing ``nbytes`` to file ``name``: the path and the budget are checked now, the
+        bytes arrive in pieces (:meth:`FileSink.write`), and the file appears on :meth:`FileSink.commit`."""
         target = self.path(name)
+        if target == self.root or target.is_dir():
+            raise WorkspaceError(f"{name!r} is a directory")
         old = target.stat().st_size if target.is_file() else 0
-        if self.used_bytes() - old + len(data) > self.max_bytes:
-            raise WorkspaceError(f"writing {len(data)} bytes to {name!r} exceeds the workspace budget "
+        if self.used_bytes() - old + nbytes > self.max_bytes:
+            raise WorkspaceError(f"writing {nbytes} bytes to {name!r} exceeds the workspace budget "
                                  f"of {self.max_bytes} bytes")
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(target.name + ".part")
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, target)
-        return target
+        return FileSink(target, nbytes)
 
     def read(self, name: str) -> bytes:
         target = self.path(name)
@@ -88,3 +98,38 @@ class Workspace:
 
     def cleanup(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+class FileSink:
+    """A file being written in pieces: a ``.part`` file beside the target, renamed over it once
+    complete, so a half-received upload never replaces a good file."""
+
+    def __init__(self, target: Path, nbytes: int):
+        self.target = target
+        self.nbytes = nbytes
+        self.received = 0
+        self._tmp = target.with_name(target.name + ".part")
+        self._file = open(self._tmp, "wb")
+
+    def write(self, data) -> None:
+        if self.received + len(data) > self.nbytes:
+            raise WorkspaceError(f"{self.target.name}: more than the announced {self.nbytes} bytes")
+        self._file.write(data)
+        self.received += len(data)
+
+    def commit(self) -> Path:
+        """Close and move into place (only once every announced byte arrived)."""
+        self._file.close()
+        if self.received != self.nbytes:
+            self.abort()
+            raise WorkspaceError(f"{self.target.name}: {self.received} of {self.nbytes} bytes arrived")
+        os.replace(self._tmp, self.target)
+        return self.target
+
+    def abort(self) -> None:
+        """Drop the partial file."""
+        self._file.close()
+        try:
+            os.unlink(self._tmp)
+        except FileNotFoundError:
+            pass

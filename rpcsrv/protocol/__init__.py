@@ -4,7 +4,8 @@ from .codec import ProtocolError, Reader, Writer, decode_packed_seq, detect_dial
 from .codes import (PROTOCOL_VERSION, RPC_CODE_MISMATCH, RPC_CODE_SUCCESS, RPC_MAGIC, RPC_SESS_MASK,
                     RPC_TRACKER_MAGIC, DeviceAttrKind, Dialect, RPCCode, TypeCode, TypeIndex)
 from .connection import Connection, Role, decode_values, encode_values
-from .events import (NEED_DATA, BadPacket, CallFunc, ConnectionClosed, CopyAck, CopyFromRemote,
+from .events import (NEED_DATA, BadPacket, CallFunc, CallFuncChunk, CallFuncEnd, CallFuncStart,
+                     ConnectionClosed, CopyAck, CopyFromRemote,
                      CopyToRemote, CopyToRemoteStart, Event, HandshakeDone, HandshakeRefused,
                      HandshakeRequest, InitServer, RemoteError, Return, Shutdown, Syscall)
 from .dtypes import DataType, Device, DLDataTypeCode, DLDeviceType

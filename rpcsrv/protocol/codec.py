@@ -138,7 +138,7 @@ class Writer:
             self._cur += data
             return
         if self._cur:
-            self.parts.append(bytes(self._cur))
+            self.parts.append(self._cur)  # kept as is: a type index in it may still be patched
             self._cur = bytearray()
         self.parts.append(data)
 
@@ -175,7 +175,7 @@ class Writer:
 
     def finish(self) -> list:
         if self._cur or not self.parts:
-            self.parts.append(bytes(self._cur))
+            self.parts.append(self._cur)
             self._cur = bytearray()
         return self.parts
 
@@ -186,73 +186,62 @@ class Writer:
 
 # ----------------------------------------------------------------------------- decoding
 
-def _decode_classic(r: Reader, code: int) -> Any:
-    if code in (TypeCode.INT, TypeCode.UINT):
-        return r.i64()
-    if code == TypeCode.FLOAT:
-        return r.f64()
-    if code == TypeCode.BOOL:
-        return bool(r.i64("bool"))
-    if code == TypeCode.NULLPTR:
-        return None
-    if code == TypeCode.STR:
+def _object_ref(r: Reader) -> ObjectHandle:
+    index = r.u32("object type index")
+    if index != CLASSIC_RPC_OBJECT_REF:
+        raise ProtocolError(f"object type index {index} is not an RPC object reference")
+    return ObjectHandle(r.u64("object handle"))
+
+
+def _ffi_object(r: Reader) -> Any:
+    inner = r.u32("object type index")
+    if inner == TypeIndex.STR:
         return r.string()
-    if code == TypeCode.BYTES:
+    if inner == TypeIndex.BYTES:
         return r.blob("bytes")
-    if code == TypeCode.DATA_TYPE:
-        return r.dtype(padded=True)
-    if code == TypeCode.DEVICE:
-        return r.device()
-    if code == TypeCode.DLTENSOR_HANDLE:
-        return r.tensor()
-    if code == TypeCode.OPAQUE_HANDLE:
-        return OpaqueHandle(r.u64("handle"))
-    if code == TypeCode.PACKED_FUNC_HANDLE:
-        return FunctionHandle(r.u64("function handle"))
-    if code == TypeCode.MODULE_HANDLE:
-        return ModuleHandle(r.u64("module handle"))
-    if code == TypeCode.OBJECT_HANDLE:
-        index = r.u32("object type index")
-        if index != CLASSIC_RPC_OBJECT_REF:
-            raise ProtocolError(f"object type index {index} is not an RPC object reference")
+    if inner == FFI_RPC_OBJECT_REF:
         return ObjectHandle(r.u64("object handle"))
-    raise ProtocolError(f"unknown classic type code {code} at offset {r.pos}")
+    raise ProtocolError(f"object type index {inner} cannot travel over RPC")
+
+
+# value readers by type code / type index (plain ints: the dispatch runs for every argument)
+_CLASSIC = {int(k): f for k, f in {
+    TypeCode.INT: Reader.i64, TypeCode.UINT: Reader.i64, TypeCode.FLOAT: Reader.f64,
+    TypeCode.BOOL: lambda r: bool(r.i64("bool")), TypeCode.NULLPTR: lambda r: None,
+    TypeCode.STR: Reader.string, TypeCode.BYTES: lambda r: r.blob("bytes"),
+    TypeCode.DATA_TYPE: lambda r: r.dtype(padded=True), TypeCode.DEVICE: Reader.device,
+    TypeCode.DLTENSOR_HANDLE: Reader.tensor,
+    TypeCode.OPAQUE_HANDLE: lambda r: OpaqueHandle(r.u64("handle")),
+    TypeCode.PACKED_FUNC_HANDLE: lambda r: FunctionHandle(r.u64("function handle")),
+    TypeCode.MODULE_HANDLE: lambda r: ModuleHandle(r.u64("module handle")),
+    TypeCode.OBJECT_HANDLE: _object_ref,
+}.items()}
+_FFI = {int(k): f for k, f in {
+    TypeIndex.INT: Reader.i64, TypeIndex.FLOAT: Reader.f64,
+    TypeIndex.BOOL: lambda r: bool(r.i64("bool")), TypeIndex.NONE: lambda r: None,
+    TypeIndex.RAW_STR: Reader.string, TypeIndex.BYTE_ARRAY_PTR: lambda r: r.blob("bytes"),
+    TypeIndex.DATA_TYPE: lambda r: r.dtype(padded=True), TypeIndex.DEVICE: Reader.device,
+    TypeIndex.DLTENSOR_PTR: Reader.tensor,
+    TypeIndex.OPAQUE_PTR: lambda r: OpaqueHandle(r.u64("handle")),
+    TypeIndex.FUNCTION: lambda r: FunctionHandle(r.u64("function handle")),
+    TypeIndex.MODULE: lambda r: ModuleHandle(r.u64("module handle")),
+    TypeIndex.SMALL_STR: _ffi_object, TypeIndex.SMALL_BYTES: _ffi_object,
+}.items()}
+
+
+def _decode_classic(r: Reader, code: int) -> Any:
+    read = _CLASSIC.get(code)
+    if read is None:
+        raise ProtocolError(f"unknown classic type code {code} at offset {r.pos}")
+    return read(r)
 
 
 def _decode_ffi(r: Reader, index: int) -> Any:
-    if index == TypeIndex.INT:
-        return r.i64()
-    if index == TypeIndex.FLOAT:
-        return r.f64()
-    if index == TypeIndex.BOOL:
-        return bool(r.i64("bool"))
-    if index == TypeIndex.NONE:
-        return None
-    if index == TypeIndex.RAW_STR:
-        return r.string()
-    if index == TypeIndex.BYTE_ARRAY_PTR:
-        return r.blob("bytes")
-    if index == TypeIndex.DATA_TYPE:
-        return r.dtype(padded=True)
-    if index == TypeIndex.DEVICE:
-        return r.device()
-    if index == TypeIndex.DLTENSOR_PTR:
-        return r.tensor()
-    if index == TypeIndex.OPAQUE_PTR:
-        return OpaqueHandle(r.u64("handle"))
-    if index == TypeIndex.FUNCTION:
-        return FunctionHandle(r.u64("function handle"))
-    if index == TypeIndex.MODULE:
-        return ModuleHandle(r.u64("module handle"))
-    if index >= TypeIndex.STATIC_OBJECT_BEGIN or index in (TypeIndex.SMALL_STR, TypeIndex.SMALL_BYTES):
-        inner = r.u32("object type index")
-        if inner == TypeIndex.STR:
-            return r.string()
-        if inner == TypeIndex.BYTES:
-            return r.blob("bytes")
-        if inner == FFI_RPC_OBJECT_REF:
-            return ObjectHandle(r.u64("object handle"))
-        raise ProtocolError(f"object type index {inner} cannot travel over RPC")
+    read = _FFI.get(index)
+    if read is not None:
+        return read(r)
+    if index >= TypeIndex.STATIC_OBJECT_BEGIN:
+        return _ffi_object(r)
     raise ProtocolError(f"unknown tvm-ffi type index {index} at offset {r.pos}")
 
 
@@ -265,6 +254,37 @@ def decode_packed_seq(r: Reader, dialect: Dialect) -> list:
         codes = struct.unpack_from(f"<{n}i", r.buf, r._need(4 * n, "type codes"))
         return [_decode_classic(r, c) for c in codes]
     return [_decode_ffi(r, r.i32("type index")) for _ in range(n)]
+
+
+def split_trailing_bytes(buf, offset: int, dialect: Dialect, total: int) -> tuple[list, int] | None:
+    """For a packed sequence at ``offset`` whose last value is bytes running exactly to ``total`` (the
+    packet's length): the values before it and the offset where those bytes start.
+
+    ``buf`` may hold only the head of the packet (a large packet's prefix): None when the head does
+    not fit in it, when the last value is not bytes, or when its length does not end the packet.  This
+    is how a large upload is recognised before its body arrives, so the body can be streamed.
+    """
+    r = Reader(buf, offset)
+    try:
+        n = r.i32("num_args")
+        if n < 1 or n * 4 > r.remaining:
+            return None
+        if dialect is Dialect.CLASSIC:
+            codes = struct.unpack_from(f"<{n}i", r.buf, r._need(4 * n, "type codes"))
+            if codes[-1] != TypeCode.BYTES:
+                return None
+            values = [_decode_classic(r, c) for c in codes[:-1]]
+        else:
+            values = [_decode_ffi(r, r.i32("type index")) for _ in range(n - 1)]
+            index = r.i32("type index")
+            if index != TypeIndex.BYTE_ARRAY_PTR:
+                is_object = index >= TypeIndex.STATIC_OBJECT_BEGIN or index == TypeIndex.SMALL_BYTES
+                if not is_object or r.u32("object type index") != TypeIndex.BYTES:
+                    return None
+        length = r.u64("bytes length")
+    except ProtocolError:
+        return None
+    return (values, r.pos) if r.pos + length == total else None
 
 
 def _plausible(values: list) -> bool:
@@ -360,12 +380,11 @@ def encode_packed_seq(w: Writer, values: Sequence[Any], dialect: Dialect,
     """Append a packed-argument sequence of ``values`` to ``w`` (see ``_encode_one``)."""
     w.i32(len(values))
     if dialect is Dialect.FFI:
-        for v in values:
-            body = Writer()
-            code = _encode_one(body, v, dialect, bytes_object)
-            w.i32(code)
-            for part in body.finish():
-                w.put_big(part)
+        for v in values:  # the index precedes its value: reserve it, write the value, fill it in
+            buf = w._cur
+            at = len(buf)
+            buf += b"\0\0\0\0"
+            _I32.pack_into(buf, at, _encode_one(w, v, dialect, bytes_object))
         return
     body = Writer()
     codes = [_encode_one(body, v, dialect) for v in values]

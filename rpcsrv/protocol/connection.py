@@ -23,19 +23,22 @@ import struct
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .codec import ProtocolError, Reader, Writer, decode_packed_seq, detect_dialect, encode_packed_seq
-from .codes import (PROTOCOL_VERSION, RPC_CODE_MISMATCH, RPC_CODE_SUCCESS, RPC_MAGIC, SYSCALL_START,
+from .codec import (ProtocolError, Reader, Writer, decode_packed_seq, detect_dialect, encode_packed_seq,
+                    split_trailing_bytes)
+from .codes import (RPC_CODE_MISMATCH, RPC_CODE_SUCCESS, RPC_MAGIC, SYSCALL_START,
                     Dialect, RPCCode)
-from .events import (NEED_DATA, BadPacket, CallFunc, ConnectionClosed, CopyAck, CopyFromRemote,
+from .events import (NEED_DATA, BadPacket, CallFunc, CallFuncChunk, CallFuncEnd, CallFuncStart,
+                     ConnectionClosed, CopyAck, CopyFromRemote,
                      CopyToRemote, CopyToRemoteStart, Event, HandshakeDone, HandshakeRefused,
                      HandshakeRequest, InitServer, RemoteError, Return, Shutdown, Syscall)
-from .values import TensorHeader
+from .outgoing import PacketWriter
 
 DEFAULT_MAX_PACKET = 1 << 32  # 4 GiB: larger packets are refused before any allocation
 MAX_KEY_LEN = 4096
 
 _I32 = struct.Struct("<i")
 _I64 = struct.Struct("<q")
+_U64 = struct.Struct("<Q")
 
 
 class Role(enum.Enum):
@@ -47,17 +50,19 @@ class Role(enum.Enum):
 
 PREFIX = 512  # bytes of a large packet read before deciding where its body goes
 STREAM_MIN = 1 << 16  # packets at least this large may stream their body into a target
+CHUNK = 1 << 20  # size of the pieces a streamed call's trailing bytes arrive in
 
 
 @dataclass
-class Connection:
+class Connection(PacketWriter):
     """One end of an RPC connection.
 
     Input: :meth:`receive_data` (bytes the socket gave) or, to skip a copy, :meth:`writable` +
     :meth:`advance` (``recv_into`` the region it names); then :meth:`next_event` until it returns
     :data:`NEED_DATA`.  Large copies stream straight into their destination: the server names it in
     answer to :class:`CopyToRemoteStart` (:meth:`set_copy_target`); the client names it before asking
-    (:meth:`expect_copy_ack`).
+    (:meth:`expect_copy_ack`).  A large call whose last argument is bytes (an upload) may stream those
+    bytes in pieces through one reusable buffer (:class:`CallFuncStart`, :meth:`stream_call`).
     """
 
     role: Role
@@ -73,6 +78,9 @@ class Connection:
     _filled: int = 0
     _prefix: bytes = b""
     _copy: Optional[CopyToRemoteStart] = None
+    _call: Optional[CallFuncStart] = None
+    _whole_prefix: bytes = b""
+    _streamed: int = 0
     _discard_error: str = ""
     _ack_target: Optional[memoryview] = None
     _eof: bool = False
@@ -83,6 +91,12 @@ class Connection:
         """Feed bytes from the peer; ``b""`` means the peer closed."""
         if not data:
             self._eof = True
+            return
+        if not self._avail() and self._region() is None:  # the common case: nothing pending
+            if self._pos:
+                self._buf.clear()
+                self._pos = 0
+            self._buf += data
             return
         mv = memoryview(data).cast("B")
         region = self.writable()
@@ -102,11 +116,19 @@ class Connection:
         return None if self._avail() else self._region()
 
     def _region(self) -> Optional[memoryview]:
-        if self._region_buf is None or self._phase in (None, "await"):
+        if self._region_buf is None or self._phase in (None, "await", "end"):
             return None
         if self._phase == "discard":
             return self._region_buf[:min(len(self._region_buf), self._total - self._filled)]
-        return self._region_buf[self._filled:]
+        return self._region_buf[self._filled:self._region_size()]
+
+    def _region_size(self) -> int:
+        """Bytes the current region holds when complete."""
+        if self._phase == "discard":
+            return self._total
+        if self._phase == "chunks":
+            return min(len(self._region_buf), self._total - self._streamed)
+        return len(self._region_buf)
 
     def advance(self, n: int) -> None:
         """``n`` bytes were received into :meth:`writable`'s region."""
@@ -125,6 +147,22 @@ class Connection:
         target[:len(extra)] = extra
         self._phase, self._region_buf, self._filled = "target", target, len(extra)
 
+    def stream_call(self, accept: bool) -> None:
+        """(server) Answer :class:`CallFuncStart`: stream the trailing bytes in pieces (True) or
+        receive the whole call as one :class:`CallFunc` (False)."""
+        assert self._phase == "await" and self._call is not None
+        if accept:
+            extra = self._prefix
+            scratch = bytearray(min(CHUNK, self._call.nbytes))
+            scratch[:len(extra)] = extra
+            self._phase, self._region_buf, self._filled = "chunks", memoryview(scratch), len(extra)
+            self._total, self._streamed = self._call.nbytes, 0
+            return
+        self._call = None
+        packet = bytearray(self._total)
+        packet[:len(self._whole_prefix)] = self._whole_prefix
+        self._phase, self._region_buf, self._filled = "packet", memoryview(packet), len(self._whole_prefix)
+
     def expect_copy_ack(self, target: memoryview) -> None:
         """(client) Receive the next kCopyAck body straight into ``target`` (its exact size)."""
         self._ack_target = target.cast("B") if target.format != "B" else target
@@ -141,8 +179,12 @@ class Connection:
         return out
 
     def _fill_from_buffer(self) -> None:
-        region = self._region()
-        if region is not None and self._avail():
+        """Move buffered bytes into the current region (repeatedly while discarding: the discard
+        region is reused, so one pass may not take everything buffered)."""
+        while self._avail():
+            region = self._region()
+            if not region:
+                return
             n = min(len(region), self._avail())
             region[:n] = self._buf[self._pos:self._pos + n]
             self._pos += n
@@ -163,18 +205,32 @@ class Connection:
             return NEED_DATA
         while True:
             if self._phase is None:
-                if self._avail() < 8:
-                    return self._eof_event(self._avail() == 0)
-                (n,) = _I64.unpack(self._take(8))
+                avail = len(self._buf) - self._pos
+                if avail < 8:
+                    return self._eof_event(avail == 0)
+                (n,) = _I64.unpack_from(self._buf, self._pos)
                 if n < 4 or n > self.max_packet:
                     return self._fail(f"packet length {n} is outside 4..{self.max_packet}")
+                if n < STREAM_MIN and avail >= 8 + n:  # a whole small packet is here (the common case)
+                    start = self._pos + 8
+                    packet = self._buf[start:start + n]  # a copy: events may keep views into it
+                    self._pos = start + n
+                    if self._pos > 65536 and self._pos * 2 > len(self._buf):
+                        del self._buf[:self._pos]
+                        self._pos = 0
+                    return self._parse_packet(packet)
+                self._pos += 8
                 self._total = n
                 streamed = n >= STREAM_MIN
                 self._start_region("prefix" if streamed else "packet", bytearray(PREFIX if streamed else n))
             if self._phase == "await":
                 return NEED_DATA
+            if self._phase == "end":
+                call, self._call = self._call, None
+                self._phase = self._region_buf = None
+                return CallFuncEnd(call.handle)
             self._fill_from_buffer()
-            size = self._total if self._phase == "discard" else len(self._region_buf)
+            size = self._region_size()
             if self._filled < size:
                 return self._eof_event(False)
             event = self._region_complete()
@@ -191,6 +247,13 @@ class Connection:
             return self._parse_packet(region.obj if isinstance(region.obj, bytearray) else bytearray(region))
         if phase == "prefix":
             return self._prefix_complete(bytes(region))
+        if phase == "chunks":
+            chunk, n = region[:self._filled], self._filled
+            self._streamed += n
+            self._filled = 0
+            if self._streamed == self._total:
+                self._phase = "end"
+            return CallFuncChunk(chunk)
         if phase == "target":
             self._phase = self._region_buf = None
             if self._copy is not None:
@@ -223,6 +286,15 @@ class Connection:
                 self._prefix = prefix[r.pos:]
                 self._phase, self._region_buf = "await", None
                 return self._copy
+        if code == RPCCode.CALL_FUNC and self.role is Role.SERVER and self.dialect is not None:
+            (handle,) = _U64.unpack_from(prefix, 4)
+            head = split_trailing_bytes(prefix, 12, self.dialect, self._total)
+            if head is not None:
+                args, start = head
+                self._call = CallFuncStart(handle, args, self._total - start)
+                self._prefix, self._whole_prefix = prefix[start:], prefix
+                self._phase, self._region_buf = "await", None
+                return self._call
         packet = bytearray(self._total)
         packet[:len(prefix)] = prefix
         self._phase, self._region_buf, self._filled = "packet", memoryview(packet), len(prefix)
@@ -289,14 +361,14 @@ class Connection:
         r = Reader(mv)
         code = r.i32("RPC code")
         try:
+            if code == RPCCode.CALL_FUNC:
+                handle = r.u64("function handle")
+                return CallFunc(handle, self._seq(mv, r.pos))
             if code == RPCCode.SHUTDOWN:
                 return Shutdown()
             if code == RPCCode.INIT_SERVER:
                 version = r.string("protocol version")
                 return InitServer(version, self._seq(mv, r.pos))
-            if code == RPCCode.CALL_FUNC:
-                handle = r.u64("function handle")
-                return CallFunc(handle, self._seq(mv, r.pos))
             if code == RPCCode.COPY_TO_REMOTE:
                 tensor = r.tensor()
                 nbytes = r.u64("copy size")
@@ -336,63 +408,6 @@ class Connection:
         """(client) The opening bytes: magic and ``client:<key>``."""
         header = f"client:{key}".encode()
         return _I32.pack(RPC_MAGIC) + _I32.pack(len(header)) + header
-
-    def _packet_bytes(self, code: int, fill) -> list:
-        w = Writer()
-        w.i32(code)
-        fill(w)
-        parts = w.finish()
-        return [_I64.pack(sum(len(p) for p in parts))] + parts
-
-    def _dialect_for_send(self) -> Dialect:
-        return self.dialect or Dialect.FFI
-
-    def send_return(self, values: list) -> list:
-        return self._packet_bytes(RPCCode.RETURN,
-                                  lambda w: encode_packed_seq(w, values, self._dialect_for_send()))
-
-    def send_init_reply(self) -> list:
-        """(server) The kInitServer answer: void in a known dialect, zero values in auto mode."""
-        return self.send_return([None] if self.dialect else [])
-
-    def send_exception(self, message: str) -> list:
-        return self._packet_bytes(RPCCode.EXCEPTION,
-                                  lambda w: encode_packed_seq(w, [message], self._dialect_for_send()))
-
-    def send_copy_ack(self, data) -> list:
-        return [_I64.pack(4 + len(data)) + _I32.pack(RPCCode.COPY_ACK), data]
-
-    def send_init_server(self, args: Optional[list] = None, version: str = PROTOCOL_VERSION) -> list:
-        def fill(w: Writer) -> None:
-            w.blob(version.encode())
-            encode_packed_seq(w, args or [], self._dialect_for_send())
-        return self._packet_bytes(RPCCode.INIT_SERVER, fill)
-
-    def send_call(self, handle: int, args: list) -> list:
-        def fill(w: Writer) -> None:
-            w.u64(handle)
-            encode_packed_seq(w, args, self._dialect_for_send(), bytes_object=True)
-        return self._packet_bytes(RPCCode.CALL_FUNC, fill)
-
-    def send_syscall(self, code: RPCCode, args: list) -> list:
-        return self._packet_bytes(code, lambda w: encode_packed_seq(w, args, self._dialect_for_send()))
-
-    def send_copy_to_remote(self, tensor: TensorHeader, data) -> list:
-        def fill(w: Writer) -> None:
-            w.tensor(tensor)
-            w.u64(len(data))
-            w.put_big(data)
-        return self._packet_bytes(RPCCode.COPY_TO_REMOTE, fill)
-
-    def send_copy_from_remote(self, tensor: TensorHeader, nbytes: int) -> list:
-        def fill(w: Writer) -> None:
-            w.tensor(tensor)
-            w.u64(nbytes)
-        return self._packet_bytes(RPCCode.COPY_FROM_REMOTE, fill)
-
-    def send_shutdown(self) -> list:
-        return self._packet_bytes(RPCCode.SHUTDOWN, lambda w: None)
-
 
 def encode_values(values: list, dialect: Dialect) -> bytes:
     """A packed sequence as one bytes object (for tests and tools)."""

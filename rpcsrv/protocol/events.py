@@ -96,6 +96,34 @@ class CopyToRemoteStart(Event):
 
 
 @dataclass
+class CallFuncStart(Event):
+    """(server) A large kCallFunc whose last argument is ``nbytes`` of bytes is arriving (an upload).
+
+    Answer with ``Connection.stream_call(True)`` to receive those bytes as :class:`CallFuncChunk`
+    events and then :class:`CallFuncEnd` (memory stays bounded whatever the size), or
+    ``stream_call(False)`` to receive the whole call as one :class:`CallFunc` as usual."""
+
+    handle: int
+    args: list
+    nbytes: int
+
+
+@dataclass
+class CallFuncChunk(Event):
+    """(server) The next piece of a streamed call's trailing bytes; ``data`` is valid until the
+    next call into the connection."""
+
+    data: memoryview
+
+
+@dataclass
+class CallFuncEnd(Event):
+    """(server) All trailing bytes of the streamed call have arrived; the peer awaits the answer."""
+
+    handle: int
+
+
+@dataclass
 class CopyFromRemote(Event):
     tensor: TensorHeader
     nbytes: int

@@ -50,14 +50,20 @@ _KINDS = [
 ]
 
 
+_BY_TYPE = {kind: (int(classic), int(ffi)) for kind, classic, ffi in _KINDS}
+
+
 def pack_return(value: Any, dialect: Dialect) -> list:
     """The packed sequence a server sends for return value ``value``."""
-    for kind, classic, ffi in _KINDS:
-        if type(value) is kind or (kind is not bool and kind is not int and isinstance(value, kind)):
-            code = int(classic if dialect is Dialect.CLASSIC else ffi)
-            break
-    else:
-        raise TypeError(f"cannot return a {type(value).__name__} over RPC")
+    codes = _BY_TYPE.get(type(value))  # exact types first (every small call passes here)
+    if codes is None:
+        for kind, classic, ffi in _KINDS:
+            if kind is not bool and kind is not int and isinstance(value, kind):
+                codes = (int(classic), int(ffi))
+                break
+        else:
+            raise TypeError(f"cannot return a {type(value).__name__} over RPC")
+    code = codes[0] if dialect is Dialect.CLASSIC else codes[1]
     if isinstance(value, RemoteTensor):
         return [code, value.header, OpaqueHandle(value.handle)]
     if isinstance(value, Handle) and not isinstance(value, OpaqueHandle):

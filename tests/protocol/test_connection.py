@@ -4,10 +4,12 @@ copies land in the target memory, and broken streams end in ConnectionClosed, ne
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rpcsrv.protocol import (NEED_DATA, CallFunc, Connection, ConnectionClosed, CopyAck, CopyToRemote,
+from rpcsrv.protocol import (NEED_DATA, CallFunc, CallFuncChunk, CallFuncEnd, CallFuncStart, Connection,
+                             ConnectionClosed, CopyAck, CopyToRemote,
                              CopyToRemoteStart, DataType, Device, Dialect, HandshakeRequest, Role,
                              Shutdown, Syscall, TensorHeader, RPCCode)
 
@@ -25,8 +27,10 @@ def client_stream(payload: bytes) -> bytes:
     return b"".join(bytes(p) for p in parts)
 
 
-def drive(data: bytes, cuts: list[int], use_recv_into: bool):
-    """Feed ``data`` to a server connection in pieces; return its events and the copy target."""
+def drive(data: bytes, cuts: list[int], use_recv_into: bool, stream: bool = False):
+    """Feed ``data`` to a server connection in pieces; return its events and the copy target.
+
+    ``stream``: answer CallFuncStart by streaming (chunk events carry copies of their data)."""
     conn = Connection(Role.SERVER)
     target = np.zeros(BIG, np.uint8)
     events, pos = [], 0
@@ -48,7 +52,11 @@ def drive(data: bytes, cuts: list[int], use_recv_into: bool):
                 ev = conn.next_event()
                 if ev is NEED_DATA:
                     break
+                if isinstance(ev, CallFuncChunk):  # its data is only valid until the next call
+                    ev = CallFuncChunk(memoryview(bytes(ev.data)))
                 events.append(ev)
+                if isinstance(ev, CallFuncStart):
+                    conn.stream_call(stream)
                 if isinstance(ev, HandshakeRequest):
                     conn.accept("")
                 if isinstance(ev, CopyToRemoteStart):
@@ -59,19 +67,64 @@ def drive(data: bytes, cuts: list[int], use_recv_into: bool):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(0, 10 ** 6), max_size=12), st.booleans())
-def test_any_chunking_gives_the_same_events(cuts, use_recv_into):
+@given(st.lists(st.integers(0, 10 ** 6), max_size=12), st.booleans(), st.booleans())
+def test_any_chunking_gives_the_same_events(cuts, use_recv_into, stream):
     payload = bytes(np.random.default_rng(1).integers(0, 256, BIG, dtype=np.uint8))
-    events, target = drive(client_stream(payload), cuts, use_recv_into)
+    events, target = drive(client_stream(payload), cuts, use_recv_into, stream)
     kinds = [type(e) for e in events]
-    assert kinds == [HandshakeRequest, Syscall, CopyToRemoteStart, CopyToRemote, CallFunc, Shutdown,
-                     ConnectionClosed]
     assert events[0].key == "k" and events[0].options == {"timeout": "5"}
+    assert kinds[:5] == [HandshakeRequest, Syscall, CopyToRemoteStart, CopyToRemote, CallFuncStart]
     copy = events[3]
     assert copy.in_place and copy.tensor == TENSOR and bytes(target) == payload
-    call = events[4]
-    assert call.handle == 0x77 and call.args[0] == "big.bin" and bytes(call.args[1]) == payload
-    assert events[-1].clean
+    start = events[4]
+    assert start.handle == 0x77 and start.args == ["big.bin"] and start.nbytes == BIG
+    if stream:  # the bytes come in pieces through one bounded buffer, then the end of the call
+        pieces = [e for e in events[5:-3]]
+        assert all(isinstance(e, CallFuncChunk) and 0 < len(e.data) <= 1 << 20 for e in pieces)
+        assert b"".join(bytes(e.data) for e in pieces) == payload
+        assert isinstance(events[-3], CallFuncEnd) and events[-3].handle == 0x77
+    else:  # declined: the whole call as usual
+        assert kinds[5:-2] == [CallFunc]
+        call = events[5]
+        assert call.handle == 0x77 and call.args[0] == "big.bin" and bytes(call.args[1]) == payload
+    assert kinds[-2:] == [Shutdown, ConnectionClosed] and events[-1].clean
+
+
+def test_streamed_call_comes_in_bounded_pieces():
+    """A 5 MB upload streams through a buffer of 1 MB: pieces never exceed it, bytes arrive in order."""
+    payload = bytes(np.random.default_rng(2).integers(0, 256, 5 << 20, dtype=np.uint8))
+    c = Connection(Role.CLIENT, dialect=Dialect.FFI)
+    data = b"".join(bytes(p) for p in [c.start("")] + c.send_syscall(RPCCode.GET_GLOBAL_FUNC, ["f"])
+                    + c.send_call(0x77, ["big.bin", payload]))
+    events, _ = drive(data, [3 << 20], True, stream=True)
+    pieces = [e for e in events if isinstance(e, CallFuncChunk)]
+    assert len(pieces) >= 5 and max(len(e.data) for e in pieces) <= 1 << 20
+    assert b"".join(bytes(e.data) for e in pieces) == payload
+
+
+@pytest.mark.parametrize("dialect", [Dialect.CLASSIC, Dialect.FFI])
+def test_uploads_stream_in_both_dialects(dialect):
+    c = Connection(Role.CLIENT, dialect=dialect)
+    server = Connection(Role.SERVER, dialect=dialect)
+    server.receive_data(b"".join(bytes(p) for p in [c.start("")] + c.send_call(0x77, ["m.so", bytes(BIG)])))
+    assert isinstance(server.next_event(), HandshakeRequest)
+    server.accept("")
+    start = server.next_event()
+    assert isinstance(start, CallFuncStart) and start.args == ["m.so"] and start.nbytes == BIG
+
+
+def test_only_calls_ending_in_bytes_stream():
+    """A large call whose last argument is not bytes (or whose dialect is unknown) stays whole."""
+    c = Connection(Role.CLIENT, dialect=Dialect.FFI)
+    data = b"".join(bytes(p) for p in [c.start("")] + c.send_syscall(RPCCode.GET_GLOBAL_FUNC, ["f"])
+                    + c.send_call(0x77, [bytes(BIG), "name.bin"]))
+    events, _ = drive(data, [], False, stream=True)
+    assert [type(e) for e in events][-2:] == [CallFunc, ConnectionClosed]
+    fresh = Connection(Role.SERVER)  # dialect not known yet: no streaming
+    fresh.receive_data(b"".join(bytes(p) for p in [c.start("")] + c.send_call(0x77, ["n", bytes(BIG)])))
+    assert isinstance(fresh.next_event(), HandshakeRequest)
+    fresh.accept("")
+    assert isinstance(fresh.next_event(), CallFunc)
 
 
 def test_rejected_copy_target_discards_the_body_and_reports():
@@ -89,8 +142,11 @@ def test_rejected_copy_target_discards_the_body_and_reports():
             conn.accept("")
         if isinstance(ev, CopyToRemoteStart):
             conn.set_copy_target(None, "no such buffer")
+        if isinstance(ev, CallFuncStart):
+            conn.stream_call(False)
     names = [type(e).__name__ for e in seen]
-    assert names == ["HandshakeRequest", "Syscall", "CopyToRemoteStart", "BadPacket", "CallFunc", "Shutdown"]
+    assert names == ["HandshakeRequest", "Syscall", "CopyToRemoteStart", "BadPacket", "CallFuncStart",
+                     "CallFunc", "Shutdown"]
     assert seen[3].error == "no such buffer"
 
 
@@ -122,3 +178,13 @@ def test_garbage_after_handshake_never_raises(data):
             break
     else:
         raise AssertionError("no ConnectionClosed at the end of the stream")
+
+
+def test_rejected_copy_larger_than_the_discard_buffer_when_all_of_it_is_buffered():
+    """A refused multi-MB copy whose bytes were all received at once is discarded to its end (the
+    discard buffer is reused: the connection must not wait for bytes it already holds)."""
+    payload = bytes(3 << 20)
+    events, _ = drive(client_stream(payload), [], False)
+    kinds = [type(e).__name__ for e in events]
+    assert kinds[:4] == ["HandshakeRequest", "Syscall", "CopyToRemoteStart", "BadPacket"], kinds
+    assert kinds[-2:] == ["Shutdown", "ConnectionClosed"] and events[-1].clean

@@ -1,0 +1,94 @@
+"""The sending half of a :class:`~rpcsrv.protocol.connection.Connection`: every packet an RPC peer
+writes, as a list of buffers (large payloads by reference, never joined).
+
+Packet shape: ``int64 nbytes``, then ``int32 RPCCode`` and the body (``rpc_endpoint.cc``); bodies
+that carry values use the packed-sequence codec in the connection's dialect (tvm-ffi until known).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Optional
+
+from .codec import Writer, encode_packed_seq
+from .codes import PROTOCOL_VERSION, Dialect, RPCCode
+from .values import TensorHeader
+
+_I32 = struct.Struct("<i")
+_I64 = struct.Struct("<q")
+
+
+class PacketWriter:
+    """Mixed into ``Connection``: builds packets in ``self.dialect``."""
+
+    dialect: Optional[Dialect]
+
+    def _dialect_for_send(self) -> Dialect:
+        return self.dialect or Dialect.FFI
+
+    def send_return(self, values: list) -> list:
+        w = _packet(RPCCode.RETURN)
+        encode_packed_seq(w, values, self._dialect_for_send())
+        return _done(w)
+
+    def send_init_reply(self) -> list:
+        """(server) The kInitServer answer: void in a known dialect, zero values in auto mode."""
+        return self.send_return([None] if self.dialect else [])
+
+    def send_exception(self, message: str) -> list:
+        w = _packet(RPCCode.EXCEPTION)
+        encode_packed_seq(w, [message], self._dialect_for_send())
+        return _done(w)
+
+    def send_copy_ack(self, data) -> list:
+        return [_I64.pack(4 + len(data)) + _I32.pack(RPCCode.COPY_ACK), data]
+
+    def send_init_server(self, args: Optional[list] = None, version: str = PROTOCOL_VERSION) -> list:
+        w = _packet(RPCCode.INIT_SERVER)
+        w.blob(version.encode())
+        encode_packed_seq(w, args or [], self._dialect_for_send())
+        return _done(w)
+
+    def send_call(self, handle: int, args: list) -> list:
+        w = _packet(RPCCode.CALL_FUNC)
+        w.u64(handle)
+        encode_packed_seq(w, args, self._dialect_for_send(), bytes_object=True)
+        return _done(w)
+
+    def send_syscall(self, code: RPCCode, args: list) -> list:
+        w = _packet(code)
+        encode_packed_seq(w, args, self._dialect_for_send())
+        return _done(w)
+
+    def send_copy_to_remote(self, tensor: TensorHeader, data) -> list:
+        w = _packet(RPCCode.COPY_TO_REMOTE)
+        w.tensor(tensor)
+        w.u64(len(data))
+        w.put_big(data)
+        return _done(w)
+
+    def send_copy_from_remote(self, tensor: TensorHeader, nbytes: int) -> list:
+        w = _packet(RPCCode.COPY_FROM_REMOTE)
+        w.tensor(tensor)
+        w.u64(nbytes)
+        return _done(w)
+
+    def send_shutdown(self) -> list:
+        return _done(_packet(RPCCode.SHUTDOWN))
+
+
+_HEAD = struct.Struct("<qi")
+
+
+def _packet(code: int) -> Writer:
+    """A writer for one packet, opened with its length (filled in by :func:`_done`) and RPC code."""
+    w = Writer()
+    w.put(_HEAD.pack(0, code))
+    return w
+
+
+def _done(w: Writer) -> list:
+    """The packet's buffers, its length written into the first (a bytearray holding the head)."""
+    parts = w.finish()
+    _I64.pack_into(parts[0], 0, sum(map(len, parts)) - 8)
+    return parts
