@@ -1,10 +1,16 @@
 """RPC benchmark: rpcsrv against TVM's own RPC server, driven by the real TVM client.
 
-    python bench/rpc_bench.py [--size-mb 64] [--calls 300] [--repeat 3]
+    python bench/rpc_bench.py [--size-mb 64] [--calls 1000] [--rounds 7] [--repeat 3]
 
 Measures, on loopback:
-  * small-call round trip (``tvm.rpc.server.workpath("x")``), microseconds per call;
-  * copy to remote, copy from remote and upload of ``--size-mb`` MB, MB/s (best of ``--repeat``);
+  * small-call round trip (``tvm.rpc.server.workpath("x")``), microseconds per call: the median of
+    ``--rounds`` rounds of ``--calls`` calls, the servers taking turns round by round, in two CPU
+    placements: client and servers pinned to one CPU (each call costs what client and server compute:
+    the processing cost) and to two different CPUs (a wake-up crosses CPUs on every call, as between
+    two machines).  Left to the scheduler, a figure swings between the two regimes from run to run;
+  * copy to remote, copy from remote and upload of ``--size-mb`` MB, MB/s (best of ``--repeat``), and
+    for the TVM client how busy the client process itself was meanwhile (its CPU time / wall time:
+    near 100% means the client, not the server, sets the pace);
 for (a) the TVM client against ``python -m tvm.exec.rpc_server`` (the anchor), (b) the TVM client
 against ``rpcsrv serve``, (c) our pure-Python client against rpcsrv, (d) a raw loopback socket moving
 the same bytes.  Prints the figures and the ratios the project targets:
@@ -14,12 +20,14 @@ round trip rpcsrv/TVM <= 1.5x; TVM-client throughput rpcsrv/TVM >= 1.5x; our cli
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -52,37 +60,64 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def best(fn, repeat: int) -> float:
-    times = []
+def best(fn, repeat: int) -> tuple[float, float]:
+    """(fastest wall time, this process's CPU time / wall time in that run)."""
+    runs = []
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+        wall = time.perf_counter() - t0
+        runs.append((wall, (time.process_time() - c0) / wall))
+    return min(runs)
 
 
-def measure(sess, make_array, calls: int, nbytes: int, repeat: int) -> dict[str, float]:
-    """Round trip (us/call) and MB/s for copy to / copy from / upload, for any tvm.rpc-shaped session."""
-    f = sess.get_function("tvm.rpc.server.workpath")
-    f("x")
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        f("x")
-    rt = (time.perf_counter() - t0) / calls * 1e6
+def pin(pgids: list[int], server_cpus: set[int], client_cpus: set[int]) -> None:
+    """Pin this thread to ``client_cpus`` and every process of the servers' groups to ``server_cpus``."""
+    os.sched_setaffinity(0, client_cpus)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getpgid(int(entry)) in pgids:
+                    for task in os.listdir(f"/proc/{entry}/task"):
+                        os.sched_setaffinity(int(task), server_cpus)
+            except (ProcessLookupError, PermissionError, FileNotFoundError):
+                pass
+
+
+def round_trips(sessions: dict, calls: int, rounds: int) -> dict[str, float]:
+    """Median microseconds per small call for each session, the sessions taking turns per round."""
+    funcs = {name: s.get_function("tvm.rpc.server.workpath") for name, s in sessions.items()}
+    per_round: dict[str, list[float]] = {name: [] for name in sessions}
+    for _ in range(rounds):
+        for name, f in funcs.items():
+            f("x")
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                f("x")
+            per_round[name].append((time.perf_counter() - t0) / calls * 1e6)
+    return {name: float(np.median(v)) for name, v in per_round.items()}
+
+
+def measure(sess, make_array, nbytes: int, repeat: int) -> dict[str, float]:
+    """MB/s for copy to / copy from / upload (and client busy share), for any tvm.rpc-shaped session."""
     x = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
     arr = make_array(x)
     mb = nbytes / 1e6
-    to = mb / best(lambda: arr.copyfrom(x), repeat)
-    frm = mb / best(lambda: arr.numpy(), repeat)
-    np.testing.assert_array_equal(arr.numpy(), x)
+    row = {}
     blob = bytearray(x.tobytes())
-    up = mb / best(lambda: sess.upload(blob, "bench.bin"), repeat)
+    for col, fn in (("copy to", lambda: arr.copyfrom(x)), ("copy from", lambda: arr.numpy()),
+                    ("upload", lambda: sess.upload(blob, "bench.bin"))):
+        wall, busy = best(fn, repeat)
+        row[f"{col} MB/s"] = mb / wall
+        row[f"{col} client busy"] = busy
+    np.testing.assert_array_equal(arr.numpy(), x)
     sess.remove("bench.bin")
-    return {"round trip us": rt, "copy to MB/s": to, "copy from MB/s": frm, "upload MB/s": up}
+    return row
 
 
-def raw_socket(nbytes: int, repeat: int) -> float:
-    """MB/s of one loopback TCP connection moving nbytes and waiting for a 1-byte ack."""
+def raw_socket(nbytes: int, repeat: int, to_file: bool = False) -> float:
+    """MB/s of one loopback TCP connection moving nbytes and waiting for a 1-byte ack; ``to_file``:
+    the receiver also writes what it gets to a file, 1 MB at a time (what an upload must do)."""
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(1)
@@ -91,10 +126,15 @@ def raw_socket(nbytes: int, repeat: int) -> float:
     def sink():
         conn, _ = srv.accept()
         buf = bytearray(1 << 20)
+        view = memoryview(buf)
         for _ in range(repeat):
             got = 0
-            while got < nbytes:
-                got += conn.recv_into(buf)
+            with tempfile.TemporaryFile() if to_file else contextlib.nullcontext() as f:
+                while got < nbytes:
+                    n = conn.recv_into(buf)
+                    if f:
+                        f.write(view[:n])
+                    got += n
             conn.sendall(b"k")
         conn.close()
 
@@ -106,20 +146,21 @@ def raw_socket(nbytes: int, repeat: int) -> float:
     def once():
         c.sendall(data)
         c.recv(1)
-    rate = nbytes / 1e6 / best(once, repeat)
+    rate = nbytes / 1e6 / best(once, repeat)[0]
     c.close()
     th.join()
     srv.close()
     return rate
 
 
-def run(size_mb: int, calls: int, repeat: int, with_tvm_server: bool = True) -> dict[str, dict]:
+def run(size_mb: int, calls: int, repeat: int, with_tvm_server: bool = True, rounds: int = 7) -> dict[str, dict]:
     import tvm
 
     from client import rpc as our_rpc
 
     nbytes = size_mb << 20
     results: dict[str, dict] = {}
+    sessions: dict = {}
     procs = []
     try:
         ours, ours_port = start([sys.executable, "-m", "rpcsrv", "serve", "--port", "0"], r":(\d+)")
@@ -130,16 +171,25 @@ def run(size_mb: int, calls: int, repeat: int, with_tvm_server: bool = True) -> 
                                          "--port", str(p0), "--port-end", str(p0 + 50)], r"bind to [\d.]+:(\d+)")
             procs.append(theirs)
             time.sleep(0.5)
-            s = tvm.rpc.connect("127.0.0.1", theirs_port)
-            results["TVM client -> TVM server"] = measure(
-                s, lambda x: tvm.runtime.tensor(x, s.cpu(0)), calls, nbytes, repeat)
-        s = tvm.rpc.connect("127.0.0.1", ours_port)
-        results["TVM client -> rpcsrv"] = measure(
-            s, lambda x: tvm.runtime.tensor(x, s.cpu(0)), calls, nbytes, repeat)
-        s2 = our_rpc.connect("127.0.0.1", ours_port)
-        results["our client -> rpcsrv"] = measure(s2, lambda x: s2.array(x), calls, nbytes, repeat)
-        s2.close()
+            sessions["TVM client -> TVM server"] = tvm.rpc.connect("127.0.0.1", theirs_port)
+        sessions["TVM client -> rpcsrv"] = tvm.rpc.connect("127.0.0.1", ours_port)
+        ours_client = sessions["our client -> rpcsrv"] = our_rpc.connect("127.0.0.1", ours_port)
+        results = {name: {} for name in sessions}
+        everywhere = os.sched_getaffinity(0)
+        cpu = min(everywhere)
+        other = min(everywhere - {cpu}, default=cpu)
+        for label, server_cpus in (("1 CPU", {cpu}), ("2 CPUs", {other})):
+            pin([p.pid for p in procs], server_cpus, {cpu})
+            for name, rt in round_trips(sessions, calls, rounds).items():
+                results[name][f"round trip us {label}"] = rt
+        pin([p.pid for p in procs], everywhere, everywhere)
+        for name, s in sessions.items():
+            make = (lambda x, s=s: s.array(x)) if s is ours_client else \
+                (lambda x, s=s: tvm.runtime.tensor(x, s.cpu(0)))
+            results[name].update(measure(s, make, nbytes, repeat))
+        ours_client.close()
         results["raw loopback socket"] = {"copy to MB/s": raw_socket(nbytes, repeat)}
+        results["raw socket into a file"] = {"upload MB/s": raw_socket(nbytes, repeat, to_file=True)}
     finally:
         for p in procs:
             try:
@@ -151,29 +201,41 @@ def run(size_mb: int, calls: int, repeat: int, with_tvm_server: bool = True) -> 
 
 
 def report(results: dict[str, dict]) -> str:
-    cols = ["round trip us", "copy to MB/s", "copy from MB/s", "upload MB/s"]
-    lines = [f"{'':28s}" + "".join(f"{c:>16s}" for c in cols)]
+    rts = ["round trip us 1 CPU", "round trip us 2 CPUs"]
+    cols = rts + ["copy to MB/s", "copy from MB/s", "upload MB/s"]
+    lines = [f"{'':28s}" + "".join(f"{c[:-6] if c in rts else '':>16s}" for c in cols),
+             f"{'':28s}" + "".join(f"{c[-6:] if c in rts else c:>16s}" for c in cols)]
     for name, row in results.items():
         lines.append(f"{name:28s}" + "".join(f"{row[c]:16.1f}" if c in row else f"{'-':>16s}" for c in cols))
+    busy = [c.replace("MB/s", "client busy") for c in cols[2:]]
+    for name, row in results.items():  # the client's own CPU share of each transfer
+        if busy[0] in row:
+            lines.append(f"{'  client CPU/wall':28s}{'':32s}" + "".join(f"{row[c]:16.0%}" for c in busy)
+                         + f"   ({name.split(' ->')[0]})")
     t, o, c = (results.get(k) for k in ("TVM client -> TVM server", "TVM client -> rpcsrv", "our client -> rpcsrv"))
     raw = results["raw loopback socket"]["copy to MB/s"]
     if t:
-        lines.append(f"round trip rpcsrv/TVM: {o['round trip us'] / t['round trip us']:.2f}x (target <= 1.5x)")
-        for col in cols[1:]:
+        for col in rts:
+            lines.append(f"{col.replace('us ', '')} rpcsrv/TVM: {o[col] / t[col]:.2f}x (target <= 1.5x)")
+        for col in cols[2:]:
             lines.append(f"{col} rpcsrv/TVM server (TVM client): {o[col] / t[col]:.2f}x (target >= 1.5x)")
     for col in ("copy to MB/s", "copy from MB/s", "upload MB/s"):
         lines.append(f"{col} our client / raw socket: {c[col] / raw:.0%} (target >= 50%)")
+    into_file = results["raw socket into a file"]["upload MB/s"]
+    lines.append(f"upload MB/s our client / raw socket into a file: {c['upload MB/s'] / into_file:.0%} "
+                 f"(an upload also writes the file)")
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-mb", type=int, default=64)
-    ap.add_argument("--calls", type=int, default=300)
+    ap.add_argument("--calls", type=int, default=1000, help="calls per round trip round")
+    ap.add_argument("--rounds", type=int, default=7, help="round trip rounds (median reported)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-tvm-server", action="store_true", help="skip the TVM server anchor")
     args = ap.parse_args(argv)
-    print(report(run(args.size_mb, args.calls, args.repeat, not args.no_tvm_server)))
+    print(report(run(args.size_mb, args.calls, args.repeat, not args.no_tvm_server, args.rounds)))
     return 0
 
 

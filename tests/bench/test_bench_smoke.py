@@ -14,8 +14,9 @@ def test_rpc_bench_smoke():
     need_module("tvm", "the benchmark drives the real TVM client")
     import rpc_bench
 
-    results = rpc_bench.run(size_mb=1, calls=20, repeat=1, with_tvm_server=True)
+    results = rpc_bench.run(size_mb=1, calls=20, repeat=1, with_tvm_server=True, rounds=2)
     text = rpc_bench.report(results)
-    assert "round trip rpcsrv/TVM" in text and "our client / raw socket" in text
+    assert "round trip 1 CPU rpcsrv/TVM" in text and "round trip 2 CPUs rpcsrv/TVM" in text
+    assert "our client / raw socket" in text and "raw socket into a file" in text
     for row in ("TVM client -> TVM server", "TVM client -> rpcsrv", "our client -> rpcsrv"):
         assert all(v > 0 for v in results[row].values())
