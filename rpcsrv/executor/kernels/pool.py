@@ -44,7 +44,7 @@ def max_pool(x, *, auto_pad: str = "NOTSET", ceil_mode: int = 0, dilations=None,
         "max_pool", x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     xp = pad_spatial(x, begin, end, _lowest(x.dtype))
     if not return_indices:
-        return _reduce_taps(np.maximum, windows(xp, kernel, strides, dilations, out), k)
+        return _separable_max(xp, kernel, strides, dilations, out)
     ip = pad_spatial(_flat_indices(x.shape, storage_order), begin, end, -1)
     win, iwin = windows(xp, kernel, strides, dilations, out), windows(ip, kernel, strides, dilations, out)
     taps = np.ndindex(*kernel)
@@ -64,6 +64,26 @@ def _flat_indices(shape, storage_order: int) -> np.ndarray:
     inner = np.arange(spatial, dtype=np.int64).reshape(shape[2:], order="F" if storage_order else "C")
     outer = np.arange(shape[0] * shape[1], dtype=np.int64).reshape(shape[:2] + (1,) * (len(shape) - 2))
     return outer * spatial + inner
+
+
+def _separable_max(xp: np.ndarray, kernel, strides, dilations, out) -> np.ndarray:
+    """Window maxima of a padded input one spatial dim at a time: sum(K_i - 1) passes, not prod(K) - 1.
+
+    Max is exact in any order, so reducing rows first and then columns gives the values of the
+    whole window at once (a 3x3 pool: 4 passes instead of 8, the first ones over whole rows;
+    32x56x56 3x3/2: 83 us -> 49 us).
+    """
+    k = len(kernel)
+    y = xp
+    for i in range(k):
+        lead = (slice(None),) * (xp.ndim - k + i)
+        step, span = strides[i], (out[i] - 1) * strides[i] + 1
+        taps = [lead + (slice(t * dilations[i], t * dilations[i] + span, step),) for t in range(kernel[i])]
+        acc = np.array(y[taps[0]])
+        for tap in taps[1:]:
+            np.maximum(acc, y[tap], out=acc)
+        y = acc
+    return y
 
 
 def _reduce_taps(ufunc, win: np.ndarray, k: int) -> np.ndarray:

@@ -68,8 +68,9 @@ def resolve_pads(op: str, in_sizes, kernel, strides, dilations, pads, auto_pad: 
 def pad_spatial(x: np.ndarray, begin, end, value, slack: int = 0) -> np.ndarray:
     """``x`` padded on its trailing spatial dims with a constant (no copy when nothing to pad).
 
-    The result is a fresh C-contiguous buffer filled once and ``x`` written into its interior
-    (``np.pad`` costs ~20 us of Python per call, more than the copy for most conv inputs).
+    The result is a fresh C-contiguous buffer: ``x`` is copied into its interior and only the
+    border (and ``slack``) is filled with ``value`` (``np.pad`` costs ~20 us of Python per call,
+    more than the copy for most conv inputs; filling the whole buffer first costs another pass).
     ``slack`` > 0 always copies and leaves that many extra ``value`` elements after the padded
     tensor in the same memory (``result.base``), for readers that run past its end (im2col).
     """
@@ -78,9 +79,17 @@ def pad_spatial(x: np.ndarray, begin, end, value, slack: int = 0) -> np.ndarray:
     lead = x.ndim - len(begin)
     shape = x.shape[:lead] + tuple(n + b + e for n, b, e in zip(x.shape[lead:], begin, end))
     size = math.prod(shape)
-    flat = np.zeros(size + slack, x.dtype) if value == 0 else np.full(size + slack, value, x.dtype)
+    flat = np.empty(size + slack, x.dtype)
+    flat[size:] = value
     xp = flat[:size].reshape(shape)
-    xp[(slice(None),) * lead + tuple(slice(b, b + n) for b, n in zip(begin, x.shape[lead:]))] = x
+    inner = tuple(slice(b, b + n) for b, n in zip(begin, x.shape[lead:]))
+    xp[(slice(None),) * lead + inner] = x
+    for i, (b, e) in enumerate(zip(begin, end)):  # the border slabs, dim by dim
+        before = (slice(None),) * lead + inner[:i]
+        if b:
+            xp[before + (slice(0, b),)] = value
+        if e:
+            xp[before + (slice(b + x.shape[lead + i], None),)] = value
     return xp
 
 
