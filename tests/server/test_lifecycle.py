@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import signal
 import socket
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -54,11 +56,8 @@ def test_port_range_skips_busy_ports(tmp_path):
     busy.bind(("127.0.0.1", 0))
     busy.listen(1)
     port = busy.getsockname()[1]
-    srv = None
+    proc = None
     try:
-        import subprocess
-        import sys
-
         proc = subprocess.Popen([sys.executable, "-m", "rpcsrv", "serve", "--port", str(port),
                                  "--port-end", str(port + 20), "--workdir", str(tmp_path)],
                                 stdout=subprocess.PIPE, text=True)
@@ -72,6 +71,8 @@ def test_port_range_skips_busy_ports(tmp_path):
         assert proc.wait(15) == 0
     finally:
         busy.close()
+        if proc is not None and proc.poll() is None:
+            proc.kill()
 
 
 def test_concurrent_sessions_are_isolated(server):

@@ -16,7 +16,7 @@ import trio
 
 from conftest import need_shared
 from recordings import packets, reencode
-from rpcsrv.protocol import (NEED_DATA, CallFunc, Connection, CopyAck, CopyFromRemote, CopyToRemote,
+from rpcsrv.protocol import (CallFunc, Connection, CopyAck, CopyFromRemote, CopyToRemote,
                              Dialect, Handle, RemoteError, Return, Role, RPCCode, Syscall, TensorHeader)
 from rpcsrv.server import ServerConfig, serve
 
