@@ -99,18 +99,20 @@ class ServerProcess:
                 self.proc.wait()
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """A keyless rpcsrv for the tests of one module."""
-    srv = ServerProcess(workdir=tmp_path_factory.mktemp("rpcsrv-work"))
+def module_server(tmp_path_factory, *args: str):
+    """Body of a module-scoped server fixture: the server must outlive every test that used it."""
+    srv = ServerProcess(*args, workdir=tmp_path_factory.mktemp("rpcsrv-work"))
     yield srv
     assert srv.alive(), "the server died during the tests"
     srv.stop()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A keyless rpcsrv for the tests of one module."""
+    yield from module_server(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def keyed_server(tmp_path_factory):
-    srv = ServerProcess("--key", "board-a", workdir=tmp_path_factory.mktemp("rpcsrv-work"))
-    yield srv
-    assert srv.alive(), "the server died during the tests"
-    srv.stop()
+    yield from module_server(tmp_path_factory, "--key", "board-a")

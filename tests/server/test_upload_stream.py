@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from client import rpc
-from conftest import ServerProcess, need_module
+from conftest import module_server, need_module
 from rpcsrv.protocol import Dialect
 
 
@@ -25,10 +25,7 @@ def peak_rss_mb(pid: int) -> float:
 @pytest.fixture(scope="module")
 def small_server(tmp_path_factory):
     """A server whose sessions may store at most 8 MB."""
-    srv = ServerProcess("--max-workspace-mb", "8", workdir=tmp_path_factory.mktemp("work"))
-    yield srv
-    assert srv.alive(), "the server died during the tests"
-    srv.stop()
+    yield from module_server(tmp_path_factory, "--max-workspace-mb", "8")
 
 
 def payload(nbytes: int, seed: int = 0) -> bytes:
