@@ -2,8 +2,9 @@
 
 1. **Merge composites** (TVM's ``MergeComposite``): a pattern table, tried in order, fuses chains
    such as Conv(+Add bias) → Relu (``examplejson.conv2d_bias_relu``) or MatMul → Add(bias)
-   (``dense_bias``, a Gemm) into one op whose kernel applies the activation
-   (``"activation": "relu"``).  A chain only fuses when the inner tensors are used by nothing else.
+   (``dense_bias``: a Gemm for 2-D operands, else a MatMul with a bias input) into one op whose
+   kernel applies the activation (``"activation": "relu"``).  A chain only fuses when the inner
+   tensors are used by nothing else.
 2. **Annotate** (``AnnotateTarget``): each op is supported when its kernel is in the chosen op set
    (the board's kernel table, optionally restricted with ``--ops``) and its attributes are ones the
    kernel knows; otherwise the reason is kept for the error message.
@@ -112,6 +113,26 @@ def _dense_bias(mm: Node, add: Node, graph: Graph) -> list[str] | None:
     return [mm.inputs[0], mm.inputs[1], bias[0]]
 
 
+def _matmul_bias(mm: Node, add: Node, graph: Graph) -> list[str] | None:
+    """MatMul inputs + bias for MatMul(A, B) → Add(constant) when the operands are not both 2-D
+    (a transformer's (1, seq, width) @ (width, n) projections): the ``matmul`` kernel adds its
+    optional third input in place.  The constant must broadcast onto the product without growing it.
+    """
+    bias = [i for i in add.inputs if i != mm.outputs[0]]
+    if len(add.inputs) != 2 or len(bias) != 1 or bias[0] not in graph.constants:
+        return None
+    y, c = graph.tensors.get(mm.outputs[0]), graph.tensors.get(bias[0])
+    out = graph.tensors.get(add.outputs[0])
+    if y is None or c is None or out is None or out.shape != y.shape or not y.shape:
+        return None
+    if not y.dtype == c.dtype == out.dtype or c.dtype not in ("float32", "float64", "float16"):
+        return None
+    if len(c.shape) > len(y.shape) or any(d not in (1, want) for d, want in
+                                          zip(reversed(c.shape), reversed(y.shape))):
+        return None
+    return [mm.inputs[0], mm.inputs[1], bias[0]]
+
+
 def _conv_bias(conv: Node, add: Node, graph: Graph) -> list[str] | None:
     """Conv inputs for Conv(X, W) → Add(per-channel constant), as PyTorch exports often write it.
 
@@ -161,8 +182,10 @@ def merge_composites(graph: Graph, ops: frozenset) -> list[Op]:
         if node.op_type == "MatMul" and nxt is not None and nxt.op_type == "Add" \
                 and {"matmul", "add"} <= ops and "gemm" in KERNELS:
             gemm_inputs = _dense_bias(node, nxt, graph)
-            if gemm_inputs is not None:
-                op = Op(f"{node.name}+{nxt.name}", "gemm", gemm_inputs, list(nxt.outputs), {},
+            mm_inputs = None if gemm_inputs is not None else _matmul_bias(node, nxt, graph)
+            if gemm_inputs is not None or mm_inputs is not None:
+                kernel = "gemm" if gemm_inputs is not None else "matmul"
+                op = Op(f"{node.name}+{nxt.name}", kernel, gemm_inputs or mm_inputs, list(nxt.outputs), {},
                         [node, nxt], f"{COMPILER}.dense_bias", requires={"matmul", "add"})
                 done.add(id(nxt))
                 nxt = next_node(nxt)

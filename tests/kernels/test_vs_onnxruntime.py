@@ -168,6 +168,24 @@ def test_gemm_fused_relu_and_matmul_broadcast():
     assert_close(KERNELS["matmul"](h, wt), ort_run("MatMul", [h, wt], {})[0], rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("a_shape, b_shape, c_shape", [
+    ((1, 16, 8), (8, 12), (12,)), ((2, 3, 5, 8), (8, 4), (1, 1, 4)), ((3, 8), (8, 5), (3, 5)),
+    ((4, 6, 8), (4, 8, 6), (4, 1, 6)), ((8,), (8, 3), (3,)),
+])
+def test_matmul_with_bias_input(a_shape, b_shape, c_shape):
+    a, b, c = rand(*a_shape), rand(*b_shape), rand(*c_shape)
+    want = ort_run("Add", [ort_run("MatMul", [a, b], {})[0], c], {})[0]
+    assert_close(KERNELS["matmul"](a, b, c), want)
+    assert_close(KERNELS["matmul"](a, b, c, activation="relu"), np.maximum(want, 0))
+
+
+def test_matmul_bias_must_not_grow_the_product():
+    with pytest.raises(ValueError, match="does not broadcast"):
+        KERNELS["matmul"](rand(2, 3), rand(3, 4), rand(5, 2, 4))
+    with pytest.raises(ValueError, match="does not broadcast"):
+        KERNELS["matmul"](rand(2, 3), rand(3, 4), rand(4).astype(np.float64))
+
+
 @pytest.mark.parametrize("op, inputs, attrs", [
     ("LayerNormalization", lambda: [rand(2, 7, 16), rand(16), rand(16)], {"epsilon": 1e-6}),
     ("LayerNormalization", lambda: [rand(2, 7, 16, dtype=np.float16), rand(16, dtype=np.float16),

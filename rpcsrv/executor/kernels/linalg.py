@@ -1,7 +1,8 @@
 """Matrix products: MatMul (batched, broadcasting), Gemm, Einsum.
 
 ``matmul`` and ``gemm`` accept the fused-composite attrs ``activation`` / ``activation_attrs`` (the
-compiler folds dense+bias(+relu) into one node).  Float16 is multiplied in float32: numpy's float16
+compiler folds dense+bias(+relu) into one node: ``gemm`` for 2-D inputs, ``matmul`` with its bias
+input ``c`` for higher ranks).  Float16 is multiplied in float32: numpy's float16
 matmul has no BLAS path and accumulates in float16.
 """
 
@@ -17,15 +18,29 @@ def _compute_dtype(dtype: np.dtype) -> np.dtype:
 
 
 @register("matmul")
-def matmul(a, b, *, activation=None, activation_attrs=None):
-    """ONNX MatMul (numpy.matmul semantics: 1-D promotion, batch dims broadcast)."""
+def matmul(a, b, c=None, *, activation=None, activation_attrs=None):
+    """ONNX MatMul (numpy.matmul semantics: 1-D promotion, batch dims broadcast).
+
+    ``c`` (an rpcsrv extension, the compiler's dense+bias composite for inputs of any rank) is
+    added to the product in place; it must broadcast to the product's shape without growing it.
+    """
     a, b = np.asarray(a), np.asarray(b)
     if a.dtype != b.dtype:
         raise bad("matmul", f"input dtypes differ: {a.dtype} and {b.dtype}")
     if a.ndim == 0 or b.ndim == 0:
         raise bad("matmul", "inputs must have at least one dimension")
     ct = _compute_dtype(a.dtype)
-    y = np.asarray(np.matmul(a.astype(ct, copy=False), b.astype(ct, copy=False))).astype(a.dtype, copy=False)
+    y = np.asarray(np.matmul(a.astype(ct, copy=False), b.astype(ct, copy=False)))
+    if c is not None:
+        c = np.asarray(c)
+        if c.dtype != a.dtype or np.broadcast_shapes(y.shape, c.shape) != y.shape:
+            raise bad("matmul", f"bias {c.dtype} {list(c.shape)} does not broadcast onto the "
+                                f"{a.dtype} product {list(y.shape)}")
+        if y.ndim == 0:
+            y = y + c.astype(ct, copy=False)
+        else:
+            y += c.astype(ct, copy=False)
+    y = y.astype(a.dtype, copy=False)
     return apply_activation(y, activation, activation_attrs, "matmul")
 
 
