@@ -93,13 +93,35 @@ _arg("arg_max", np.argmax)
 _arg("arg_min", np.argmin)
 
 
+def _shift(xc: np.ndarray, a: int) -> np.ndarray:
+    """A per-row shift for softmax along axis ``a``: the row maximum, NaN-free where possible.
+
+    ``fmax.reduce`` ignores NaN (np.max returns it) and is ~1.4x faster on 64-wide rows; the
+    softmax results are the same either way, since a NaN in a row makes the row's sum, and so the
+    whole row, NaN.  Rows of at most 16 along the last axis are folded in halves instead: numpy's
+    reductions pay ~60 ns per row, four maximum passes over the whole array cost less.
+    """
+    n = xc.shape[a] if xc.ndim else 1
+    if a != xc.ndim - 1 or not 2 <= n <= 16:
+        return np.fmax.reduce(xc, axis=a, keepdims=True)
+    y = xc
+    while y.shape[-1] > 1:
+        n = y.shape[-1]
+        h = n // 2
+        z = np.maximum(y[..., :h], y[..., h:2 * h])
+        if n % 2:
+            np.maximum(z[..., :1], y[..., 2 * h:], out=z[..., :1])
+        y = z
+    return y
+
+
 def _softmax_parts(x, axis, op):
     x = np.asarray(x)
     a = norm_axis(axis, x.ndim, op)
     ct = np.float32 if x.dtype == np.float16 else x.dtype
     xc = x.astype(ct, copy=False)
     with np.errstate(invalid="ignore"):  # an all -inf row gives NaN, as in ONNX
-        shifted = xc - np.max(xc, axis=a, keepdims=True)
+        shifted = xc - _shift(xc, a)
     return x, a, shifted
 
 
@@ -108,7 +130,7 @@ def softmax(x, *, axis: int = -1):
     """ONNX Softmax (opset 13 semantics: along one axis)."""
     x, a, shifted = _softmax_parts(x, axis, "softmax")
     e = np.exp(shifted, out=shifted)  # ``shifted`` is our own temporary
-    e /= np.sum(e, axis=a, keepdims=True)
+    e /= np.add.reduce(e, axis=a, keepdims=True)
     return e.astype(x.dtype, copy=False)
 
 
