@@ -2,8 +2,10 @@
 
 Two models are built here with ``onnx.helper`` (random weights, fixed seed):
 
-* ``resnet``  — a ResNet-18-style CNN on a 1x3x112x112 image: conv stem, four stages of two basic
-  residual blocks (Conv-BN-ReLU, 1x1 projection when the shape changes), global average pool, Gemm.
+* ``resnet``  — a ResNet-18-style CNN: conv stem, max pool, four stages of two basic residual blocks
+  (Conv-BN-ReLU, 1x1 projection when the shape changes), global average pool, Gemm.  ``--size half``
+  (default) is a half-width ResNet-18 on 1x3x112x112 (3x3 stem, widths 32/64/128/256); ``--size
+  full`` is the real ResNet-18 shape, 1x3x224x224 with a 7x7 stem and widths 64/128/256/512.
 * ``encoder`` — a two-layer transformer encoder (sequence 64, width 128, 4 heads, FFN 512, post-norm
   LayerNormalization, ReLU).
 
@@ -16,10 +18,18 @@ same ONNX model in the same process with the same thread budget (also without it
 for context).
 
     python bench/executor_bench.py [--threads 1] [--repeat 20] [--models resnet,encoder]
-                                   [--compiler client,adapter]
+                                   [--compiler client,adapter] [--size half,full]
+                                   [--blas-core env|auto|NAME]
 
-Prints one JSON line per model and compiler: median latencies, ratios, the largest output difference
-and the time spent in kernels by op (the rest of a run is executor overhead).
+Prints one JSON line per model, size and compiler: median latencies, ratios, the largest output
+difference, the time spent in kernels by op (the rest of a run is executor overhead) and the
+OpenBLAS core numpy's matrix products ran on.
+
+numpy's OpenBLAS picks its kernels by CPU unless ``OPENBLAS_CORETYPE`` names a core; a machine
+may pin an older core (e.g. ``Haswell``, AVX2) on a CPU that has AVX-512, which makes every GEMM
+slower while onnxruntime still uses AVX-512.  ``--blas-core env`` (default) measures with the
+environment as it is; ``auto`` drops ``OPENBLAS_CORETYPE`` before numpy starts (OpenBLAS then
+detects the CPU), ``NAME`` sets it.  The core in use is reported in every row.
 """
 
 from __future__ import annotations
@@ -34,15 +44,27 @@ import time
 from pathlib import Path
 
 
-def _threads_from_argv() -> str:
+def _from_argv(option: str, default: str) -> str:
+    """``--option VALUE`` or ``--option=VALUE`` from the command line, before argparse runs."""
     for k, arg in enumerate(sys.argv):
-        if arg.startswith("--threads"):
-            return arg.split("=", 1)[1] if "=" in arg else sys.argv[k + 1]
-    return "1"
+        if arg == option and k + 1 < len(sys.argv):
+            return sys.argv[k + 1]
+        if arg.startswith(option + "="):
+            return arg.split("=", 1)[1]
+    return default
+
+
+def _blas_environment(core: str) -> None:
+    """Apply ``--blas-core`` (see the module docstring); must precede numpy's BLAS start-up."""
+    if core == "auto":
+        os.environ.pop("OPENBLAS_CORETYPE", None)
+    elif core != "env":
+        os.environ["OPENBLAS_CORETYPE"] = core
 
 
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, _threads_from_argv())  # must precede numpy's BLAS start-up
+    os.environ.setdefault(_var, _from_argv("--threads", "1"))  # must precede numpy's BLAS start-up
+_blas_environment(_from_argv("--blas-core", "env"))
 
 import numpy as np  # noqa: E402
 
@@ -103,7 +125,12 @@ class ModelBuilder:
         return model
 
 
-def build_resnet():
+#: --size: (input side, stem kernel, stage widths)
+RESNET_SIZES = {"half": (112, 3, (32, 64, 128, 256)), "full": (224, 7, (64, 128, 256, 512))}
+
+
+def build_resnet(size: str = "half"):
+    side, stem, widths = RESNET_SIZES[size]
     b = ModelBuilder(0)
 
     def conv_bn(x, cin, cout, k, stride, relu=True):
@@ -113,10 +140,10 @@ def build_resnet():
                                         b.weight((cout,), 0.1, "m"), b.weight((cout,), 0.1, "v", 1.0)])
         return b.op("Relu", [y]) if relu else y
 
-    x = conv_bn("data", 3, 32, 3, 2)
+    x = conv_bn("data", 3, widths[0], stem, 2)
     x = b.op("MaxPool", [x], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
-    cin = 32
-    for cout, stride in ((32, 1), (64, 2), (128, 2), (256, 2)):
+    cin = widths[0]
+    for cout, stride in zip(widths, (1, 2, 2, 2)):
         for block in range(2):
             s = stride if block == 0 else 1
             y = conv_bn(x, cin, cout, 3, s)
@@ -126,7 +153,7 @@ def build_resnet():
             cin = cout
     x = b.op("Flatten", [b.op("GlobalAveragePool", [x])])
     out = b.op("Gemm", [x, b.weight((10, cin)), b.weight((10,), 0.01)], transB=1)
-    return b.model([("data", [1, 3, 112, 112])], out)
+    return b.model([("data", [1, 3, side, side])], out)
 
 
 def build_encoder(seq=64, width=128, heads=4, ffn=512, layers=2):
@@ -324,6 +351,28 @@ def kernel_profile(ex, run, repeat: int) -> dict[str, float]:
     return {op: round(t * 1e3 / runs, 3) for op, t in totals.items()}
 
 
+def blas_core() -> str:
+    """The OpenBLAS core numpy's BLAS runs on (``Haswell``, ``SkylakeX``, ...), or "unknown"."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as maps:
+            libs = sorted({line.split()[-1] for line in maps if "openblas" in line.lower()})
+    except OSError:
+        return "unknown"
+    for lib in libs:
+        try:
+            handle = ctypes.CDLL(lib)
+        except OSError:
+            continue
+        for symbol in ("scipy_openblas_get_corename64_", "scipy_openblas_get_corename", "openblas_get_corename"):
+            fn = getattr(handle, symbol, None)
+            if fn is not None:
+                fn.restype = ctypes.c_char_p
+                return fn().decode()
+    return "unknown"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1, help="threads for onnxruntime and BLAS (default 1)")
@@ -331,16 +380,35 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default="resnet,encoder")
     ap.add_argument("--compiler", default="client,adapter",
                     help="client (client.compile_onnx), adapter (this file's converter) or both")
+    ap.add_argument("--size", default="half",
+                    help="resnet size(s): half (112x112, widths 32..256), full (ResNet-18, 224x224), or half,full")
+    ap.add_argument("--blas-core", default="env",
+                    help="env (as the environment says, default), auto (drop OPENBLAS_CORETYPE) or a core "
+                         "name; only honoured on the command line (it must act before numpy starts)")
     args = ap.parse_args(argv)
-    builders = {"resnet": build_resnet, "encoder": build_encoder}
+    sizes = args.size.split(",")
+    unknown = sorted(set(sizes) - set(RESNET_SIZES))
+    if unknown:
+        ap.error(f"unknown --size {', '.join(unknown)} (choose from {', '.join(RESNET_SIZES)})")
+    core = {"blas_core": blas_core(), "openblas_coretype_env": os.environ.get("OPENBLAS_CORETYPE", "")}
+    runs = []
+    for name in args.models.split(","):
+        if name == "resnet":
+            runs += [(name, size, lambda size=size: build_resnet(size)) for size in sizes]
+        elif name == "encoder":
+            runs.append((name, None, build_encoder))
+        else:
+            ap.error(f"unknown model {name!r} (choose from resnet, encoder)")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name in args.models.split(","):
+        for name, size, build in runs:
+            label = {"size": size} if size else {}
             for compiler in args.compiler.split(","):
                 try:
-                    rows.append(bench(name, builders[name](), args.threads, args.repeat, Path(tmp), compiler))
+                    row = bench(name, build(), args.threads, args.repeat, Path(tmp), compiler)
                 except Exception as exc:  # e.g. an op the kernel table does not have yet
-                    rows.append({"model": name, "compiler": compiler, "error": f"{type(exc).__name__}: {exc}"})
+                    row = {"model": name, "compiler": compiler, "error": f"{type(exc).__name__}: {exc}"}
+                rows.append({"model": row.pop("model"), **label, **row, **core})
     for row in rows:
         print(json.dumps(row))
     return 0 if all("error" not in r for r in rows) else 1
