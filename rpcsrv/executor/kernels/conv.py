@@ -71,7 +71,7 @@ def _gemm_conv(x, w, bias, kernel, strides, dilations, begin, end, out, activati
     rows = w[0].size
     # the bias as one more weight column beats a pass over the result when C*K < Q
     cols, grid, along = columns(x, kernel, strides, dilations, begin, end, out,
-                                ones_row=bias is not None and rows < math.prod(out))
+                                ones_row=bias is not None and rows < math.prod(out), out_channels=m)
     wmat = w.reshape(m, rows)
     if along:
         wmat = np.concatenate([wmat, bias.reshape(m, 1)], axis=1)

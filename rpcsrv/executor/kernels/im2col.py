@@ -10,8 +10,12 @@ ResNet layers, 1 thread):
   flattened, tap ``t`` of output ``q`` sits at ``q + offset(t)``, so each column row is a
   contiguous run of the buffer and the copy moves long rows (2-3x faster than gathering windows).
   Q then covers the padded row width (O1 x P2 x ... x Pk): the extra positions are computed and
-  cropped, so this layout is used only when they add little work (``FLAT_MAX_EXTRA``; a 28x28 3x3
-  conv computes 7% more, a 7x7 one would compute 29% more and is faster gathered).
+  cropped, so this layout is used only when the extra GEMM work costs less than the copy it saves
+  (``FLAT_BUDGET``): the copy saves about one inner loop (~4 ns) per output row and column-matrix
+  row, the extra positions cost 2*M flops each per column-matrix row (~10 ps a flop at ~100
+  GFLOP/s), so flat columns pay when M * extra positions <= ~200 * output rows.  Measured, 3x3
+  pad 1: M=32 at 28x28 and M=64 at 56x56 or 14x14 gain (5-10%), M=128 at 28x28 and M=256 at 14x14
+  lose (3-6%).
 * **any other geometry**: the padded input's strided window view, copied once.
 
 With ``ones_row`` an extra row of ones is appended, so a bias can ride along in the GEMM as an
@@ -27,21 +31,24 @@ import numpy as np
 
 from .windows import pad_spatial, strided_view
 
-#: largest (computed positions / output positions) for which stride-1 convs use flat columns
+#: largest (computed positions / output positions) for which stride-1 convs use flat columns ...
 FLAT_MAX_EXTRA = 1.2
+#: ... and out channels * extra positions per output row must stay within this
+FLAT_BUDGET = 200
 #: gather through an index table when output rows are at most this long ...
 GATHER_MAX_ROW = 8
 #: ... and the column matrix of one image has at most this many elements (int32 table <= 4 MiB)
 GATHER_MAX_SIZE = 1 << 20
 
 
-def columns(x: np.ndarray, kernel, strides, dilations, begin, end, out,
-            ones_row: bool = False) -> tuple[np.ndarray, tuple[int, ...], bool]:
+def columns(x: np.ndarray, kernel, strides, dilations, begin, end, out, ones_row: bool = False,
+            out_channels: int = 1) -> tuple[np.ndarray, tuple[int, ...], bool]:
     """(cols of shape (N, C*K [+1], Q), grid, whether the ones row is there).
 
     ``grid`` is the spatial shape Q reshapes to: ``out``, except for flat columns, where it is
     (O1, P2, ..., Pk) and the caller crops ``[:O2, ..., :Ok]`` after the product.  A 1x1 conv
     that needs no copy gets no ones row (a bias add is cheaper than copying the input).
+    ``out_channels`` (the GEMM's M) weighs the extra work of flat columns.
     """
     n, c = x.shape[:2]
     out = tuple(int(o) for o in out)
@@ -52,7 +59,8 @@ def columns(x: np.ndarray, kernel, strides, dilations, begin, end, out,
     if unit and len(out) > 1:
         sizes = [s + b + e for s, b, e in zip(x.shape[2:], begin, end)]
         grid = (out[0],) + tuple(sizes[1:])
-        if math.prod(grid) <= FLAT_MAX_EXTRA * math.prod(out):
+        extra, out_rows = math.prod(grid) - math.prod(out), math.prod(out[:-1])
+        if math.prod(grid) <= FLAT_MAX_EXTRA * math.prod(out) and out_channels * extra <= FLAT_BUDGET * out_rows:
             return _flat_columns(x, kernel, dilations, begin, end, sizes, grid, ones_row), grid, ones_row
     rows, q = c * math.prod(kernel), math.prod(out)
     if out and out[-1] <= GATHER_MAX_ROW and (rows + ones_row) * q <= GATHER_MAX_SIZE:

@@ -40,7 +40,7 @@ def max_pool(x, *, auto_pad: str = "NOTSET", ceil_mode: int = 0, dilations=None,
     node's optional ``Indices`` output is used) it returns ``(Y, Indices)``: for each maximum the
     flat index into ``x`` (first maximum on ties; spatial part column-major if ``storage_order=1``).
     """
-    x, k, kernel, strides, dilations, begin, end, out = _geometry(
+    x, _, kernel, strides, dilations, begin, end, out = _geometry(
         "max_pool", x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     xp = pad_spatial(x, begin, end, _lowest(x.dtype))
     if not return_indices:
