@@ -65,11 +65,11 @@ def register(name: str) -> Callable[[Kernel], Kernel]:
 
         @functools.wraps(fn)
         def kernel(*inputs, **attrs):
-            if not open_ended and not allowed.issuperset(attrs):
+            if attrs and not open_ended and not allowed.issuperset(attrs):
                 unknown = sorted(set(attrs) - allowed)
                 raise ValueError(f"op {name!r}: unsupported attribute(s) {', '.join(unknown)} "
                                  f"(accepted: {', '.join(sorted(allowed)) or 'none'})")
-            if len(inputs) > most or any(x is None for x in inputs[:required]) or len(inputs) < required:
+            if not required <= len(inputs) <= most or _absent(inputs, required):
                 absent = [i for i, x in enumerate(inputs[:required]) if x is None]
                 raise ValueError(f"op {name!r}: takes {required} required input(s)"
                                  f"{'' if most == required else f' and up to {most} in all'}, got "
@@ -85,6 +85,14 @@ def register(name: str) -> Callable[[Kernel], Kernel]:
     return decorate
 
 
+def _absent(inputs: tuple, required: int) -> bool:
+    """Whether one of the first ``required`` inputs is None (a loop: cheaper than any() here)."""
+    for k in range(required):
+        if inputs[k] is None:
+            return True
+    return False
+
+
 def bad(op: str, message: str) -> ValueError:
     """A ValueError whose message starts with the op name (``raise bad("conv", "...")``)."""
     return ValueError(f"op {op!r}: {message}")
@@ -97,7 +105,7 @@ def ints(value, op: str = "", what: str = "") -> list[int]:
     arr = np.asarray(value)
     if arr.dtype.kind not in "iub" and arr.size:
         raise bad(op, f"{what} must be integers, got {arr.dtype}")
-    return [int(v) for v in arr.reshape(-1)]
+    return [int(v) for v in arr.reshape(-1).tolist()]  # tolist: no numpy scalar per element
 
 
 def norm_axis(axis: int, rank: int, op: str) -> int:
