@@ -304,7 +304,11 @@ class SubgraphFunction:
                     if key not in shared:
                         shared[key] = kernel(*[values[i] for i in node.inputs], **kattrs)
                     result = shared.pop(key) if last_of_key else shared[key]
-                values[node.id] = self._pick(node, result, index)
+                if type(result) is np.ndarray and index == 0 and result.shape == node.shape \
+                        and result.dtype == node.dtype:
+                    values[node.id] = result  # the common case, checked inline
+                else:
+                    values[node.id] = self._pick(node, result, index)
                 for nid in drops:
                     del values[nid]
         except ExecutorError:
