@@ -32,16 +32,21 @@ def matmul(a, b, c=None, *, activation=None, activation_attrs=None):
     ct = _compute_dtype(a.dtype)
     y = np.asarray(np.matmul(a.astype(ct, copy=False), b.astype(ct, copy=False)))
     if c is not None:
-        c = np.asarray(c)
-        if c.dtype != a.dtype or np.broadcast_shapes(y.shape, c.shape) != y.shape:
-            raise bad("matmul", f"bias {c.dtype} {list(c.shape)} does not broadcast onto the "
-                                f"{a.dtype} product {list(y.shape)}")
-        if y.ndim == 0:
-            y = y + c.astype(ct, copy=False)
-        else:
-            y += c.astype(ct, copy=False)
+        y = _add_bias(y, np.asarray(c), a.dtype, ct)
     y = y.astype(a.dtype, copy=False)
     return apply_activation(y, activation, activation_attrs, "matmul")
+
+
+def _add_bias(y: np.ndarray, c: np.ndarray, dtype: np.dtype, ct: np.dtype) -> np.ndarray:
+    """``y += c`` for matmul's bias; numpy's in-place add itself refuses a ``c`` that would grow y."""
+    try:
+        if c.dtype != dtype or (y.ndim == 0 and c.ndim):
+            raise ValueError("bias dtype or rank")
+        y += c.astype(ct, copy=False)
+    except ValueError:
+        raise bad("matmul", f"bias {c.dtype} {list(c.shape)} does not broadcast onto the "
+                            f"{dtype} product {list(y.shape)}") from None
+    return y
 
 
 @register("gemm")
