@@ -358,18 +358,15 @@ def blas_core() -> str:
     try:
         with open("/proc/self/maps") as maps:
             libs = sorted({line.split()[-1] for line in maps if "openblas" in line.lower()})
+        for lib in libs:
+            for symbol in ("scipy_openblas_get_corename64_", "scipy_openblas_get_corename",
+                           "openblas_get_corename"):
+                fn = getattr(ctypes.CDLL(lib), symbol, None)
+                if fn is not None:
+                    fn.restype = ctypes.c_char_p
+                    return fn().decode()
     except OSError:
-        return "unknown"
-    for lib in libs:
-        try:
-            handle = ctypes.CDLL(lib)
-        except OSError:
-            continue
-        for symbol in ("scipy_openblas_get_corename64_", "scipy_openblas_get_corename", "openblas_get_corename"):
-            fn = getattr(handle, symbol, None)
-            if fn is not None:
-                fn.restype = ctypes.c_char_p
-                return fn().decode()
+        pass
     return "unknown"
 
 
