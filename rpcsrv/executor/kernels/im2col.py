@@ -37,8 +37,9 @@ FLAT_MAX_EXTRA = 1.2
 FLAT_BUDGET = 200
 #: gather through an index table when output rows are at most this long ...
 GATHER_MAX_ROW = 8
-#: ... and the column matrix of one image has at most this many elements (int32 table <= 4 MiB)
-GATHER_MAX_SIZE = 1 << 20
+#: ... and the column matrix of one image has at most this many elements (int32 table <= 1 MiB;
+#: with the cache below at most 64 MiB of tables, ResNet-18's are 0.1-0.9 MiB)
+GATHER_MAX_SIZE = 1 << 18
 
 
 def columns(x: np.ndarray, kernel, strides, dilations, begin, end, out, ones_row: bool = False,
@@ -115,7 +116,7 @@ def _gathered_columns(x, kernel, strides, dilations, begin, out, ones_row):
     return np.take(src, index, axis=1).reshape(n, index.size // math.prod(out), math.prod(out))
 
 
-@functools.lru_cache(maxsize=128)
+@functools.lru_cache(maxsize=64)
 def _gather_index(c, sizes, kernel, strides, dilations, begin, out, ones_row) -> np.ndarray:
     """Flat source index of every column element (C, K..., O... order), for ``_gathered_columns``.
 
