@@ -31,6 +31,7 @@ from .protocol import (BadPacket, CallFunc, CallFuncEnd, CallFuncStart, Connecti
                        pack_return)
 from .protocol.codes import PROTOCOL_VERSION
 from .protocol.dtypes import HOST_DEVICE_TYPES, DLDataTypeCode
+from .streaming import StreamedCall
 from .workspace import Workspace
 
 log = logging.getLogger("rpcsrv.session")
@@ -87,8 +88,7 @@ class Session:
         self.memory_used = 0
         self._next = 0x7E0000000000 + (secrets.randbits(24) << 12)
         self.initialized = False
-        self._sink: Any = None  # the streamed call in progress (see open_stream)
-        self._sink_error: Optional[Exception] = None
+        self._stream: Optional[StreamedCall] = None  # the streamed call in progress (see open_stream)
 
     # ------------------------------------------------------------------ handles
     def _new_handle(self) -> int:
@@ -205,7 +205,10 @@ class Session:
             if not self.initialized:
                 raise RPCUserError("the client must send kInitServer before any other request")
             if isinstance(event, CallFuncEnd):
-                self._end_stream()
+                stream, self._stream = self._stream, None
+                if stream is None:
+                    raise RPCUserError("no streamed call in progress")
+                await stream.finish()
                 return self.conn.send_return(pack_return(None, self._dialect))
             if isinstance(event, Syscall):
                 return self.conn.send_return([self.to_wire_syscall(self._syscall(event))])
@@ -249,43 +252,26 @@ class Session:
 
     # ------------------------------------------------------------------ streamed calls (uploads)
     def open_stream(self, ev: CallFuncStart) -> bool:
-        """Whether ``ev``'s trailing bytes should stream (its function takes them piece by piece).
-
-        An error opening the sink (bad path, budget) is kept and answered once the bytes are in,
-        because the client only reads an answer after sending the whole call."""
+        """Whether ``ev``'s trailing bytes should stream (its function takes them piece by piece)."""
         fn = self.objects.get(ev.handle)
         if not self.initialized or not isinstance(fn, PackedFunction) or fn.stream is None:
             return False
         self._abort_stream()
         try:
-            self._sink = fn.stream(*[self.to_local(a) for a in ev.args], ev.nbytes)
-        except Exception as exc:
-            self._sink_error = exc
+            self._stream = StreamedCall(fn.stream(*[self.to_local(a) for a in ev.args], ev.nbytes))
+        except Exception as exc:  # answered once the bytes are in (see StreamedCall)
+            self._stream = StreamedCall(error=exc)
         return True
 
     async def stream_piece(self, data: memoryview) -> None:
-        """Hand the next piece to the sink, in a worker thread (file writes can stall)."""
-        if self._sink is None:
-            return
-        try:
-            await trio.to_thread.run_sync(self._sink.write, data)
-        except Exception as exc:
-            self._abort_stream()
-            self._sink_error = exc
-
-    def _end_stream(self) -> None:
-        sink, error = self._sink, self._sink_error
-        self._sink = self._sink_error = None
-        if error is not None:
-            raise error
-        if sink is None:
-            raise RPCUserError("no streamed call in progress")
-        sink.commit()
+        """The next piece of the streamed call's bytes."""
+        if self._stream is not None:
+            await self._stream.piece(data)
 
     def _abort_stream(self) -> None:
-        if self._sink is not None:
-            self._sink.abort()
-        self._sink = self._sink_error = None
+        if self._stream is not None:
+            self._stream.abort()
+        self._stream = None
 
     def to_wire_syscall(self, v: Any) -> Any:
         return v
