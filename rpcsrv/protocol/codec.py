@@ -204,29 +204,28 @@ def _ffi_object(r: Reader) -> Any:
     raise ProtocolError(f"object type index {inner} cannot travel over RPC")
 
 
-# value readers by type code / type index (plain ints: the dispatch runs for every argument)
-_CLASSIC = {int(k): f for k, f in {
-    TypeCode.INT: Reader.i64, TypeCode.UINT: Reader.i64, TypeCode.FLOAT: Reader.f64,
-    TypeCode.BOOL: lambda r: bool(r.i64("bool")), TypeCode.NULLPTR: lambda r: None,
-    TypeCode.STR: Reader.string, TypeCode.BYTES: lambda r: r.blob("bytes"),
-    TypeCode.DATA_TYPE: lambda r: r.dtype(padded=True), TypeCode.DEVICE: Reader.device,
-    TypeCode.DLTENSOR_HANDLE: Reader.tensor,
-    TypeCode.OPAQUE_HANDLE: lambda r: OpaqueHandle(r.u64("handle")),
-    TypeCode.PACKED_FUNC_HANDLE: lambda r: FunctionHandle(r.u64("function handle")),
-    TypeCode.MODULE_HANDLE: lambda r: ModuleHandle(r.u64("module handle")),
-    TypeCode.OBJECT_HANDLE: _object_ref,
-}.items()}
-_FFI = {int(k): f for k, f in {
-    TypeIndex.INT: Reader.i64, TypeIndex.FLOAT: Reader.f64,
-    TypeIndex.BOOL: lambda r: bool(r.i64("bool")), TypeIndex.NONE: lambda r: None,
-    TypeIndex.RAW_STR: Reader.string, TypeIndex.BYTE_ARRAY_PTR: lambda r: r.blob("bytes"),
-    TypeIndex.DATA_TYPE: lambda r: r.dtype(padded=True), TypeIndex.DEVICE: Reader.device,
-    TypeIndex.DLTENSOR_PTR: Reader.tensor,
-    TypeIndex.OPAQUE_PTR: lambda r: OpaqueHandle(r.u64("handle")),
-    TypeIndex.FUNCTION: lambda r: FunctionHandle(r.u64("function handle")),
-    TypeIndex.MODULE: lambda r: ModuleHandle(r.u64("module handle")),
-    TypeIndex.SMALL_STR: _ffi_object, TypeIndex.SMALL_BYTES: _ffi_object,
-}.items()}
+# How each kind of value is read, with its classic type code and its tvm-ffi type index (None: the
+# dialect has no such code).  Dispatch goes through plain-int dicts: it runs for every argument.
+_READERS = [
+    (TypeCode.INT, TypeIndex.INT, Reader.i64),
+    (TypeCode.UINT, None, Reader.i64),
+    (TypeCode.FLOAT, TypeIndex.FLOAT, Reader.f64),
+    (TypeCode.BOOL, TypeIndex.BOOL, lambda r: bool(r.i64("bool"))),
+    (TypeCode.NULLPTR, TypeIndex.NONE, lambda r: None),
+    (TypeCode.STR, TypeIndex.RAW_STR, Reader.string),
+    (TypeCode.BYTES, TypeIndex.BYTE_ARRAY_PTR, lambda r: r.blob("bytes")),
+    (TypeCode.DATA_TYPE, TypeIndex.DATA_TYPE, lambda r: r.dtype(padded=True)),
+    (TypeCode.DEVICE, TypeIndex.DEVICE, Reader.device),
+    (TypeCode.DLTENSOR_HANDLE, TypeIndex.DLTENSOR_PTR, Reader.tensor),
+    (TypeCode.OPAQUE_HANDLE, TypeIndex.OPAQUE_PTR, lambda r: OpaqueHandle(r.u64("handle"))),
+    (TypeCode.PACKED_FUNC_HANDLE, TypeIndex.FUNCTION, lambda r: FunctionHandle(r.u64("function handle"))),
+    (TypeCode.MODULE_HANDLE, TypeIndex.MODULE, lambda r: ModuleHandle(r.u64("module handle"))),
+    (TypeCode.OBJECT_HANDLE, None, _object_ref),
+    (None, TypeIndex.SMALL_STR, _ffi_object),
+    (None, TypeIndex.SMALL_BYTES, _ffi_object),
+]
+_CLASSIC = {int(code): read for code, _, read in _READERS if code is not None}
+_FFI = {int(index): read for _, index, read in _READERS if index is not None}
 
 
 def _decode_classic(r: Reader, code: int) -> Any:
