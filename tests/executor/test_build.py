@@ -61,17 +61,19 @@ def test_tree_kinds_and_constants_from_const_loader_and_params():
 
 def test_missing_or_misshaped_constant_fails_at_load_time():
     c0 = np.zeros((2, 2), np.float32)
-    with pytest.raises(ExecutorError, match=r"constant\(s\) 'bias' not found in a const loader module or the graph params"):
+    with pytest.raises(ExecutorError,
+                       match=r"constant\(s\) 'bias' not found in a const loader module or the graph params"):
         build_runtime(const_tree({f"{SYM}_const_0": c0}, {}))
-    with pytest.raises(ExecutorError, match=r"constant 'bias' from the graph params is float32 \[3\], declared float32 \[2, 2\]"):
+    with pytest.raises(ExecutorError,
+                       match=r"constant 'bias' from the graph params is float32 \[3\], declared float32 \[2, 2\]"):
         build_runtime(const_tree({f"{SYM}_const_0": c0}, {"bias": np.zeros(3, np.float32)}))
     with pytest.raises(ExecutorError, match="missing constant 'w' for function"):
         build_runtime(const_tree({}, {}, by_symbol={SYM: ["w"]}))
 
 
 def test_bad_examplejson_fails_at_load_time_with_the_line():
-    tree = GraphExecutorFactoryModule(seed_graph_json(), {},
-                                      imports=[HostLibraryModule([], imports=[EJNode(SEED + "  frobnicate 7 inputs: 6 shape: 1\n")])])
+    bad = EJNode(SEED + "  frobnicate 7 inputs: 6 shape: 1\n")
+    tree = GraphExecutorFactoryModule(seed_graph_json(), {}, imports=[HostLibraryModule([], imports=[bad])])
     with pytest.raises(ExampleJSONError, match="line 9: unknown op 'frobnicate'"):
         build_runtime(tree)
 
@@ -91,7 +93,8 @@ def test_host_function_and_unknown_module():
     y2 = g2.op("npu_func", [g2.input("x", (2,))], [((2,), "float32")])
     tree2 = GraphExecutorFactoryModule(g2.json([y2]), {}, imports=[HostLibraryModule([], imports=[
         UnknownModule(type_key="vendor_npu")])])
-    with pytest.raises(ExecutorError, match="no such function in module: npu_func .*_lib → vendor_npu; modules of type vendor_npu cannot be run"):
+    with pytest.raises(ExecutorError, match="no such function in module: npu_func .*_lib → vendor_npu; "
+                                            "modules of type vendor_npu cannot be run"):
         build_runtime(tree2).get_function("default")(CPU)
 
 

@@ -148,7 +148,8 @@ def test_bad_call_arguments():
     ok = [np.ones((10, 10), np.float32) for _ in range(5)]
     with pytest.raises(ExecutorError, match=r"4 input\(s\) and 1 output\(s\) \(5 arguments\), got 4"):
         f(*ok[:4])
-    with pytest.raises(ExecutorError, match=r"argument 2 \(input 2\): expected float32 \[10, 10\], got float32 \[10, 9\]"):
+    with pytest.raises(ExecutorError,
+                       match=r"argument 2 \(input 2\): expected float32 \[10, 10\], got float32 \[10, 9\]"):
         f(ok[0], ok[1], np.ones((10, 9), np.float32), ok[3], ok[4])
     with pytest.raises(ExecutorError, match=r"argument 4 \(output 6\): expected float32.*got int32"):
         f(*ok[:4], np.ones((10, 10), np.int32))

@@ -242,7 +242,8 @@ def test_factory_functions_and_devices():
 def test_missing_function_is_an_error_when_the_executor_is_created():
     factory = GraphExecutorFactoryRuntime(seed_graph_json("subgraph_9"), {},
                                           imports=[FuncModule({}, [ExampleJSONModule(SEED)])])
-    with pytest.raises(ExecutorError, match="no such function in module: subgraph_9 .*searched test_funcs → examplejson"):
+    with pytest.raises(ExecutorError,
+                       match="no such function in module: subgraph_9 .*searched test_funcs → examplejson"):
         factory.create(CPU)
 
 
