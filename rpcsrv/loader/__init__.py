@@ -6,9 +6,9 @@ and the ``save_*`` functions write the same formats (the client exporter uses th
 """
 
 from .blob import build_blob, parse_blob
-from .containers import BLOB_SYMBOL, FFI_BLOB_SYMBOL
-from .library import LoadedLibrary, load_library
 from .errors import LoaderError
+from .library import LoadedLibrary, load_library
+from .location import BLOB_SYMBOL, FFI_BLOB_SYMBOL
 from .formats import load_ndarray, load_param_dict, save_ndarray, save_param_dict
 from .modules import (
     ConstLoaderModule, ExampleJSONModule, GraphExecutorFactoryModule, HostLibraryModule, ModuleNode,
