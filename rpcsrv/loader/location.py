@@ -14,13 +14,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from construct import GreedyBytes, Int64ul, Prefixed
+
 from .errors import LoaderError
 
 BLOB_SYMBOL = "__tvm_dev_mblob"
 FFI_BLOB_SYMBOL = "__tvm_ffi__library_bin"
 #: symbol name -> layout family ("classic" covers the legacy layout too)
 SYMBOL_LAYOUTS = {BLOB_SYMBOL: "classic", FFI_BLOB_SYMBOL: "ffi"}
-HEADER = 8  # the u64 length in front of the blob
+#: what a blob symbol holds, and what a raw blob file is: the blob's length, then the blob.  The
+#: exporter builds it (``symbol_content``), the container readers parse its length (``read_header``).
+SymbolContent = Prefixed(Int64ul, GreedyBytes)
+HEADER = SymbolContent.lengthfield.sizeof()  # the u64 length in front of the blob
+
+
+def symbol_content(blob: bytes) -> bytes:
+    """The bytes to put behind a blob symbol (or in a raw blob file) for ``blob``."""
+    return SymbolContent.build(blob)
 
 
 def blob_symbol(name: str) -> str | None:
@@ -51,7 +61,7 @@ def read_header(data: memoryview, at: int, limit: int, what: str) -> tuple[int, 
     if at < 0 or at + HEADER > limit:
         raise LoaderError(f"{what}: blob length header at offset {at} runs past the end "
                           f"(expected 8 bytes before offset {limit})")
-    size = int.from_bytes(data[at:at + HEADER], "little")
+    size = SymbolContent.lengthfield.parse(data[at:at + HEADER])
     if size > limit - at - HEADER:
         raise LoaderError(f"{what}: blob size header at offset {at} says {size} bytes, but only "
                           f"{limit - at - HEADER} bytes follow (expected a size that fits)")
