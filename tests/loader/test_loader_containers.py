@@ -8,14 +8,15 @@ import json
 import mmap
 import struct
 import subprocess
+import tarfile
 
 import numpy as np
 import pytest
 
 from conftest import need_module, need_program
 from loader_fixtures import (
-    HOST_FUNCTION, TARGETS, compile_library, export_tar, export_tar_c_source, strip_section_headers,
-    universal_dylib,
+    HOST_FUNCTION, TARGETS, c_source, compile_library, export_tar, export_tar_c_source, export_tar_tvm,
+    strip_section_headers, universal_dylib,
 )
 from rpcsrv.loader import (
     BLOB_SYMBOL, FFI_BLOB_SYMBOL, ConstLoaderModule, ExampleJSONModule, GraphExecutorFactoryModule,
@@ -109,6 +110,31 @@ def test_export_tar(blobs, tmp_path, layout):
     lib = load_library(export_tar(blobs[layout], SYMBOLS[layout], tmp_path / "model.tar"))
     assert (lib.container, lib.member, lib.layout) == ("tar", "devc.o", layout)
     assert {HOST_FUNCTION, "tvmgen_default_fused_mul"} <= set(lib.symbols)  # from both members
+    check_tree(lib.root)
+
+
+@pytest.mark.toolchain
+@pytest.mark.parametrize("layout,devc", [("classic", "o"), ("ffi", "o"), ("classic", "c")])
+def test_tvm_tar_is_gzip(blobs, tmp_path, layout, devc):
+    """TVM's export_library("m.tar") runs ``tar -czf``: a gzip file named .tar."""
+    path = export_tar_tvm(blobs[layout], SYMBOLS[layout], tmp_path / "model.tar", devc)
+    assert path.read_bytes()[:2] == b"\x1f\x8b"
+    lib = load_library(path)
+    assert (lib.container, lib.member, lib.layout) == ("tar.gz", f"devc.{devc}", layout)
+    assert "tvmgen_default_fused_mul" in lib.symbols
+    check_tree(lib.root)
+
+
+@pytest.mark.parametrize("compression", ["gz", "bz2", "xz"])
+def test_compressed_tar_of_any_kind(blobs, tmp_path, compression):
+    """Whatever ``tarfile`` opens: the raw-blob-in-C-source member of a tar compressed three ways."""
+    path = tmp_path / f"model.tar.{compression}"
+    src = tmp_path / "devc.c"
+    src.write_text(c_source(blobs["classic"], BLOB_SYMBOL))
+    with tarfile.open(path, f"w:{compression}") as tar:
+        tar.add(src, arcname="devc.c")
+    lib = load_library(path)
+    assert (lib.container, lib.member) == (f"tar.{compression}", "devc.c")
     check_tree(lib.root)
 
 
