@@ -8,6 +8,7 @@ import json
 import mmap
 import struct
 import subprocess
+import sys
 import tarfile
 
 import numpy as np
@@ -194,6 +195,40 @@ def test_real_tvm_loads_our_library(tmp_path):
     path = compile_library(build_blob(root, "ffi"), FFI_BLOB_SYMBOL, "host", tmp_path / "ours.so")
     mod = tvm.runtime.load_module(str(path))
     assert [m.kind for m in mod.imports] == ["const_loader"]
+
+
+_TVM_EXPORT_TAR = """
+import sys
+import tvm
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+
+@I.ir_module
+class M:
+    @R.function
+    def main(x: R.Tensor((4,), "float32")):
+        return R.add(x, x)
+
+
+tvm.compile(M, target="llvm").export_library(sys.argv[1])
+"""
+
+
+@pytest.mark.tvm
+def test_tar_written_by_the_real_tvm(tmp_path):
+    """apache-tvm's own export_library("m.tar") (a Relax VM executable: lib0.o plus devc.o holding
+    the blob) is a gzip file; the loader finds the blob in devc.o and the host functions in lib0.o."""
+    need_module("tvm", "writes the reference tar")
+    script = tmp_path / "export_tar.py"  # TVMScript needs its source in a file
+    script.write_text(_TVM_EXPORT_TAR)
+    path = tmp_path / "m.tar"
+    subprocess.run([sys.executable, str(script), str(path)], check=True, capture_output=True, timeout=300)
+    assert path.read_bytes()[:2] == b"\x1f\x8b"
+    lib = load_library(path)
+    assert (lib.container, lib.member, lib.layout) == ("tar.gz", "devc.o", "ffi")
+    assert "relax.VMExecutable" in [m.type_key for m in lib.modules()]
+    assert lib.symbols  # lib0.o's functions
 
 
 @pytest.mark.toolchain
