@@ -15,36 +15,13 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
-
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from client.export import export_library  # noqa: E402
-from rpcsrv.loader import (  # noqa: E402
-    ConstLoaderModule, ExampleJSONModule, GraphExecutorFactoryModule, HostLibraryModule, load_library,
-)
-
-
-def make_tree(size_mb: int) -> GraphExecutorFactoryModule:
-    rng = np.random.default_rng(0)
-    n_params = 16
-    per = size_mb * (1 << 20) // n_params // 4
-    params = {f"p{i}": rng.standard_normal(per, dtype=np.float32) for i in range(n_params)}
-    ej = ExampleJSONModule("ext0\n  input 0 4\n  const 1 4 name: c0\n  add 2 inputs: 0 1 shape: 4\n")
-    consts = ConstLoaderModule({"c0": np.ones(4, np.float32)}, {"ext0": ["c0"]}, imports=[ej])
-    return GraphExecutorFactoryModule('{"nodes": []}', params, imports=[HostLibraryModule(imports=[consts])])
-
-
-def best(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+from loader_bench import best, make_tree  # noqa: E402 (the same 16-param tree)
+from rpcsrv.loader import load_library  # noqa: E402
 
 
 def main() -> int:
