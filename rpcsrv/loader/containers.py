@@ -16,7 +16,7 @@ Containers
 * Universal (fat) Mach-O: each 64-bit slice is searched, the first holding the blob is used.
 * tar (``export_library("x.tar")``): each regular member that is an ELF or Mach-O object is
   searched in place (no extraction, no copy); a ``devc.c`` member (TVM without LLVM writes the
-  ``PackImportsToC`` source instead of an object) is decoded from its hex array (a copy).
+  ``PackImportsToC`` source instead of an object) is decoded from its hex array (a copy; ``csource.py``).
   TVM's own tars are gzip-compressed (its tar helper runs ``tar -czf``): any tar ``tarfile``
   opens (gzip, bzip2, xz) is read, its object members decompressed one by one (a copy each,
   bounded by ``MAX_EXPANSION`` times the file size).
@@ -30,15 +30,15 @@ from __future__ import annotations
 
 import itertools
 import lzma
-import re
 import tarfile
 import zlib
 
 from .blob import looks_like_blob
+from .csource import find_in_c_source
 from .elf import find_in_elf
 from .errors import BytesReader, LoaderError
 from .location import (
-    BLOB_SYMBOL, FFI_BLOB_SYMBOL, HEADER, SYMBOL_LAYOUTS, BlobLocation, NoSymbol, blob_symbol, no_symbol, read_header,
+    BLOB_SYMBOL, FFI_BLOB_SYMBOL, HEADER, BlobLocation, NoSymbol, read_header,
 )
 from .macho import FAT_MAGICS, MACHO32_MAGICS, MACHO_MAGICS, find_in_fat, find_in_macho
 
@@ -187,30 +187,3 @@ def find_in_tar(data: memoryview, compression: str | None = None) -> BlobLocatio
     raise LoaderError(f"tar file: no object member defines {BLOB_SYMBOL} or {FFI_BLOB_SYMBOL} "
                       f"(expected one in devc.o or another object member; searched "
                       f"{tried or 'no ELF/Mach-O members'})")
-
-
-_C_ARRAY = re.compile(rb"const unsigned char (\w*(?:__tvm_dev_mblob|__tvm_ffi__library_bin))"
-                      rb"\[(\d+)\] = \{")
-_C_BYTE = re.compile(rb"0x([0-9a-fA-F]{2}),")
-
-
-def find_in_c_source(data: memoryview) -> BlobLocation:
-    """Decode the blob array of the ``devc.c`` that ``export_library`` puts in a tar when TVM has
-    no LLVM (``PackImportsToC`` output).  The blob is copied out of the text into ``buffer``."""
-    text = bytes(data)
-    m = _C_ARRAY.search(text)
-    if m is None:
-        raise no_symbol("C source", "any")
-    name, declared = m.group(1).decode(), int(m.group(2))
-    if declared * 5 > len(text) - m.end():
-        raise LoaderError(f"C source: array {name} at offset {m.start()} declares {declared} bytes, "
-                          f"more than the text holds (expected 5 characters per byte)")
-    close = text.find(b"}", m.end())
-    hexes = _C_BYTE.findall(text, m.end(), close if close >= 0 else len(text))
-    if len(hexes) != declared:
-        raise LoaderError(f"C source: array {name} at offset {m.start()} declares {declared} bytes "
-                          f"but lists {len(hexes)} (expected one 0x.. per byte)")
-    content = bytes.fromhex(b"".join(hexes).decode())
-    offset, size = read_header(memoryview(content), 0, len(content), f"C array {name}")
-    return BlobLocation("c", "any", offset, size, SYMBOL_LAYOUTS[blob_symbol(name)], name,
-                        buffer=content)
