@@ -345,13 +345,8 @@ class Connection(PacketWriter):
     def _seq(self, packet, offset: int) -> list:
         r = Reader(packet, offset)
         if self.dialect is None:
-            guess = detect_dialect(packet, offset)
-            if guess is not None:
-                self.dialect = guess
-            dialect = guess or Dialect.FFI
-        else:
-            dialect = self.dialect
-        values = decode_packed_seq(r, dialect)
+            self.dialect = detect_dialect(packet, offset)
+        values = decode_packed_seq(r, self.wire_dialect)
         if r.remaining:
             raise ProtocolError(f"{r.remaining} unexpected bytes after the arguments at offset {r.pos}")
         return values
