@@ -92,7 +92,6 @@ def register(name: str) -> Callable[[Kernel], Kernel]:
             return np.asarray(result) if isinstance(result, np.generic) else result
 
         kernel.spec = spec
-        kernel.attrs = allowed
         KERNELS[name] = kernel
         return kernel
 
