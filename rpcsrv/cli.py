@@ -22,6 +22,7 @@ def _serve(args: argparse.Namespace) -> int:
         workdir=Path(args.workdir) if args.workdir else None,
         dialect=None if args.dialect == "auto" else Dialect(args.dialect),
         limits=Limits(max_memory=args.max_memory_mb << 20, max_workspace=args.max_workspace_mb << 20),
+        native="off" if args.no_native else args.native,
     )
 
     async def main() -> None:
@@ -75,6 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="packed-argument encoding: detect per client (default) or fix it")
     s.add_argument("--max-memory-mb", type=int, default=4096, help="device memory per session")
     s.add_argument("--max-workspace-mb", type=int, default=4096, help="workspace bytes per session")
+    s.add_argument("--native", choices=["isolated", "inprocess", "off"], default="isolated",
+                   help="native host code in uploaded libraries: run it in a worker process per session "
+                        "(default; a crash ends only that session), in the server process (trusted "
+                        "boards), or refuse it")
+    s.add_argument("--no-native", action="store_true", help="refuse libraries with native code (--native off)")
     s.set_defaults(func=_serve)
     i = sub.add_parser("inspect", help="show what an exported library holds")
     i.add_argument("file")

@@ -21,6 +21,7 @@ from .protocol import (NEED_DATA, CallFuncChunk, CallFuncStart, Connection, Conn
                        CopyToRemoteStart, Dialect,
                        HandshakeRequest, Role, Shutdown)
 from .protocol.connection import DEFAULT_MAX_PACKET
+from .native.host import NativeSession
 from .session import Limits, Session
 from .transport import Transport
 from .workspace import Workspace
@@ -44,6 +45,7 @@ class ServerConfig:
     max_packet: int = DEFAULT_MAX_PACKET
     limits: Limits = field(default_factory=Limits)
     registry: Registry = field(default_factory=lambda: REGISTRY)
+    native: str = "isolated"  # native host code: "isolated" (worker process), "inprocess" or "off"
 
 
 async def serve_connection(stream: trio.SocketStream, cfg: ServerConfig) -> None:
@@ -69,6 +71,7 @@ async def serve_connection(stream: trio.SocketStream, cfg: ServerConfig) -> None
         timeout = _timeout(request.options.get("timeout"))
         session = Session(conn, Workspace.create(cfg.workdir, max_bytes=cfg.limits.max_workspace),
                           cfg.registry, cfg.limits, peer)
+        session.native = NativeSession(cfg.native, cfg.limits.max_memory, timeout)
         log.info("%s: session started in %s", peer, session.workspace.root)
         with trio.move_on_after(timeout) as scope:
             await _session_loop(io, conn, session, peer)

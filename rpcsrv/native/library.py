@@ -65,7 +65,8 @@ class LibraryInfo:
 
     def public_functions(self) -> list[str]:
         """The functions a client can ask for (tvm-ffi names without their prefix)."""
-        ffi = [s[len(FFI_PREFIX):] for s in self.functions if s.startswith(FFI_PREFIX) and not s.startswith("__tvm_ffi__")]
+        ffi = [s[len(FFI_PREFIX):] for s in self.functions
+               if s.startswith(FFI_PREFIX) and not s.startswith("__tvm_ffi__")]
         return ffi or [s for s in self.functions if not s.startswith("_")]
 
 
@@ -135,8 +136,8 @@ def dltensor(arr: np.ndarray, abi: int, keep: list) -> DLTensor:
             raise NativeError("an array argument has strides that are not a multiple of its item size")
         strides = (ctypes.c_int64 * arr.ndim)(*(s // arr.itemsize for s in arr.strides))
         keep.append(strides)
-    t = DLTensor(arr.ctypes.data if arr.size else None, (1, 0), arr.ndim, _dl_dtype(arr.dtype, abi), shape,
-                 strides, 0)
+    data = arr.__array_interface__["data"][0] if arr.size else None
+    t = DLTensor(data, (1, 0), arr.ndim, _dl_dtype(arr.dtype, abi), shape, strides, 0)
     keep.append(t)
     return t
 
