@@ -119,11 +119,20 @@ _LOOKUP = LookupFunc(_lookup)
 
 
 # ---------------------------------------------------------------------------- argument conversion
-def _dl_dtype(dtype: np.dtype, abi: int) -> DLDataType:
-    if dtype == np.bool_:
-        return DLDataType(6, 8, 1) if abi == ABI_FFI else DLDataType(1, 1, 1)
-    dt = DataType.from_numpy(dtype)
-    return DLDataType(int(dt.code), dt.bits, dt.lanes)
+_DL_DTYPES: dict[tuple, tuple[int, int, int]] = {}
+
+
+def _dl_dtype(dtype: np.dtype, abi: int) -> tuple[int, int, int]:
+    key = (dtype, abi)
+    found = _DL_DTYPES.get(key)
+    if found is None:
+        if dtype == np.bool_:
+            found = (6, 8, 1) if abi == ABI_FFI else (1, 1, 1)
+        else:
+            dt = DataType.from_numpy(dtype)
+            found = (int(dt.code), dt.bits, dt.lanes)
+        _DL_DTYPES[key] = found
+    return found
 
 
 def dltensor(arr: np.ndarray, abi: int, keep: list) -> DLTensor:
