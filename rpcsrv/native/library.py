@@ -31,7 +31,7 @@ from elftools.elf.sections import SymbolTableSection
 
 from ..executor.runtime import ExecutorError
 from ..protocol.dtypes import DataType, Device
-from .abi import (ABI_CLASSIC, ABI_FFI, FFI, Classic, ClassicPackedFunc, DLDataType, DLTensor, FunctionHandle,
+from .abi import (ABI_CLASSIC, ABI_FFI, FFI, Classic, ClassicPackedFunc, DLTensor, FunctionHandle,
                   LookupFunc, SafeCallFunc, ShapeObject, TVMFFIAny, TVMValue)
 from .machine import Machine, board, machine_of
 from .shim import CONTEXT_FUNCTIONS, PROVIDED, ShimUnavailable, load_shim
