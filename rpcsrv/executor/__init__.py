@@ -24,9 +24,13 @@ __all__ = [
 ]
 
 
-def _convert(node: Any, imports: list[RuntimeModule]) -> RuntimeModule:
+def _convert(node: Any, imports: list[RuntimeModule], library_path: str | None = None) -> RuntimeModule:
     """One loader node as a runtime module (the node kinds are told apart by their fields)."""
     type_key = getattr(node, "type_key", type(node).__name__)
+    if type_key == "relax.VMExecutable":
+        from .vm.loading import vm_executable_runtime
+
+        return vm_executable_runtime(node, imports, library_path)
     if hasattr(node, "graph_json"):
         return GraphExecutorFactoryRuntime(node.graph_json, node.params,
                                            getattr(node, "module_name", "default"), imports)
@@ -39,7 +43,7 @@ def _convert(node: Any, imports: list[RuntimeModule]) -> RuntimeModule:
     return OpaqueRuntime(type_key, imports)
 
 
-def build_runtime(root: Any) -> RuntimeModule:
+def build_runtime(root: Any, library_path: str | None = None) -> RuntimeModule:
     """Runtime modules for the loader's module tree rooted at ``root``; returns the root's.
 
     Constants of ExampleJSON subgraphs are bound here: first from a const loader that imports the
@@ -56,7 +60,7 @@ def build_runtime(root: Any) -> RuntimeModule:
         if depth > 64:
             raise ExecutorError("the module import tree is too deep (a cycle?)")
         imports = [convert(child, depth + 1) for child in getattr(node, "imports", [])]
-        built[id(node)] = convert_one = _convert(node, imports)
+        built[id(node)] = convert_one = _convert(node, imports, library_path)
         return convert_one
 
     top = convert(root, 0)
@@ -87,4 +91,4 @@ def load_module(path: str) -> RuntimeModule:
 
     loaded = load_library(path)
     root = getattr(loaded, "root", loaded)
-    return build_runtime(root)
+    return build_runtime(root, library_path=path)
