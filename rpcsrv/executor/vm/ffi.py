@@ -37,8 +37,11 @@ class DLDataTypeC(ctypes.Structure):
 
 class DLTensor(ctypes.Structure):
     _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
-                ("dtype", DLDataTypeC), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+                ("dtype", DLDataTypeC), ("shape_addr", ctypes.c_void_p), ("strides", ctypes.c_void_p),
+                ("byte_offset", ctypes.c_uint64)]
+
+
+_CPU = DLDevice(1, 0)
 
 
 class _ByteArray(ctypes.Structure):
@@ -54,13 +57,23 @@ T_NONE, T_INT, T_BOOL, T_FLOAT, T_OPAQUE, T_DATATYPE, T_DEVICE, T_DLTENSOR = 0, 
 SafeCall = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p)
 
 
+_DL_DTYPES: dict[np.dtype, tuple[int, int, int]] = {}
+
+
+def _dl_dtype(dtype: np.dtype) -> tuple[int, int, int]:
+    code = _DL_DTYPES.get(dtype)
+    if code is None:
+        dt = DataType.from_numpy(dtype)
+        code = _DL_DTYPES[dtype] = (int(dt.code), 8 if dt.is_bool else dt.bits, dt.lanes)
+    return code
+
+
 def make_dltensor(arr: np.ndarray) -> DLTensor:
     """A DLTensor over ``arr``'s memory (C-contiguous, CPU); it keeps its shape array alive."""
-    dt = DataType.from_numpy(arr.dtype)
     shape = (ctypes.c_int64 * max(arr.ndim, 1))(*arr.shape)
-    t = DLTensor(arr.ctypes.data if arr.size else 0, DLDevice(1, 0), arr.ndim,
-                 DLDataTypeC(dt.code, 8 if dt.is_bool else dt.bits, dt.lanes),
-                 ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64)), None, 0)
+    t = DLTensor(arr.__array_interface__["data"][0] if arr.size else 0, _CPU, arr.ndim,
+                 DLDataTypeC(*_dl_dtype(arr.dtype)), None, None, 0)
+    t.shape_addr = ctypes.addressof(shape)
     t._keep = (shape, arr)
     return t
 
@@ -71,9 +84,9 @@ def _float_bits(v: float) -> int:
 
 def encode_value(v: Any, keep: list) -> tuple[int, int]:
     """(type index, value word) of one argument; ``keep`` holds what must outlive the call."""
-    dl = getattr(v, "dl", None)
-    if dl is not None:
-        return T_DLTENSOR, dl
+    make_dl = getattr(v, "make_dl", None)
+    if make_dl is not None:
+        return T_DLTENSOR, v.dla or make_dl()
     if v is None:
         return T_NONE, 0
     if isinstance(v, bool):
@@ -89,6 +102,9 @@ def encode_value(v: Any, keep: list) -> tuple[int, int]:
     if isinstance(v, DataType):
         return T_DATATYPE, v.code | (v.bits << 8) | (v.lanes << 16)
     raise TypeError(f"a {type(v).__name__} cannot be passed to a native kernel")
+
+
+_Result = ctypes.c_int64 * 2
 
 
 class KernelError(RuntimeError):
@@ -115,8 +131,8 @@ class NativeKernel:
     def call_words(self, words: list[int], nargs: int) -> Any:
         """Call with the argument array given as [type index, value, ...] words."""
         argv = (ctypes.c_int64 * max(len(words), 2))(*words)
-        result = (ctypes.c_int64 * 2)()
-        rc = self.fn(None, ctypes.addressof(argv), nargs, ctypes.addressof(result))
+        result = _Result()
+        rc = self.fn(None, argv, nargs, result)
         if rc != 0:
             raise KernelError(f"kernel {self.name}: {self.lib.take_error()}")
         if result[0] == T_INT:
@@ -134,6 +150,7 @@ class KernelLibrary:
         self.lib = ctypes.CDLL(os.path.abspath(path), mode=ctypes.RTLD_LOCAL)
         self.symbols = symbols
         self._cache: dict[str, NativeKernel] = {}
+        self._hooks = _fill_hooks(self.lib, self.ffi)
 
     def get(self, name: str) -> Optional[NativeKernel]:
         symbol = f"__tvm_ffi_{name}"
@@ -158,6 +175,55 @@ class KernelLibrary:
         message = ctypes.string_at(cell.message.data, cell.message.size).decode("utf-8", "replace")
         self.ffi.TVMFFIObjectDecRef(handle)
         return f"{kind}: {message}"
+
+
+_AllocWorkspace = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_uint64, ctypes.c_int,
+                                   ctypes.c_int)
+_FreeWorkspace = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p)
+_ParallelLambda = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+_ParallelLaunch = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int)
+_ParallelBarrier = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_void_p)
+
+
+class _ParallelEnv(ctypes.Structure):
+    _fields_ = [("sync_handle", ctypes.c_void_p), ("num_task", ctypes.c_int32)]
+
+
+def _fill_hooks(lib, ffi) -> list:
+    """Fill the runtime hooks compiled code calls through function-pointer globals (TVM's
+    ``InitContextFunctions``): workspace allocation (64-byte aligned malloc), parallel launch (the
+    tasks run one after the other in this thread) and error reporting.  Returns what must stay alive."""
+    libc = ctypes.CDLL(None)
+    libc.aligned_alloc.restype, libc.aligned_alloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t, ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+
+    def alloc(_dev_type, _dev_id, nbytes, _code, _bits):
+        return libc.aligned_alloc(64, max(64, (nbytes + 63) // 64 * 64))
+
+    def free(_dev_type, _dev_id, ptr):
+        libc.free(ptr)
+        return 0
+
+    def launch(flambda, cdata, _num_task):
+        fn = _ParallelLambda(flambda)
+        env = _ParallelEnv(None, 1)
+        return fn(0, ctypes.addressof(env), cdata)
+
+    hooks = {"__TVMBackendAllocWorkspace": _AllocWorkspace(alloc),
+             "__TVMBackendFreeWorkspace": _FreeWorkspace(free),
+             "__TVMBackendParallelLaunch": _ParallelLaunch(launch),
+             "__TVMBackendParallelBarrier": _ParallelBarrier(lambda _task, _env: 0)}
+    for name, callback in hooks.items():
+        try:
+            ctypes.c_void_p.in_dll(lib, name).value = ctypes.cast(callback, ctypes.c_void_p).value
+        except ValueError:
+            pass  # the library does not use this hook
+    try:
+        ctypes.c_void_p.in_dll(lib, "__TVMFFIErrorSetRaisedFromCStr").value = ctypes.cast(
+            ffi.TVMFFIErrorSetRaisedFromCStr, ctypes.c_void_p).value
+    except ValueError:
+        pass
+    return list(hooks.values())
 
 
 _FFI: dict[str, Any] = {}

@@ -31,11 +31,14 @@ from ...loader.vm_executable import (
     disassemble,
 )
 from ..runtime import RuntimeModule
-from .builtins import BUILTINS, VMError, is_builtin_name
-from .ffi import NativeKernel
-from .values import Closure, ShapeTuple, StoragePool, Tensor, as_tensor
+from ...protocol.dtypes import DataType
+from .builtins import BUILTINS, VMError, is_builtin_name, read_if_cond
+from .ffi import T_DLTENSOR, NativeKernel, encode_value
+from .values import Closure, ShapeTuple, Storage, StoragePool, Tensor, as_tensor
 
 NAIVE_ALLOCATOR, POOLED_ALLOCATOR = 1, 2
+#: compiled step kinds besides the opcodes (``VirtualMachine.run``)
+S_KERNEL, S_ALLOC_TENSOR, S_NULL = 11, 12, 13
 #: device types whose memory is this board's host memory (cpu, ext_dev)
 HOST_DEVICES = (1, 12)
 
@@ -164,6 +167,7 @@ class VirtualMachine(RuntimeModule):
         self.inputs: dict[str, list[Any]] = {}
         self.outputs: dict[str, Any] = {}
         self.saved: dict[str, Closure] = {}
+        self._keep: list = []  # DLTensors of constant kernel arguments
 
     # ------------------------------------------------------------------ set-up
     def initialize(self, *args: Any) -> None:
@@ -183,7 +187,8 @@ class VirtualMachine(RuntimeModule):
             devices.append((dev_type, dev_id))
         self.devices = devices
         self.pool = StoragePool(naive=naive)
-        self.consts = [Tensor(np.require(c, requirements="CA")) if isinstance(c, np.ndarray) else c
+        # tensors move to ALIGNMENT-aligned memory, as kernels require (file views are not)
+        self.consts = [as_tensor(np.ascontiguousarray(c)) if isinstance(c, np.ndarray) else c
                        for c in self.exe.constants]
         self.funcs = [self._pool_entry(i) for i in range(len(self.exe.functions))]
         self.programs = {}
@@ -198,23 +203,38 @@ class VirtualMachine(RuntimeModule):
         return fn
 
     def _program(self, index: int) -> list[tuple]:
-        """Function ``index`` compiled to steps (once per VM)."""
+        """Function ``index`` compiled to steps (once per VM); see ``run`` for the step kinds."""
         prog = self.programs.get(index)
-        if prog is not None:
-            return prog
-        f = self.exe.functions[index]
-        prog = []
-        for ins in self.executable.code[f.start_instr:f.end_instr]:
-            if ins.op == OP_CALL:
-                spec = tuple(self._arg(kind, value) for kind, value in ins.args)
-                dst = ins.dst if ins.dst < BEGIN_SPECIAL_REG else -1
-                prog.append((OP_CALL, self.funcs[ins.func], spec, dst, self.exe.functions[ins.func].name))
-            elif ins.op == OP_RET:
-                prog.append((OP_RET, ins.reg))
-            else:
-                prog.append((ins.op, ins.reg, ins.offset))
-        self.programs[index] = prog
+        if prog is None:
+            f = self.exe.functions[index]
+            prog = self.programs[index] = [self._step(ins) for ins in self.executable.code[f.start_instr:f.end_instr]]
         return prog
+
+    def _step(self, ins) -> tuple:
+        if ins.op == OP_RET:
+            return (OP_RET, ins.reg)
+        if ins.op != OP_CALL:
+            return (ins.op, ins.reg, ins.offset)
+        fn, name = self.funcs[ins.func], self.exe.functions[ins.func].name
+        dst = ins.dst if ins.dst < BEGIN_SPECIAL_REG else -1
+        spec = tuple(self._arg(kind, value) for kind, value in ins.args)
+        if fn is BUILTINS["vm.builtin.null_value"] and not spec:
+            return (S_NULL, dst)
+        if (fn is BUILTINS["vm.builtin.alloc_tensor"] and len(spec) == 4 and spec[0][0]
+                and not any(is_reg for is_reg, _ in spec[1:]) and isinstance(spec[2][1], ShapeTuple)
+                and isinstance(spec[3][1], DataType)):
+            return (S_ALLOC_TENSOR, spec[0][1], (int(spec[1][1]), tuple(spec[2][1]), spec[3][1]), dst, name)
+        if isinstance(fn, NativeKernel):
+            words: list[int] = []
+            regs: list[tuple[int, int]] = []
+            for is_reg, v in spec:
+                if is_reg:
+                    regs.append((len(words), v))
+                    words.extend((T_DLTENSOR, 0))
+                else:
+                    words.extend(encode_value(v, self._keep))
+            return (S_KERNEL, fn, words, tuple(regs), len(spec), dst, name)
+        return (OP_CALL, fn, spec, dst, name)
 
     def _arg(self, kind: int, value: int) -> tuple[bool, Any]:
         if kind == ARG_REGISTER:
@@ -231,7 +251,13 @@ class VirtualMachine(RuntimeModule):
 
     # ------------------------------------------------------------------ running
     def run(self, index: int, args: tuple) -> Any:
-        """Run bytecode function ``index`` on register values ``args``."""
+        """Run bytecode function ``index`` on register values ``args``.
+
+        Steps: ``S_KERNEL`` (a native kernel: argument words with the registers' DLTensor
+        addresses filled in), ``S_ALLOC_TENSOR`` (a tensor in a storage, constant offset, shape and
+        dtype), ``S_NULL`` (clear a register), ``OP_CALL`` (any other packed function or closure),
+        ``OP_RET``, ``OP_GOTO``, ``OP_IF``.
+        """
         f = self.exe.functions[index]
         if len(args) != f.num_args:
             names = f" ({', '.join(f.param_names)})" if f.param_names else ""
@@ -239,34 +265,57 @@ class VirtualMachine(RuntimeModule):
         prog = self._program(index)
         regs: list[Any] = [None] * f.register_file_size
         regs[:len(args)] = args
-        pc, end = 0, len(prog)
-        while pc < end:
-            step = prog[pc]
-            if step[0] == OP_CALL:
-                fn, spec, dst = step[1], step[2], step[3]
-                values = [regs[v] if is_reg else v for is_reg, v in spec]
-                try:
+        pc = 0
+        try:
+            while True:
+                step = prog[pc]
+                code = step[0]
+                if code == S_KERNEL:
+                    words = step[2][:]
+                    for at, r in step[3]:
+                        v = regs[r]
+                        if type(v) is Tensor:
+                            words[at + 1] = v.dla or v.make_dl()
+                        else:
+                            words[at], words[at + 1] = encode_value(v, [])
+                    ret = step[1].call_words(words, step[4])
+                    if step[5] >= 0:
+                        regs[step[5]] = ret
+                elif code == S_ALLOC_TENSOR:
+                    storage = regs[step[1]]
+                    if type(storage) is not Storage:
+                        raise VMError(f"alloc_tensor: expected a storage, got a {type(storage).__name__}")
+                    regs[step[3]] = storage.alloc_tensor(*step[2])
+                elif code == S_NULL:
+                    if step[1] >= 0:
+                        regs[step[1]] = None
+                elif code == OP_CALL:
+                    fn = step[1]
+                    values = [regs[v] if is_reg else v for is_reg, v in step[2]]
                     if type(fn) is Closure:
                         ret = fn.impl(self, *values, *fn.bound)
                     else:
                         ret = fn(*values)
-                except VMError:
-                    raise
-                except Exception as exc:
-                    raise VMError(f"{f.name}: instruction {pc} ({step[4]}): {type(exc).__name__}: {exc}") from None
-                if dst >= 0:
-                    regs[dst] = ret
+                    if step[3] >= 0:
+                        regs[step[3]] = ret
+                elif code == OP_RET:
+                    r = step[1]
+                    return regs[r] if r < BEGIN_SPECIAL_REG else (self if r == VM_REGISTER else None)
+                elif code == OP_GOTO:
+                    pc += step[2]
+                    continue
+                else:
+                    pc += 1 if read_if_cond(regs[step[1]]) else step[2]
+                    continue
                 pc += 1
-            elif step[0] == OP_RET:
-                r = step[1]
-                return regs[r] if r < BEGIN_SPECIAL_REG else (self if r == VM_REGISTER else None)
-            elif step[0] == OP_GOTO:
-                pc += step[2]
-            else:
-                from .builtins import read_if_cond
-
-                pc += 1 if read_if_cond(regs[step[1]]) else step[2]
-        raise VMError(f"{f.name}: ran past its last instruction without a return")
+        except VMError:
+            raise
+        except IndexError:
+            if pc >= len(prog):
+                raise VMError(f"{f.name}: ran past its last instruction without a return") from None
+            raise VMError(f"{f.name}: instruction {pc} ({_step_name(prog[pc])}): index out of range") from None
+        except Exception as exc:
+            raise VMError(f"{f.name}: instruction {pc} ({_step_name(prog[pc])}): {type(exc).__name__}: {exc}") from None
 
     def invoke(self, fn: Any, args: tuple) -> Any:
         """Call a closure or packed function with register values (``invoke_closure``)."""
@@ -387,6 +436,12 @@ class VirtualMachine(RuntimeModule):
     @staticmethod
     def _no_param_module(*_args: Any) -> None:
         raise VMError("set_input_with_param_module: parameter modules are not available on this board")
+
+
+def _step_name(step: tuple) -> str:
+    if step[0] in (S_KERNEL, S_ALLOC_TENSOR, OP_CALL):
+        return step[-1]
+    return {OP_RET: "ret", OP_GOTO: "goto", OP_IF: "if", S_NULL: "vm.builtin.null_value"}.get(step[0], "?")
 
 
 def export(value: Any) -> Any:

@@ -41,22 +41,25 @@ def aligned_empty(nbytes: int) -> np.ndarray:
 
 
 class Tensor:
-    """A VM tensor: ``array`` (numpy, C-contiguous) and its DLTensor for native calls."""
+    """A VM tensor: ``array`` (numpy, C-contiguous) and its DLTensor for native calls.
 
-    __slots__ = ("array", "_dl", "owner", "__weakref__")
+    ``dla`` is the DLTensor's address (0 until ``make_dl`` builds it on first native use); ``_dl``
+    keeps the DLTensor alive as long as the tensor."""
+
+    __slots__ = ("array", "_dl", "dla", "owner", "__weakref__")
 
     def __init__(self, array: np.ndarray, owner: Any = None, dl: Any = None):
         self.array = array
         self.owner = owner
         self._dl = dl
+        self.dla = ctypes.addressof(dl) if dl is not None else 0
 
-    @property
-    def dl(self) -> int:
+    def make_dl(self) -> int:
         """Address of this tensor's DLTensor (built once)."""
-        dl = self._dl
-        if dl is None:
-            dl = self._dl = make_dltensor(self.array)
-        return ctypes.addressof(dl)
+        if not self.dla:
+            self._dl = make_dltensor(self.array)
+            self.dla = ctypes.addressof(self._dl)
+        return self.dla
 
     @property
     def shape(self) -> tuple:
@@ -103,7 +106,9 @@ class Storage:
         key = (offset, shape, dtype)
         cached = self.block.views.get(key)
         if cached is not None:
-            return Tensor(cached[0], self, cached[1])
+            t = Tensor.__new__(Tensor)
+            t.array, t._dl, t.dla, t.owner = cached[0], cached[1], cached[2], self
+            return t
         npdt = dtype.numpy()
         count = 1
         for d in shape:
@@ -117,7 +122,7 @@ class Storage:
         arr = self.block.data[offset:offset + nbytes].view(npdt).reshape(shape)
         dl = make_dltensor(arr)
         if len(self.block.views) < 64:
-            self.block.views[key] = (arr, dl)
+            self.block.views[key] = (arr, dl, ctypes.addressof(dl))
         return Tensor(arr, self, dl)
 
     def escape(self) -> None:
@@ -137,7 +142,7 @@ class _Block:
     def __init__(self, nbytes: int):
         self.nbytes = nbytes
         self.data = aligned_empty(nbytes)
-        self.views: dict[tuple, tuple[np.ndarray, DLTensor]] = {}
+        self.views: dict[tuple, tuple[np.ndarray, DLTensor, int]] = {}
         self.escaped = False
 
 
