@@ -28,6 +28,7 @@ Python objects); ``decode_instructions`` turns the code into tuples, checking ev
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -380,3 +381,58 @@ def constant_bytes(exe: VMExecutableModule) -> int:
 
 #: the loader's codec for this type key (registered in ``modules.PAYLOADS``)
 PAYLOAD = PayloadCodec(VMExecutablePayload, decode, encode)
+
+
+_ERROR_CONTEXT = re.compile(r"ErrorContext\(fn=(?P<fn>[^,]+), loc=param\[(?P<i>\d+)\], param=(?P<p>[^,]+), "
+                            r"annotation=(?P<a>.*)\)\s*$", re.S)
+
+
+def param_annotations(exe: VMExecutableModule) -> dict[tuple[str, int], str]:
+    """(function, parameter index) -> its Relax annotation, from the error-context strings the
+    compiler puts in the constant pool for argument checks (e.g. ``R.Tensor((1, 3), dtype="float32")``)."""
+    out = {}
+    for c in exe.constants:
+        m = _ERROR_CONTEXT.match(c) if isinstance(c, str) else None
+        if m:
+            out[(m["fn"], int(m["i"]))] = m["a"]
+    return out
+
+
+def _signature(f: VMFunction, notes: dict) -> list[str]:
+    return [f"{p}: {notes[(f.name, i)]}" if (f.name, i) in notes else p for i, p in enumerate(f.param_names)]
+
+
+def summarize_vm(exe: VMExecutableModule) -> dict:
+    """What ``rpcsrv inspect`` shows of an executable (JSON-serialisable)."""
+    calls = called_functions(exe)
+    notes = param_annotations(exe)
+    return {
+        "version": exe.version,
+        "functions": [{"name": f.name, "kind": f.kind_name, "params": _signature(f, notes),
+                       "registers": f.register_file_size, "instructions": max(f.end_instr - f.start_instr, 0),
+                       "calls": calls.get(f.name, [])} for f in exe.functions if f.kind != KIND_PACKED],
+        "packed_functions": [f.name for f in exe.functions if f.kind == KIND_PACKED],
+        "constants": [describe_constant(c) for c in exe.constants],
+        "constant_bytes": constant_bytes(exe),
+        "disassembly": list(disassemble(exe)),
+    }
+
+
+def format_vm(head: str, vm: dict, disasm: bool = False) -> list[str]:
+    """Text lines for ``summarize_vm``'s summary (the disassembly only when asked)."""
+    out = [f"{head}: Relax VM executable (version {vm['version']}), {len(vm['functions'])} function(s), "
+           f"{len(vm['constants'])} constant(s) ({vm['constant_bytes']} tensor bytes)"]
+    for f in vm["functions"]:
+        out.append(f"  {f['kind']} {f['name']}({', '.join(f['params'])}): {f['registers']} registers, "
+                   f"{f['instructions']} instructions")
+        builtins = [c for c in f["calls"] if c.startswith("vm.")]
+        kernels = [c for c in f["calls"] if not c.startswith("vm.")]
+        if kernels:
+            out.append(f"    kernels: {', '.join(kernels)}")
+        if builtins:
+            out.append(f"    builtins: {', '.join(builtins)}")
+    for i, c in enumerate(vm["constants"]):
+        out.append(f"  c[{i}]: {c}")
+    if disasm:
+        out.extend(f"  {line}" for line in vm["disassembly"])
+    return out
