@@ -112,10 +112,17 @@ def test_uninitialized_vm_refuses_calls(vm_libs):
 
 
 def _patched(path, tmp_path, old: bytes, new: bytes):
-    data = open(path, "rb").read()
-    assert len(old) == len(new) and data.count(old) >= 1
+    """A copy of the library with ``old`` replaced by ``new`` inside its blob only (the ELF symbol
+    tables stay intact)."""
+    from rpcsrv.loader import load_library
+
+    lib = load_library(path)
+    data = bytearray(open(path, "rb").read())
+    start, end = lib.blob_offset, lib.blob_offset + lib.blob_size
+    assert len(old) == len(new) and data[start:end].count(old) >= 1
+    data[start:end] = bytes(data[start:end]).replace(old, new)
     out = tmp_path / f"patched-{path.name}"
-    out.write_bytes(data.replace(old, new))
+    out.write_bytes(bytes(data))
     return out
 
 

@@ -7,20 +7,16 @@ Every Relax kernel in ``_lib`` is exported as ``int __tvm_ffi_<name>(void *self,
 Tensors travel as ``DLTensor*`` (type index 7, which compiled kernels accept next to Tensor
 objects), integers as 1, floats as 3 (the double's bits), booleans as 2, null as 0.
 
-A non-zero return means the kernel raised an error; its kind and message come from
-``TVMFFIErrorMoveFromRaised`` in libtvm_ffi, which the kernels' own error reporting
-(``TVMFFIErrorSetRaisedFromCStrParts``) writes to.
-
-This module loads the library with ctypes in this process (``load_kernels``) until the native
-host of ``rpcsrv.native`` runs it in a worker; the DLTensor and argument encoding stay here.
+Loading the library, filling its runtime hooks and reading a failed kernel's message are
+``rpcsrv.native``'s job; this module only encodes arguments for the VM's hot loop (a kernel call
+is one list copy, one ctypes array and one foreign call).
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
 import struct
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import numpy as np
 
@@ -42,14 +38,6 @@ class DLTensor(ctypes.Structure):
 
 
 _CPU = DLDevice(1, 0)
-
-
-class _ByteArray(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("size", ctypes.c_size_t)]
-
-
-class _ErrorCell(ctypes.Structure):  # follows the 24-byte object header
-    _fields_ = [("kind", _ByteArray), ("message", _ByteArray), ("backtrace", _ByteArray)]
 
 
 T_NONE, T_INT, T_BOOL, T_FLOAT, T_OPAQUE, T_DATATYPE, T_DEVICE, T_DLTENSOR = 0, 1, 2, 3, 4, 5, 6, 7
@@ -107,19 +95,22 @@ def encode_value(v: Any, keep: list) -> tuple[int, int]:
 _Result = ctypes.c_int64 * 2
 
 
-class KernelError(RuntimeError):
-    """A native kernel reported an error (its kind and message)."""
-
-
 class NativeKernel:
-    """One ``__tvm_ffi_<name>`` function; calling it runs the kernel on the given values."""
+    """One tvm-ffi kernel (``__tvm_ffi_<name>`` at ``address``) called with argument words.
 
-    __slots__ = ("name", "fn", "lib")
+    ``fail()`` makes the exception for a non-zero return (the message the kernel set).  Built from an
+    ``rpcsrv.native`` function (``from_native``), which loaded the library and filled its hooks."""
 
-    def __init__(self, name: str, address: int, lib: "KernelLibrary"):
+    __slots__ = ("name", "fn", "fail")
+
+    def __init__(self, name: str, address: int, fail: Callable[[], Exception]):
         self.name = name
         self.fn = SafeCall(address)
-        self.lib = lib
+        self.fail = fail
+
+    @classmethod
+    def from_native(cls, fn: Any) -> "NativeKernel":
+        return cls(fn.name, fn.address, fn._fail)
 
     def __call__(self, *args: Any) -> Any:
         keep: list = []
@@ -132,126 +123,10 @@ class NativeKernel:
         """Call with the argument array given as [type index, value, ...] words."""
         argv = (ctypes.c_int64 * max(len(words), 2))(*words)
         result = _Result()
-        rc = self.fn(None, argv, nargs, result)
-        if rc != 0:
-            raise KernelError(f"kernel {self.name}: {self.lib.take_error()}")
+        if self.fn(None, argv, nargs, result) != 0:
+            raise self.fail()
         if result[0] == T_INT:
             return int(result[1])
         if result[0] == T_FLOAT:
             return struct.unpack("<d", struct.pack("<q", result[1]))[0]
         return None
-
-
-class KernelLibrary:
-    """A library's kernels, loaded into this process with libtvm_ffi providing the error hooks."""
-
-    def __init__(self, path: str, symbols: Optional[set[str]] = None):
-        self.ffi = _load_tvm_ffi()
-        self.lib = ctypes.CDLL(os.path.abspath(path), mode=ctypes.RTLD_LOCAL)
-        self.symbols = symbols
-        self._cache: dict[str, NativeKernel] = {}
-        self._hooks = _fill_hooks(self.lib, self.ffi)
-
-    def get(self, name: str) -> Optional[NativeKernel]:
-        symbol = f"__tvm_ffi_{name}"
-        if self.symbols is not None and symbol not in self.symbols:
-            return None
-        kernel = self._cache.get(name)
-        if kernel is None:
-            try:
-                address = ctypes.cast(getattr(self.lib, symbol), ctypes.c_void_p).value
-            except AttributeError:
-                return None
-            kernel = self._cache[name] = NativeKernel(name, address, self)
-        return kernel
-
-    def take_error(self) -> str:
-        handle = ctypes.c_void_p()
-        self.ffi.TVMFFIErrorMoveFromRaised(ctypes.byref(handle))
-        if not handle.value:
-            return "failed (no error message)"
-        cell = _ErrorCell.from_address(handle.value + 24)
-        kind = ctypes.string_at(cell.kind.data, cell.kind.size).decode("utf-8", "replace")
-        message = ctypes.string_at(cell.message.data, cell.message.size).decode("utf-8", "replace")
-        self.ffi.TVMFFIObjectDecRef(handle)
-        return f"{kind}: {message}"
-
-
-_AllocWorkspace = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_uint64, ctypes.c_int,
-                                   ctypes.c_int)
-_FreeWorkspace = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p)
-_ParallelLambda = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
-_ParallelLaunch = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int)
-_ParallelBarrier = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_void_p)
-
-
-class _ParallelEnv(ctypes.Structure):
-    _fields_ = [("sync_handle", ctypes.c_void_p), ("num_task", ctypes.c_int32)]
-
-
-def _fill_hooks(lib, ffi) -> list:
-    """Fill the runtime hooks compiled code calls through function-pointer globals (TVM's
-    ``InitContextFunctions``): workspace allocation (64-byte aligned malloc), parallel launch (the
-    tasks run one after the other in this thread) and error reporting.  Returns what must stay alive."""
-    libc = ctypes.CDLL(None)
-    libc.aligned_alloc.restype, libc.aligned_alloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t, ctypes.c_size_t]
-    libc.free.argtypes = [ctypes.c_void_p]
-
-    def alloc(_dev_type, _dev_id, nbytes, _code, _bits):
-        return libc.aligned_alloc(64, max(64, (nbytes + 63) // 64 * 64))
-
-    def free(_dev_type, _dev_id, ptr):
-        libc.free(ptr)
-        return 0
-
-    def launch(flambda, cdata, _num_task):
-        fn = _ParallelLambda(flambda)
-        env = _ParallelEnv(None, 1)
-        return fn(0, ctypes.addressof(env), cdata)
-
-    hooks = {"__TVMBackendAllocWorkspace": _AllocWorkspace(alloc),
-             "__TVMBackendFreeWorkspace": _FreeWorkspace(free),
-             "__TVMBackendParallelLaunch": _ParallelLaunch(launch),
-             "__TVMBackendParallelBarrier": _ParallelBarrier(lambda _task, _env: 0)}
-    for name, callback in hooks.items():
-        try:
-            ctypes.c_void_p.in_dll(lib, name).value = ctypes.cast(callback, ctypes.c_void_p).value
-        except ValueError:
-            pass  # the library does not use this hook
-    try:
-        ctypes.c_void_p.in_dll(lib, "__TVMFFIErrorSetRaisedFromCStr").value = ctypes.cast(
-            ffi.TVMFFIErrorSetRaisedFromCStr, ctypes.c_void_p).value
-    except ValueError:
-        pass
-    return list(hooks.values())
-
-
-_FFI: dict[str, Any] = {}
-
-
-def _load_tvm_ffi():
-    """libtvm_ffi (from the apache-tvm-ffi wheel), loaded globally so kernels resolve against it."""
-    if "lib" not in _FFI:
-        path = os.environ.get("RPCSRV_TVM_FFI_LIB")
-        if not path:
-            import importlib.util  # the wheel's shared library only, without importing the package
-
-            spec = importlib.util.find_spec("tvm_ffi")
-            for folder in (spec.submodule_search_locations or []) if spec else []:
-                candidate = os.path.join(folder, "lib", "libtvm_ffi.so")
-                if os.path.exists(candidate):
-                    path = candidate
-            if not path:
-                raise KernelError("native kernels need libtvm_ffi.so (install apache-tvm-ffi or set "
-                                  "RPCSRV_TVM_FFI_LIB)")
-        lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
-        lib.TVMFFIErrorMoveFromRaised.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-        lib.TVMFFIErrorMoveFromRaised.restype = None
-        lib.TVMFFIObjectDecRef.argtypes = [ctypes.c_void_p]
-        _FFI["lib"] = lib
-    return _FFI["lib"]
-
-
-def load_kernels(path: str, symbols: Optional[set[str]] = None) -> Callable[[str], Optional[NativeKernel]]:
-    """name -> kernel lookup over the library at ``path``."""
-    return KernelLibrary(path, symbols).get
