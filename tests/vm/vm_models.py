@@ -58,7 +58,7 @@ def _cnn(size: str):
     from onnx import helper as h
 
     r = _rng(2)
-    hw, c1, c2 = (64, 32, 64) if size == "bench" else (16, 8, 16)
+    hw, c1, c2 = (112, 32, 64) if size == "bench" else (16, 8, 16)
     inits = [_init("k1", r.standard_normal((c1, 3, 3, 3)) * 0.2), _init("kb1", r.standard_normal(c1) * 0.1),
              _init("s1", 1 + r.random(c1)), _init("o1", r.standard_normal(c1) * 0.1),
              _init("m1", r.standard_normal(c1) * 0.1), _init("v1", 0.5 + r.random(c1)),
@@ -87,7 +87,7 @@ def _transformer(size: str):
     from onnx import helper as h
 
     r = _rng(3)
-    seq, d, ff = (128, 256, 1024) if size == "bench" else (16, 32, 64)
+    seq, d, ff = (64, 128, 512) if size == "bench" else (16, 32, 64)
     w = lambda n, *s: _init(n, r.standard_normal(s) / np.sqrt(s[0]))  # noqa: E731
     inits = [w("wq", d, d), w("wk", d, d), w("wv", d, d), w("wo", d, d), w("w1", d, ff), w("w2", ff, d),
              _init("g1", 1 + 0.1 * r.standard_normal(d)), _init("be1", 0.1 * r.standard_normal(d)),

@@ -12,6 +12,7 @@ with the builtin's name, not halfway through a run.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import numpy as np
@@ -206,7 +207,7 @@ def shape_of(value: Any) -> ShapeTuple:
 def reshape(value: Any, shape: ShapeTuple) -> Tensor:
     if not isinstance(value, Tensor):
         raise VMError(f"reshape expects a tensor, got {_kind(value)}")
-    if int(np.prod(shape, dtype=np.int64)) != value.array.size:
+    if math.prod(shape) != value.array.size:
         raise VMError(f"reshape: cannot view shape {list(value.array.shape)} as {list(shape)}")
     return Tensor(value.array.reshape(tuple(shape)), value.owner if value.owner is not None else value)
 

@@ -21,6 +21,7 @@ one call.  Native kernels get their arguments as DLTensor addresses (``ffi.py``)
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -34,11 +35,14 @@ from ..runtime import RuntimeModule
 from ...protocol.dtypes import DataType
 from .builtins import BUILTINS, VMError, is_builtin_name, read_if_cond
 from .ffi import T_DLTENSOR, NativeKernel, encode_value
-from .values import Closure, ShapeTuple, Storage, StoragePool, Tensor, as_tensor
+from .values import Closure, InputStaging, ShapeTuple, Storage, StoragePool, Tensor, as_tensor
 
 NAIVE_ALLOCATOR, POOLED_ALLOCATOR = 1, 2
 #: compiled step kinds besides the opcodes (``VirtualMachine.run``)
-S_KERNEL, S_ALLOC_TENSOR, S_NULL = 11, 12, 13
+S_KERNEL, S_ALLOC_TENSOR, S_NULL, S_CONST = 11, 12, 13, 14
+#: builtins without side effects whose result depends only on their arguments: folded at compile
+#: time when every argument is a constant
+FOLDABLE = frozenset(BUILTINS[f"vm.builtin.{n}"] for n in ("reshape", "shape_of", "tensor_to_shape"))
 #: device types whose memory is this board's host memory (cpu, ext_dev)
 HOST_DEVICES = (1, 12)
 
@@ -53,7 +57,6 @@ class VMExecutableRuntime(RuntimeModule):
     def __init__(self, exe: VMExecutableModule, imports: Optional[list[RuntimeModule]] = None,
                  kernels: Optional[Lookup] = None):
         super().__init__(imports)
-        self.exe = exe
         self.kernels = kernels
         self.by_name = {f.name: i for i, f in enumerate(exe.functions)}
         try:
@@ -66,6 +69,12 @@ class VMExecutableRuntime(RuntimeModule):
         if missing:
             raise VMError(f"relax.VMExecutable: function(s) {', '.join(missing)} called by the code are neither "
                           f"VM builtins available on this board nor functions of the library")
+        # the code and constants are copied out of the library file (tensors to ALIGNMENT-aligned
+        # memory, as kernels require), so the file's mapping is released with the loaded library;
+        # every VM of this executable shares these constants, as TVM's do on the CPU
+        self.constants = [as_tensor(np.array(c)) if isinstance(c, np.ndarray) else c for c in exe.constants]
+        self.exe = dataclasses.replace(exe, constants=[],  # see self.constants
+                                       instr_offset=np.array(exe.instr_offset), instr_data=np.array(exe.instr_data))
 
     def resolve(self, name: str) -> Optional[Callable[..., Any]]:
         """The packed function ``name``: a builtin, else the imports' function (TVM's lookup order
@@ -99,9 +108,9 @@ class VMExecutableRuntime(RuntimeModule):
         return None
 
     def stats(self) -> str:
-        consts = ", ".join(describe_constant(c) for c in self.exe.constants)
+        consts = ", ".join(describe_constant(c.array if isinstance(c, Tensor) else c) for c in self.constants)
         names = ", ".join(f.name for f in self.exe.functions)
-        return (f"Relax VM executable statistics:\n  Constant pool (# {len(self.exe.constants)}): [{consts}]\n"
+        return (f"Relax VM executable statistics:\n  Constant pool (# {len(self.constants)}): [{consts}]\n"
                 f"  Globals (#{len(self.exe.functions)}): [{names}]\n")
 
 
@@ -168,6 +177,7 @@ class VirtualMachine(RuntimeModule):
         self.outputs: dict[str, Any] = {}
         self.saved: dict[str, Closure] = {}
         self._keep: list = []  # DLTensors of constant kernel arguments
+        self.staging = InputStaging()
 
     # ------------------------------------------------------------------ set-up
     def initialize(self, *args: Any) -> None:
@@ -187,9 +197,7 @@ class VirtualMachine(RuntimeModule):
             devices.append((dev_type, dev_id))
         self.devices = devices
         self.pool = StoragePool(naive=naive)
-        # tensors move to ALIGNMENT-aligned memory, as kernels require (file views are not)
-        self.consts = [as_tensor(np.ascontiguousarray(c)) if isinstance(c, np.ndarray) else c
-                       for c in self.exe.constants]
+        self.consts = self.executable.constants
         self.funcs = [self._pool_entry(i) for i in range(len(self.exe.functions))]
         self.programs = {}
 
@@ -220,6 +228,9 @@ class VirtualMachine(RuntimeModule):
         spec = tuple(self._arg(kind, value) for kind, value in ins.args)
         if fn is BUILTINS["vm.builtin.null_value"] and not spec:
             return (S_NULL, dst)
+        if fn in FOLDABLE and not any(is_reg for is_reg, _ in spec):
+            # a pure builtin of constants (e.g. a reshaped batch-norm parameter): computed once here
+            return (S_CONST, fn(*[v for _, v in spec]), dst, name)
         if (fn is BUILTINS["vm.builtin.alloc_tensor"] and len(spec) == 4 and spec[0][0]
                 and not any(is_reg for is_reg, _ in spec[1:]) and isinstance(spec[2][1], ShapeTuple)
                 and isinstance(spec[3][1], DataType)):
@@ -286,6 +297,9 @@ class VirtualMachine(RuntimeModule):
                     if type(storage) is not Storage:
                         raise VMError(f"alloc_tensor: expected a storage, got a {type(storage).__name__}")
                     regs[step[3]] = storage.alloc_tensor(*step[2])
+                elif code == S_CONST:
+                    if step[2] >= 0:
+                        regs[step[2]] = step[1]
                 elif code == S_NULL:
                     if step[1] >= 0:
                         regs[step[1]] = None
@@ -344,7 +358,7 @@ class VirtualMachine(RuntimeModule):
     def call(self, name: str, *args: Any) -> Any:
         """Call VM function ``name`` with arguments from outside (arrays); returns outside values."""
         clo = self._closure(name)
-        return export(clo.impl(self, *[as_tensor(a) for a in args], *clo.bound))
+        return export(clo.impl(self, *[self.staging.stage(i, a) for i, a in enumerate(args)], *clo.bound))
 
     # ------------------------------------------------------------------ the remote interface
     def get_function(self, name: str):
@@ -439,27 +453,33 @@ class VirtualMachine(RuntimeModule):
 
 
 def _step_name(step: tuple) -> str:
-    if step[0] in (S_KERNEL, S_ALLOC_TENSOR, OP_CALL):
+    if step[0] in (S_KERNEL, S_ALLOC_TENSOR, OP_CALL, S_CONST):
         return step[-1]
     return {OP_RET: "ret", OP_GOTO: "goto", OP_IF: "if", S_NULL: "vm.builtin.null_value"}.get(step[0], "?")
 
 
+#: tensors up to this size leave the VM as copies, so their pooled buffer (and the DLTensors cut
+#: from it) serve the next run too; larger ones leave as they are and their buffer leaves the pool
+COPY_OUT_BYTES = 64 << 10
+
+
 def export(value: Any) -> Any:
-    """A register value as it leaves the VM: tensors become numpy arrays whose buffer is no longer
-    pooled (the caller owns it now), tuples become lists of those."""
+    """A register value as it leaves the VM: tensors become numpy arrays the caller owns (a copy,
+    or the tensor itself with its buffer taken out of the pool), tuples become lists of those."""
     if isinstance(value, Tensor):
         owner = value.owner
         while isinstance(owner, Tensor):
             owner = owner.owner
-        if owner is not None and hasattr(owner, "escape"):
-            owner.escape()
+        if owner is None or not hasattr(owner, "escape"):
+            return value.array
+        if value.array.nbytes <= COPY_OUT_BYTES:
+            return value.array.copy()
+        owner.escape()
         return value.array
     if isinstance(value, list):
         return [export(v) for v in value]
     if isinstance(value, ShapeTuple):
         return tuple(value)
-    if isinstance(value, Closure):
-        return value
     return value
 
 

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import ctypes
+import mmap
 import threading
 from typing import Any, Callable
 
@@ -38,6 +39,13 @@ def aligned_empty(nbytes: int) -> np.ndarray:
     raw = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
     skip = (-raw.ctypes.data) % ALIGNMENT
     return raw[skip:skip + nbytes]
+
+
+def page_empty(nbytes: int) -> np.ndarray:
+    """A uint8 array of ``nbytes`` (a multiple of ``PAGE``) in its own anonymous mapping: page
+    aligned, outside the malloc heap (pooled buffers live long; transient arrays would fragment the
+    heap around them), returned to the system when the array goes."""
+    return np.frombuffer(mmap.mmap(-1, max(nbytes, PAGE)), dtype=np.uint8)[:nbytes]
 
 
 class Tensor:
@@ -82,6 +90,40 @@ def as_tensor(value: Any) -> Any:
     if isinstance(value, (list, tuple)) and not isinstance(value, ShapeTuple):
         return [as_tensor(v) for v in value]
     return value
+
+
+class InputStaging:
+    """Aligned buffers for arguments that arrive unaligned (or not contiguous), one per argument
+    position, shape and dtype, reused call after call (no allocation, and the DLTensor is built
+    once).  A staged tensor handed back out of the VM (a function returning its argument) takes its
+    buffer with it (``escape``)."""
+
+    def __init__(self):
+        self.buffers: dict[tuple, Tensor] = {}
+
+    def stage(self, position: int, value: Any) -> Any:
+        if not isinstance(value, np.ndarray):
+            return as_tensor(value)
+        if value.flags.c_contiguous and not value.ctypes.data % ALIGNMENT:
+            return Tensor(value)
+        key = (position, value.shape, value.dtype.str)
+        t = self.buffers.get(key)
+        if t is None:
+            arr = aligned_empty(value.nbytes).view(value.dtype).reshape(value.shape)
+            t = self.buffers[key] = Tensor(arr, _Staged(self, key))
+            t.make_dl()
+        np.copyto(t.array, value)
+        return t
+
+
+class _Staged:
+    __slots__ = ("staging", "key")
+
+    def __init__(self, staging: InputStaging, key: tuple):
+        self.staging, self.key = staging, key
+
+    def escape(self) -> None:
+        self.staging.buffers.pop(self.key, None)
 
 
 def dtype_of(t: Tensor) -> DataType:
@@ -141,7 +183,7 @@ class _Block:
 
     def __init__(self, nbytes: int):
         self.nbytes = nbytes
-        self.data = aligned_empty(nbytes)
+        self.data = page_empty(nbytes)
         self.views: dict[tuple, tuple[np.ndarray, DLTensor, int]] = {}
         self.escaped = False
 
