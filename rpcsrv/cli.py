@@ -59,7 +59,7 @@ def _inspect(args: argparse.Namespace) -> int:
     except (LoaderError, OSError) as exc:
         print(f"rpcsrv inspect: error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(info, indent=2) if args.json else format_inspection(info))
+    print(json.dumps(info, indent=2) if args.json else format_inspection(info, disasm=args.disasm))
     return 0
 
 
@@ -90,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("inspect", help="show what an exported library holds")
     i.add_argument("file")
     i.add_argument("--json", action="store_true", help="machine-readable output")
+    i.add_argument("--disasm", action="store_true", help="disassemble Relax VM executables")
     i.set_defaults(func=_inspect)
     return p
 
