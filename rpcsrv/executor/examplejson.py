@@ -257,7 +257,7 @@ class SubgraphFunction:
 
     def __init__(self, graph: Subgraph, kernels: Mapping[str, Kernel], constants: dict[int, np.ndarray]):
         self.graph = graph
-        self.constants = constants  # node ID -> bound array (filled by ExampleJSONModule.bind)
+        self.constants = constants  # node ID -> bound array (filled by ExampleJSONRuntime.bind)
         self.inputs = graph.inputs
         self.outputs = [graph.nodes[i] for i in graph.outputs]
         # ops that share op, inputs and attrs (the outputs of one multi-output op) run once per call
@@ -348,7 +348,7 @@ class SubgraphFunction:
         return result
 
 
-class ExampleJSONModule(RuntimeModule):
+class ExampleJSONRuntime(RuntimeModule):
     """The runtime of an ``examplejson`` module: one packed function per subgraph.
 
     ``__init_<symbol>`` (TVM's constant initialiser, called by a const loader) binds the
