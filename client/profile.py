@@ -9,7 +9,8 @@ Uploads the library and creates TVM's debug graph executor on the board the clas
 for each repeat.  The report gives each node's mean time and spread, its share of the total, its
 function, input and output shapes and the kernels inside it.  ``--plot`` draws the slowest nodes and
 kernels as horizontal bars with matplotlib (``pip install rpcsrv[plot]``) and writes the report as
-JSON beside the image (``profile.json`` for ``profile.png``).
+JSON beside the image (``profile.json`` for ``profile.png``).  ``--dump-root DIR`` also writes the
+files TVM's debug executor writes (graph dump, every node's output as a param dict, Chrome trace).
 """
 
 from __future__ import annotations
@@ -155,14 +156,58 @@ def build_report(info: GraphInfo, steps: dict, run_seconds: list[float], number:
 
 
 def profile_library(lib_path: str, host: str, port: int, key: str = "", inputs: Optional[dict] = None,
-                    number: int = 10, repeat: int = 5) -> dict:
-    """Profile ``lib_path`` on the board; see :func:`build_report` for the result."""
+                    number: int = 10, repeat: int = 5, dump_root: Optional[str] = None) -> dict:
+    """Profile ``lib_path`` on the board; see :func:`build_report` for the result.  With
+    ``dump_root``, also write TVM's debug-executor dump files there (:func:`dump_tvmdbg`)."""
     if number < 1 or repeat < 1:
         raise UserError("--number and --repeat must be at least 1")
     with DebugSession(lib_path, host, port, key, inputs) as dbg:
         steps = json.loads(dbg.module["rpcsrv_profile_steps"](number, repeat))
         run_seconds = dbg.module.time_evaluator("run", dbg.dev, number=number, repeat=repeat)()
+        if dump_root:
+            dump_tvmdbg(dbg, dump_root, number, repeat)
         return build_report(dbg.info, steps, [float(s) for s in run_seconds], number, repeat, Path(lib_path).name)
+
+
+# ---------------------------------------------------------------------------------------- TVM's dump files
+def dump_tvmdbg(dbg: DebugSession, dump_root: str, number: int, repeat: int) -> Path:
+    """Write what TVM's ``debug_executor.create(..., dump_root)`` + ``run()`` writes, in its layout
+    (v0.19 ``python/tvm/contrib/debugger/debug_result.py``), from the board's answers to TVM's own
+    debug functions: ``run_individual`` for the times, ``execute_node`` + ``get_node_output`` for
+    every node output.  Files, in ``<dump_root>/_tvmdbg_device_CPU_0/``: ``_tvmdbg_graph_dump.json``
+    (the graph, each node with its op, input names, dtype and shape), ``output_tensors.params`` (a
+    TVM param dict, keys ``<node>____topo-index:<i>____output-num:<j>``) and
+    ``_tvmdbg_execution_trace.json`` (Chrome trace, one begin/end pair per node)."""
+    from rpcsrv.loader import save_param_dict
+
+    info, module = dbg.info, dbg.module
+    blob = bytes(module["run_individual"](number, repeat, 0, 100, 0, 1))
+    count = int(np.frombuffer(blob[:8], "<i8")[0])
+    times = np.frombuffer(blob, "<f8", offset=8).reshape(count, repeat)
+    tensors = {}
+    for i, node in enumerate(info.nodes):
+        module["execute_node"](i)
+        for j in range(info.row_ptr[i + 1] - info.row_ptr[i]):
+            tensors[f"{node['name']}____topo-index:{i}____output-num:{j}"] = module["get_node_output"](i, j).numpy()
+    path = Path(dump_root) / "_tvmdbg_device_CPU_0"
+    path.mkdir(parents=True, exist_ok=True)
+    graph = json.loads(dbg.graph_json)
+    for i, node in enumerate(graph["nodes"]):
+        eid = info.entry(i)
+        if node["op"] == "null":
+            node.update(op="param", attrs={})
+        else:
+            node["op"] = node["attrs"]["func_name"]
+        node["inputs"] = [info.nodes[src]["name"] for src, *_ in info.nodes[i]["inputs"]]
+        node["attrs"]["T"] = f"type: {info.dtypes[eid]}"
+        node["shape"] = info.shapes[eid]
+    (path / "_tvmdbg_graph_dump.json").write_text(json.dumps(graph, indent=4))
+    (path / "output_tensors.params").write_bytes(save_param_dict(tensors))
+    starts = np.concatenate([[0.0], np.cumsum(times.mean(axis=1))])
+    events = [{"ts": (starts[i] + d) * 1e6, "tid": 1, "pid": 1, "name": node["name"], "ph": ph}
+              for i, node in enumerate(info.nodes) for ph, d in (("B", 0.0), ("E", times[i].mean()))]
+    (path / "_tvmdbg_execution_trace.json").write_text(json.dumps({"displayTimeUnit": "ns", "traceEvents": events}))
+    return path
 
 
 # ---------------------------------------------------------------------------------------- output
@@ -261,13 +306,15 @@ def add_parser(sub) -> None:
     p.add_argument("--plot", metavar="PNG", help="draw the slowest nodes and kernels; the JSON goes beside it")
     p.add_argument("--top", type=int, default=15, help="bars per panel of the plot (default 15)")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    p.add_argument("--dump-root", metavar="DIR", help="also write TVM's debug-executor dump files there "
+                                                      "(graph dump, every node output, Chrome trace)")
     p.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
     try:
         report = profile_library(args.library, args.host, args.port, args.key, parse_inputs(args.input),
-                                 args.number, args.repeat)
+                                 args.number, args.repeat, args.dump_root)
         written = plot_report(report, args.plot, args.top) if args.plot else None
     except (UserError, rpc.RPCError) as exc:
         print(f"byoc: error: {exc}", file=sys.stderr)

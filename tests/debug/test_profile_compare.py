@@ -9,7 +9,7 @@ import pytest
 
 from client.cli import main as byoc
 from conftest import need_module
-from debug_helpers import chain_inputs, chain_library
+from debug_helpers import chain_inputs, chain_library, chain_reference
 from onnx_models import cnn_input, small_cnn
 
 
@@ -131,3 +131,25 @@ def test_compare_against_another_model_is_a_clear_error(server, cnn, chain, caps
     so, inputs = chain
     assert byoc(["compare", str(so), str(d / "cnn.onnx"), *_port(server), "--input", f"x={d / 'x.npy'}"]) == 2
     assert "was not compiled from" in capsys.readouterr().err
+
+
+def test_profile_dump_root_writes_tvms_debug_files(server, chain, tmp_path, capsys):
+    """The files TVM's debug executor writes, read back by the real TVM (apache-tvm 0.27)."""
+    tvm = need_module("tvm", "the real TVM reads the dumped param dict")
+    so, inputs = chain
+    assert byoc(["profile", str(so), *_port(server), *inputs, "--repeat", "2", "--dump-root", str(tmp_path)]) == 0
+    capsys.readouterr()
+    folder = tmp_path / "_tvmdbg_device_CPU_0"
+    tensors = tvm.runtime.load_param_dict((folder / "output_tensors.params").read_bytes())
+    names = ["x", "w", "b", "mm_0", "ew_1", "tail_2"]
+    assert list(tensors) == [f"{n}____topo-index:{i}____output-num:0" for i, n in enumerate(names)]
+    x, w, b = chain_inputs()
+    for key, want in zip(tensors, [x, w, b, *chain_reference(x, w, b)]):
+        np.testing.assert_allclose(tensors[key].numpy(), want, rtol=1e-4, atol=1e-5)
+    graph = json.loads((folder / "_tvmdbg_graph_dump.json").read_text())
+    assert [(n["op"], n["inputs"]) for n in graph["nodes"][2:4]] == [("param", []), ("mm_0", ["x", "w"])]
+    assert graph["nodes"][3]["attrs"]["T"] == "type: float32" and graph["nodes"][3]["shape"] == [64, 64]
+    events = json.loads((folder / "_tvmdbg_execution_trace.json").read_text())["traceEvents"]
+    assert [(e["name"], e["ph"]) for e in events[6:]] == [("mm_0", "B"), ("mm_0", "E"), ("ew_1", "B"),
+                                                          ("ew_1", "E"), ("tail_2", "B"), ("tail_2", "E")]
+    assert all(a["ts"] <= b["ts"] for a, b in zip(events, events[1:]))
