@@ -63,16 +63,14 @@ def pair_subgraphs(lib_path: str, onnx_path: str, input_shapes: dict, ops=None):
     checking that the library holds exactly that ExampleJSON text (else the pairing would lie)."""
     from rpcsrv.loader import LoaderError, load_library
 
-    from .compiler import CompileError, resolve_ops
+    from .compiler import CompileError, compile_onnx, resolve_ops
     from .compiler.codegen import examplejson_text
-    from .compiler.onnx_import import import_onnx
     from .compiler.partition import partition
-    from .compiler.simplify import fold_conv_batchnorm
 
     try:
-        graph = import_onnx(onnx_path, input_shapes)
-        fold_conv_batchnorm(graph)
-        part = partition(graph, resolve_ops(ops))
+        compiled = compile_onnx(onnx_path, input_shapes=input_shapes, ops=ops)
+        graph = compiled.graph  # after compile_onnx's simplifications: partitioning it again is repeatable
+        part = partition(graph, resolve_ops(ops), compiled.module_name)
     except CompileError as exc:
         raise UserError(f"{onnx_path}: {exc}") from None
     try:
@@ -80,7 +78,7 @@ def pair_subgraphs(lib_path: str, onnx_path: str, input_shapes: dict, ops=None):
     except LoaderError as exc:
         raise UserError(f"{lib_path}: {exc}") from None
     ours = {examplejson_text(fn, graph)[0] for fn in part.functions}
-    if part.unsupported or ours != codes:
+    if ours != {sg.code for sg in compiled.subgraphs} or ours != codes:
         raise UserError(f"{lib_path} was not compiled from {onnx_path} with these options: its ExampleJSON "
                         f"subgraphs differ from what byoc compile makes of the model now (pass the --ops "
                         f"used for byoc compile)")
