@@ -186,9 +186,10 @@ def _parse_node(text: str, line: int, graph: Subgraph, kernels: Mapping[str, Ker
         raise ExampleJSONError(f"line {line}: output_index must be a non-negative integer")
     spec = getattr(kernels[word], "spec", None)
     if spec is not None:  # a kernel bound to the op catalogue: check this use of it now
+        # (dtype names only for ops with a dtype rule: numpy's dtype.name is slow to ask for)
+        dtypes = [graph.nodes[i].dtype.name if i >= 0 else None for i in inputs] if spec.dtypes else None
         problems = node_problems(word, {k: v for k, v in attrs.items() if k not in RUNTIME_ATTRS},
-                                 [i >= 0 for i in inputs],
-                                 [graph.nodes[i].dtype.name if i >= 0 else None for i in inputs])
+                                 [i >= 0 for i in inputs], dtypes)
         if index >= spec.max_outputs:
             problems.append(f"output_index {index}, but the op has {spec.max_outputs} output(s)")
         if problems:
