@@ -16,12 +16,13 @@ from typing import Optional
 
 import trio
 
+from .accounts import MemoryAccount
 from .globals import REGISTRY, Registry
+from .limits import Limits
 from .protocol import (NEED_DATA, CallFuncChunk, CallFuncStart, Connection, ConnectionClosed,
                        CopyToRemoteStart, Dialect,
-                       HandshakeRequest, Role, Shutdown)
-from .protocol.connection import DEFAULT_MAX_PACKET
-from .session import Limits, Session
+                       HandshakeRequest, Role, Shutdown, pack_return)
+from .session import INIT_DONE, Answer, CopyData, Failed, Returned, Session
 from .transport import Transport
 from .workspace import Workspace
 
@@ -38,20 +39,50 @@ class ServerConfig:
     key: str = ""
     workdir: Optional[Path] = None
     dialect: Optional[Dialect] = None  # None: detect per connection
-    max_packet: int = DEFAULT_MAX_PACKET
     limits: Limits = field(default_factory=Limits)
     registry: Registry = field(default_factory=lambda: REGISTRY)
 
 
-async def serve_connection(stream: trio.SocketStream, cfg: ServerConfig) -> None:
+class ServerState:
+    """What all connections share: the server-wide memory account, the worker-thread limiter, and
+    the counts the connection and session limits are checked against."""
+
+    def __init__(self, limits: Limits):
+        self.limits = limits
+        self.account = MemoryAccount(limits.max_total_memory, name="server")
+        self.limiter = trio.CapacityLimiter(limits.max_threads)
+        self.connections = 0
+        self.sessions = 0
+
+
+def encode(conn: Connection, answer: Answer) -> list:
+    """The bytes of a session's answer, in the connection's dialect."""
+    if isinstance(answer, Returned):
+        if answer is INIT_DONE:
+            return conn.send_init_reply()
+        if answer.call:
+            return conn.send_return(pack_return(answer.value, conn.wire_dialect))
+        return conn.send_return([answer.value])
+    if isinstance(answer, CopyData):
+        return conn.send_copy_ack(answer.data)
+    if isinstance(answer, Failed):
+        return conn.send_exception(answer.message)
+    raise TypeError(f"not an answer: {answer!r}")
+
+
+async def serve_connection(stream: trio.SocketStream, cfg: ServerConfig,
+                           state: Optional[ServerState] = None) -> None:
     """Serve one client from handshake to close."""
+    state = state or ServerState(cfg.limits)
+    limits = cfg.limits
     try:
         peer = "%s:%s" % stream.socket.getpeername()[:2]
     except (OSError, AttributeError, TypeError):
         peer = "?"
-    conn = Connection(Role.SERVER, dialect=cfg.dialect, max_packet=cfg.max_packet)
+    conn = Connection(Role.SERVER, dialect=cfg.dialect, max_packet=limits.max_packet, max_ndim=limits.max_ndim)
     session: Optional[Session] = None
-    io = Transport(stream.socket)
+    counted = False
+    io = Transport(stream.socket, idle_timeout=limits.idle_timeout)
     try:
         with trio.move_on_after(HANDSHAKE_TIMEOUT) as hs_scope:
             request = await _next(io, conn)
@@ -63,21 +94,31 @@ async def serve_connection(stream: trio.SocketStream, cfg: ServerConfig) -> None
             await io.send_all([conn.refuse()])
             return
         await io.send_all([conn.accept(cfg.key)])
+        if state.sessions >= limits.max_sessions:
+            await _refuse_session(io, conn, peer, f"the server already serves {state.sessions} sessions, "
+                                                  f"its limit (--max-sessions); try again later")
+            return
+        state.sessions += 1
+        counted = True
         timeout = _timeout(request.options.get("timeout"))
-        session = Session(conn, Workspace.create(cfg.workdir, max_bytes=cfg.limits.max_workspace),
-                          cfg.registry, cfg.limits, peer)
+        account = MemoryAccount(limits.max_memory, parent=state.account, name="session")
+        session = Session(conn, Workspace.create(cfg.workdir, max_bytes=limits.max_workspace),
+                          cfg.registry, limits, peer, account=account, limiter=state.limiter)
         log.info("%s: session started in %s", peer, session.workspace.root)
         with trio.move_on_after(timeout) as scope:
             await _session_loop(io, conn, session, peer)
         if scope.cancelled_caught:
             log.info("%s: session timed out after %ss", peer, timeout)
-            await io.send_all(conn.send_exception(
-                f"RPCSessionTimeoutError: Your {timeout}s session has expired, "
-                f'try to increase the "session_timeout" value.'))
+            if not io.broken:  # never after half a packet: the client would read garbage
+                await io.send_all(conn.send_exception(
+                    f"RPCSessionTimeoutError: Your {timeout}s session has expired, "
+                    f'try to increase the "session_timeout" value.'))
     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
         log.info("%s: connection lost: %s", peer, exc)
     finally:
         io.close()
+        if counted:
+            state.sessions -= 1
         if session is not None:
             session.close()
             log.info("%s: session closed", peer)
@@ -125,7 +166,17 @@ async def _session_loop(io: Transport, conn: Connection, session: Session, peer:
         if isinstance(ev, CallFuncChunk):
             await session.stream_piece(ev.data)
             continue
-        await io.send_all(await session.handle(ev))
+        await io.send_all(encode(conn, await session.handle(ev)))
+
+
+async def _refuse_session(io: Transport, conn: Connection, peer: str, reason: str) -> None:
+    """Over the session limit: answer the client's first request (kInitServer) with the reason, so a
+    TVM client shows it to its user, then close."""
+    log.warning("%s: refused: %s", peer, reason)
+    with trio.move_on_after(5):
+        ev = await _next(io, conn)
+        if not isinstance(ev, ConnectionClosed):
+            await io.send_all(conn.send_exception(f"rpcsrv: {reason}"))
 
 
 async def open_listener(cfg: ServerConfig) -> trio.SocketListener:
@@ -155,14 +206,24 @@ async def serve(cfg: ServerConfig, task_status=trio.TASK_STATUS_IGNORED) -> None
     log.info("rpcsrv listening on %s:%d", cfg.host, port)
     task_status.started(port)
 
+    state = ServerState(cfg.limits)
+
     async def handler(stream: trio.SocketStream) -> None:
+        if state.connections >= cfg.limits.max_connections:
+            log.warning("refused a connection: %d open, the limit (--max-connections)", state.connections)
+            with trio.CancelScope(shield=True):
+                await stream.aclose()  # closed at once: the client sees the connection end
+            return
+        state.connections += 1
         try:
             stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
             pass
         try:
-            await serve_connection(stream, cfg)
+            await serve_connection(stream, cfg, state)
         except Exception:  # one broken connection must never take the server down
             log.exception("connection handler failed")
+        finally:
+            state.connections -= 1
 
     await trio.serve_listeners(handler, [listener])

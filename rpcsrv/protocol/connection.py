@@ -23,7 +23,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .codec import (ProtocolError, Reader, Writer, decode_packed_seq, detect_dialect, encode_packed_seq,
+from .codec import (MAX_NDIM, ProtocolError, Reader, Writer, decode_packed_seq, detect_dialect, encode_packed_seq,
                     split_trailing_bytes)
 from .codes import (RPC_CODE_MISMATCH, RPC_CODE_SUCCESS, RPC_MAGIC, SYSCALL_START,
                     Dialect, RPCCode)
@@ -73,6 +73,7 @@ class Connection(PacketWriter):
     role: Role
     dialect: Optional[Dialect] = None
     max_packet: int = DEFAULT_MAX_PACKET
+    max_ndim: int = MAX_NDIM
     _buf: bytearray = field(default_factory=bytearray)
     _pos: int = 0
     _state: str = "handshake"
@@ -324,7 +325,7 @@ class Connection(PacketWriter):
             self._phase, self._region_buf, self._filled = "target", target, len(prefix) - 4
             return None
         if code == RPCCode.COPY_TO_REMOTE and self.role is Role.SERVER:
-            r = Reader(prefix)
+            r = Reader(prefix, max_ndim=self.max_ndim)
             r.pos = 4
             try:
                 tensor = r.tensor()
@@ -391,7 +392,7 @@ class Connection(PacketWriter):
         return HandshakeRefused(code)
 
     def _seq(self, packet, offset: int) -> list:
-        r = Reader(packet, offset)
+        r = Reader(packet, offset, max_ndim=self.max_ndim)
         if self.dialect is None:
             self.dialect = detect_dialect(packet, offset)
         values = decode_packed_seq(r, self.wire_dialect)
@@ -401,7 +402,7 @@ class Connection(PacketWriter):
 
     def _parse_packet(self, packet: bytearray) -> Event:
         mv = memoryview(packet)
-        r = Reader(mv)
+        r = Reader(mv, max_ndim=self.max_ndim)
         code = r.i32("RPC code")
         try:
             if code == RPCCode.CALL_FUNC:
