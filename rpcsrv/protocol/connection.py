@@ -206,9 +206,10 @@ class Connection(PacketWriter):
         scratch = bytearray(min(CHUNK, self._total - len(prefix)))
         self._phase, self._region_buf, self._filled = "grow", memoryview(scratch), 0
 
-    def expect_copy_ack(self, target: memoryview) -> None:
-        """(client) Receive the next kCopyAck body straight into ``target`` (its exact size)."""
-        self._ack_target = target.cast("B") if target.format != "B" else target
+    def expect_copy_ack(self, target: Optional[memoryview]) -> None:
+        """(client) Receive the next kCopyAck body straight into ``target`` (its exact size); None
+        forgets a target named before."""
+        self._ack_target = target.cast("B") if target is not None and target.format != "B" else target
 
     def _avail(self) -> int:
         return len(self._buf) - self._pos

@@ -9,7 +9,6 @@ import gc
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from client import rpc
