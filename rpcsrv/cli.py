@@ -66,7 +66,7 @@ def _add_limit_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--max-total-memory-mb", type=int, default=None,
                    help="memory budget of all sessions together (default: half of physical memory)")
     s.add_argument("--max-connections", type=int, default=None, help="open sockets at once (default 512)")
-    s.add_argument("--max-sessions", type=int, default=None, help="handshaken sessions at once (default 64)")
+    s.add_argument("--max-sessions", type=int, default=None, help="handshaken sessions at once (default 128)")
     s.add_argument("--max-handles", type=int, default=None, help="live handles per session (default 65536)")
     s.add_argument("--max-packet-mb", type=int, default=None, help="largest packet accepted (default 4096)")
     s.add_argument("--max-ndim", type=int, default=None, help="most tensor dimensions on the wire (default 32)")

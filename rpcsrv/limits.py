@@ -9,7 +9,7 @@ Every limit is a ``rpcsrv serve`` flag; the defaults (and their reasons, repeate
 * ``max_workspace`` 4 GiB per session: files in the session's workspace (also charged to memory).
 * ``max_connections`` 512 sockets: each costs a task and a few KiB; far under the usual limit of 1024
   open files, so the server never fails to accept for want of descriptors.
-* ``max_sessions`` 64 handshaken clients: each may hold its memory budget and a worker thread; a lab
+* ``max_sessions`` 128 handshaken clients: each may hold its memory budget (all within the total); a lab
   board has a handful of users, a tuner one session per measurement worker.
 * ``max_handles`` 65,536 per session: TVM clients free handles as their objects die, so real programs
   stay in the hundreds; each entry is charged ``HANDLE_COST`` bytes too.
@@ -37,7 +37,7 @@ class Limits:
     max_workspace: int = 4 << 30
     max_total_memory: int = field(default_factory=default_total_memory)
     max_connections: int = 512
-    max_sessions: int = 64
+    max_sessions: int = 128
     max_handles: int = 1 << 16
     max_packet: int = DEFAULT_MAX_PACKET
     max_ndim: int = MAX_NDIM
