@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
 import sys
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import trio
 
 def _serve(args: argparse.Namespace) -> int:
     from .protocol import Dialect
-    from .server import ServerConfig, serve
+    from .server import ServerConfig
     from .limits import Limits
 
     cfg = ServerConfig(
@@ -25,22 +24,24 @@ def _serve(args: argparse.Namespace) -> int:
                       **_hardening_limits(args)),
     )
 
-    async def main() -> None:
-        # SIGTERM (docker stop, systemd) and SIGINT stop the server the same clean way: sessions are
-        # cancelled and their workspaces removed.  SIGINT is listened for explicitly because a shell
-        # without job control starts background commands with it ignored.
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async with trio.open_nursery() as nursery:
-                port = await nursery.start(serve, cfg)
-                print(f"rpcsrv: serving on {cfg.host}:{port}" + (f" with key {cfg.key!r}" if cfg.key else ""),
-                      flush=True)
-                async for _ in signals:
-                    nursery.cancel_scope.cancel()
-                    break
-        print("rpcsrv: stopped", file=sys.stderr)
+    # deployment (rpcsrv/board.py): tracker, proxy, graceful SIGTERM/SIGINT, farm logs
+    from .board import BoardOptions, run_board
+    from .farmlog import configure
+    from .registration import parse_hostport
 
+    configure(args.verbose, args.log_json)
     try:
-        trio.run(main)
+        opts = BoardOptions(tracker=parse_hostport(args.tracker, "--tracker") if args.tracker else None,
+                            custom_addr=args.custom_addr,
+                            proxy=parse_hostport(args.proxy, "--proxy") if args.proxy else None)
+    except ValueError as exc:
+        print(f"rpcsrv: error: {exc}", file=sys.stderr)
+        return 2
+    if (opts.tracker or opts.proxy) and not cfg.key:
+        print("rpcsrv: error: --tracker and --proxy need --key", file=sys.stderr)
+        return 2
+    try:
+        trio.run(run_board, cfg, opts)
     except KeyboardInterrupt:
         print("rpcsrv: stopped", file=sys.stderr)
     except OSError as exc:
@@ -103,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-memory-mb", type=int, default=4096, help="device memory per session")
     s.add_argument("--max-workspace-mb", type=int, default=4096, help="workspace bytes per session")
     _add_limit_flags(s)
+    s.add_argument("--tracker", metavar="HOST:PORT", help="register with this TVM RPC tracker under --key")
+    s.add_argument("--custom-addr", help="address the tracker hands to clients (default: what it sees)")
+    s.add_argument("--proxy", metavar="HOST:PORT", help="serve through this TVM RPC proxy instead of listening")
+    s.add_argument("--log-json", action="store_true", help="log one JSON object per line")
     s.set_defaults(func=_serve)
     i = sub.add_parser("inspect", help="show what an exported library holds")
     i.add_argument("file")

@@ -10,20 +10,21 @@ from __future__ import annotations
 import errno
 import logging
 import socket
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import trio
 
 from .accounts import MemoryAccount
+from .farmlog import CountingTransport, SessionRecord
 from .globals import REGISTRY, Registry
 from .limits import Limits
 from .protocol import (NEED_DATA, CallFuncChunk, CallFuncStart, Connection, ConnectionClosed,
                        CopyToRemoteStart, Dialect,
                        HandshakeRequest, Role, Shutdown, pack_return)
 from .session import INIT_DONE, Answer, CopyData, Failed, Returned, Session
-from .transport import Transport
 from .workspace import Workspace
 
 log = logging.getLogger("rpcsrv.server")
@@ -41,6 +42,12 @@ class ServerConfig:
     dialect: Optional[Dialect] = None  # None: detect per connection
     limits: Limits = field(default_factory=Limits)
     registry: Registry = field(default_factory=lambda: REGISTRY)
+    # deployment hooks (rpcsrv/registration.py, rpcsrv/cli.py): a tracker registration admits only its
+    # match keys; ``draining`` + ``sessions`` let SIGTERM close running sessions with a message
+    gate: Optional[Any] = None
+    draining: bool = False
+    sessions: set = field(default_factory=set)
+    state: Optional["ServerState"] = None  # made on first use (inside trio): see shared_state
 
 
 class ServerState:
@@ -53,6 +60,12 @@ class ServerState:
         self.limiter = trio.CapacityLimiter(limits.max_threads)
         self.connections = 0
         self.sessions = 0
+
+
+def shared_state(cfg: ServerConfig) -> ServerState:
+    if cfg.state is None:
+        cfg.state = ServerState(cfg.limits)
+    return cfg.state
 
 
 def encode(conn: Connection, answer: Answer) -> list:
@@ -70,11 +83,9 @@ def encode(conn: Connection, answer: Answer) -> list:
     raise TypeError(f"not an answer: {answer!r}")
 
 
-async def serve_connection(stream: trio.SocketStream, cfg: ServerConfig,
-                           state: Optional[ServerState] = None) -> None:
-    """Serve one client from handshake to close."""
-    state = state or ServerState(cfg.limits)
-    limits = cfg.limits
+async def serve_connection(stream: trio.SocketStream, cfg: ServerConfig, answered: bool = False) -> None:
+    """Serve one client from handshake to close (``answered``: a proxy already answered its handshake)."""
+    state, limits = shared_state(cfg), cfg.limits
     try:
         peer = "%s:%s" % stream.socket.getpeername()[:2]
     except (OSError, AttributeError, TypeError):
@@ -82,18 +93,24 @@ async def serve_connection(stream: trio.SocketStream, cfg: ServerConfig,
     conn = Connection(Role.SERVER, dialect=cfg.dialect, max_packet=limits.max_packet, max_ndim=limits.max_ndim)
     session: Optional[Session] = None
     counted = False
-    io = Transport(stream.socket, idle_timeout=limits.idle_timeout)
+    io = CountingTransport(stream.socket, idle_timeout=limits.idle_timeout)
+    record: Optional[SessionRecord] = None
+    admitted = False
+    scope: Optional[trio.CancelScope] = None
     try:
         with trio.move_on_after(HANDSHAKE_TIMEOUT) as hs_scope:
             request = await _next(io, conn)
         if hs_scope.cancelled_caught or not isinstance(request, HandshakeRequest):
             log.info("%s: no valid handshake (%s)", peer, getattr(request, "error", "timeout"))
             return
-        if request.key != cfg.key:
+        admitted = cfg.gate.admit(request.key) if cfg.gate is not None else request.key == cfg.key
+        if not admitted or cfg.draining:
             log.warning("%s: key mismatch (client sent %r)", peer, request.header)
             await io.send_all([conn.refuse()])
             return
-        await io.send_all([conn.accept(cfg.key)])
+        answer = conn.accept(cfg.key)
+        if not answered:
+            await io.send_all([answer])
         if state.sessions >= limits.max_sessions:
             await _refuse_session(io, conn, peer, f"the server already serves {state.sessions} sessions, "
                                                   f"its limit (--max-sessions); try again later")
@@ -101,20 +118,31 @@ async def serve_connection(stream: trio.SocketStream, cfg: ServerConfig,
         state.sessions += 1
         counted = True
         timeout = _timeout(request.options.get("timeout"))
+        record = SessionRecord(peer=peer, key=cfg.key, start=time.monotonic(), io=io)
         account = MemoryAccount(limits.max_memory, parent=state.account, name="session")
         session = Session(conn, Workspace.create(cfg.workdir, max_bytes=limits.max_workspace),
                           cfg.registry, limits, peer, account=account, limiter=state.limiter)
         log.info("%s: session started in %s", peer, session.workspace.root)
         with trio.move_on_after(timeout) as scope:
-            await _session_loop(io, conn, session, peer)
-        if scope.cancelled_caught:
+            cfg.sessions.add(scope)
+            await _session_loop(io, conn, session, peer, record)
+        if scope.cancelled_caught and io.broken:  # never write after half a packet: the client
+            record.end = "timeout" if not cfg.draining else "shutdown"  # would read garbage
+            log.info("%s: session ended in the middle of an answer", peer)
+        elif scope.cancelled_caught and cfg.draining:
+            record.end = "shutdown"
+            await io.send_all(conn.send_exception("RPCServerShutdown: the board is shutting down; "
+                                                  "this session was closed and its files removed"))
+        elif scope.cancelled_caught:
+            record.end = "timeout"
             log.info("%s: session timed out after %ss", peer, timeout)
-            if not io.broken:  # never after half a packet: the client would read garbage
-                await io.send_all(conn.send_exception(
-                    f"RPCSessionTimeoutError: Your {timeout}s session has expired, "
-                    f'try to increase the "session_timeout" value.'))
+            await io.send_all(conn.send_exception(
+                f"RPCSessionTimeoutError: Your {timeout}s session has expired, "
+                f'try to increase the "session_timeout" value.'))
     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
         log.info("%s: connection lost: %s", peer, exc)
+        if record is not None:
+            record.end = "lost"
     finally:
         io.close()
         if counted:
@@ -122,6 +150,11 @@ async def serve_connection(stream: trio.SocketStream, cfg: ServerConfig,
         if session is not None:
             session.close()
             log.info("%s: session closed", peer)
+        if admitted and cfg.gate is not None:
+            cfg.gate.release()
+        if record is not None:
+            record.finish(session)
+        cfg.sessions.discard(scope)  # last: a draining server waits for this set to empty
         with trio.CancelScope(shield=True):
             await stream.aclose()
 
@@ -134,7 +167,7 @@ def _timeout(text: Optional[str]) -> float:
     return value if value > 0 else float("inf")
 
 
-async def _next(io: Transport, conn: Connection):
+async def _next(io: CountingTransport, conn: Connection):
     """The next event, reading as the connection's shared receive loop asks (``Connection.reads``)."""
     ev = conn.next_event()
     if ev is not NEED_DATA:  # already buffered: no generator
@@ -148,7 +181,8 @@ async def _next(io: Transport, conn: Connection):
         return done.value
 
 
-async def _session_loop(io: Transport, conn: Connection, session: Session, peer: str) -> None:
+async def _session_loop(io: CountingTransport, conn: Connection, session: Session, peer: str,
+                        record: Optional[SessionRecord] = None) -> None:
     while True:
         ev = await _next(io, conn)
         if isinstance(ev, ConnectionClosed):
@@ -166,10 +200,12 @@ async def _session_loop(io: Transport, conn: Connection, session: Session, peer:
         if isinstance(ev, CallFuncChunk):
             await session.stream_piece(ev.data)
             continue
+        if record is not None:
+            record.calls += 1
         await io.send_all(encode(conn, await session.handle(ev)))
 
 
-async def _refuse_session(io: Transport, conn: Connection, peer: str, reason: str) -> None:
+async def _refuse_session(io: CountingTransport, conn: Connection, peer: str, reason: str) -> None:
     """Over the session limit: answer the client's first request (kInitServer) with the reason, so a
     TVM client shows it to its user, then close."""
     log.warning("%s: refused: %s", peer, reason)
@@ -206,7 +242,7 @@ async def serve(cfg: ServerConfig, task_status=trio.TASK_STATUS_IGNORED) -> None
     log.info("rpcsrv listening on %s:%d", cfg.host, port)
     task_status.started(port)
 
-    state = ServerState(cfg.limits)
+    state = shared_state(cfg)
 
     async def handler(stream: trio.SocketStream) -> None:
         if state.connections >= cfg.limits.max_connections:
@@ -220,7 +256,7 @@ async def serve(cfg: ServerConfig, task_status=trio.TASK_STATUS_IGNORED) -> None
         except OSError:
             pass
         try:
-            await serve_connection(stream, cfg, state)
+            await serve_connection(stream, cfg)
         except Exception:  # one broken connection must never take the server down
             log.exception("connection handler failed")
         finally:

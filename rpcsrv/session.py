@@ -112,6 +112,7 @@ class Session:
         self.closed = False
         self._stream: Optional[StreamedCall] = None  # the streamed call in progress (see open_stream)
         self._close_hooks: list[Callable[[], None]] = []
+        self.errors = 0  # requests answered with an exception (for the per-session log line)
 
     # ------------------------------------------------------------------ compatibility views
     @property
@@ -257,6 +258,7 @@ class Session:
                 raise RPCUserError(f"bad packet (RPC code {event.code}): {event.error}")
             raise RPCUserError(f"unexpected request {type(event).__name__}")
         except Exception as exc:  # every failure is an answer, never a dead session
+            self.errors += 1
             if not isinstance(exc, (RPCUserError, ValueError, TypeError, KeyError, IndexError,
                                     FileNotFoundError, PermissionError, RuntimeError)):
                 log.exception("internal error serving %s", self.peer)
