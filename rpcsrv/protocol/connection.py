@@ -18,7 +18,6 @@ parse and ignore (TVM's own server sends a void in its own dialect).
 
 from __future__ import annotations
 
-import enum
 import struct
 from dataclasses import dataclass, field
 from typing import Optional
@@ -32,6 +31,7 @@ from .events import (NEED_DATA, BadPacket, CallFunc, CallFuncChunk, CallFuncEnd,
                      CopyToRemote, CopyToRemoteStart, Event, HandshakeDone, HandshakeRefused,
                      HandshakeRequest, InitServer, RemoteError, Return, Shutdown, Syscall)
 from .outgoing import PacketWriter
+from .states import TRANSITIONS, LocalProtocolError, Role, State, advance
 
 DEFAULT_MAX_PACKET = 1 << 32  # 4 GiB: larger packets are refused before any allocation
 MAX_KEY_LEN = 4096
@@ -39,11 +39,6 @@ MAX_KEY_LEN = 4096
 _I32 = struct.Struct("<i")
 _I64 = struct.Struct("<q")
 _U64 = struct.Struct("<Q")
-
-
-class Role(enum.Enum):
-    SERVER = "server"
-    CLIENT = "client"
 
 
 # ----------------------------------------------------------------------------- connection
@@ -76,7 +71,8 @@ class Connection(PacketWriter):
     max_ndim: int = MAX_NDIM
     _buf: bytearray = field(default_factory=bytearray)
     _pos: int = 0
-    _state: str = "handshake"
+    strict: bool = True  # check states and transitions (False: a plain codec, for tools and tests)
+    _state: State = State.HANDSHAKE
     # current packet: phase is None (awaiting length), "prefix", "packet", "grow", "target", "discard",
     # "await", "chunks", "end"
     _phase: Optional[str] = None
@@ -235,17 +231,55 @@ class Connection(PacketWriter):
             self._filled += n
 
     def _fail(self, error: str) -> ConnectionClosed:
-        self._state = "closed"
+        self._state = State.CLOSED
         self._closed_event = ConnectionClosed(clean=False, error=error)
         return self._closed_event
 
+    @property
+    def state(self) -> State:
+        """Where this end is in the protocol (see :mod:`rpcsrv.protocol.states`)."""
+        return self._state
+
+    def _go(self, action: str) -> None:
+        """Move on a local action (what this end sends); LocalProtocolError when not allowed."""
+        if self.strict:
+            if action not in _SENDS[self.role]:
+                raise LocalProtocolError(f"a {self.role.value} does not send a {action}")
+            self._state = advance(self.role, self._state, action)
+        elif action in _ALWAYS:  # a codec: follows the handshake, never refuses
+            self._state = TRANSITIONS_GET((self.role, self._state, action), self._state)
+
     def next_event(self) -> Event:
-        """The next complete event, :data:`NEED_DATA`, or :class:`ConnectionClosed`."""
+        """The next complete event, :data:`NEED_DATA`, or :class:`ConnectionClosed`.
+
+        Raises LocalProtocolError on a server that still owes the answer to the last request."""
+        if self._state is State.ANSWERING and self.strict:
+            raise LocalProtocolError("the server must answer the last request before reading the next")
+        ev = self._next_event()
+        if ev is NEED_DATA:
+            return ev
+        action = (_SERVER_IN if self.role is Role.SERVER else _CLIENT_IN).get(type(ev))
+        if action is None:
+            return ev
+        if not self.strict:
+            if action in _ALWAYS:
+                self._state = TRANSITIONS_GET((self.role, self._state, action), self._state)
+            return ev
+        if action == "answer" and self._state is State.IDLE and isinstance(ev, RemoteError):
+            action = "notice"  # an exception the server sent unasked (timeout, shutdown)
+        new = TRANSITIONS_GET((self.role, self._state, action))
+        if new is None:
+            peer = "client" if self.role is Role.SERVER else "server"
+            return self._fail(f"the {peer} sent {type(ev).__name__} in state {self._state.value!r}")
+        self._state = new
+        return ev
+
+    def _next_event(self) -> Event:
         if self._closed_event is not None:
             return self._closed_event
-        if self._state == "handshake":
+        if self._state is State.HANDSHAKE:
             return self._next_handshake()
-        if self._state == "await_accept":
+        if self._state is State.AWAIT_ACCEPT:
             return NEED_DATA
         while True:
             if self._phase is None:
@@ -357,7 +391,7 @@ class Connection(PacketWriter):
             self._closed_event = ConnectionClosed(clean=True)
         else:
             self._closed_event = ConnectionClosed(clean=False, error="peer closed in the middle of a packet")
-        self._state = "closed"
+        self._state = State.CLOSED
         return self._closed_event
 
     def _next_handshake(self) -> Event:
@@ -382,13 +416,10 @@ class Connection(PacketWriter):
         except UnicodeDecodeError:
             return self._fail("key is not UTF-8")
         if self.role is Role.SERVER:
-            self._state = "await_accept"
             return HandshakeRequest(key)
-        self._state = "packets"
         return HandshakeDone(key)
 
     def _fail_refused(self, code: int) -> Event:
-        self._state = "closed"
         self._closed_event = ConnectionClosed(clean=False, error=f"server refused the handshake (code {code})")
         return HandshakeRefused(code)
 
@@ -439,20 +470,36 @@ class Connection(PacketWriter):
     # -- output
     def accept(self, server_key: str = "") -> bytes:
         """(server) Accept the handshake, answering ``server:<server_key>``."""
-        self._state = "packets"
+        self._go("accept")
         key = f"server:{server_key}".encode()
         return _I32.pack(RPC_CODE_SUCCESS) + _I32.pack(len(key)) + key
 
     def refuse(self) -> bytes:
         """(server) Refuse the handshake (key mismatch); the caller then closes."""
-        self._state = "closed"
+        self._go("refuse")
         self._closed_event = ConnectionClosed(clean=True)
         return _I32.pack(RPC_CODE_MISMATCH)
 
     def start(self, key: str = "") -> bytes:
         """(client) The opening bytes: magic and ``client:<key>``."""
+        self._go("hello")
         header = f"client:{key}".encode()
         return _I32.pack(RPC_MAGIC) + _I32.pack(len(header)) + header
+
+# what each received event means for the state machine (None: part of a request still arriving)
+_ALWAYS = frozenset({"hello", "handshake", "accept", "refuse", "accepted", "refused", "close"})
+_SERVER_IN = {HandshakeRequest: "handshake", CallFunc: "request", Syscall: "request", InitServer: "request",
+              CopyToRemote: "request", CopyFromRemote: "request", CallFuncEnd: "request",
+              BadPacket: "request", Shutdown: "close", ConnectionClosed: "close",
+              Return: "answer", RemoteError: "answer", CopyAck: "answer"}  # answers: never valid here
+_CLIENT_IN = {HandshakeDone: "accepted", HandshakeRefused: "refused", Return: "answer",
+              RemoteError: "answer", CopyAck: "answer", BadPacket: "answer", ConnectionClosed: "close",
+              CallFunc: "request", Syscall: "request", InitServer: "request", CopyToRemote: "request",
+              CopyFromRemote: "request", Shutdown: "close"}  # requests: never valid here
+_SENDS = {Role.SERVER: frozenset({"accept", "refuse", "answer", "notice", "close"}),
+          Role.CLIENT: frozenset({"hello", "request", "close"})}
+TRANSITIONS_GET = TRANSITIONS.get
+
 
 def encode_values(values: list, dialect: Dialect) -> bytes:
     """A packed sequence as one bytes object (for tests and tools)."""
