@@ -14,11 +14,35 @@ asked for twice gets the same handle, counted: it stays valid until freed as man
 from __future__ import annotations
 
 import secrets
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 import numpy as np
 
 from .accounts import HANDLE_COST, MemoryAccount, RPCUserError
+
+
+@dataclass
+class NDArrayRef:
+    """An NDArray the server handed out: its array and the data handle that names its memory."""
+
+    array: np.ndarray
+    data_handle: int
+
+
+@dataclass
+class PackedFunction:
+    """A function handed out to the client; ``blocking`` ones run in a worker thread.
+
+    ``stream``: for a function whose last argument is bytes and which returns nothing (an upload), a
+    factory ``stream(*other_args, nbytes)`` of a sink (``write(piece)``, ``commit()``, ``abort()``)
+    that takes those bytes piece by piece as they arrive, so a large call never sits in memory whole.
+    """
+
+    fn: Callable[..., Any]
+    name: str
+    blocking: bool = True
+    stream: Optional[Callable[..., Any]] = None
 
 
 class HandleTable:
