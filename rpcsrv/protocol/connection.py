@@ -10,6 +10,11 @@ Wire shape (``rpc_endpoint.cc``, ``python/tvm/rpc/server.py``):
   ``int32 RPC_CODE_MISMATCH`` and closes;
 * then packets: ``int64 nbytes`` followed by ``nbytes`` bytes starting with ``int32 RPCCode``.
 
+Why one file of ~500 lines: receiving is one state machine over the phases of a packet (length,
+prefix, whole body growing as it arrives, copy target, streamed pieces, discard); its pieces share
+the buffer and region bookkeeping, and split across files they would only be harder to follow.  The
+protocol states and transitions are data in ``states.py``, sending is ``outgoing.py``.
+
 Dialect: the two dialects are byte-identical until the first packed sequence that carries an argument,
 so a server in auto mode detects the dialect there (:func:`detect_dialect`).  The kInitServer answer
 comes before that point; in auto mode it is a Return with zero values, which both dialects' clients
@@ -31,7 +36,7 @@ from .events import (NEED_DATA, BadPacket, CallFunc, CallFuncChunk, CallFuncEnd,
                      CopyToRemote, CopyToRemoteStart, Event, HandshakeDone, HandshakeRefused,
                      HandshakeRequest, InitServer, RemoteError, Return, Shutdown, Syscall)
 from .outgoing import PacketWriter
-from .states import TRANSITIONS, LocalProtocolError, Role, State, advance
+from .states import ALWAYS_TRACKED, CLIENT_RECEIVES, SENDS, SERVER_RECEIVES, TRANSITIONS_GET, LocalProtocolError, Role, State, advance
 
 DEFAULT_MAX_PACKET = 1 << 32  # 4 GiB: larger packets are refused before any allocation
 MAX_KEY_LEN = 4096
@@ -243,10 +248,10 @@ class Connection(PacketWriter):
     def _go(self, action: str) -> None:
         """Move on a local action (what this end sends); LocalProtocolError when not allowed."""
         if self.strict:
-            if action not in _SENDS[self.role]:
+            if action not in SENDS[self.role]:
                 raise LocalProtocolError(f"a {self.role.value} does not send a {action}")
             self._state = advance(self.role, self._state, action)
-        elif action in _ALWAYS:  # a codec: follows the handshake, never refuses
+        elif action in ALWAYS_TRACKED:  # a codec: follows the handshake, never refuses
             self._state = TRANSITIONS_GET((self.role, self._state, action), self._state)
 
     def next_event(self) -> Event:
@@ -258,11 +263,11 @@ class Connection(PacketWriter):
         ev = self._next_event()
         if ev is NEED_DATA:
             return ev
-        action = (_SERVER_IN if self.role is Role.SERVER else _CLIENT_IN).get(type(ev))
+        action = (SERVER_RECEIVES if self.role is Role.SERVER else CLIENT_RECEIVES).get(type(ev))
         if action is None:
             return ev
         if not self.strict:
-            if action in _ALWAYS:
+            if action in ALWAYS_TRACKED:
                 self._state = TRANSITIONS_GET((self.role, self._state, action), self._state)
             return ev
         if action == "answer" and self._state is State.IDLE and isinstance(ev, RemoteError):
@@ -486,19 +491,6 @@ class Connection(PacketWriter):
         header = f"client:{key}".encode()
         return _I32.pack(RPC_MAGIC) + _I32.pack(len(header)) + header
 
-# what each received event means for the state machine (None: part of a request still arriving)
-_ALWAYS = frozenset({"hello", "handshake", "accept", "refuse", "accepted", "refused", "close"})
-_SERVER_IN = {HandshakeRequest: "handshake", CallFunc: "request", Syscall: "request", InitServer: "request",
-              CopyToRemote: "request", CopyFromRemote: "request", CallFuncEnd: "request",
-              BadPacket: "request", Shutdown: "close", ConnectionClosed: "close",
-              Return: "answer", RemoteError: "answer", CopyAck: "answer"}  # answers: never valid here
-_CLIENT_IN = {HandshakeDone: "accepted", HandshakeRefused: "refused", Return: "answer",
-              RemoteError: "answer", CopyAck: "answer", BadPacket: "answer", ConnectionClosed: "close",
-              CallFunc: "request", Syscall: "request", InitServer: "request", CopyToRemote: "request",
-              CopyFromRemote: "request", Shutdown: "close"}  # requests: never valid here
-_SENDS = {Role.SERVER: frozenset({"accept", "refuse", "answer", "notice", "close"}),
-          Role.CLIENT: frozenset({"hello", "request", "close"})}
-TRANSITIONS_GET = TRANSITIONS.get
 
 
 def encode_values(values: list, dialect: Dialect) -> bytes:
