@@ -36,7 +36,8 @@ from .events import (NEED_DATA, BadPacket, CallFunc, CallFuncChunk, CallFuncEnd,
                      CopyToRemote, CopyToRemoteStart, Event, HandshakeDone, HandshakeRefused,
                      HandshakeRequest, InitServer, RemoteError, Return, Shutdown, Syscall)
 from .outgoing import PacketWriter
-from .states import ALWAYS_TRACKED, CLIENT_RECEIVES, SENDS, SERVER_RECEIVES, TRANSITIONS_GET, LocalProtocolError, Role, State, advance
+from .states import (ALWAYS_TRACKED, CLIENT_RECEIVES, SENDS, SERVER_RECEIVES, TRANSITIONS_GET, LocalProtocolError,
+                     Role, State, advance)
 
 DEFAULT_MAX_PACKET = 1 << 32  # 4 GiB: larger packets are refused before any allocation
 MAX_KEY_LEN = 4096

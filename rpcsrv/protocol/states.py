@@ -21,8 +21,8 @@ from __future__ import annotations
 import enum
 
 from .events import (BadPacket, CallFunc, CallFuncEnd, ConnectionClosed, CopyAck, CopyFromRemote, CopyToRemote,
-                     HandshakeDone, HandshakeRefused, HandshakeRequest, InitServer, RemoteError, Return, Shutdown,
-                     Syscall)
+                          HandshakeDone, HandshakeRefused, HandshakeRequest, InitServer, RemoteError, Return, Shutdown,
+                          Syscall)
 
 
 class Role(enum.Enum):
@@ -77,13 +77,13 @@ def advance(role: Role, state: State, action: str) -> State:
 # what each received event means for the state machine (None: part of a request still arriving)
 ALWAYS_TRACKED = frozenset({"hello", "handshake", "accept", "refuse", "accepted", "refused", "close"})
 SERVER_RECEIVES = {HandshakeRequest: "handshake", CallFunc: "request", Syscall: "request", InitServer: "request",
-              CopyToRemote: "request", CopyFromRemote: "request", CallFuncEnd: "request",
-              BadPacket: "request", Shutdown: "close", ConnectionClosed: "close",
-              Return: "answer", RemoteError: "answer", CopyAck: "answer"}  # answers: never valid here
+                   CopyToRemote: "request", CopyFromRemote: "request", CallFuncEnd: "request",
+                   BadPacket: "request", Shutdown: "close", ConnectionClosed: "close",
+                   Return: "answer", RemoteError: "answer", CopyAck: "answer"}  # answers: never valid here
 CLIENT_RECEIVES = {HandshakeDone: "accepted", HandshakeRefused: "refused", Return: "answer",
-              RemoteError: "answer", CopyAck: "answer", BadPacket: "answer", ConnectionClosed: "close",
-              CallFunc: "request", Syscall: "request", InitServer: "request", CopyToRemote: "request",
-              CopyFromRemote: "request", Shutdown: "close"}  # requests: never valid here
+                   RemoteError: "answer", CopyAck: "answer", BadPacket: "answer", ConnectionClosed: "close",
+                   CallFunc: "request", Syscall: "request", InitServer: "request", CopyToRemote: "request",
+                   CopyFromRemote: "request", Shutdown: "close"}  # requests: never valid here
 SENDS = {S: frozenset({"accept", "refuse", "answer", "notice", "close"}),
           C: frozenset({"hello", "request", "close"})}
 TRANSITIONS_GET = TRANSITIONS.get
