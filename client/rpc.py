@@ -27,7 +27,8 @@ from typing import Any, Optional
 import numpy as np
 
 from rpcsrv.protocol import (BadPacket, Connection, ConnectionClosed, CopyAck, DataType, Device, Dialect,
-                             FunctionHandle, HandshakeDone, HandshakeRefused, ModuleHandle, OpaqueHandle,
+                             FunctionHandle, HandshakeDone, HandshakeRefused, LocalProtocolError, ModuleHandle,
+                             OpaqueHandle,
                              ProtocolError, RemoteError, RemoteTensor, Return, Role, RPCCode, TensorHeader,
                              unpack_return)
 from rpcsrv.protocol.kinds import TABLES
@@ -83,7 +84,10 @@ class RPCSession:
         and return its answer, which must be an ``expect`` event; anything else is an RPCError."""
         self._flush_frees()
         if callable(parts):
-            parts = parts()
+            try:
+                parts = parts()
+            except LocalProtocolError:  # an earlier request never got its answer (e.g. interrupted)
+                self._broken("the connection is out of step after an earlier failure; reconnect")
         self._send(parts, progress)
         try:
             ev = self._recv_event()
@@ -350,7 +354,7 @@ class RemoteArray:
         if out.nbytes:
             conn.expect_copy_ack(flat.data)
         try:
-            ev = sess._request(conn.send_copy_from_remote(self.header, out.nbytes), expect=CopyAck)
+            ev = sess._request(lambda: conn.send_copy_from_remote(self.header, out.nbytes), expect=CopyAck)
         finally:
             conn.expect_copy_ack(None)
         if len(ev.data) != out.nbytes:

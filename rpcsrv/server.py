@@ -24,6 +24,7 @@ from .limits import Limits
 from .protocol import (NEED_DATA, CallFuncChunk, CallFuncStart, Connection, ConnectionClosed,
                        CopyToRemoteStart, Dialect,
                        HandshakeRequest, Role, Shutdown, pack_return)
+from .native.host import NativeSession
 from .session import INIT_DONE, Answer, CopyData, Failed, Returned, Session
 from .workspace import Workspace
 
@@ -48,6 +49,7 @@ class ServerConfig:
     draining: bool = False
     sessions: set = field(default_factory=set)
     state: Optional["ServerState"] = None  # made on first use (inside trio): see shared_state
+    native: str = "isolated"  # native host code: "isolated" (worker process), "inprocess" or "off"
 
 
 class ServerState:
@@ -122,6 +124,7 @@ async def serve_connection(stream: trio.SocketStream, cfg: ServerConfig, answere
         account = MemoryAccount(limits.max_memory, parent=state.account, name="session")
         session = Session(conn, Workspace.create(cfg.workdir, max_bytes=limits.max_workspace),
                           cfg.registry, limits, peer, account=account, limiter=state.limiter)
+        session.native = NativeSession(cfg.native, limits.max_memory, timeout)
         log.info("%s: session started in %s", peer, session.workspace.root)
         with trio.move_on_after(timeout) as scope:
             cfg.sessions.add(scope)

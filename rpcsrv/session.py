@@ -26,6 +26,7 @@ from .executor.memory import ALLOCATION_HOOK
 from .executor.runtime import RuntimeModule
 from .handles import HandleTable, NDArrayRef, PackedFunction
 from .limits import Limits
+from .native.host import NativeSession
 from .protocol import (BadPacket, CallFunc, CallFuncEnd, CallFuncStart, Connection, CopyFromRemote,
                        CopyToRemote, DataType, Device,
                        Dialect, FunctionHandle, InitServer, ModuleHandle,
@@ -90,6 +91,7 @@ class Session(SyscallsMixin):
         self._stream: Optional[StreamedCall] = None  # the streamed call in progress (see open_stream)
         self._close_hooks: list[Callable[[], None]] = []
         self.errors = 0  # requests answered with an exception (for the per-session log line)
+        self.native = NativeSession("isolated", self.limits.max_memory)  # the server sets its policy
 
     # ------------------------------------------------------------------ compatibility views
     @property
@@ -122,7 +124,7 @@ class Session(SyscallsMixin):
             raise RPCUserError(f"cannot allocate {nbytes} bytes")
         self.account.charge(nbytes, "device memory")
         try:
-            buf = np.zeros(nbytes, dtype=np.uint8)
+            buf = self.native.zeros(nbytes)  # shared with the native worker once there is one
             handle = self.handles.put_buffer(buf)
         except BaseException:
             self.account.release(nbytes)
@@ -131,7 +133,7 @@ class Session(SyscallsMixin):
         return handle
 
     def free(self, handle: int) -> None:
-        self.handles.free_buffer(handle)
+        self.native.release(self.handles.free_buffer(handle))
 
     def tensor_view(self, t: TensorHeader) -> np.ndarray:
         """A numpy view of the remote tensor ``t`` (bounds- and device-checked)."""
@@ -309,6 +311,7 @@ class Session(SyscallsMixin):
                 log.exception("session close hook failed for %s", self.peer)
         self.globals.clear()
         self.handles.clear()
+        self.native.close()
         self.workspace.cleanup()
         self.account.close()
 
