@@ -14,13 +14,14 @@ import trio
 def _serve(args: argparse.Namespace) -> int:
     from .protocol import Dialect
     from .server import ServerConfig
-    from .session import Limits
+    from .limits import Limits
 
     cfg = ServerConfig(
         host=args.host, port=args.port, port_end=args.port_end, key=args.key or "",
         workdir=Path(args.workdir) if args.workdir else None,
         dialect=None if args.dialect == "auto" else Dialect(args.dialect),
-        limits=Limits(max_memory=args.max_memory_mb << 20, max_workspace=args.max_workspace_mb << 20),
+        limits=Limits(max_memory=args.max_memory_mb << 20, max_workspace=args.max_workspace_mb << 20,
+                      **_hardening_limits(args)),
         native="off" if args.no_native else args.native,
     )
 
@@ -50,6 +51,32 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _hardening_limits(args: argparse.Namespace) -> dict:
+    """The limits of issue 11 given on the command line (absent ones keep rpcsrv.limits' defaults)."""
+    out = {name: getattr(args, name) for name in ("max_connections", "max_sessions", "max_handles",
+                                                  "max_ndim", "idle_timeout", "max_threads")
+           if getattr(args, name, None) is not None}
+    if getattr(args, "max_total_memory_mb", None) is not None:
+        out["max_total_memory"] = args.max_total_memory_mb << 20
+    if getattr(args, "max_packet_mb", None) is not None:
+        out["max_packet"] = args.max_packet_mb << 20
+    return out
+
+
+def _add_limit_flags(s: argparse.ArgumentParser) -> None:
+    """Flags of rpcsrv.limits.Limits (defaults and their reasons are documented there and in the README)."""
+    s.add_argument("--max-total-memory-mb", type=int, default=None,
+                   help="memory budget of all sessions together (default: half of physical memory)")
+    s.add_argument("--max-connections", type=int, default=None, help="open sockets at once (default 512)")
+    s.add_argument("--max-sessions", type=int, default=None, help="handshaken sessions at once (default 128)")
+    s.add_argument("--max-handles", type=int, default=None, help="live handles per session (default 65536)")
+    s.add_argument("--max-packet-mb", type=int, default=None, help="largest packet accepted (default 4096)")
+    s.add_argument("--max-ndim", type=int, default=None, help="most tensor dimensions on the wire (default 32)")
+    s.add_argument("--idle-timeout", type=float, default=None,
+                   help="seconds without traffic before a connection is dropped (default 900)")
+    s.add_argument("--max-threads", type=int, default=None, help="worker threads for all sessions (default 16)")
+
+
 def _inspect(args: argparse.Namespace) -> int:
     from .loader import LoaderError
     from .loader.inspect import format_inspection, inspect_library
@@ -77,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="packed-argument encoding: detect per client (default) or fix it")
     s.add_argument("--max-memory-mb", type=int, default=4096, help="device memory per session")
     s.add_argument("--max-workspace-mb", type=int, default=4096, help="workspace bytes per session")
+    _add_limit_flags(s)
     s.add_argument("--tracker", metavar="HOST:PORT", help="register with this TVM RPC tracker under --key")
     s.add_argument("--custom-addr", help="address the tracker hands to clients (default: what it sees)")
     s.add_argument("--proxy", metavar="HOST:PORT", help="serve through this TVM RPC proxy instead of listening")
