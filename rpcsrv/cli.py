@@ -12,7 +12,6 @@ import argparse
 import json
 import logging
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import Callable
@@ -85,7 +84,7 @@ def check_serve_args(args: argparse.Namespace) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     from .protocol import Dialect
-    from .server import ServerConfig, serve
+    from .server import ServerConfig
     from .session import Limits
 
     check_serve_args(args)
@@ -94,24 +93,25 @@ def run_serve(args: argparse.Namespace) -> int:
         workdir=Path(args.workdir) if args.workdir else None,
         dialect=None if args.dialect == "auto" else Dialect(args.dialect),
         limits=Limits(max_memory=args.max_memory_mb << 20, max_workspace=args.max_workspace_mb << 20),
+        native="off" if args.no_native else args.native,
     )
 
-    async def main() -> None:
-        # SIGTERM (docker stop, systemd) and SIGINT stop the server the same clean way: sessions are
-        # cancelled and their workspaces removed.  SIGINT is listened for explicitly because a shell
-        # without job control starts background commands with it ignored.
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async with trio.open_nursery() as nursery:
-                port = await nursery.start(serve, cfg)
-                print(f"rpcsrv: serving on {cfg.host}:{port}" + (f" with key {cfg.key!r}" if cfg.key else ""),
-                      flush=True)
-                async for _ in signals:
-                    nursery.cancel_scope.cancel()
-                    break
-        print("rpcsrv: stopped", file=sys.stderr)
+    # deployment (rpcsrv/board.py): tracker, proxy, graceful SIGTERM/SIGINT, farm logs
+    from .board import BoardOptions, run_board
+    from .farmlog import configure
+    from .registration import parse_hostport
 
+    configure(args.verbose, args.log_json)
     try:
-        trio.run(main)
+        opts = BoardOptions(tracker=parse_hostport(args.tracker, "--tracker") if args.tracker else None,
+                            custom_addr=args.custom_addr,
+                            proxy=parse_hostport(args.proxy, "--proxy") if args.proxy else None)
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    if (opts.tracker or opts.proxy) and not cfg.key:
+        raise CLIError("--tracker and --proxy need --key")
+    try:
+        trio.run(run_board, cfg, opts)
     except KeyboardInterrupt:
         print("rpcsrv: stopped", file=sys.stderr)
     except (OSError, OverflowError, _Group) as exc:
@@ -141,6 +141,15 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                    help="packed-argument encoding: detect per client, or fix it to one TVM generation")
     s.add_argument("--max-memory-mb", type=int, default=4096, help="device memory per session, MB")
     s.add_argument("--max-workspace-mb", type=int, default=4096, help="workspace (uploaded files) per session, MB")
+    s.add_argument("--tracker", metavar="HOST:PORT", help="register with this TVM RPC tracker under --key")
+    s.add_argument("--custom-addr", help="address the tracker hands to clients (default: what it sees)")
+    s.add_argument("--proxy", metavar="HOST:PORT", help="serve through this TVM RPC proxy instead of listening")
+    s.add_argument("--log-json", action="store_true", help="log one JSON object per line")
+    s.add_argument("--native", choices=["isolated", "inprocess", "off"], default="isolated",
+                   help="native host code in uploaded libraries: run it in a worker process per session "
+                        "(a crash ends only that session), in the server process (trusted boards), or "
+                        "refuse it")
+    s.add_argument("--no-native", action="store_true", help="refuse libraries with native code (--native off)")
     s.set_defaults(func=run_serve)
     return s
 
@@ -156,7 +165,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     except (LoaderError, OSError) as exc:
         raise CLIError(f"{args.file}: {exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}") \
             from None
-    print(json.dumps(info, indent=2) if args.json else format_inspection(info))
+    print(json.dumps(info, indent=2) if args.json else format_inspection(info, disasm=args.disasm))
     return 0
 
 
@@ -166,6 +175,7 @@ def add_inspect_parser(sub) -> argparse.ArgumentParser:
                                    "params and ExampleJSON subgraphs of a TVM-exported library.")
     i.add_argument("file", help="the library (.so, .dylib, .o, .tar or raw blob)")
     i.add_argument("--json", action="store_true", help="machine-readable output")
+    i.add_argument("--disasm", action="store_true", help="disassemble Relax VM executables")
     i.set_defaults(func=run_inspect)
     return i
 

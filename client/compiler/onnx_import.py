@@ -19,7 +19,7 @@ from onnx import helper, numpy_helper
 
 from rpcsrv.protocol.dtypes import dtype_str, numpy_dtype
 
-from .errors import CompileError
+from .errors import CompileError, no_static_shape
 from .fold import attr_value, fold_constants
 
 #: Default-domain opsets we accept: all that the installed ``onnx`` knows.  Kernels take an op's
@@ -313,9 +313,7 @@ def _to_graph(model, opset, constants, tensors, initializers) -> Graph:
     _drop_unused_outputs(nodes, outputs)
     unknown = [(n, o) for n in nodes for o in n.outputs if o and o not in tensors]
     if unknown:
-        shown = "; ".join(f"{o!r} of node {n.name!r} ({n.op_type})" for n, o in unknown[:8])
-        raise CompileError(f"shape inference left {len(unknown)} tensor(s) without a static shape: {shown}. "
-                           f"Give concrete --input-shape values, or make shape inputs constants")
+        raise no_static_shape([(n.name, n.op_type, o) for n, o in unknown])
     return Graph(graph.name or "model", inputs, outputs, nodes, tensors, constants, opset)
 
 

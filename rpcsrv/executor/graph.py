@@ -20,6 +20,10 @@ from ..protocol.dtypes import HOST_DEVICE_TYPES, Device
 from .graph_json import Graph, parse_graph_json
 from .runtime import ExecutorError, RuntimeModule
 
+#: how executors get their storage pools (zero-filled uint8 arrays); the native worker points this
+#: at its shared arena so that outputs can be mapped by the session without a copy
+STORAGE_ALLOCATOR = lambda nbytes: np.zeros(nbytes, dtype=np.uint8)  # noqa: E731
+
 
 def _describe(arr: np.ndarray) -> str:
     return f"{arr.dtype} {list(arr.shape)}"
@@ -91,7 +95,7 @@ class GraphExecutorModule(RuntimeModule):
             sid = g.storage_id[eid]
             sizes[sid] = max(sizes.get(sid, 0), nbytes)
         # zero-filled (TVM leaves memory uninitialised; zeros make reruns reproducible)
-        self.pool = {sid: np.zeros(size, dtype=np.uint8) for sid, size in sizes.items()}
+        self.pool = {sid: STORAGE_ALLOCATOR(size) for sid, size in sizes.items()}
         self.data_entry = [self._view(self.pool[g.storage_id[eid]], eid) for eid in range(g.num_entries)]
 
     def _view(self, buffer: np.ndarray, eid: int) -> np.ndarray:
@@ -116,7 +120,7 @@ class GraphExecutorModule(RuntimeModule):
             if node.func_name == "__copy":
                 self.op_execs.append((np.copyto, args[:2]))
             else:
-                self.op_execs.append((self._functions[node.func_name], args))
+                self.op_execs.append(_op_exec(self._functions[node.func_name], args))
 
     # ------------------------------------------------------------------ lookups
     def get_function(self, name: str):
@@ -305,6 +309,15 @@ class GraphExecutorModule(RuntimeModule):
         self._setup_op_execs()
 
 
+def _op_exec(fn: Any, args: list[np.ndarray]) -> tuple:
+    """One step of ``run``: a native host function gets its DLTensors over the storage built once
+    (``fn.bind``, see ``rpcsrv.native``); anything else is called with the arrays."""
+    bind = getattr(fn, "bind", None)
+    if bind is not None and all(a.flags.c_contiguous for a in args):
+        return (bind(*args), ())
+    return (fn, args)
+
+
 def _param_dict(blob: Any, what: str) -> dict[str, np.ndarray]:
     if not isinstance(blob, (bytes, bytearray, memoryview)):
         raise ExecutorError(f"{what} expects the bytes of a saved param dict, got {type(blob).__name__}")
@@ -314,3 +327,48 @@ def _param_dict(blob: Any, what: str) -> dict[str, np.ndarray]:
         return load_param_dict(bytes(blob))
     except LoaderError as exc:
         raise ExecutorError(f"{what}: invalid parameters file format ({exc})") from exc
+
+
+def op_exec_node_ids(graph: Graph) -> list[int]:
+    """The graph node of each entry of ``GraphExecutorModule.op_execs``, in order (every
+    ``tvm_op`` node but ``__nop``, as ``_setup_op_execs`` lays them out; the debug executor maps
+    nodes to their calls with it)."""
+    return [nid for nid, node in enumerate(graph.nodes)
+            if node.op == "tvm_op" and node.func_name != "__nop"]
+
+
+def parse_create_args(args: Sequence[Any], what: str) -> tuple[Any, RuntimeModule, list[Device]]:
+    """The arguments of TVM's ``tvm.graph_executor.create`` (v0.19 ``graph_executor.cc``): the graph
+    JSON text, the library module, optionally a linked-param lookup function (skipped: libraries
+    for this board have no linked params), then the devices as ``device_type, device_id`` integer
+    pairs.  Device values are accepted as well (what a tvm-ffi client passes most naturally)."""
+    if len(args) < 3:
+        raise ExecutorError(f"{what} expects (graph_json, module, device_type, device_id, ...), "
+                            f"got {len(args)} argument(s)")
+    graph_json, lib, rest = args[0], args[1], list(args[2:])
+    if not isinstance(graph_json, (str, bytes)):
+        raise ExecutorError(f"{what}: the first argument must be the graph JSON text, got "
+                            f"{type(graph_json).__name__}")
+    if not isinstance(lib, RuntimeModule):
+        raise ExecutorError(f"{what}: the second argument must be a module (the loaded library), got "
+                            f"{type(lib).__name__}")
+    if rest and callable(rest[0]) and not isinstance(rest[0], RuntimeModule):
+        rest = rest[1:]
+    devices: list[Device] = []
+    while rest:
+        first = rest.pop(0)
+        if isinstance(first, Device):
+            devices.append(first)
+            continue
+        if isinstance(first, bool) or not isinstance(first, (int, np.integer)) or not rest \
+                or isinstance(rest[0], bool) or not isinstance(rest[0], (int, np.integer)):
+            raise ExecutorError(f"{what}: devices must follow as device_type, device_id integer pairs")
+        devices.append(Device(int(first), int(rest.pop(0))))
+    return graph_json, lib, check_devices(devices)
+
+
+def create_graph_executor(*args: Any) -> GraphExecutorModule:
+    """``tvm.graph_executor.create(graph_json, lib, device_type, device_id, ...)``: an executor for a
+    graph sent as text over the functions of an uploaded library; params come by ``load_params``."""
+    graph_json, lib, devices = parse_create_args(args, "tvm.graph_executor.create")
+    return GraphExecutorModule(graph_json, lib, devices)
