@@ -81,6 +81,14 @@ def add_compile_parser(sub) -> None:
 SUBCOMMANDS: dict[str, Callable] = {"compile": add_compile_parser}
 
 
+#: help of the flags several subcommands share (used where a subcommand gives none)
+COMMON_HELP = {
+    "host": "the board's address", "port": "the board's port",
+    "key": "the key the board was started with (rpcsrv serve --key)",
+    "library": "a library compiled by `byoc compile` (.so, .tar or raw blob)",
+}
+
+
 class HelpFormatter(argparse.HelpFormatter):
     """Shows each flag's default (when it has a meaningful one) after its help text."""
 
@@ -129,6 +137,13 @@ def build_parser() -> argparse.ArgumentParser:
             raise
         if name.rpartition(".")[2] not in sub.choices and hasattr(module, "add_parser"):
             module.add_parser(sub)
+    for choice in sub._choices_actions:  # a subcommand without a description shows its help line
+        child = sub.choices[choice.dest]
+        child.description = child.description or (choice.help[:1].upper() + choice.help[1:] + ".")
+    for child in sub.choices.values():
+        for action in child._actions:  # the board flags every subcommand shares, said once here
+            if not action.help and action.dest in COMMON_HELP:
+                action.help = COMMON_HELP[action.dest]
     for child in sub.choices.values():  # ``byoc run -v`` as well as ``byoc -v run``
         if "-v" not in child._option_string_actions:
             child.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,

@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 
 from client.compiler import compile_onnx
-from client.compiler.conformance import run_in_process
 from client.demo_models import sample_inputs, small_cnn
 from client.export import export_library
 from rpcsrv.extract import extract_library, split_examplejson
@@ -19,6 +18,9 @@ from rpcsrv.loader import (
     ConstLoaderModule, ExampleJSONModule, GraphExecutorFactoryModule, HostLibraryModule, UnknownModule,
     build_blob, load_library, load_param_dict,
 )
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "compiler"))
+from compiler_helpers import run_in_process  # noqa: E402  (the executor in-process)
 
 
 def rebuild(folder: Path):

@@ -7,15 +7,18 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 
 from client.compiler import CompileError, compile_onnx
-from client.compiler.conformance import run_in_process
 from client.demo_models import sample_inputs, small_cnn
 from rpcsrv.loader.inspect import inspect_library
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "compiler"))
+from compiler_helpers import run_in_process  # noqa: E402  (the executor in-process)
 
 
 def test_external_data_is_found_beside_the_model_from_any_folder(tmp_path, monkeypatch):
