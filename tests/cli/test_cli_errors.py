@@ -223,3 +223,15 @@ def test_fixed_classic_dialect_names_the_mismatch_to_a_tvm_ffi_client(tmp_path):
         assert srv.alive()
     finally:
         srv.stop()
+
+
+# -- byoc bench rpc: a server that does not start says why
+
+def test_bench_shows_why_a_server_did_not_start():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import rpc_bench
+
+    cmd = [sys.executable, "-c", "import sys; print('No module named cloudpickle', file=sys.stderr); sys.exit(3)"]
+    with pytest.raises(RuntimeError) as info:
+        rpc_bench.start(cmd, r":(\d+)", timeout=30)
+    assert "exit status 3" in str(info.value) and "No module named cloudpickle" in str(info.value)
