@@ -433,10 +433,25 @@ class Connection(PacketWriter):
         r = Reader(packet, offset, max_ndim=self.max_ndim)
         if self.dialect is None:
             self.dialect = detect_dialect(packet, offset)
-        values = decode_packed_seq(r, self.wire_dialect)
+        try:
+            values = decode_packed_seq(r, self.wire_dialect)
+        except ProtocolError:
+            self._other_dialect(packet, offset)
+            raise
         if r.remaining:
+            self._other_dialect(packet, offset)
             raise ProtocolError(f"{r.remaining} unexpected bytes after the arguments at offset {r.pos}")
         return values
+
+    def _other_dialect(self, packet, offset: int) -> None:
+        """A sequence that fails in the fixed dialect but parses in the other one: name the mismatch,
+        and answer from now on in the peer's dialect so that it can read the error."""
+        other = detect_dialect(packet, offset)
+        if other is not None and self.dialect is not None and other is not self.dialect:
+            fixed, self.dialect = self.dialect, other
+            era = {Dialect.CLASSIC: "classic TVM (0.7-0.20)", Dialect.FFI: "tvm-ffi (TVM >= 0.21)"}
+            raise ProtocolError(f"dialect mismatch: the peer speaks {era[other]}, but this end is fixed to "
+                                f"{era[fixed]} (rpcsrv serve --dialect {fixed.value}; use --dialect auto)")
 
     def _parse_packet(self, packet: bytearray) -> Event:
         mv = memoryview(packet)

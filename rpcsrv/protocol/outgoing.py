@@ -41,8 +41,9 @@ class PacketWriter:
         return _done(w)
 
     def send_init_reply(self) -> list:
-        """(server) The kInitServer answer: void in a known dialect, zero values in auto mode."""
-        return self.send_return([None] if self.dialect else [])  # an answer: send_return moves the state
+        """(server) The kInitServer answer: zero values, which clients of both dialects read and ignore
+        (a void in a fixed dialect would break a client of the other one before it could be told why)."""
+        return self.send_return([])
 
     def send_exception(self, message: str) -> list:
         """(server) The answer to a request, or a notice unasked (session timeout, shutdown)."""
