@@ -108,10 +108,16 @@ def format_for(path: str, fmt: str | None) -> str:
 
 
 def export_library(root, path, fmt: str | None = None, layout: str = "classic",
-                   cc: str | None = None) -> str:
-    """Write the module tree ``root`` to ``path`` as ``fmt`` (see the module doc); returns ``path``."""
+                   cc: str | None = None, host_source: str = "") -> str:
+    """Write the module tree ``root`` to ``path`` as ``fmt`` (see the module doc); returns ``path``.
+
+    ``host_source``: C host functions (partial offload) compiled (-O2) into the same library.
+    """
     path = os.fspath(path)
     fmt = format_for(path, fmt)
+    if host_source and fmt == "blob":
+        raise CompileError("the model has host functions (C code for the nodes left on the host): write a "
+                           ".so or .tar, not a raw blob")
     content = symbol_bytes(root, layout)
     symbol = LAYOUTS[layout]
     if fmt == "blob":
@@ -125,9 +131,18 @@ def export_library(root, path, fmt: str | None = None, layout: str = "classic",
         src = os.path.join(tmp, "devc.c")
         with open(src, "w") as f:
             f.write(c_source(content, symbol, literal=compiler is not None))
+        host_obj = []
+        if host_source:
+            if compiler is None:
+                raise CompileError("the model has host functions: a C compiler is needed (pass --cc)")
+            host_c, host_o = os.path.join(tmp, "host.c"), os.path.join(tmp, "host.o")
+            with open(host_c, "w") as f:
+                f.write(host_source)
+            _run_cc(compiler, ["-c", "-fPIC", "-O2", "-o", host_o, host_c])
+            host_obj = [host_o]
         if fmt == "so":
             out = os.path.join(tmp, "lib.so")
-            _run_cc(compiler, ["-shared", "-fPIC", "-O0", "-o", out, src])
+            _run_cc(compiler, ["-shared", "-fPIC", "-O0", "-o", out, src, *host_obj, "-lm"])
             with open(out, "rb") as f:
                 _write(path, f.read())
             return path
@@ -138,6 +153,8 @@ def export_library(root, path, fmt: str | None = None, layout: str = "classic",
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
             tar.add(member, arcname=os.path.basename(member))
+            for obj in host_obj:
+                tar.add(obj, arcname=os.path.basename(obj))
         _write(path, buf.getvalue())
     return path
 
