@@ -3,17 +3,22 @@
 The module tree (graph executor factory → host library → const loader → ExampleJSON modules) is
 serialized with the loader's own format declarations (``rpcsrv.loader.build_blob``), in TVM's
 classic layout (symbol ``__tvm_dev_mblob``) or the tvm-ffi layout (``__tvm_ffi__library_bin``).
-The symbol's content is an 8-byte little-endian length followed by the blob, as TVM's
-``PackImportsToC`` emits it.  Three file formats:
+The symbol's content is the loader's ``symbol_content``: an 8-byte little-endian length, then the
+blob, as TVM's ``PackImportsToC`` emits it.  Three file formats, chosen by ``fmt`` or the name:
 
-* ``so``: a C file defining the symbol as an exported ``const unsigned char`` array (like the
-  ``devc.c`` TVM generates, but initialized from string literals, which compile much faster),
-  compiled with ``cc -shared -fPIC`` (``cc`` may be a cross compiler, e.g.
-  ``arm-linux-gnueabihf-gcc``);
-* ``tar``: what ``export_library("x.tar")`` writes: the compiled object ``devc.o`` in a tar, or the
-  C source ``devc.c`` when no compiler is available (TVM without LLVM does the same);
-* ``blob``: a *raw blob file*, exactly the bytes the symbol would hold (8-byte length, then the
-  blob); the loader takes any file that is not ELF, Mach-O or tar as such.
+* ``so`` (``.so``, ``.dylib``): a shared library defining the symbol, exported, in read-only data;
+* ``tar`` (``.tar``; ``.tar.gz``/``.tgz``, ``.tar.bz2``, ``.tar.xz`` compress it): what
+  ``export_library("x.tar")`` holds: the object ``devc.o`` defining the symbol, or the C source
+  ``devc.c`` when no compiler is available (TVM without LLVM does the same);
+* ``blob`` (``.blob``): a *raw blob file*, exactly the bytes the symbol would hold.
+
+A name that ends otherwise is refused unless ``fmt`` is given, so ``-o model.zip`` never turns
+into a raw blob by accident.
+
+The symbol reaches the object through the assembler: a small ``.S`` file places the blob with
+``.incbin`` (ELF or Mach-O syntax, chosen by the compiler's own ``__APPLE__``), so building a
+library with 64 MB of weights takes about as long as writing them, where compiling a C array
+took minutes.  ``cc`` may be a cross compiler (``arm-linux-gnueabihf-gcc``) or clang with a target.
 """
 
 from __future__ import annotations
@@ -21,51 +26,56 @@ from __future__ import annotations
 import io
 import os
 import shutil
-import struct
 import subprocess
 import tarfile
 import tempfile
 
-from rpcsrv.loader import BLOB_SYMBOL, FFI_BLOB_SYMBOL, build_blob
+from rpcsrv.loader import BLOB_SYMBOL, FFI_BLOB_SYMBOL, build_blob, symbol_content
+from rpcsrv.loader.csource import c_array_source
 
 from .compiler.errors import CompileError
 
 FORMATS = ("so", "tar", "blob")
 LAYOUTS = {"classic": BLOB_SYMBOL, "ffi": FFI_BLOB_SYMBOL}
 DEFAULT_COMPILERS = ("cc", "gcc", "clang")
+#: file name ending -> (format, tar compression); longest endings first
+SUFFIXES = {
+    ".tar.gz": ("tar", "gz"), ".tgz": ("tar", "gz"), ".tar.bz2": ("tar", "bz2"), ".tar.xz": ("tar", "xz"),
+    ".tar": ("tar", None), ".so": ("so", None), ".dylib": ("so", None), ".blob": ("blob", None),
+}
 
 
 def symbol_bytes(root, layout: str = "classic") -> bytes:
     """What the blob symbol holds: ``u64`` little-endian length, then the blob."""
     if layout not in LAYOUTS:
         raise CompileError(f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
-    blob = build_blob(root, layout)
-    return struct.pack("<Q", len(blob)) + blob
+    return symbol_content(build_blob(root, layout))
 
 
-def c_source(content: bytes, symbol: str, literal: bool = False) -> str:
-    """C source defining ``symbol`` as an exported read-only byte array holding ``content``.
-
-    The default spells the array as ``PackImportsToC`` does (``0x..,`` per byte), which the loader
-    can also read from a ``devc.c`` without compiling it.  ``literal=True`` spells it as string
-    literals instead, which C compilers parse about 30x faster (a 17 MB blob: 2 s instead of 64 s);
-    a string of exactly the array's length initializes it without the terminating NUL.
-    """
-    if literal:
-        rows = ['"\\x' + content[i:i + 64].hex(" ").replace(" ", "\\x") + '"'
-                for i in range(0, len(content), 64)]
-    else:
-        rows = ["0x" + content[i:i + 16].hex(" ").replace(" ", ",0x") + ","
-                for i in range(0, len(content), 16)]
-    body = "\n".join(rows) if literal else "{\n" + "\n".join(rows) + "\n}"
+def asm_source(symbol: str, size: int, blob_file: str) -> str:
+    """Assembler source (``.S``: the C preprocessor runs first) defining the global ``symbol`` in
+    read-only data as the ``size`` bytes of ``blob_file`` (``.incbin``, resolved against the
+    assembler's working directory).  Mach-O names C symbols with a leading ``_``; ELF gets the
+    symbol's type and size, and a non-executable stack note (without it the linker would make the
+    stack executable)."""
     return (
         "/* Generated by the rpcsrv byoc exporter: the serialized module tree of a compiled model. */\n"
-        "#ifdef __cplusplus\nextern \"C\" {\n#endif\n"
-        "#if defined(_WIN32)\n#define BYOC_EXPORT __declspec(dllexport)\n"
-        "#else\n#define BYOC_EXPORT __attribute__((visibility(\"default\")))\n#endif\n"
-        f"BYOC_EXPORT extern const unsigned char {symbol}[{len(content)}];\n"
-        f"BYOC_EXPORT const unsigned char {symbol}[{len(content)}] = {body};\n"
-        "#ifdef __cplusplus\n}\n#endif\n"
+        "#if defined(__APPLE__)\n"
+        "  .section __TEXT,__const\n"
+        f"  .globl _{symbol}\n"
+        "  .p2align 4\n"
+        f"_{symbol}:\n"
+        f'  .incbin "{blob_file}"\n'
+        "#else\n"
+        "  .section .rodata\n"
+        f"  .globl {symbol}\n"
+        f"  .type {symbol}, %object\n"
+        "  .p2align 4\n"
+        f"{symbol}:\n"
+        f'  .incbin "{blob_file}"\n'
+        f"  .size {symbol}, {size}\n"
+        '  .section .note.GNU-stack,"",%progbits\n'
+        "#endif\n"
     )
 
 
@@ -83,9 +93,9 @@ def find_compiler(cc: str | None = None) -> str | None:
     return None
 
 
-def _run_cc(cc: str, args: list[str]) -> None:
+def _run_cc(cc: str, args: list[str], cwd: str) -> None:
     try:
-        subprocess.run([cc, *args], check=True, capture_output=True, text=True, timeout=600)
+        subprocess.run([cc, *args], check=True, capture_output=True, text=True, timeout=600, cwd=cwd)
     except subprocess.CalledProcessError as exc:
         tail = "\n".join((exc.stderr or exc.stdout or "").strip().splitlines()[-8:])
         raise CompileError(f"C compiler {cc} failed (exit {exc.returncode}):\n{tail}") from None
@@ -93,33 +103,33 @@ def _run_cc(cc: str, args: list[str]) -> None:
         raise CompileError(f"cannot run C compiler {cc}: {exc}") from None
 
 
-def format_for(path: str, fmt: str | None) -> str:
-    """The format to write: ``fmt`` if given, else from the file name (.so/.dylib, .tar, else blob)."""
+def output_kind(path, fmt: str | None) -> tuple[str, str | None]:
+    """(format, tar compression) to write ``path`` as: ``fmt`` if given, else from the file name."""
+    lower = os.fspath(path).lower()
+    ending = next((s for s in SUFFIXES if lower.endswith(s)), None)
     if fmt is not None:
         if fmt not in FORMATS:
             raise CompileError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
-        return fmt
-    lower = str(path).lower()
-    if lower.endswith((".so", ".dylib")):
-        return "so"
-    if lower.endswith(".tar"):
-        return "tar"
-    return "blob"
+        return fmt, SUFFIXES[ending][1] if fmt == "tar" and ending else None
+    if ending is None:
+        raise CompileError(f"cannot tell the library format from the name {os.fspath(path)!r}: expected "
+                           f"a name ending in {', '.join(SUFFIXES)}, or a format ({', '.join(FORMATS)})")
+    return SUFFIXES[ending]
 
 
 def export_library(root, path, fmt: str | None = None, layout: str = "classic",
                    cc: str | None = None, host_source: str = "") -> str:
     """Write the module tree ``root`` to ``path`` as ``fmt`` (see the module doc); returns ``path``.
 
-    ``host_source``: C host functions (partial offload) compiled (-O2) into the same library.
+    ``host_source``: C host functions (partial offload, ``compiler.hostgen``), compiled with -O2
+    into the same library (a ``host.o`` member of a tar).
     """
     path = os.fspath(path)
-    fmt = format_for(path, fmt)
-    if host_source and fmt == "blob":
-        raise CompileError("the model has host functions (C code for the nodes left on the host): write a "
-                           ".so or .tar, not a raw blob")
+    fmt, compression = output_kind(path, fmt)
     content = symbol_bytes(root, layout)
-    symbol = LAYOUTS[layout]
+    if host_source and (fmt == "blob" or find_compiler(cc) is None):
+        raise CompileError("the model has host functions (C code for the nodes left on the host): write a "
+                           ".so or .tar with a C compiler (--cc), not a raw blob")
     if fmt == "blob":
         _write(path, content)
         return path
@@ -128,35 +138,50 @@ def export_library(root, path, fmt: str | None = None, layout: str = "classic",
         raise CompileError("no C compiler found (looked for cc, gcc, clang) to build a .so; install one, "
                            "pass --cc, or write a raw blob with --format blob")
     with tempfile.TemporaryDirectory(prefix="byoc-export-") as tmp:
-        src = os.path.join(tmp, "devc.c")
-        with open(src, "w") as f:
-            f.write(c_source(content, symbol, literal=compiler is not None))
-        host_obj = []
+        host = []
         if host_source:
-            if compiler is None:
-                raise CompileError("the model has host functions: a C compiler is needed (pass --cc)")
-            host_c, host_o = os.path.join(tmp, "host.c"), os.path.join(tmp, "host.o")
-            with open(host_c, "w") as f:
+            with open(os.path.join(tmp, "host.c"), "w") as f:
                 f.write(host_source)
-            _run_cc(compiler, ["-c", "-fPIC", "-O2", "-o", host_o, host_c])
-            host_obj = [host_o]
+            _run_cc(compiler, ["-c", "-fPIC", "-O2", "-o", "host.o", "host.c"], cwd=tmp)
+            host = ["host.o"]
+        member = _symbol_file(tmp, content, LAYOUTS[layout], compiler, fmt, host)
         if fmt == "so":
-            out = os.path.join(tmp, "lib.so")
-            _run_cc(compiler, ["-shared", "-fPIC", "-O0", "-o", out, src, *host_obj, "-lm"])
-            with open(out, "rb") as f:
-                _write(path, f.read())
+            _copy(member, path)
             return path
-        member = src
-        if compiler is not None:
-            member = os.path.join(tmp, "devc.o")
-            _run_cc(compiler, ["-c", "-fPIC", "-O0", "-o", member, src])
         buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        with tarfile.open(fileobj=buf, mode=f"w:{compression or ''}", format=tarfile.USTAR_FORMAT) as tar:
             tar.add(member, arcname=os.path.basename(member))
-            for obj in host_obj:
-                tar.add(obj, arcname=os.path.basename(obj))
+            for obj in host:
+                tar.add(os.path.join(tmp, obj), arcname=obj)
         _write(path, buf.getvalue())
     return path
+
+
+def _symbol_file(tmp: str, content: bytes, symbol: str, compiler: str | None, fmt: str,
+                 host: list[str] = ()) -> str:
+    """In ``tmp``: the shared library (``so``), object (``tar``) or, without a compiler, the C source
+    defining ``symbol`` with ``content``; returns its path."""
+    if compiler is None:
+        src = os.path.join(tmp, "devc.c")
+        with open(src, "w") as f:
+            f.write(c_array_source(content, symbol))
+        return src
+    with open(os.path.join(tmp, "devc.bin"), "wb") as f:
+        f.write(content)
+    with open(os.path.join(tmp, "devc.S"), "w") as f:
+        f.write(asm_source(symbol, len(content), "devc.bin"))
+    if fmt == "so":
+        _run_cc(compiler, ["-shared", "-fPIC", "-o", "lib.so", "devc.S", *host, *(["-lm"] if host else [])], cwd=tmp)
+        return os.path.join(tmp, "lib.so")
+    _run_cc(compiler, ["-c", "-fPIC", "-o", "devc.o", "devc.S"], cwd=tmp)
+    return os.path.join(tmp, "devc.o")
+
+
+def _copy(src: str, path: str) -> None:
+    try:
+        shutil.copyfile(src, path)
+    except OSError as exc:
+        raise CompileError(f"cannot write {path!r}: {exc.strerror or exc}") from None
 
 
 def _write(path: str, data: bytes) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
 import sys
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import trio
 
 def _serve(args: argparse.Namespace) -> int:
     from .protocol import Dialect
-    from .server import ServerConfig, serve
+    from .server import ServerConfig
     from .session import Limits
 
     cfg = ServerConfig(
@@ -25,22 +24,24 @@ def _serve(args: argparse.Namespace) -> int:
         native="off" if args.no_native else args.native,
     )
 
-    async def main() -> None:
-        # SIGTERM (docker stop, systemd) and SIGINT stop the server the same clean way: sessions are
-        # cancelled and their workspaces removed.  SIGINT is listened for explicitly because a shell
-        # without job control starts background commands with it ignored.
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async with trio.open_nursery() as nursery:
-                port = await nursery.start(serve, cfg)
-                print(f"rpcsrv: serving on {cfg.host}:{port}" + (f" with key {cfg.key!r}" if cfg.key else ""),
-                      flush=True)
-                async for _ in signals:
-                    nursery.cancel_scope.cancel()
-                    break
-        print("rpcsrv: stopped", file=sys.stderr)
+    # deployment (rpcsrv/board.py): tracker, proxy, graceful SIGTERM/SIGINT, farm logs
+    from .board import BoardOptions, run_board
+    from .farmlog import configure
+    from .registration import parse_hostport
 
+    configure(args.verbose, args.log_json)
     try:
-        trio.run(main)
+        opts = BoardOptions(tracker=parse_hostport(args.tracker, "--tracker") if args.tracker else None,
+                            custom_addr=args.custom_addr,
+                            proxy=parse_hostport(args.proxy, "--proxy") if args.proxy else None)
+    except ValueError as exc:
+        print(f"rpcsrv: error: {exc}", file=sys.stderr)
+        return 2
+    if (opts.tracker or opts.proxy) and not cfg.key:
+        print("rpcsrv: error: --tracker and --proxy need --key", file=sys.stderr)
+        return 2
+    try:
+        trio.run(run_board, cfg, opts)
     except KeyboardInterrupt:
         print("rpcsrv: stopped", file=sys.stderr)
     except OSError as exc:
@@ -58,7 +59,7 @@ def _inspect(args: argparse.Namespace) -> int:
     except (LoaderError, OSError) as exc:
         print(f"rpcsrv inspect: error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(info, indent=2) if args.json else format_inspection(info))
+    print(json.dumps(info, indent=2) if args.json else format_inspection(info, disasm=args.disasm))
     return 0
 
 
@@ -76,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="packed-argument encoding: detect per client (default) or fix it")
     s.add_argument("--max-memory-mb", type=int, default=4096, help="device memory per session")
     s.add_argument("--max-workspace-mb", type=int, default=4096, help="workspace bytes per session")
+    s.add_argument("--tracker", metavar="HOST:PORT", help="register with this TVM RPC tracker under --key")
+    s.add_argument("--custom-addr", help="address the tracker hands to clients (default: what it sees)")
+    s.add_argument("--proxy", metavar="HOST:PORT", help="serve through this TVM RPC proxy instead of listening")
+    s.add_argument("--log-json", action="store_true", help="log one JSON object per line")
     s.add_argument("--native", choices=["isolated", "inprocess", "off"], default="isolated",
                    help="native host code in uploaded libraries: run it in a worker process per session "
                         "(default; a crash ends only that session), in the server process (trusted "
@@ -85,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("inspect", help="show what an exported library holds")
     i.add_argument("file")
     i.add_argument("--json", action="store_true", help="machine-readable output")
+    i.add_argument("--disasm", action="store_true", help="disassemble Relax VM executables")
     i.set_defaults(func=_inspect)
     return p
 

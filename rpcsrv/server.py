@@ -10,9 +10,10 @@ from __future__ import annotations
 import errno
 import logging
 import socket
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import trio
 
@@ -21,17 +22,14 @@ from .protocol import (NEED_DATA, CallFuncChunk, CallFuncStart, Connection, Conn
                        CopyToRemoteStart, Dialect,
                        HandshakeRequest, Role, Shutdown)
 from .protocol.connection import DEFAULT_MAX_PACKET
+from .farmlog import CountingTransport, SessionRecord
 from .native.host import NativeSession
 from .session import Limits, Session
-from .transport import Transport
 from .workspace import Workspace
 
 log = logging.getLogger("rpcsrv.server")
 
 HANDSHAKE_TIMEOUT = 30.0
-# small reads: recv(n) allocates n bytes first, and 1 MB per call cost ~17 us of a ~45 us round trip
-# (malloc maps and unmaps it); bodies of 64 KiB and more are received in place (recv_into) instead
-RECV_SIZE = 1 << 16
 
 
 @dataclass
@@ -45,48 +43,73 @@ class ServerConfig:
     max_packet: int = DEFAULT_MAX_PACKET
     limits: Limits = field(default_factory=Limits)
     registry: Registry = field(default_factory=lambda: REGISTRY)
+    # deployment hooks (rpcsrv/registration.py, rpcsrv/cli.py): a tracker registration admits only its
+    # match keys; ``draining`` + ``sessions`` let SIGTERM close running sessions with a message
+    gate: Optional[Any] = None
+    draining: bool = False
+    sessions: set = field(default_factory=set)
     native: str = "isolated"  # native host code: "isolated" (worker process), "inprocess" or "off"
 
 
-async def serve_connection(stream: trio.SocketStream, cfg: ServerConfig) -> None:
-    """Serve one client from handshake to close."""
+async def serve_connection(stream: trio.SocketStream, cfg: ServerConfig, answered: bool = False) -> None:
+    """Serve one client from handshake to close (``answered``: a proxy already answered its handshake)."""
     try:
         peer = "%s:%s" % stream.socket.getpeername()[:2]
     except (OSError, AttributeError, TypeError):
         peer = "?"
     conn = Connection(Role.SERVER, dialect=cfg.dialect, max_packet=cfg.max_packet)
     session: Optional[Session] = None
-    io = Transport(stream.socket)
+    io = CountingTransport(stream.socket)
+    record: Optional[SessionRecord] = None
+    admitted = False
+    scope: Optional[trio.CancelScope] = None
     try:
         with trio.move_on_after(HANDSHAKE_TIMEOUT) as hs_scope:
             request = await _next(io, conn)
         if hs_scope.cancelled_caught or not isinstance(request, HandshakeRequest):
             log.info("%s: no valid handshake (%s)", peer, getattr(request, "error", "timeout"))
             return
-        if request.key != cfg.key:
+        admitted = cfg.gate.admit(request.key) if cfg.gate is not None else request.key == cfg.key
+        if not admitted or cfg.draining:
             log.warning("%s: key mismatch (client sent %r)", peer, request.header)
             await io.send_all([conn.refuse()])
             return
-        await io.send_all([conn.accept(cfg.key)])
+        answer = conn.accept(cfg.key)
+        if not answered:
+            await io.send_all([answer])
         timeout = _timeout(request.options.get("timeout"))
+        record = SessionRecord(peer=peer, key=cfg.key, start=time.monotonic(), io=io)
         session = Session(conn, Workspace.create(cfg.workdir, max_bytes=cfg.limits.max_workspace),
                           cfg.registry, cfg.limits, peer)
         session.native = NativeSession(cfg.native, cfg.limits.max_memory, timeout)
         log.info("%s: session started in %s", peer, session.workspace.root)
         with trio.move_on_after(timeout) as scope:
-            await _session_loop(io, conn, session, peer)
-        if scope.cancelled_caught:
+            cfg.sessions.add(scope)
+            await _session_loop(io, conn, session, peer, record)
+        if scope.cancelled_caught and cfg.draining:
+            record.end = "shutdown"
+            await io.send_all(conn.send_exception("RPCServerShutdown: the board is shutting down; "
+                                                  "this session was closed and its files removed"))
+        elif scope.cancelled_caught:
+            record.end = "timeout"
             log.info("%s: session timed out after %ss", peer, timeout)
             await io.send_all(conn.send_exception(
                 f"RPCSessionTimeoutError: Your {timeout}s session has expired, "
                 f'try to increase the "session_timeout" value.'))
     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
         log.info("%s: connection lost: %s", peer, exc)
+        if record is not None:
+            record.end = "lost"
     finally:
         io.close()
         if session is not None:
             session.close()
             log.info("%s: session closed", peer)
+        if admitted and cfg.gate is not None:
+            cfg.gate.release()
+        if record is not None:
+            record.finish(session)
+        cfg.sessions.discard(scope)  # last: a draining server waits for this set to empty
         with trio.CancelScope(shield=True):
             await stream.aclose()
 
@@ -99,23 +122,22 @@ def _timeout(text: Optional[str]) -> float:
     return value if value > 0 else float("inf")
 
 
-async def _next(io: Transport, conn: Connection):
-    while True:
-        ev = conn.next_event()
-        if ev is not NEED_DATA:
-            return ev
-        region = conn.writable()
-        if region is not None and len(region) >= 1 << 16:
-            n = await io.recv_into(region)  # large bodies land in place, no copies
-            if n:
-                conn.advance(n)
-            else:
-                conn.receive_data(b"")
-        else:
-            conn.receive_data(await io.recv(RECV_SIZE))
+async def _next(io: CountingTransport, conn: Connection):
+    """The next event, reading as the connection's shared receive loop asks (``Connection.reads``)."""
+    ev = conn.next_event()
+    if ev is not NEED_DATA:  # already buffered: no generator
+        return ev
+    steps = conn.reads()
+    try:
+        want = next(steps)
+        while True:
+            want = steps.send(await (io.recv(want) if type(want) is int else io.recv_into(want)))
+    except StopIteration as done:
+        return done.value
 
 
-async def _session_loop(io: Transport, conn: Connection, session: Session, peer: str) -> None:
+async def _session_loop(io: CountingTransport, conn: Connection, session: Session, peer: str,
+                        record: Optional[SessionRecord] = None) -> None:
     while True:
         ev = await _next(io, conn)
         if isinstance(ev, ConnectionClosed):
@@ -133,6 +155,8 @@ async def _session_loop(io: Transport, conn: Connection, session: Session, peer:
         if isinstance(ev, CallFuncChunk):
             await session.stream_piece(ev.data)
             continue
+        if record is not None:
+            record.calls += 1
         await io.send_all(await session.handle(ev))
 
 

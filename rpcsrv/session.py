@@ -90,6 +90,7 @@ class Session:
         self._next = 0x7E0000000000 + (secrets.randbits(24) << 12)
         self.initialized = False
         self._stream: Optional[StreamedCall] = None  # the streamed call in progress (see open_stream)
+        self.errors = 0  # requests answered with an exception (for the per-session log line)
         self.native = NativeSession("isolated", self.limits.max_memory)  # the server sets its policy
 
     # ------------------------------------------------------------------ handles
@@ -144,7 +145,7 @@ class Session:
 
     def _dtype_for_client(self, dtype: np.dtype) -> DataType:
         dt = DataType.from_numpy(dtype)
-        if dt.is_bool and self.conn.dialect is Dialect.FFI:
+        if dt.is_bool and self.conn.wire_dialect is Dialect.FFI:
             return DataType(DLDataTypeCode.BOOL, 8, 1)
         return dt
 
@@ -223,6 +224,7 @@ class Session:
                 raise RPCUserError(f"bad packet (RPC code {event.code}): {event.error}")
             raise RPCUserError(f"unexpected request {type(event).__name__}")
         except Exception as exc:  # every failure is an answer, never a dead session
+            self.errors += 1
             if not isinstance(exc, (RPCUserError, ValueError, TypeError, KeyError, IndexError,
                                     FileNotFoundError, PermissionError, RuntimeError)):
                 log.exception("internal error serving %s", self.peer)
@@ -230,7 +232,7 @@ class Session:
 
     @property
     def _dialect(self) -> Dialect:
-        return self.conn.dialect or Dialect.FFI
+        return self.conn.wire_dialect
 
     def _init(self, ev: InitServer) -> list:
         if self.initialized:

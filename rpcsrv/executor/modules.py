@@ -52,6 +52,18 @@ class GraphExecutorFactoryRuntime(RuntimeModule):
                 executor.set_input(idx, self.params[name])
         return executor
 
+    def debug_create(self, module_name: Any, *devices: Any):
+        """TVM's ``debug_create(module_name, dev, ...)``: a debug executor with the params set."""
+        from .debug import GraphExecutorDebugModule
+
+        if module_name != self.module_name:
+            raise ExecutorError(f"debug_create: this library has module {self.module_name!r}, not {module_name!r}")
+        executor = GraphExecutorDebugModule(self.graph, self.lib, check_devices(devices))
+        for name, arr in self.params.items():
+            if executor.input_map.get(name, -1) >= 0:
+                executor.set_input(name, arr)
+        return executor
+
     def get_function(self, name: str):
         if name == self.module_name:
             return self.create
@@ -61,7 +73,9 @@ class GraphExecutorFactoryRuntime(RuntimeModule):
             return lambda: dict(self.params)
         if name == "remove_params":
             return self._remove_params
-        if name in ("debug_create", "cuda_graph_create"):
+        if name == "debug_create":
+            return self.debug_create
+        if name == "cuda_graph_create":
             return self._unavailable(name)
         return None
 

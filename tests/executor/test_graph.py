@@ -235,8 +235,9 @@ def test_factory_functions_and_devices():
         factory.get_function("default")(Device(2, 0))
     with pytest.raises(ExecutorError, match="at least one device"):
         factory.create()
-    with pytest.raises(ExecutorError, match="debug_create: this executor kind is not available"):
-        factory.get_function("debug_create")("default", CPU)
+    assert factory.get_function("debug_create")("default", CPU).type_key == "GraphExecutorDebug"
+    with pytest.raises(ExecutorError, match="debug_create: this library has module 'default', not 'other'"):
+        factory.get_function("debug_create")("other", CPU)
 
 
 def test_missing_function_is_an_error_when_the_executor_is_created():

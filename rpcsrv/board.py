@@ -1,0 +1,78 @@
+"""``rpcsrv serve`` as a farm board: listen (or wait at a proxy), register with a tracker, stop cleanly.
+
+Graceful stop on SIGTERM or SIGINT (``docker stop``, ``systemctl stop``, Ctrl-C), in this order:
+
+1. leave the tracker (closing the connection makes it drop the board's queue entries), so no new
+   client is sent here; new handshakes are refused from now on;
+2. every running session gets an RPC exception saying the board is shutting down, then its
+   connection closes and its workspace is removed;
+3. after at most ``drain_seconds`` (sessions busy in a kernel finish it first) the listener stops.
+
+A second signal skips the wait.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from dataclasses import dataclass
+from typing import Optional
+
+import trio
+
+from .registration import TrackerRegistration
+from .server import ServerConfig, serve
+
+log = logging.getLogger("rpcsrv.board")
+
+
+@dataclass
+class BoardOptions:
+    tracker: Optional[tuple[str, int]] = None
+    custom_addr: Optional[str] = None
+    proxy: Optional[tuple[str, int]] = None
+    drain_seconds: float = 10.0
+
+
+async def run_board(cfg: ServerConfig, opts: BoardOptions) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            registration = None
+            if opts.proxy:
+                from .proxy_client import serve_via_proxy
+
+                await nursery.start(serve_via_proxy, opts.proxy[0], opts.proxy[1], cfg)
+                where = "through proxy %s:%d" % opts.proxy
+            else:
+                port = await nursery.start(serve, cfg)
+                where = f"on {cfg.host}:{port}"
+                if opts.tracker:
+                    registration = TrackerRegistration(opts.tracker[0], opts.tracker[1], cfg.key, port,
+                                                       opts.custom_addr)
+                    cfg.gate = registration
+                    await nursery.start(registration.run)
+                    where += " registered with tracker %s:%d" % opts.tracker
+            print(f"rpcsrv: serving {where}" + (f" with key {cfg.key!r}" if cfg.key else ""), flush=True)
+            async for signum in signals:
+                log.warning("signal %d: stopping (leave tracker, close %d session(s))", signum, len(cfg.sessions))
+                break
+            if registration is not None:
+                registration.leave()
+            cfg.draining = True
+            for scope in list(cfg.sessions):
+                scope.cancel()
+            with trio.move_on_after(opts.drain_seconds):
+                async with trio.open_nursery() as waiter:
+                    waiter.start_soon(_second_signal, signals, waiter.cancel_scope)
+                    while cfg.sessions:
+                        await trio.sleep(0.02)
+                    waiter.cancel_scope.cancel()
+            nursery.cancel_scope.cancel()
+    print("rpcsrv: stopped", file=sys.stderr)
+
+
+async def _second_signal(signals, scope: trio.CancelScope) -> None:
+    async for _ in signals:
+        scope.cancel()
+        return

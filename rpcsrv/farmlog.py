@@ -1,0 +1,95 @@
+"""Logs fit for a farm of boards: one line per session, and JSON lines on request (``--log-json``).
+
+Every session ends with one record on the ``rpcsrv.sessions`` logger (INFO, shown by default)::
+
+    session peer=10.0.0.2:51234 key=board-x duration=1.204s bytes_in=41873 bytes_out=9120 calls=37 errors=0 end=closed
+
+``end`` is ``closed`` (the client closed or shut down), ``timeout`` (the handshake's ``-timeout=``),
+``shutdown`` (SIGTERM) or ``lost`` (the connection broke).  With ``--log-json`` each log line is one
+JSON object, and a session record carries those fields as keys.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from .transport import Transport
+
+session_log = logging.getLogger("rpcsrv.sessions")
+
+
+class CountingTransport(Transport):
+    """A :class:`Transport` that counts the bytes it moves (for the session record)."""
+
+    bytes_in = 0
+    bytes_out = 0
+
+    async def recv(self, n: int) -> bytes:
+        data = await super().recv(n)
+        self.bytes_in += len(data)
+        return data
+
+    async def recv_into(self, region: memoryview) -> int:
+        n = await super().recv_into(region)
+        self.bytes_in += n
+        return n
+
+    async def send_all(self, parts: list) -> None:
+        self.bytes_out += sum(memoryview(p).nbytes for p in parts)
+        await super().send_all(parts)
+
+
+@dataclass
+class SessionRecord:
+    peer: str
+    key: str
+    start: float
+    io: Optional[CountingTransport] = None
+    calls: int = 0
+    end: str = "closed"
+
+    def fields(self, errors: int) -> dict[str, Any]:
+        return {"peer": self.peer, "key": self.key, "duration": round(time.monotonic() - self.start, 3),
+                "bytes_in": self.io.bytes_in if self.io else 0, "bytes_out": self.io.bytes_out if self.io else 0,
+                "calls": self.calls, "errors": errors, "end": self.end}
+
+    def finish(self, session: Any) -> dict[str, Any]:
+        """Log the session's line; returns its fields."""
+        f = self.fields(getattr(session, "errors", 0))
+        text = " ".join(f"{k}={v}" + ("s" if k == "duration" else "") for k, v in f.items())
+        session_log.info("session %s", text, extra={"session": f})
+        return f
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: time, level, logger, message (+ the session fields, if any)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
+               "level": record.levelname.lower(), "logger": record.name, "message": record.getMessage()}
+        fields = getattr(record, "session", None)
+        if isinstance(fields, dict):
+            out["event"] = "session"
+            out.update(fields)
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+def configure(verbose: bool, json_lines: bool) -> None:
+    """Root logging for ``rpcsrv serve``: warnings (all with -v), session lines always, UTC times."""
+    handler = logging.StreamHandler()
+    if json_lines:
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    handler.formatter.converter = time.gmtime
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO if verbose else logging.WARNING)
+    for name in ("rpcsrv.sessions", "rpcsrv.tracker", "rpcsrv.proxy"):
+        logging.getLogger(name).setLevel(logging.INFO)

@@ -1,0 +1,65 @@
+"""Serve through TVM's RPC proxy (``rpcsrv serve --proxy HOST:PORT --key K``): a board behind NAT
+connects out and waits there for clients.
+
+One connection waits at the proxy at a time (the proxy refuses a second board under the same key
+with ``RPC_CODE_DUPLICATE``).  When the proxy pairs it with a client it answers with the client's key
+(see :mod:`rpcsrv.protocol.tracker`), which reads exactly like a client's handshake, so the
+connection is handed to the ordinary :func:`rpcsrv.server.serve_connection` (told not to answer the
+handshake again) and a new connection goes to wait at the proxy.  Errors reconnect with backoff.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+import trio
+
+from .protocol import tracker as tp
+from .server import ServerConfig, serve_connection
+
+log = logging.getLogger("rpcsrv.proxy")
+
+
+async def _peek_code(stream: trio.SocketStream) -> int:
+    """The proxy's four-byte answer, left in the socket for the session to read."""
+    while True:
+        data = await stream.socket.recv(4, socket.MSG_PEEK)
+        if not data:
+            raise trio.BrokenResourceError("the proxy closed the connection")
+        if len(data) == 4:
+            return tp.proxy_answer_code(data)
+        await trio.sleep(0.01)
+
+
+async def serve_via_proxy(host: str, port: int, cfg: ServerConfig, first_backoff: float = 0.25,
+                          max_backoff: float = 5.0, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Wait at the proxy for clients and serve each; runs until cancelled."""
+    backoff = first_backoff
+    started = False
+    async with trio.open_nursery() as sessions:
+        while True:
+            stream = None
+            try:
+                stream = await trio.open_tcp_stream(host, port)
+                await stream.send_all(tp.proxy_hello(cfg.key))
+                if not started:
+                    task_status.started()
+                    started = True
+                log.info("waiting at proxy %s:%d under key %r", host, port, cfg.key)
+                await _peek_code(stream)
+            except tp.TrackerError as exc:
+                log.warning("proxy %s:%d: %s", host, port, exc)
+            except (OSError, trio.BrokenResourceError) as exc:
+                log.warning("proxy %s:%d unreachable (%s); retry in %.2gs", host, port, exc, backoff)
+            else:
+                backoff = first_backoff
+                sessions.start_soon(serve_connection, stream, cfg, True)
+                continue
+            if stream is not None:
+                await stream.aclose()
+            if not started:
+                task_status.started()
+                started = True
+            await trio.sleep(backoff)
+            backoff = min(max_backoff, backoff * 2)
