@@ -145,6 +145,8 @@ def format_inspection(info: dict, disasm: bool = False) -> str:
     in_c = (info.get("member") or "").endswith(".c")
     out = [f"{info.get('path') or '<bytes>'}: {info['container']} ({info['arch']})"
            + (f", member {info['member']}" if info.get("member") else ""),
+           "no module blob: a plain host library (TVM's LibraryModule), its functions run natively"
+           if info["layout"] == "none" else
            f"blob: {info['layout']} layout, {info['blob']['size']} bytes at offset "
            f"{info['blob']['offset']}" + (" of the decoded C array" if in_c else "")
            + (f" (symbol {info['symbol']})" if info.get("symbol") else "")]
