@@ -6,7 +6,8 @@
   (``proxy.py``); a crash or hang ends that worker, the session gets an error and goes on.
 * ``inprocess``: native functions run in the server process (trusted boards; no IPC per call,
   but a crash takes the server down).
-* ``off`` (``--no-native``): a library with native functions is refused at ``load_module``.
+* ``off`` (``--no-native``): a plain host library is refused at ``load_module``; in a library with a
+  blob, the host functions refuse to run (so does a graph that calls one, when it is created).
 
 Before any worker starts, the library's machine and runtime symbols are checked here, so a
 cross-built library fails at ``load_module`` naming its architecture and the functions it needed.
@@ -80,9 +81,11 @@ class NativeSession:
         for node in libraries:
             check_loadable(node)
         if self.mode == "off":
-            names = sorted({f for n in libraries for f in inspect_native(n.path).public_functions()})
-            raise NativeError(f"{os.path.basename(path)}: this server does not run native code (--no-native); "
-                              f"the library has native functions: {', '.join(names)}")
+            if isinstance(loaded.root, HostLibraryModule):  # nothing but native code
+                names = sorted({f for n in libraries for f in inspect_native(n.path).public_functions()})
+                raise NativeError(f"{os.path.basename(path)}: this server does not run native code "
+                                  f"(--no-native); the library has native functions: {', '.join(names)}")
+            return build_runtime(loaded.root)  # its host functions refuse to run, with the reason
         if self.mode == "inprocess":
             return link_roots(build_runtime(loaded.root, native_options()))
         if self.worker is None or not self.worker.alive:
