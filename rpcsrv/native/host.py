@@ -4,6 +4,8 @@
 
 * ``isolated`` (default): the library's whole module tree lives in the session's worker process
   (``proxy.py``); a crash or hang ends that worker, the session gets an error and goes on.
+  (A library whose graphs call only ExampleJSON subgraphs stays in the server process, see
+  :func:`graphs_call_host_code`.)
 * ``inprocess``: native functions run in the server process (trusted boards; no IPC per call,
   but a crash takes the server down).
 * ``off`` (``--no-native``): a plain host library is refused at ``load_module``; in a library with a
@@ -15,14 +17,15 @@ cross-built library fails at ``load_module`` naming its architecture and the fun
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
-from typing import Optional
+from typing import Any, Optional
 
 from ..executor import RuntimeModule, build_runtime
 from ..loader import load_library
-from ..loader.modules import HostLibraryModule
+from ..loader.modules import GraphExecutorFactoryModule, HostLibraryModule
 from .library import NativeError, inspect_native
 from .machine import board
 from .runtime import has_native_code, link_roots, native_options
@@ -76,7 +79,7 @@ class NativeSession:
         """``tvm.rpc.server.load_module`` under this session's policy."""
         loaded = load_library(path)
         libraries = [n for n in loaded.root.walk() if isinstance(n, HostLibraryModule) and has_native_code(n)]
-        if not libraries:
+        if not libraries or not graphs_call_host_code(loaded.root, libraries):
             return build_runtime(loaded.root)
         for node in libraries:
             check_loadable(node)
@@ -103,6 +106,27 @@ class NativeSession:
             self.worker = None
         if self.arena is not None:
             self.arena.close()
+
+
+def graphs_call_host_code(root: Any, libraries: list[HostLibraryModule]) -> bool:
+    """Whether native code is needed: the tree has no graph executor factory (a plain host library,
+    a Relax VM library, ...) or one of its graphs calls a host function by ``func_name``.  A BYOC
+    library whose graphs call only ExampleJSON subgraphs runs in the server process: its host
+    symbols (TVM's helpers, our exporter's placeholder) are listed but not loaded."""
+    factories = [n for n in root.walk() if isinstance(n, GraphExecutorFactoryModule)]
+    if not factories:
+        return True
+    symbols = {s for lib in libraries for s in lib.symbols}
+    for factory in factories:
+        try:
+            nodes = json.loads(factory.graph_json).get("nodes", [])
+        except (ValueError, AttributeError):
+            return True  # let the executor report the bad graph
+        for node in nodes:
+            name = (node.get("attrs") or {}).get("func_name") if isinstance(node, dict) else None
+            if name and (name in symbols or f"__tvm_ffi_{name}" in symbols):
+                return True
+    return False
 
 
 def check_loadable(node: HostLibraryModule) -> None:
