@@ -43,7 +43,7 @@ def run_compile(args: argparse.Namespace) -> int:
     from .compiler import compile_onnx
 
     shapes = _input_shapes(args.input_shape or [])
-    compiled = compile_onnx(args.model, input_shapes=shapes, ops=args.ops)
+    compiled = compile_onnx(args.model, input_shapes=shapes, ops=args.ops, host_fallback=not args.no_host)
     path = compiled.export_library(args.output, fmt=args.format, layout=args.layout, cc=args.cc)
     if not args.quiet:
         print(f"wrote {path} ({os.path.getsize(path)} bytes, {args.layout} layout)")
@@ -66,6 +66,8 @@ def add_compile_parser(sub) -> None:
                         "(repeat for several inputs)")
     p.add_argument("--ops", help="comma-separated ops the accelerator has (default: every kernel of the "
                                  "board), e.g. add,sub,mul")
+    p.add_argument("--no-host", action="store_true",
+                   help="refuse nodes outside --ops instead of compiling them to host C functions")
     p.add_argument("--format", choices=FORMATS, help="output format (default: from the file name: .so/.dylib, "
                                                      ".tar, .tar.gz/.tgz/.tar.bz2/.tar.xz, .blob)")
     p.add_argument("--layout", choices=tuple(LAYOUTS), default="classic",
