@@ -48,15 +48,16 @@ def wait_until(predicate, timeout: float, step: float = 0.1):
 class TvmService:
     """``python -m tvm.exec.rpc_tracker`` or ``rpc_proxy`` on a loopback port, as a user starts them."""
 
-    def __init__(self, kind: str, port: int | None = None, *extra: str):
+    def __init__(self, kind: str, port: int | None = None, *extra: str, host: str = "127.0.0.1"):
         self.kind = kind
+        self.host = host
         self.port = port or free_port()
         self.log = tempfile.TemporaryFile("w+")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", f"tvm.exec.rpc_{kind}", "--host", "127.0.0.1", "--port", str(self.port),
+            [sys.executable, "-m", f"tvm.exec.rpc_{kind}", "--host", host, "--port", str(self.port),
              "--port-end", str(self.port + 1), *extra], stdout=self.log, stderr=subprocess.STDOUT)
         try:
-            wait_port("127.0.0.1", self.port)
+            wait_port(host, self.port)
         except TimeoutError:
             self.stop()
             raise RuntimeError(f"TVM {kind} did not start: {self.output()}") from None
