@@ -21,12 +21,11 @@ from __future__ import annotations
 import io
 import os
 import shutil
-import struct
 import subprocess
 import tarfile
 import tempfile
 
-from rpcsrv.loader import BLOB_SYMBOL, FFI_BLOB_SYMBOL, build_blob
+from rpcsrv.loader import BLOB_SYMBOL, FFI_BLOB_SYMBOL, build_blob, symbol_content
 
 from .compiler.errors import CompileError
 
@@ -39,8 +38,7 @@ def symbol_bytes(root, layout: str = "classic") -> bytes:
     """What the blob symbol holds: ``u64`` little-endian length, then the blob."""
     if layout not in LAYOUTS:
         raise CompileError(f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
-    blob = build_blob(root, layout)
-    return struct.pack("<Q", len(blob)) + blob
+    return symbol_content(build_blob(root, layout))
 
 
 def c_source(content: bytes, symbol: str, literal: bool = False) -> str:

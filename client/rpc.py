@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from rpcsrv.protocol import (NEED_DATA, Connection, ConnectionClosed, CopyAck, DataType, Device,
+from rpcsrv.protocol import (Connection, ConnectionClosed, CopyAck, DataType, Device,
                              Dialect, FunctionHandle, HandshakeDone, HandshakeRefused, ModuleHandle,
                              OpaqueHandle, RemoteError, RemoteTensor, Role, RPCCode, TensorHeader,
                              TypeCode, TypeIndex, unpack_return)
@@ -61,19 +61,14 @@ class RPCSession:
                     progress(sent)
 
     def _recv_event(self):
-        while True:
-            ev = self._conn.next_event()
-            if ev is not NEED_DATA:
-                return ev
-            region = self._conn.writable()
-            if region is not None and len(region) >= 1 << 16:
-                n = self._sock.recv_into(region)  # large bodies land in place
-                if n:
-                    self._conn.advance(n)
-                else:
-                    self._conn.receive_data(b"")
-            else:
-                self._conn.receive_data(self._sock.recv(1 << 16))  # small: recv allocates this much
+        """The next event, reading as the connection's shared receive loop asks (``Connection.reads``)."""
+        steps = self._conn.reads()
+        try:
+            want = next(steps)
+            while True:
+                want = steps.send(self._sock.recv(want) if type(want) is int else self._sock.recv_into(want))
+        except StopIteration as done:
+            return done.value
 
     def _request(self, parts: list, progress=None):
         self._send(parts, progress)

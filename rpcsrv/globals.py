@@ -105,6 +105,19 @@ def _import_module(sess: Session, parent, child) -> None:
     parent.imports.append(child)
 
 
+def _create_executor(debug: bool):
+    def create(sess: Session, *args) -> RuntimeModule:
+        from .executor import debug as debug_executor, graph  # lazily: numpy kernels
+
+        return (debug_executor.create_graph_executor_debug if debug else graph.create_graph_executor)(*args)
+    return create
+
+
+for _name, _debug in (("tvm.graph_executor.create", False), ("tvm.graph_runtime.create", False),
+                      ("tvm.graph_executor_debug.create", True), ("tvm.graph_runtime_debug.create", True)):
+    reg(_name, blocking=True)(_create_executor(_debug))
+
+
 @reg("runtime.RPCTimeEvaluator")
 def _time_evaluator(sess: Session, mod, name: str, device_type: int, device_id: int, number: int,
                     repeat: int, min_repeat_ms: int, limit_zero_time_iterations: int = 100,

@@ -29,9 +29,6 @@ from .workspace import Workspace
 log = logging.getLogger("rpcsrv.server")
 
 HANDSHAKE_TIMEOUT = 30.0
-# small reads: recv(n) allocates n bytes first, and 1 MB per call cost ~17 us of a ~45 us round trip
-# (malloc maps and unmaps it); bodies of 64 KiB and more are received in place (recv_into) instead
-RECV_SIZE = 1 << 16
 
 
 @dataclass
@@ -123,19 +120,17 @@ def _timeout(text: Optional[str]) -> float:
 
 
 async def _next(io: CountingTransport, conn: Connection):
-    while True:
-        ev = conn.next_event()
-        if ev is not NEED_DATA:
-            return ev
-        region = conn.writable()
-        if region is not None and len(region) >= 1 << 16:
-            n = await io.recv_into(region)  # large bodies land in place, no copies
-            if n:
-                conn.advance(n)
-            else:
-                conn.receive_data(b"")
-        else:
-            conn.receive_data(await io.recv(RECV_SIZE))
+    """The next event, reading as the connection's shared receive loop asks (``Connection.reads``)."""
+    ev = conn.next_event()
+    if ev is not NEED_DATA:  # already buffered: no generator
+        return ev
+    steps = conn.reads()
+    try:
+        want = next(steps)
+        while True:
+            want = steps.send(await (io.recv(want) if type(want) is int else io.recv_into(want)))
+    except StopIteration as done:
+        return done.value
 
 
 async def _session_loop(io: CountingTransport, conn: Connection, session: Session, peer: str,

@@ -143,7 +143,7 @@ class Session:
 
     def _dtype_for_client(self, dtype: np.dtype) -> DataType:
         dt = DataType.from_numpy(dtype)
-        if dt.is_bool and self.conn.dialect is Dialect.FFI:
+        if dt.is_bool and self.conn.wire_dialect is Dialect.FFI:
             return DataType(DLDataTypeCode.BOOL, 8, 1)
         return dt
 
@@ -230,7 +230,7 @@ class Session:
 
     @property
     def _dialect(self) -> Dialect:
-        return self.conn.dialect or Dialect.FFI
+        return self.conn.wire_dialect
 
     def _init(self, ev: InitServer) -> list:
         if self.initialized:

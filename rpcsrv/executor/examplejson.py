@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import re
+import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -37,6 +39,9 @@ _SECTIONS = {
 _ALL_SECTIONS = {"inputs:", "shape:", "dtype:", "name:", "attrs:"}
 #: attributes the runtime itself consumes; they are not passed to kernels
 _RUNTIME_ATTRS = ("output_index",)
+#: optional per-step observer ``hook(subgraph, node, value, seconds)`` for the debug executor's
+#: per-kernel timings and intermediate outputs; set only in the thread doing the debug call
+STEP_HOOK: ContextVar[Optional[Callable[..., None]]] = ContextVar("examplejson_step_hook", default=None)
 
 
 class ExampleJSONError(ExecutorError):
@@ -252,7 +257,7 @@ class SubgraphFunction:
 
     def __init__(self, graph: Subgraph, kernels: Mapping[str, Kernel], constants: dict[int, np.ndarray]):
         self.graph = graph
-        self.constants = constants  # node ID -> bound array (filled by ExampleJSONModule.bind)
+        self.constants = constants  # node ID -> bound array (filled by ExampleJSONRuntime.bind)
         self.inputs = graph.inputs
         self.outputs = [graph.nodes[i] for i in graph.outputs]
         # ops that share op, inputs and attrs (the outputs of one multi-output op) run once per call
@@ -296,8 +301,10 @@ class SubgraphFunction:
             values[node.id] = self.constants[node.id]
         shared: dict[tuple, Any] = {}  # results of multi-output ops until their last node
         node = None
+        hook = STEP_HOOK.get()
         try:
             for node, kernel, kattrs, key, last_of_key, index, drops in self.steps:
+                start = time.perf_counter() if hook is not None else 0.0
                 if key is None:
                     result = kernel(*[values[i] for i in node.inputs], **kattrs)
                 else:
@@ -309,6 +316,8 @@ class SubgraphFunction:
                     values[node.id] = result  # the common case, checked inline
                 else:
                     values[node.id] = self._pick(node, result, index)
+                if hook is not None:
+                    hook(g.name, node, values[node.id], time.perf_counter() - start)
                 for nid in drops:
                     del values[nid]
         except ExecutorError:
@@ -339,7 +348,7 @@ class SubgraphFunction:
         return result
 
 
-class ExampleJSONModule(RuntimeModule):
+class ExampleJSONRuntime(RuntimeModule):
     """The runtime of an ``examplejson`` module: one packed function per subgraph.
 
     ``__init_<symbol>`` (TVM's constant initialiser, called by a const loader) binds the

@@ -314,3 +314,48 @@ def _param_dict(blob: Any, what: str) -> dict[str, np.ndarray]:
         return load_param_dict(bytes(blob))
     except LoaderError as exc:
         raise ExecutorError(f"{what}: invalid parameters file format ({exc})") from exc
+
+
+def op_exec_node_ids(graph: Graph) -> list[int]:
+    """The graph node of each entry of ``GraphExecutorModule.op_execs``, in order (every
+    ``tvm_op`` node but ``__nop``, as ``_setup_op_execs`` lays them out; the debug executor maps
+    nodes to their calls with it)."""
+    return [nid for nid, node in enumerate(graph.nodes)
+            if node.op == "tvm_op" and node.func_name != "__nop"]
+
+
+def parse_create_args(args: Sequence[Any], what: str) -> tuple[Any, RuntimeModule, list[Device]]:
+    """The arguments of TVM's ``tvm.graph_executor.create`` (v0.19 ``graph_executor.cc``): the graph
+    JSON text, the library module, optionally a linked-param lookup function (skipped: libraries
+    for this board have no linked params), then the devices as ``device_type, device_id`` integer
+    pairs.  Device values are accepted as well (what a tvm-ffi client passes most naturally)."""
+    if len(args) < 3:
+        raise ExecutorError(f"{what} expects (graph_json, module, device_type, device_id, ...), "
+                            f"got {len(args)} argument(s)")
+    graph_json, lib, rest = args[0], args[1], list(args[2:])
+    if not isinstance(graph_json, (str, bytes)):
+        raise ExecutorError(f"{what}: the first argument must be the graph JSON text, got "
+                            f"{type(graph_json).__name__}")
+    if not isinstance(lib, RuntimeModule):
+        raise ExecutorError(f"{what}: the second argument must be a module (the loaded library), got "
+                            f"{type(lib).__name__}")
+    if rest and callable(rest[0]) and not isinstance(rest[0], RuntimeModule):
+        rest = rest[1:]
+    devices: list[Device] = []
+    while rest:
+        first = rest.pop(0)
+        if isinstance(first, Device):
+            devices.append(first)
+            continue
+        if isinstance(first, bool) or not isinstance(first, (int, np.integer)) or not rest \
+                or isinstance(rest[0], bool) or not isinstance(rest[0], (int, np.integer)):
+            raise ExecutorError(f"{what}: devices must follow as device_type, device_id integer pairs")
+        devices.append(Device(int(first), int(rest.pop(0))))
+    return graph_json, lib, check_devices(devices)
+
+
+def create_graph_executor(*args: Any) -> GraphExecutorModule:
+    """``tvm.graph_executor.create(graph_json, lib, device_type, device_id, ...)``: an executor for a
+    graph sent as text over the functions of an uploaded library; params come by ``load_params``."""
+    graph_json, lib, devices = parse_create_args(args, "tvm.graph_executor.create")
+    return GraphExecutorModule(graph_json, lib, devices)

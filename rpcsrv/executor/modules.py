@@ -5,8 +5,9 @@
   also ``get_graph_json``, ``get_graph_params``, ``remove_params``.
 * ``ConstLoaderRuntime`` — TVM's ``ConstLoaderModule`` (``metadata`` before 0.9): holds named
   constants and the list each external symbol needs, binds them into the modules it imports.
-* ``HostLibraryRuntime`` — the ``_lib`` placeholder for host code compiled into the .so; the board
-  cannot run it, so asking for one of its symbols is a clear error.
+* ``HostLibraryRuntime`` — host code compiled into the .so when native code is off (``rpcsrv
+  serve --no-native``) or no native layer is given: its symbols are listed, asking for one is a
+  clear error.  With native code on, ``rpcsrv.native`` builds the host library's module instead.
 * ``OpaqueRuntime`` — any other module type: kept in the tree, exports nothing.
 """
 
@@ -16,7 +17,7 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from .examplejson import ExampleJSONModule
+from .examplejson import ExampleJSONRuntime
 from .graph import GraphExecutorModule, check_devices
 from .graph_json import parse_graph_json
 from .runtime import ExecutorError, RuntimeModule
@@ -28,8 +29,9 @@ class GraphExecutorFactoryRuntime(RuntimeModule):
     type_key = "GraphExecutorFactory"
 
     def __init__(self, graph_json: str, params: Mapping[str, np.ndarray], module_name: str = "default",
-                 imports: Optional[list[RuntimeModule]] = None):
+                 imports: Optional[list[RuntimeModule]] = None, type_key: str = "GraphExecutorFactory"):
         super().__init__(imports)
+        self.type_key = type_key
         self.graph_json = graph_json
         self.graph = parse_graph_json(graph_json)
         self.params = dict(params)
@@ -50,6 +52,18 @@ class GraphExecutorFactoryRuntime(RuntimeModule):
                 executor.set_input(idx, self.params[name])
         return executor
 
+    def debug_create(self, module_name: Any, *devices: Any):
+        """TVM's ``debug_create(module_name, dev, ...)``: a debug executor with the params set."""
+        from .debug import GraphExecutorDebugModule
+
+        if module_name != self.module_name:
+            raise ExecutorError(f"debug_create: this library has module {self.module_name!r}, not {module_name!r}")
+        executor = GraphExecutorDebugModule(self.graph, self.lib, check_devices(devices))
+        for name, arr in self.params.items():
+            if executor.input_map.get(name, -1) >= 0:
+                executor.set_input(name, arr)
+        return executor
+
     def get_function(self, name: str):
         if name == self.module_name:
             return self.create
@@ -59,12 +73,14 @@ class GraphExecutorFactoryRuntime(RuntimeModule):
             return lambda: dict(self.params)
         if name == "remove_params":
             return self._remove_params
-        if name in ("debug_create", "cuda_graph_create"):
+        if name == "debug_create":
+            return self.debug_create
+        if name == "cuda_graph_create":
             return self._unavailable(name)
         return None
 
     def _remove_params(self) -> "GraphExecutorFactoryRuntime":
-        return GraphExecutorFactoryRuntime(self.graph_json, {}, self.module_name, self.imports[:1])
+        return GraphExecutorFactoryRuntime(self.graph_json, {}, self.module_name, self.imports[:1], self.type_key)
 
     @staticmethod
     def _unavailable(name: str):
@@ -95,7 +111,7 @@ class ConstLoaderRuntime(RuntimeModule):
         for symbol, names in self.const_vars_by_symbol.items():
             arrays = [self.arrays[n] for n in names]
             for mod in self.imports:
-                if isinstance(mod, ExampleJSONModule) and symbol in mod.graphs:
+                if isinstance(mod, ExampleJSONRuntime) and symbol in mod.graphs:
                     mod.bind(symbol, dict(zip(names, arrays)), f"the {self.type_key} module")
                     break
                 init = mod.get_function(f"__init_{symbol}")
@@ -114,18 +130,18 @@ class ConstLoaderRuntime(RuntimeModule):
 
 
 class HostLibraryRuntime(RuntimeModule):
-    """The host code of the library (``_lib``): listed, but it cannot run on this board."""
+    """The host code of the library (``_lib``): listed, but not run (native code is off)."""
 
     def __init__(self, symbols: list[str], imports: Optional[list[RuntimeModule]] = None,
-                 type_key: str = "library"):
+                 type_key: str = "library", reason: str = "native code is disabled on this server"):
         super().__init__(imports)
         self.type_key = type_key
         self.symbols = set(symbols)
+        self.reason = reason
 
     def get_function(self, name: str):
-        if name in self.symbols:
-            raise ExecutorError(f"host function {name} cannot run on this board: host fallback is "
-                                f"not implemented")
+        if name in self.symbols or f"__tvm_ffi_{name}" in self.symbols:
+            raise ExecutorError(f"host function {name} cannot run: {self.reason}")
         return None
 
 

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Optional
 
+from ..loader.modules import walk_imports
+
 PackedFunc = Callable[..., Any]
 
 
@@ -45,16 +47,8 @@ class RuntimeModule:
         return None
 
     def walk(self) -> Iterator["RuntimeModule"]:
-        """This module, then its imports depth-first (each module once)."""
-        seen: set[int] = set()
-        stack: list[RuntimeModule] = [self]
-        while stack:
-            mod = stack.pop()
-            if id(mod) in seen:
-                continue
-            seen.add(id(mod))
-            yield mod
-            stack.extend(reversed(mod.imports))
+        """This module, then its imports depth-first (each module once): the loader's walk."""
+        return walk_imports(self)
 
     def find_function(self, name: str, query_imports: bool = True) -> Optional[PackedFunc]:
         """TVM's lookup: this module first, then (if asked) the import tree depth-first."""

@@ -1,17 +1,7 @@
 """Find the module blob inside a library file without loading it.
 
-What the blob symbol holds (this is the contract with the client exporter)
---------------------------------------------------------------------------
-Both layouts put the same shape of bytes behind their symbol, as TVM's ``PackImportsToC`` writes
-it (``const unsigned char SYMBOL[8 + n] = {...}``, exported, in read-only data):
-
-* bytes 0..8: ``n``, the blob's length, as a little-endian ``u64`` (on every target, also
-  big-endian ones);
-* bytes 8..8+n: the blob, ``build_blob(root, layout)``.
-
-The symbol name tells the layout: ``__tvm_dev_mblob`` holds a classic (or legacy) blob,
-``__tvm_ffi__library_bin`` a tvm-ffi blob.  Mach-O prefixes C symbols with ``_``.  A *raw blob
-file* is exactly the symbol's content (8-byte length, then the blob; what TVM's
+What the blob symbol holds, and the symbol names, are declared in ``location.py``.  A *raw blob
+file* is exactly a symbol's content (8-byte length, then the blob; what TVM's
 ``ModulePackImportsToNDArray`` returns too), the layout read from the blob itself.
 
 Containers
@@ -35,70 +25,25 @@ from __future__ import annotations
 
 import re
 import tarfile
-from dataclasses import dataclass, field
 
-from .errors import LoaderError, ViewStream
-
-BLOB_SYMBOL = "__tvm_dev_mblob"
-FFI_BLOB_SYMBOL = "__tvm_ffi__library_bin"
-#: symbol name -> layout family ("classic" covers the legacy layout too)
-SYMBOL_LAYOUTS = {BLOB_SYMBOL: "classic", FFI_BLOB_SYMBOL: "ffi"}
-HEADER = 8  # the u64 length in front of the blob
-MACHO_MAGICS = (b"\xcf\xfa\xed\xfe", b"\xfe\xed\xfa\xcf")
-FAT_MAGICS = (b"\xca\xfe\xba\xbe", b"\xca\xfe\xba\xbf")
-
-
-def blob_symbol(name: str) -> str | None:
-    """The blob symbol ``name`` stands for, also with a system-lib prefix (``<prefix>__tvm_...``)."""
-    for symbol in SYMBOL_LAYOUTS:
-        if name.endswith(symbol):
-            return symbol
-    return None
-
-
-@dataclass
-class BlobLocation:
-    """Where the blob sits: ``offset``/``size`` of the blob proper (after its 8-byte length)."""
-
-    container: str
-    arch: str
-    offset: int
-    size: int
-    layout: str | None  # from the symbol name; None for raw files (read from the blob)
-    symbol: str | None = None
-    symbols: list[str] = field(default_factory=list)  # the host library's function symbols
-    member: str | None = None  # tar member holding the blob
-    buffer: bytes | None = None  # set when the blob was decoded from C source, not in the file
-
-
-def _read_header(data: memoryview, at: int, limit: int, what: str) -> tuple[int, int]:
-    """Check the 8-byte length at ``at`` and that the blob fits before ``limit``: (offset, size)."""
-    if at < 0 or at + HEADER > limit:
-        raise LoaderError(f"{what}: blob length header at offset {at} runs past the end "
-                          f"(expected 8 bytes before offset {limit})")
-    size = int.from_bytes(data[at:at + HEADER], "little")
-    if size > limit - at - HEADER:
-        raise LoaderError(f"{what}: blob size header at offset {at} says {size} bytes, but only "
-                          f"{limit - at - HEADER} bytes follow (expected a size that fits)")
-    return at + HEADER, size
+from .elf import find_in_elf
+from .errors import BytesReader, LoaderError
+from .location import (
+    BLOB_SYMBOL, FFI_BLOB_SYMBOL, HEADER, SYMBOL_LAYOUTS, BlobLocation, NoSymbol, blob_symbol, no_symbol, read_header,
+)
+from .macho import FAT_MAGICS, MACHO32_MAGICS, MACHO_MAGICS, find_in_fat, find_in_macho
 
 
 def find_blob(data: memoryview) -> BlobLocation:
     """Locate the blob in a whole file's bytes, whatever the container."""
     magic = bytes(data[:4])
     if magic == b"\x7fELF":
-        from .elf import find_in_elf
-
         return find_in_elf(data)
     if magic in MACHO_MAGICS:
-        from .macho import find_in_macho
-
         return find_in_macho(data)
-    if magic in (b"\xce\xfa\xed\xfe", b"\xfe\xed\xfa\xce"):
+    if magic in MACHO32_MAGICS:
         raise LoaderError("32-bit Mach-O at offset 0: not supported (expected a 64-bit Mach-O)")
     if magic in FAT_MAGICS:
-        from .macho import find_in_fat
-
         return find_in_fat(data)
     if len(data) >= 262 and bytes(data[257:262]) == b"ustar":
         return find_in_tar(data)
@@ -108,14 +53,14 @@ def find_blob(data: memoryview) -> BlobLocation:
     if len(data) < HEADER:
         raise LoaderError(f"file of {len(data)} bytes is no library and no raw blob "
                           f"(expected at least the 8-byte blob length)")
-    offset, size = _read_header(data, 0, len(data), "raw blob file")
+    offset, size = read_header(data, 0, len(data), "raw blob file")
     return BlobLocation("raw", "any", offset, size, None)
 
 
 def find_in_tar(data: memoryview) -> BlobLocation:
     """Search the object members of an ``export_library`` tar for the blob symbol."""
     try:
-        with tarfile.open(fileobj=_BytesReader(data), mode="r:") as tar:
+        with tarfile.open(fileobj=BytesReader(data), mode="r:") as tar:
             members = [m for m in tar.getmembers() if m.isfile()]
     except (tarfile.TarError, EOFError, ValueError) as exc:
         raise LoaderError(f"malformed tar file (expected a tar written by export_library): "
@@ -132,7 +77,7 @@ def find_in_tar(data: memoryview) -> BlobLocation:
         tried.append(m.name)
         try:
             loc = find_in_c_source(data[start:end]) if is_c else find_blob(data[start:end])
-        except _NoSymbol as exc:
+        except NoSymbol as exc:
             functions.update(exc.functions)
             continue
         except LoaderError as exc:  # offsets inside the member: say where the member starts
@@ -172,31 +117,6 @@ def find_in_c_source(data: memoryview) -> BlobLocation:
         raise LoaderError(f"C source: array {name} at offset {m.start()} declares {declared} bytes "
                           f"but lists {len(hexes)} (expected one 0x.. per byte)")
     content = bytes.fromhex(b"".join(hexes).decode())
-    offset, size = _read_header(memoryview(content), 0, len(content), f"C array {name}")
+    offset, size = read_header(memoryview(content), 0, len(content), f"C array {name}")
     return BlobLocation("c", "any", offset, size, SYMBOL_LAYOUTS[blob_symbol(name)], name,
                         buffer=content)
-
-
-class _NoSymbol(LoaderError):
-    """The container is fine but holds neither blob symbol; ``functions`` are its functions."""
-
-    functions: list[str] = []
-
-
-def no_symbol(container: str, arch: str, functions: list[str] | None = None) -> _NoSymbol:
-    exc = _NoSymbol(f"{container} ({arch}): no symbol {BLOB_SYMBOL} or {FFI_BLOB_SYMBOL} found "
-                    f"(expected a library written by TVM's export_library or our exporter)")
-    exc.functions = list(functions or [])
-    return exc
-
-
-class _BytesReader(ViewStream):
-    """ViewStream whose reads return bytes (for parsers that expect ``bytes``)."""
-
-    def read(self, size: int = -1):
-        return bytes(super().read(size))
-
-    def readinto(self, b) -> int:
-        chunk = super(_BytesReader, self).read(len(b))
-        b[:len(chunk)] = chunk
-        return len(chunk)

@@ -16,8 +16,8 @@ from elftools.elf.dynamic import DynamicSegment
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
-from .containers import SYMBOL_LAYOUTS, BlobLocation, _BytesReader, _read_header, blob_symbol, no_symbol
-from .errors import LoaderError
+from .errors import BytesReader, LoaderError
+from .location import SYMBOL_LAYOUTS, BlobLocation, blob_symbol, no_symbol, read_header
 
 
 def find_in_elf(data: memoryview) -> BlobLocation:
@@ -69,7 +69,7 @@ def _arch(elf) -> str:
 
 
 def _find(data: memoryview) -> BlobLocation:
-    elf = ELFFile(_BytesReader(data))
+    elf = ELFFile(BytesReader(data))
     arch = _arch(elf)
     tables = []
     if elf.num_sections():
@@ -176,7 +176,7 @@ def _from_sections(elf, data: memoryview, tables, arch: str) -> BlobLocation:
         raise LoaderError(f"ELF: symbol {found.name} (value 0x{found.value:x}) maps to file "
                           f"offset {at}, expected inside its section {sec.name!r} ({start}..{end})")
     limit = end if not found.size else min(end, at + found.size)
-    offset, size = _read_header(data, at, limit, f"ELF symbol {found.name}")
+    offset, size = read_header(data, at, limit, f"ELF symbol {found.name}")
     layout = SYMBOL_LAYOUTS[blob_symbol(found.name)]
     return BlobLocation("elf", arch, offset, size, layout, found.name, functions)
 
@@ -201,7 +201,7 @@ def _from_segments(elf, data: memoryview, arch: str) -> BlobLocation:
         at = seg["p_offset"] + addr - seg["p_vaddr"]
         end = min(seg["p_offset"] + seg["p_filesz"], len(data))
         limit = end if not found["st_size"] else min(end, at + found["st_size"])
-        offset, size = _read_header(data, at, limit, f"ELF symbol {found.name}")
+        offset, size = read_header(data, at, limit, f"ELF symbol {found.name}")
         layout = SYMBOL_LAYOUTS[blob_symbol(found.name)]
         return BlobLocation("elf", arch, offset, size, layout, found.name, _functions(symbols))
     raise LoaderError(f"ELF: symbol {found.name} at address 0x{addr:x} is in no loadable segment "

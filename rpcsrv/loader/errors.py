@@ -65,3 +65,15 @@ class ViewStream(io.RawIOBase):
             raise ValueError("negative seek position")
         self.pos = min(pos, len(self.view))
         return self.pos
+
+
+class BytesReader(ViewStream):
+    """ViewStream whose reads return bytes (for parsers that expect ``bytes``: tarfile, pyelftools)."""
+
+    def read(self, size: int = -1):
+        return bytes(super().read(size))
+
+    def readinto(self, b) -> int:
+        chunk = ViewStream.read(self, len(b))
+        b[:len(chunk)] = chunk
+        return len(chunk)

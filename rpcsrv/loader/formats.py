@@ -25,11 +25,13 @@ import math
 
 import numpy as np
 from construct import (
-    Array, Construct, ConstructError, Int8ul, Int16ul, Int32sl, Int64sl, Int64ul, Rebuild, Struct,
+    Array, Construct, ConstructError, Int32sl, Int64sl, Int64ul, Rebuild, Struct,
     len_, stream_read, this,
 )
 
 from ..protocol.dtypes import DataType, DLDeviceType
+from ..protocol.structs import DLDataType as DLDataTypeFormat
+from ..protocol.structs import DLDevice as DLDeviceFormat
 from .errors import LoaderError, ViewStream
 
 NDARRAY_MAGIC = 0xDD5E40F096B4A13F
@@ -150,8 +152,6 @@ class Magic(Construct):
         return self.value
 
 
-DLDataTypeFormat = Struct("code" / Int8ul, "bits" / Int8ul, "lanes" / Int16ul)
-DLDeviceFormat = Struct("device_type" / Int32sl, "device_id" / Int32sl)
 NDArrayHeader = Struct(
     "magic" / Int64ul,  # NDARRAY_MAGIC, checked by NDArrayFormat with an offset in the message
     "reserved" / Int64ul,

@@ -14,6 +14,7 @@ import json
 
 import numpy as np
 
+from ..protocol.dtypes import dtype_str
 from .library import load_library
 from .modules import (
     ConstLoaderModule, ExampleJSONModule, GraphExecutorFactoryModule, HostLibraryModule,
@@ -22,8 +23,6 @@ from .modules import (
 
 
 def _array_info(name: str, arr: np.ndarray) -> dict:
-    from ..protocol.dtypes import dtype_str
-
     return {"name": name, "shape": list(arr.shape), "dtype": dtype_str(arr.dtype), "nbytes": int(arr.nbytes)}
 
 

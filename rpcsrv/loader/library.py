@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 
 from .blob import parse_blob_ex
-from .containers import find_blob
+from .containers import _NoSymbol, find_blob
 from .errors import LoaderError
 from .modules import HostLibraryModule, ModuleNode
 
@@ -21,7 +21,9 @@ class LoadedLibrary:
     """A library's module tree and where it came from.
 
     ``container`` is "elf", "macho", "tar" or "raw"; ``arch`` e.g. "x64 ELF64 le" or "ARM64";
-    ``layout`` is "classic", "legacy" or "ffi"; ``symbols`` the host library's function symbols.
+    ``layout`` is "classic", "legacy" or "ffi", or "none" for a library without a blob (a plain
+    host module, as in TVM: its root is a ``HostLibraryModule`` of type key ``library``);
+    ``symbols`` the host library's function symbols.
     """
 
     path: str | None
@@ -60,6 +62,13 @@ def load_library(source: str | os.PathLike | bytes) -> LoadedLibrary:
     data, path = _map(source)
     try:
         loc = find_blob(data)
+    except _NoSymbol as exc:  # no blob: the library is one host module (TVM's LibraryModule)
+        root = HostLibraryModule(list(exc.functions), type_key="library", path=path)
+        container = {b"\x7fELF": "elf"}.get(bytes(data[:4]), "macho")
+        return LoadedLibrary(path, container, "", "none", root, list(exc.functions))
+    except LoaderError as exc:
+        raise LoaderError(f"{path}: {exc}") if path is not None else exc from None
+    try:
         holder = data if loc.buffer is None else memoryview(loc.buffer)
         blob = holder[loc.offset:loc.offset + loc.size]
         root, layout = parse_blob_ex(blob, loc.layout, base=loc.offset)
@@ -70,5 +79,6 @@ def load_library(source: str | os.PathLike | bytes) -> LoadedLibrary:
     for mod in root.walk():
         if isinstance(mod, HostLibraryModule):
             mod.symbols = list(loc.symbols)
+            mod.path = path if loc.container == "elf" else None  # a tar or raw blob cannot be loaded
     return LoadedLibrary(path, loc.container, loc.arch, layout, root, list(loc.symbols), loc.symbol,
                          loc.offset, loc.size, loc.member)

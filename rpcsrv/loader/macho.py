@@ -12,10 +12,12 @@ import struct
 
 from macholib import mach_o
 
-from .containers import (
-    SYMBOL_LAYOUTS, BlobLocation, _NoSymbol, _read_header, blob_symbol, no_symbol,
-)
 from .errors import LoaderError
+from .location import SYMBOL_LAYOUTS, BlobLocation, NoSymbol, blob_symbol, no_symbol, read_header
+
+MACHO_MAGICS = (b"\xcf\xfa\xed\xfe", b"\xfe\xed\xfa\xcf")  # 64-bit, little and big endian
+MACHO32_MAGICS = (b"\xce\xfa\xed\xfe", b"\xfe\xed\xfa\xce")  # 32-bit: not supported
+FAT_MAGICS = (b"\xca\xfe\xba\xbe", b"\xca\xfe\xba\xbf")  # universal, 32- and 64-bit entries
 
 _LC_SEGMENT_64 = 0x19
 _LC_SYMTAB = 0x2
@@ -24,7 +26,7 @@ _N_STAB, _N_TYPE, _N_SECT, _N_EXT = 0xE0, 0x0E, 0x0E, 0x01
 
 def find_in_macho(data: memoryview) -> BlobLocation:
     """Locate the blob in a 64-bit Mach-O object or dylib (symbols carry a leading ``_``)."""
-    endian = "<" if bytes(data[:4]) == b"\xcf\xfa\xed\xfe" else ">"
+    endian = "<" if bytes(data[:4]) == MACHO_MAGICS[0] else ">"
 
     def struct_at(cls, offset: int, what: str):
         if offset < 0 or offset + cls._size_ > len(data):
@@ -85,7 +87,7 @@ def find_in_macho(data: memoryview) -> BlobLocation:
         raise LoaderError(f"Mach-O: symbol {name} (address 0x{int(sym.n_value):x}) has no bytes in "
                           f"the file (expected it inside section {section} at offset "
                           f"{int(sect.offset)}, size {int(sect.size)})")
-    offset, size = _read_header(data, int(sect.offset) + rel, sect_end, f"Mach-O symbol {name}")
+    offset, size = read_header(data, int(sect.offset) + rel, sect_end, f"Mach-O symbol {name}")
     return BlobLocation("macho", arch, offset, size, SYMBOL_LAYOUTS[blob_symbol(name)], name,
                         functions)
 
@@ -97,11 +99,10 @@ def _cstring(data: memoryview, start: int, end: int) -> str:
     return chunk.split(b"\0", 1)[0].decode("utf-8", "replace")
 
 
-
 def find_in_fat(data: memoryview) -> BlobLocation:
     """Search each architecture slice of a universal file; the first slice holding the blob wins
     (every slice carries the same module tree), its functions are listed."""
-    is64 = bytes(data[:4]) == b"\xca\xfe\xba\xbf"
+    is64 = bytes(data[:4]) == FAT_MAGICS[1]
     if len(data) < 8:
         raise LoaderError("universal Mach-O header runs past the end (expected 8 bytes at offset 0)")
     (count,) = struct.unpack_from(">I", data, 4)
@@ -119,11 +120,11 @@ def find_in_fat(data: memoryview) -> BlobLocation:
         slices.append((mach_o.CPU_TYPE_NAMES.get(cputype, f"cputype {cputype}"), offset, size))
     archs = ", ".join(name for name, _, _ in slices)
     for name, offset, size in slices:
-        if bytes(data[offset:offset + 4]) not in (b"\xcf\xfa\xed\xfe", b"\xfe\xed\xfa\xcf"):
+        if bytes(data[offset:offset + 4]) not in MACHO_MAGICS:
             continue
         try:
             loc = find_in_macho(data[offset:offset + size])
-        except _NoSymbol:
+        except NoSymbol:
             continue
         loc.offset += offset
         loc.arch = f"universal ({archs}); blob read from {loc.arch}"

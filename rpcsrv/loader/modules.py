@@ -28,6 +28,23 @@ LIB_KEY = "_lib"
 IMPORT_TREE_KEY = "_import_tree"
 
 
+def walk_imports(root: Any) -> Iterator[Any]:
+    """``root``, then its ``imports`` depth-first, each module once: TVM's lookup order.
+
+    The one walk of the project: loader nodes and runtime modules (``rpcsrv.executor.runtime``)
+    both have an ``imports`` list and both use this.
+    """
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        mod = stack.pop()
+        if id(mod) in seen:
+            continue
+        seen.add(id(mod))
+        yield mod
+        stack.extend(reversed(mod.imports))
+
+
 @dataclass(eq=False, repr=False)
 class ModuleNode:
     """One module of the tree: its type key and the modules it imports (in order)."""
@@ -37,15 +54,7 @@ class ModuleNode:
 
     def walk(self) -> Iterator["ModuleNode"]:
         """This module, then its imports depth-first, each module once."""
-        seen: set[int] = set()
-        stack: list[ModuleNode] = [self]
-        while stack:
-            mod = stack.pop()
-            if id(mod) in seen:
-                continue
-            seen.add(id(mod))
-            yield mod
-            stack.extend(reversed(mod.imports))
+        return walk_imports(self)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.type_key!r} imports={len(self.imports)}>"
@@ -80,10 +89,13 @@ class ConstLoaderModule(ModuleNode):
 
 @dataclass(eq=False, repr=False)
 class HostLibraryModule(ModuleNode):
-    """The ``_lib`` placeholder: the host library; ``symbols`` are its function symbols."""
+    """The host library: the ``_lib`` placeholder of a blob, or (type key ``library``) a library
+    with no blob at all.  ``symbols`` are its function symbols; ``path`` is the file (set by
+    ``load_library``; None for a tree built in memory), so that the native layer can open it."""
 
     symbols: list[str] = field(default_factory=list)
     type_key: str = field(default=LIB_KEY, kw_only=True)
+    path: str | None = field(default=None, kw_only=True)
 
 
 @dataclass(eq=False, repr=False)

@@ -9,5 +9,6 @@ from .events import (NEED_DATA, BadPacket, CallFunc, CallFuncChunk, CallFuncEnd,
                      CopyToRemote, CopyToRemoteStart, Event, HandshakeDone, HandshakeRefused,
                      HandshakeRequest, InitServer, RemoteError, Return, Shutdown, Syscall)
 from .dtypes import DataType, Device, DLDataTypeCode, DLDeviceType
-from .returns import RemoteTensor, pack_return, unpack_return
-from .values import FunctionHandle, Handle, ModuleHandle, ObjectHandle, OpaqueHandle, TensorHeader
+from .kinds import DEFAULT_DIALECT, KINDS, DialectTable, Kind, wire_dialect
+from .returns import pack_return, unpack_return
+from .values import FunctionHandle, Handle, ModuleHandle, ObjectHandle, OpaqueHandle, RemoteTensor, TensorHeader

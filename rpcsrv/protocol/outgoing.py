@@ -12,6 +12,7 @@ from typing import Optional
 
 from .codec import Writer, encode_packed_seq
 from .codes import PROTOCOL_VERSION, Dialect, RPCCode
+from .kinds import wire_dialect
 from .values import TensorHeader
 
 _I32 = struct.Struct("<i")
@@ -23,12 +24,14 @@ class PacketWriter:
 
     dialect: Optional[Dialect]
 
-    def _dialect_for_send(self) -> Dialect:
-        return self.dialect or Dialect.FFI
+    @property
+    def wire_dialect(self) -> Dialect:
+        """The dialect of what is sent and read now (the default until the peer's is known)."""
+        return wire_dialect(self.dialect)
 
     def send_return(self, values: list) -> list:
         w = _packet(RPCCode.RETURN)
-        encode_packed_seq(w, values, self._dialect_for_send())
+        encode_packed_seq(w, values, self.wire_dialect)
         return _done(w)
 
     def send_init_reply(self) -> list:
@@ -37,7 +40,7 @@ class PacketWriter:
 
     def send_exception(self, message: str) -> list:
         w = _packet(RPCCode.EXCEPTION)
-        encode_packed_seq(w, [message], self._dialect_for_send())
+        encode_packed_seq(w, [message], self.wire_dialect)
         return _done(w)
 
     def send_copy_ack(self, data) -> list:
@@ -46,18 +49,18 @@ class PacketWriter:
     def send_init_server(self, args: Optional[list] = None, version: str = PROTOCOL_VERSION) -> list:
         w = _packet(RPCCode.INIT_SERVER)
         w.blob(version.encode())
-        encode_packed_seq(w, args or [], self._dialect_for_send())
+        encode_packed_seq(w, args or [], self.wire_dialect)
         return _done(w)
 
     def send_call(self, handle: int, args: list) -> list:
         w = _packet(RPCCode.CALL_FUNC)
         w.u64(handle)
-        encode_packed_seq(w, args, self._dialect_for_send(), bytes_object=True)
+        encode_packed_seq(w, args, self.wire_dialect, bytes_object=True)
         return _done(w)
 
     def send_syscall(self, code: RPCCode, args: list) -> list:
         w = _packet(code)
-        encode_packed_seq(w, args, self._dialect_for_send())
+        encode_packed_seq(w, args, self.wire_dialect)
         return _done(w)
 
     def send_copy_to_remote(self, tensor: TensorHeader, data) -> list:

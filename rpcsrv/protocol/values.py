@@ -58,3 +58,11 @@ class TensorHeader:
         for d in self.shape:
             n *= d
         return n * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class RemoteTensor:
+    """An NDArray owned by the server: its DLTensor header and the handle that frees it."""
+
+    header: TensorHeader
+    handle: int

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import need_program
 from exec_helpers import SEED, GraphBuilder, seed_graph_json
-from rpcsrv.executor import (ConstLoaderRuntime, ExampleJSONError, ExampleJSONModule, ExecutorError,
+from rpcsrv.executor import (ConstLoaderRuntime, ExampleJSONError, ExampleJSONRuntime, ExecutorError,
                              GraphExecutorFactoryRuntime, HostLibraryRuntime, build_runtime, load_module)
 from rpcsrv.loader import (ConstLoaderModule, GraphExecutorFactoryModule, HostLibraryModule, UnknownModule,
                            build_blob)
@@ -52,7 +52,7 @@ def test_tree_kinds_and_constants_from_const_loader_and_params():
     c0 = np.arange(4, dtype=np.float32).reshape(2, 2)
     top = build_runtime(const_tree({f"{SYM}_const_0": c0}, {"bias": np.full((2, 2), 0.5, np.float32)}))
     kinds = [type(m) for m in top.walk()]
-    assert kinds == [GraphExecutorFactoryRuntime, HostLibraryRuntime, ConstLoaderRuntime, ExampleJSONModule]
+    assert kinds == [GraphExecutorFactoryRuntime, HostLibraryRuntime, ConstLoaderRuntime, ExampleJSONRuntime]
     np.testing.assert_array_equal(run_const(top), 100 + c0 + 0.5)
     # the const loader's functions reach through to the module it imports, as in TVM
     assert top.find_function(SYM) is not None
@@ -86,8 +86,8 @@ def test_host_function_and_unknown_module():
         HostLibraryModule(["fused_host_op"], imports=[UnknownModule(type_key="vendor_npu", payload=b"..")])])
     top = build_runtime(tree)
     assert [m.type_key for m in top.walk()] == ["GraphExecutorFactory", "_lib", "vendor_npu"]
-    with pytest.raises(ExecutorError, match="host function fused_host_op cannot run on this board: host "
-                                            "fallback is not implemented"):
+    with pytest.raises(ExecutorError, match="host function fused_host_op cannot run: native code is "
+                                            "disabled"):
         top.get_function("default")(CPU)
     g2 = GraphBuilder()
     y2 = g2.op("npu_func", [g2.input("x", (2,))], [((2,), "float32")])

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import SHARED
 from exec_helpers import SEED
-from rpcsrv.executor import ExampleJSONError, ExampleJSONModule, ExecutorError
+from rpcsrv.executor import ExampleJSONError, ExampleJSONRuntime, ExecutorError
 
 rng = np.random.default_rng(0)
 
@@ -20,7 +20,7 @@ def rand(*shape, dtype="float32"):
 
 
 def test_seed_text_runs_unchanged():
-    mod = ExampleJSONModule(SEED)
+    mod = ExampleJSONRuntime(SEED)
     a, b, c, d = (rand(10, 10) for _ in range(4))
     out = np.zeros((10, 10), np.float32)
     assert mod.get_function("subgraph_0")(a, b, c, d, out) is None
@@ -37,7 +37,7 @@ def test_seed_text_taken_from_the_byoc_guide_itself():
     start = text.index("\nsubgraph_0\n") + 1
     block = text[start:text.index("\n\n", start)]
     assert block.splitlines()[-1].strip() == "mul 6 inputs: 5 3 shape: 10 10"
-    mod = ExampleJSONModule(block)
+    mod = ExampleJSONRuntime(block)
     a, b, c, d = (rand(10, 10) for _ in range(4))
     out = np.zeros((10, 10), np.float32)
     mod.get_function("subgraph_0")(a, b, c, d, out)
@@ -46,7 +46,7 @@ def test_seed_text_taken_from_the_byoc_guide_itself():
 
 def test_old_json_rt_header_and_several_subgraphs():
     text = SEED + "json_rt_1\n  input 0 3\n  input 1 3\n  sub 2 inputs: 0 1 shape: 3\n"
-    mod = ExampleJSONModule(text)
+    mod = ExampleJSONRuntime(text)
     assert mod.get_function("json_rt_1") is not None and mod.get_function("nope") is None
     out = np.zeros(3, np.float32)
     mod.get_function("json_rt_1")(np.ones(3, np.float32), np.full(3, 4, np.float32), out)
@@ -63,7 +63,7 @@ def test_extension_dtype_consts_outputs_and_comments():
       mul 3 inputs: 2 0 shape: 2 2 dtype: int32 attrs: {}
       output 3 2
     """
-    mod = ExampleJSONModule(text)
+    mod = ExampleJSONRuntime(text)
     sym = "tvmgen_default_examplejson_main_0"
     assert mod.const_names(sym) == ["w"] and mod.unbound(sym) == ["w"]
     w = np.array([[1, 2], [3, 4]], np.int32)
@@ -78,7 +78,7 @@ def test_extension_dtype_consts_outputs_and_comments():
 def test_init_function_binds_constants_in_line_order():
     text = "f\n input 0 2\n const 1 2 name: a\n const 2 2 name: b\n sub 3 inputs: 1 2 shape: 2\n" \
            " add 4 inputs: 3 0 shape: 2\n"
-    mod = ExampleJSONModule(text)
+    mod = ExampleJSONRuntime(text)
     assert mod.get_function("__init_f")([np.full(2, 5, np.float32), np.ones(2, np.float32)]) == 0
     out = np.zeros(2, np.float32)
     mod.get_function("f")(np.zeros(2, np.float32), out)
@@ -97,7 +97,7 @@ def test_multi_output_op_runs_once_and_absent_inputs_are_none():
     kernels = {"split": split2}
     text = ('g\n input 0 4\n split 1 inputs: 0 -1 shape: 2 attrs: {"axis": 0}\n'
             ' split 2 inputs: 0 -1 shape: 2 attrs: {"axis": 0, "output_index": 1}\n output 2 1\n')
-    mod = ExampleJSONModule(text, kernels)
+    mod = ExampleJSONRuntime(text, kernels)
     hi, lo = np.zeros(2, np.float32), np.zeros(2, np.float32)
     mod.get_function("g")(np.arange(4, dtype=np.float32), hi, lo)
     assert lo.tolist() == [0, 1] and hi.tolist() == [2, 3]
@@ -115,7 +115,7 @@ def test_intermediates_are_released_after_their_last_use():
 
     text = "g\n input 0 2\n step 1 inputs: 0 -1 shape: 2\n step 2 inputs: 1 shape: 2\n" \
            " step 3 inputs: 2 -1 shape: 2\n step 4 inputs: 3 1 shape: 2\n"
-    mod = ExampleJSONModule(text, {"step": step})
+    mod = ExampleJSONRuntime(text, {"step": step})
     out = np.zeros(2, np.float32)
     mod.get_function("g")(np.zeros(2, np.float32), out)
     assert out.tolist() == [4, 4]
@@ -126,10 +126,10 @@ def test_intermediates_are_released_after_their_last_use():
 def test_kernel_result_must_match_the_declared_shape_and_dtype():
     kernels = {"add": lambda a, b: (a + b).astype(np.float64), "sub": lambda a, b: (a - b)[:1]}
     a = np.ones(2, np.float32)
-    bad_dtype = ExampleJSONModule("g\n input 0 2\n add 1 inputs: 0 0 shape: 2\n", kernels)
+    bad_dtype = ExampleJSONRuntime("g\n input 0 2\n add 1 inputs: 0 0 shape: 2\n", kernels)
     with pytest.raises(ExecutorError, match=r"line 3: add node 1.*float64 \[2\].*float32 \[2\]"):
         bad_dtype.get_function("g")(a, np.zeros(2, np.float32))
-    bad_shape = ExampleJSONModule("g\n input 0 2\n sub 1 inputs: 0 0 shape: 2\n", kernels)
+    bad_shape = ExampleJSONRuntime("g\n input 0 2\n sub 1 inputs: 0 0 shape: 2\n", kernels)
     with pytest.raises(ExecutorError, match=r"line 3: sub node 1.*\[1\]"):
         bad_shape.get_function("g")(a, np.zeros(2, np.float32))
 
@@ -138,13 +138,13 @@ def test_kernel_exception_names_the_node():
     def boom(a, b):
         raise ValueError("operands could not be broadcast")
 
-    mod = ExampleJSONModule("g\n input 0 2\n input 1 2\n add 2 inputs: 0 1 shape: 2\n", {"add": boom})
+    mod = ExampleJSONRuntime("g\n input 0 2\n input 1 2\n add 2 inputs: 0 1 shape: 2\n", {"add": boom})
     with pytest.raises(ExecutorError, match="g line 4: add node 2 failed: ValueError: operands"):
         mod.get_function("g")(np.ones(2, np.float32), np.ones(2, np.float32), np.zeros(2, np.float32))
 
 
 def test_bad_call_arguments():
-    f = ExampleJSONModule(SEED).get_function("subgraph_0")
+    f = ExampleJSONRuntime(SEED).get_function("subgraph_0")
     ok = [np.ones((10, 10), np.float32) for _ in range(5)]
     with pytest.raises(ExecutorError, match=r"4 input\(s\) and 1 output\(s\) \(5 arguments\), got 4"):
         f(*ok[:4])
@@ -183,11 +183,11 @@ def test_bad_call_arguments():
 ])
 def test_malformed_text_names_the_line(text, message):
     with pytest.raises(ExampleJSONError, match=message):
-        ExampleJSONModule(text)
+        ExampleJSONRuntime(text)
 
 
 def test_unbound_constant_is_an_error_when_called():
-    mod = ExampleJSONModule("g\n input 0 2\n const 1 2 name: w\n add 2 inputs: 0 1 shape: 2\n")
+    mod = ExampleJSONRuntime("g\n input 0 2\n const 1 2 name: w\n add 2 inputs: 0 1 shape: 2\n")
     with pytest.raises(ExecutorError, match="constant 'w' .* is not bound"):
         mod.get_function("g")(np.ones(2, np.float32), np.zeros(2, np.float32))
     with pytest.raises(ExecutorError, match=r"constant 'w' from test is float32 \[3\], declared float32 \[2\]"):
@@ -195,7 +195,7 @@ def test_unbound_constant_is_an_error_when_called():
 
 
 def test_concurrent_calls_do_not_share_intermediates():
-    f = ExampleJSONModule(SEED).get_function("subgraph_0")
+    f = ExampleJSONRuntime(SEED).get_function("subgraph_0")
     errors = []
 
     def worker(seed):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from exec_helpers import SEED, GraphBuilder, seed_graph_json
-from rpcsrv.executor import (ExampleJSONModule, ExecutorError, GraphExecutorFactoryRuntime,
+from rpcsrv.executor import (ExampleJSONRuntime, ExecutorError, GraphExecutorFactoryRuntime,
                              GraphExecutorModule, GraphJSONError, RuntimeModule)
 from rpcsrv.loader import save_param_dict
 from rpcsrv.protocol.dtypes import Device
@@ -31,7 +31,7 @@ class FuncModule(RuntimeModule):
 
 
 def seed_executor():
-    lib = FuncModule({}, [ExampleJSONModule(SEED)])
+    lib = FuncModule({}, [ExampleJSONRuntime(SEED)])
     return GraphExecutorModule(seed_graph_json(), lib, [CPU])
 
 
@@ -194,7 +194,7 @@ def test_params_from_the_factory_and_load_params():
 
 
 def test_factory_executors_have_their_own_buffers_and_share_params_links_them():
-    factory = GraphExecutorFactoryRuntime(seed_graph_json(), {}, imports=[FuncModule({}, [ExampleJSONModule(SEED)])])
+    factory = GraphExecutorFactoryRuntime(seed_graph_json(), {}, imports=[FuncModule({}, [ExampleJSONRuntime(SEED)])])
     one, two = factory.create(CPU), factory.create(CPU)
     assert not any(np.shares_memory(a, b) for a in one.pool.values() for b in two.pool.values())
     one.set_input("input3", np.full((10, 10), 2, np.float32))
@@ -226,7 +226,7 @@ def test_zero_copy_input_and_output():
 
 def test_factory_functions_and_devices():
     factory = GraphExecutorFactoryRuntime(seed_graph_json(), {"input3": np.ones((10, 10), np.float32)},
-                                          imports=[FuncModule({}, [ExampleJSONModule(SEED)])])
+                                          imports=[FuncModule({}, [ExampleJSONRuntime(SEED)])])
     assert json.loads(factory.get_function("get_graph_json")())["arg_nodes"] == [0, 1, 2, 3]
     assert list(factory.get_function("get_graph_params")()) == ["input3"]
     assert factory.get_function("remove_params")().params == {}
@@ -235,13 +235,14 @@ def test_factory_functions_and_devices():
         factory.get_function("default")(Device(2, 0))
     with pytest.raises(ExecutorError, match="at least one device"):
         factory.create()
-    with pytest.raises(ExecutorError, match="debug_create: this executor kind is not available"):
-        factory.get_function("debug_create")("default", CPU)
+    assert factory.get_function("debug_create")("default", CPU).type_key == "GraphExecutorDebug"
+    with pytest.raises(ExecutorError, match="debug_create: this library has module 'default', not 'other'"):
+        factory.get_function("debug_create")("other", CPU)
 
 
 def test_missing_function_is_an_error_when_the_executor_is_created():
     factory = GraphExecutorFactoryRuntime(seed_graph_json("subgraph_9"), {},
-                                          imports=[FuncModule({}, [ExampleJSONModule(SEED)])])
+                                          imports=[FuncModule({}, [ExampleJSONRuntime(SEED)])])
     with pytest.raises(ExecutorError,
                        match="no such function in module: subgraph_9 .*searched test_funcs → examplejson"):
         factory.create(CPU)
@@ -272,7 +273,7 @@ def test_malformed_graph_json(mutate, message):
 def test_two_executors_run_at_once_in_two_threads():
     import threading
 
-    factory = GraphExecutorFactoryRuntime(seed_graph_json(), {}, imports=[FuncModule({}, [ExampleJSONModule(SEED)])])
+    factory = GraphExecutorFactoryRuntime(seed_graph_json(), {}, imports=[FuncModule({}, [ExampleJSONRuntime(SEED)])])
     bad = []
 
     def session(value: float):

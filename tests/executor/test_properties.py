@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exec_helpers import GraphBuilder
-from rpcsrv.executor import ExampleJSONModule, GraphExecutorModule, RuntimeModule
+from rpcsrv.executor import ExampleJSONRuntime, GraphExecutorModule, RuntimeModule
 from rpcsrv.protocol.dtypes import Device
 
 CPU = Device(1, 0)
@@ -39,7 +39,7 @@ def test_random_examplejson_subgraphs_match_numpy(dag, seed):
     n_in, ops = dag
     lines = ["sub_rand"] + [f"  input {i} 3 2" for i in range(n_in)]
     lines += [f"  {op} {n_in + k} inputs: {a} {b} shape: 3 2" for k, (op, a, b) in enumerate(ops)]
-    mod = ExampleJSONModule("\n".join(lines))
+    mod = ExampleJSONRuntime("\n".join(lines))
     rng = np.random.default_rng(seed)
     inputs = [rng.standard_normal((3, 2)).astype(np.float32) for _ in range(n_in)]
     out = np.zeros((3, 2), np.float32)

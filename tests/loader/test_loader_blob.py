@@ -15,9 +15,10 @@ from hypothesis.extra import numpy as hnp
 from conftest import need_module
 from rpcsrv.loader import (
     ConstLoaderModule, ExampleJSONModule, GraphExecutorFactoryModule, HostLibraryModule, LoaderError,
-    UnknownModule, build_blob, parse_blob, save_ndarray,
+    UnknownModule, build_blob, load_library, parse_blob, save_ndarray, symbol_content,
 )
 from rpcsrv.loader.blob import parse_blob_ex
+from rpcsrv.loader.location import read_header
 from rpcsrv.loader.modules import require_known
 
 
@@ -208,3 +209,17 @@ def test_random_trees_round_trip(tree, layout, with_lib):
     # TVM renumbers siblings on every write, so a second write may differ in order, never in content
     again = build_blob(back, layout)
     assert len(again) == len(blob) and _canonical(parse_blob(again)) == _canonical(root)
+
+
+@pytest.mark.parametrize("layout", ["classic", "ffi"])
+def test_symbol_content_is_length_then_blob(layout):
+    """The one declaration of a blob symbol's content: written by ``symbol_content`` (the exporter's
+    side), read back by the container readers' ``read_header`` and by ``load_library`` as a raw file."""
+    blob = build_blob(GraphExecutorFactoryModule("{}", {"w": W}, imports=[HostLibraryModule()]), layout)
+    content = symbol_content(blob)
+    assert content == u64(len(blob)) + blob  # TVM's PackImportsToC: little-endian u64 length first
+    assert read_header(memoryview(content + b"pad"), 0, len(content), "raw") == (8, len(blob))
+    with pytest.raises(LoaderError, match=rf"says {len(blob)} bytes, but only {len(blob) - 1}"):
+        read_header(memoryview(content), 0, len(content) - 1, "raw")
+    lib = load_library(content)
+    assert (lib.container, lib.layout, lib.blob_offset, lib.blob_size) == ("raw", layout, 8, len(blob))

@@ -124,9 +124,11 @@ def test_raw_blob_file(blobs, tmp_path, layout):
 
 @pytest.mark.toolchain
 def test_library_without_blob(tmp_path):
+    """No blob: a plain host module (TVM's LibraryModule), its functions listed (issue 17)."""
     path = compile_library(b"", "not_the_blob", "host", tmp_path / "plain.so")
-    with pytest.raises(LoaderError, match=f"no symbol {BLOB_SYMBOL}"):
-        load_library(path)
+    lib = load_library(path)
+    assert (lib.layout, lib.root.type_key, lib.root.path) == ("none", "library", str(path))
+    assert HOST_FUNCTION in lib.root.symbols
 
 
 def _tvm_const_loader_tree():

@@ -1,0 +1,280 @@
+/* rpcsrv's stand-in for the few TVM runtime entry points that compiled host code calls.
+ *
+ * Built by rpcsrv.native.shim with the board's C compiler at first use (cached) and loaded with
+ * RTLD_GLOBAL before any user library, so that:
+ *  - libraries from TVM's "c" target and tvm-ffi era libraries find the functions they call as
+ *    undefined symbols (TVMBackend*, TVMAPISetLastError, TVMFuncCall, TVMFFI*);
+ *  - rpcsrv can write these functions' addresses into the function-pointer globals that TVM's
+ *    library loaders fill (__TVMBackendAllocWorkspace, __TVMFFIFunctionCall, ...).
+ * The signatures are TVM's C ABI (c_backend_api.h, c_runtime_api.h of TVM <= 0.20; tvm-ffi's
+ * c_api.h and extra/c_env_api.h); the code is ours.  Lookups of functions by name call back into
+ * Python (rpcsrv_set_lookup); everything on the hot path (workspace, parallel tasks, errors) is C.
+ */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define RPCSRV_API __attribute__((visibility("default")))
+
+/* ---------------------------------------------------------------- errors */
+#define ERR_SIZE 4096
+static __thread char last_error[ERR_SIZE];
+
+RPCSRV_API const char* rpcsrv_last_error(void) { return last_error; }
+RPCSRV_API void rpcsrv_clear_error(void) { last_error[0] = 0; }
+
+static void set_error(const char* kind, const char** parts, int n) {
+  size_t used = 0;
+  last_error[0] = 0;
+  if (kind && *kind && strcmp(kind, "RuntimeError") != 0) {
+    used += (size_t)snprintf(last_error, ERR_SIZE, "%s: ", kind);
+  }
+  for (int i = 0; i < n && used < ERR_SIZE - 1; ++i) {
+    if (parts[i] == NULL) continue;
+    used += (size_t)snprintf(last_error + used, ERR_SIZE - used, "%s", parts[i]);
+  }
+}
+
+RPCSRV_API void TVMAPISetLastError(const char* msg) { set_error(NULL, &msg, 1); }
+RPCSRV_API void TVMFFIErrorSetRaisedFromCStr(const char* kind, const char* msg) { set_error(kind, &msg, 1); }
+RPCSRV_API void TVMFFIErrorSetRaisedFromCStrParts(const char* kind, const char** parts, int32_t n) {
+  set_error(kind, parts, n);
+}
+RPCSRV_API const char* TVMGetLastError(void) { return last_error; }
+
+/* ---------------------------------------------------------------- workspace */
+static long outstanding = 0; /* workspace blocks not yet freed (for leak checks) */
+
+RPCSRV_API void* TVMBackendAllocWorkspace(int device_type, int device_id, uint64_t nbytes, int code_hint,
+                                          int bits_hint) {
+  void* ptr = NULL;
+  (void)device_type; (void)device_id; (void)code_hint; (void)bits_hint;
+  if (posix_memalign(&ptr, 64, nbytes ? (size_t)nbytes : 1) != 0) {
+    TVMAPISetLastError("TVMBackendAllocWorkspace: out of memory");
+    return NULL;
+  }
+  __atomic_add_fetch(&outstanding, 1, __ATOMIC_RELAXED);
+  return ptr;
+}
+
+RPCSRV_API int TVMBackendFreeWorkspace(int device_type, int device_id, void* ptr) {
+  (void)device_type; (void)device_id;
+  if (ptr) __atomic_sub_fetch(&outstanding, 1, __ATOMIC_RELAXED);
+  free(ptr);
+  return 0;
+}
+
+RPCSRV_API long rpcsrv_workspace_outstanding(void) { return __atomic_load_n(&outstanding, __ATOMIC_RELAXED); }
+
+/* ---------------------------------------------------------------- parallel tasks */
+typedef struct {
+  void* sync_handle;
+  int32_t num_task;
+} TVMParallelGroupEnv;
+typedef int (*FTVMParallelLambda)(int task_id, TVMParallelGroupEnv* penv, void* cdata);
+
+static int num_threads = 0; /* 0: the number of online CPUs */
+
+RPCSRV_API void rpcsrv_set_num_threads(int n) { num_threads = n; }
+RPCSRV_API int rpcsrv_get_num_threads(void) {
+  if (num_threads > 0) return num_threads;
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
+}
+
+typedef struct {
+  FTVMParallelLambda flambda;
+  void* cdata;
+  TVMParallelGroupEnv env;
+  pthread_barrier_t barrier;
+  pthread_mutex_t lock;
+  int status;
+  char error[ERR_SIZE];
+} Launch;
+
+typedef struct {
+  Launch* launch;
+  int task_id;
+} Task;
+
+static void run_task(Launch* l, int task_id) {
+  int rc = l->flambda(task_id, &l->env, l->cdata);
+  if (rc != 0) {
+    pthread_mutex_lock(&l->lock);
+    if (l->status == 0) {
+      l->status = rc;
+      snprintf(l->error, ERR_SIZE, "%s", last_error);
+    }
+    pthread_mutex_unlock(&l->lock);
+  }
+}
+
+static void* task_main(void* arg) {
+  Task* t = (Task*)arg;
+  run_task(t->launch, t->task_id);
+  return NULL;
+}
+
+RPCSRV_API int TVMBackendParallelLaunch(FTVMParallelLambda flambda, void* cdata, int num_task) {
+  Launch l;
+  if (num_task <= 0) num_task = rpcsrv_get_num_threads();
+  l.flambda = flambda;
+  l.cdata = cdata;
+  l.env.num_task = num_task;
+  l.env.sync_handle = &l.barrier;
+  l.status = 0;
+  l.error[0] = 0;
+  pthread_barrier_init(&l.barrier, NULL, (unsigned)num_task);
+  pthread_mutex_init(&l.lock, NULL);
+  pthread_t* threads = (pthread_t*)calloc((size_t)num_task, sizeof(pthread_t));
+  Task* tasks = (Task*)calloc((size_t)num_task, sizeof(Task));
+  int started = 1;
+  if (threads == NULL || tasks == NULL) {
+    num_task = 1; /* run on the caller alone; a barrier of 1 never waits */
+  }
+  for (int i = 1; i < num_task; ++i) {
+    tasks[i].launch = &l;
+    tasks[i].task_id = i;
+    if (pthread_create(&threads[i], NULL, task_main, &tasks[i]) != 0) break;
+    started = i + 1;
+  }
+  if (started < num_task) { /* could not start every thread: the barrier would never open */
+    l.status = -1;
+    snprintf(l.error, ERR_SIZE, "TVMBackendParallelLaunch: could not start %d threads", num_task);
+    /* the started tasks may wait on the barrier; let them through */
+    for (int i = started; i < num_task; ++i) pthread_barrier_wait(&l.barrier);
+  } else {
+    run_task(&l, 0);
+  }
+  for (int i = 1; i < started; ++i) pthread_join(threads[i], NULL);
+  free(threads);
+  free(tasks);
+  pthread_barrier_destroy(&l.barrier);
+  pthread_mutex_destroy(&l.lock);
+  if (l.status != 0) {
+    const char* msg = l.error;
+    set_error(NULL, &msg, 1);
+  }
+  return l.status;
+}
+
+RPCSRV_API int TVMBackendParallelBarrier(int task_id, TVMParallelGroupEnv* penv) {
+  (void)task_id;
+  pthread_barrier_wait((pthread_barrier_t*)penv->sync_handle);
+  return 0;
+}
+
+RPCSRV_API int TVMBackendRunOnce(void** handle, int (*f)(void*), void* cdata, int nbytes) {
+  (void)nbytes;
+  if (*handle == NULL) {
+    *handle = (void*)1;
+    return f(cdata);
+  }
+  return 0;
+}
+
+static pthread_mutex_t once_lock = PTHREAD_MUTEX_INITIALIZER;
+
+RPCSRV_API int TVMFFIHandleInitOnce(void** handle, int (*init)(void** result)) {
+  int rc = 0;
+  pthread_mutex_lock(&once_lock);
+  if (*handle == NULL) rc = init(handle);
+  pthread_mutex_unlock(&once_lock);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- functions found by name */
+/* A function handle given to compiled code: a native function of a library, in either ABI. */
+typedef struct {
+  int abi; /* 1: classic packed C function, 2: tvm-ffi safe call */
+  void* fptr;
+} Function;
+
+typedef int (*ClassicFunc)(void* args, int* codes, int n, void* ret, int* ret_code, void* resource);
+typedef int (*SafeCall)(void* self, const void* args, int32_t n, void* result);
+/* rpcsrv's lookup: fill *out with a Function* (owned by rpcsrv) or NULL; non-zero on error */
+typedef int (*Lookup)(void* ctx, const char* name, void** out);
+
+static Lookup lookup = NULL;
+RPCSRV_API void rpcsrv_set_lookup(Lookup f) { lookup = f; }
+
+static int find(void* ctx, const char* name, void** out) {
+  *out = NULL;
+  if (lookup == NULL || lookup(ctx, name, out) != 0) return -1;
+  if (*out == NULL) {
+    const char* parts[3] = {"function ", name, " not found in the library's module tree"};
+    set_error(NULL, parts, 3);
+    return -1;
+  }
+  return 0;
+}
+
+RPCSRV_API int TVMBackendGetFuncFromEnv(void* mod_node, const char* name, void** out) {
+  return find(mod_node, name, out);
+}
+RPCSRV_API int TVMFFIEnvModLookupFromImports(void* ctx, const char* name, void** out) {
+  return find(ctx, name, out);
+}
+
+RPCSRV_API int TVMFuncCall(void* handle, void* args, int* codes, int n, void* ret, int* ret_code) {
+  Function* f = (Function*)handle;
+  if (f == NULL || f->abi != 1) {
+    TVMAPISetLastError("TVMFuncCall: the handle is not a classic packed function");
+    return -1;
+  }
+  return ((ClassicFunc)f->fptr)(args, codes, n, ret, ret_code, NULL);
+}
+
+RPCSRV_API int TVMFFIFunctionCall(void* handle, void* args, int32_t n, void* result) {
+  Function* f = (Function*)handle;
+  if (f == NULL || f->abi != 2) {
+    TVMFFIErrorSetRaisedFromCStr("RuntimeError", "TVMFFIFunctionCall: the handle is not a tvm-ffi function");
+    return -1;
+  }
+  return ((SafeCall)f->fptr)(NULL, args, n, result);
+}
+
+/* ---------------------------------------------------------------- environment, no-ops on a CPU board */
+RPCSRV_API void* TVMFFIEnvGetStream(int32_t device_type, int32_t device_id) {
+  (void)device_type; (void)device_id;
+  return NULL;
+}
+RPCSRV_API int TVMFFIEnvSetStream(int32_t device_type, int32_t device_id, void* stream, void** original) {
+  (void)device_type; (void)device_id; (void)stream;
+  if (original) *original = NULL;
+  return 0;
+}
+RPCSRV_API int TVMFFIEnvCheckSignals(void) { return 0; }
+RPCSRV_API int TVMFFIEnvRegisterCAPI(const char* name, void* symbol) { (void)name; (void)symbol; return 0; }
+RPCSRV_API int TVMFFIEnvModRegisterContextSymbol(const char* name, void* symbol) { (void)name; (void)symbol; return 0; }
+RPCSRV_API int TVMFFIEnvModRegisterSystemLibSymbol(const char* name, void* symbol) { (void)name; (void)symbol; return 0; }
+RPCSRV_API int TVMBackendRegisterSystemLibSymbol(const char* name, void* ptr) { (void)name; (void)ptr; return 0; }
+RPCSRV_API int TVMBackendRegisterEnvCAPI(const char* name, void* ptr) { (void)name; (void)ptr; return 0; }
+RPCSRV_API int TVMFFIObjectIncRef(void* obj) { (void)obj; return 0; }
+RPCSRV_API int TVMFFIObjectDecRef(void* obj) { (void)obj; return 0; }
+RPCSRV_API int TVMFFIEnvTensorAlloc(void* prototype, void** out) {
+  (void)prototype; (void)out;
+  TVMFFIErrorSetRaisedFromCStr("RuntimeError", "TVMFFIEnvTensorAlloc: allocating tensors from compiled code "
+                               "is not supported by rpcsrv");
+  return -1;
+}
+
+/* ---------------------------------------------------------------- cache flush (time_evaluator f_preproc) */
+RPCSRV_API void rpcsrv_cache_flush(const void* addr, size_t nbytes) {
+#if defined(__x86_64__) || defined(__i386__)
+  const char* p = (const char*)addr;
+  for (size_t i = 0; i < nbytes; i += 64) __asm__ volatile("clflush (%0)" ::"r"(p + i) : "memory");
+  __asm__ volatile("mfence" ::: "memory");
+#elif defined(__aarch64__)
+  const char* p = (const char*)addr;
+  for (size_t i = 0; i < nbytes; i += 64) __asm__ volatile("dc civac, %0" ::"r"(p + i) : "memory");
+  __asm__ volatile("dsb sy" ::: "memory");
+#else
+  (void)addr; (void)nbytes; /* rpcsrv evicts by streaming over a large buffer instead */
+#endif
+}
+
+RPCSRV_API int rpcsrv_shim_version(void) { return 1; }

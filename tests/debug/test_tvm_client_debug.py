@@ -1,0 +1,120 @@
+"""The older graph flow and the debug executor through apache-tvm 0.27's own RPC client.
+
+0.27 no longer ships ``tvm.contrib.graph_executor`` or the debugger, but its RPC session reaches the
+board's global functions: ``remote.get_function("tvm.graph_executor.create")(graph_json, lib, dev)``,
+then the module's functions by name, with params saved by the real ``tvm.runtime.save_param_dict``.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from conftest import need_module
+from debug_helpers import chain_graph_json, chain_inputs, chain_library, chain_reference
+
+NODES = ["x", "w", "b", "mm_0", "ew_1", "tail_2"]
+
+
+@pytest.fixture(scope="module")
+def tvm():
+    return need_module("tvm", "the real TVM client comes from `pip install apache-tvm`")
+
+
+@pytest.fixture(scope="module")
+def chain_so(tmp_path_factory):
+    return chain_library(tmp_path_factory.mktemp("chain") / "chain.so")
+
+
+@pytest.fixture
+def remote(tvm, server, chain_so):
+    sess = tvm.rpc.connect(server.host, server.port)
+    sess.upload(str(chain_so))
+    return sess, sess.load_module(chain_so.name), sess.cpu(0)
+
+
+def _run_individual(blob: bytes, repeat: int) -> list[list[float]]:
+    """What the classic client's ``GraphModuleDebug.run_individual`` decodes."""
+    (count,) = struct.unpack_from("<q", blob)
+    return [list(struct.unpack_from(f"<{repeat}d", blob, 8 + 8 * repeat * i)) for i in range(count)]
+
+
+@pytest.mark.parametrize("devices", ["ints", "device"])
+def test_graph_executor_create_and_load_params(tvm, remote, devices):
+    sess, lib, dev = remote
+    x, w, b = chain_inputs()
+    create = sess.get_function("tvm.graph_executor.create")
+    gmod = create(chain_graph_json(), lib, 1, 0) if devices == "ints" else create(chain_graph_json(), lib, dev)
+    gmod["load_params"](tvm.runtime.save_param_dict({"w": tvm.runtime.tensor(w)}))
+    gmod["set_input"]("x", tvm.runtime.tensor(x, dev))
+    gmod["set_input"]("b", tvm.runtime.tensor(b, dev))
+    gmod["run"]()
+    np.testing.assert_allclose(gmod["get_output"](0).numpy(), chain_reference(x, w, b)[-1], rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(gmod["get_input"]("w").numpy(), w)
+    assert gmod["get_num_inputs"]() == 3
+
+
+def test_graph_runtime_create_is_the_pre_08_name(tvm, remote):
+    sess, lib, dev = remote
+    gmod = sess.get_function("tvm.graph_runtime.create")(chain_graph_json(), lib, 1, 0)
+    assert gmod["get_num_outputs"]() == 1
+
+
+def test_create_bad_arguments_are_clear_errors(tvm, remote, server):
+    sess, lib, dev = remote
+    create = sess.get_function("tvm.graph_executor.create")
+    with pytest.raises(Exception, match="graph JSON"):
+        create("{not json", lib, 1, 0)
+    with pytest.raises(Exception, match="must be a module"):
+        create(chain_graph_json(), "lib", 1, 0)
+    with pytest.raises(Exception, match="not available on this board"):
+        create(chain_graph_json(), lib, 2, 0)
+    with pytest.raises(Exception, match="invalid parameters file"):
+        create(chain_graph_json(), lib, 1, 0)["load_params"](bytearray(b"nonsense"))
+    assert server.alive()
+
+
+def test_debug_executor_outputs_and_timings(tvm, remote):
+    sess, lib, dev = remote
+    x, w, b = chain_inputs()
+    dbg = sess.get_function("tvm.graph_executor_debug.create")(chain_graph_json(), lib, 1, 0)
+    for name, value in (("x", x), ("w", w), ("b", b)):
+        dbg["set_input"](name, tvm.runtime.tensor(value, dev))
+    times = _run_individual(bytes(dbg["run_individual"](10, 3, 1, 100, 0, 1)), 3)
+    assert len(times) == len(NODES)
+    assert all(t == 0 for row in times[:3] for t in row)  # inputs
+    assert all(t > 0 for row in times[3:] for t in row)
+    # the classic client's _run_per_layer: execute each node, copy each output back
+    expected = [x, w, b, *chain_reference(x, w, b)]
+    for i in range(len(NODES)):
+        dbg["execute_node"](i)
+        np.testing.assert_allclose(dbg["get_node_output"](i, 0).numpy(), expected[i], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(dbg["debug_get_output"]("ew_1").numpy(), expected[4], rtol=1e-4, atol=1e-5)
+    one = struct.unpack("<2d", bytes(dbg["run_individual_node"](3, 5, 2, 0, 100, 0, 1)))
+    assert all(t > 0 for t in one)
+    with pytest.raises(Exception, match="not the last executed node"):
+        dbg["get_node_output"](1, 0)
+    report = json.loads(dbg["profile_rpc"]())
+    assert [c["Name"]["string"] for c in report["calls"]] == ["mm_0", "ew_1", "tail_2"]
+    assert report["calls"][0]["Argument Shapes"]["string"] == "float32[64, 64], float32[64, 64], float32[64, 64]"
+    assert report["device_metrics"]["cpu0"]["Name"]["string"] == "Total"
+
+
+def test_sum_of_node_times_is_close_to_a_plain_run(tvm, remote):
+    """Best of several repeats on both sides, so a loaded 2-core machine does not decide the result."""
+    sess, lib, dev = remote
+    dbg = sess.get_function("tvm.graph_executor_debug.create")(chain_graph_json(), lib, 1, 0)
+    for name, value in zip(("x", "w", "b"), chain_inputs()):
+        dbg["set_input"](name, tvm.runtime.tensor(value, dev))
+    ratios = []
+    for _ in range(3):  # bounded retries: one noisy measurement must not fail the test
+        times = _run_individual(bytes(dbg["run_individual"](20, 5, 5, 100, 0, 1)), 5)
+        node_sum = sum(min(row) for row in times)
+        plain = min(dbg.time_evaluator("run", dev, number=20, repeat=5, min_repeat_ms=5)().results)
+        ratios.append(node_sum / plain)
+        if abs(ratios[-1] - 1) <= 0.2:
+            break
+    assert abs(ratios[-1] - 1) <= 0.2, f"sum of node times / plain run: {ratios}"
