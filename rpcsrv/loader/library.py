@@ -11,7 +11,8 @@ import os
 from dataclasses import dataclass
 
 from .blob import parse_blob_ex
-from .containers import _NoSymbol, find_blob
+from .containers import find_blob
+from .location import NoSymbol
 from .errors import LoaderError
 from .modules import HostLibraryModule, ModuleNode
 
@@ -62,7 +63,7 @@ def load_library(source: str | os.PathLike | bytes) -> LoadedLibrary:
     data, path = _map(source)
     try:
         loc = find_blob(data)
-    except _NoSymbol as exc:  # no blob: the library is one host module (TVM's LibraryModule)
+    except NoSymbol as exc:  # no blob: the library is one host module (TVM's LibraryModule)
         root = HostLibraryModule(list(exc.functions), type_key="library", path=path)
         container = {b"\x7fELF": "elf"}.get(bytes(data[:4]), "macho")
         return LoadedLibrary(path, container, "", "none", root, list(exc.functions))

@@ -19,7 +19,7 @@ from loader_fixtures import (
 )
 from rpcsrv.loader import (
     BLOB_SYMBOL, FFI_BLOB_SYMBOL, ConstLoaderModule, ExampleJSONModule, GraphExecutorFactoryModule,
-    HostLibraryModule, LoaderError, build_blob, load_library,
+    HostLibraryModule, build_blob, load_library,
 )
 
 SYMBOLS = {"classic": BLOB_SYMBOL, "ffi": FFI_BLOB_SYMBOL}
