@@ -89,7 +89,7 @@ def b_workdir(b: ServerProcess, tmp_path):
 
 
 def test_board_through_real_proxy_runs_a_model(tvm, cases, tmp_path):
-    proxy = TvmService("proxy")
+    proxy = TvmService("proxy", None, "--web-port", "0")  # no web page (its default port 8888 may be taken)
     srv = ServerProcess("--key", "board-p", "--proxy", f"127.0.0.1:{proxy.port}", workdir=tmp_path)
     try:
         for case in cases:  # two sessions in a row: the board waits at the proxy again after each
