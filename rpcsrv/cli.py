@@ -29,6 +29,7 @@ def _serve(args: argparse.Namespace) -> int:
     from .registration import parse_hostport
 
     configure(args.verbose, args.log_json)
+    cfg.idle_timeout = args.idle_timeout
     try:
         opts = BoardOptions(tracker=parse_hostport(args.tracker, "--tracker") if args.tracker else None,
                             custom_addr=args.custom_addr,
@@ -80,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--custom-addr", help="address the tracker hands to clients (default: what it sees)")
     s.add_argument("--proxy", metavar="HOST:PORT", help="serve through this TVM RPC proxy instead of listening")
     s.add_argument("--log-json", action="store_true", help="log one JSON object per line")
+    s.add_argument("--idle-timeout", type=float, default=0.0, metavar="SECONDS",
+                   help="close a session that sends no request for this long (default: never)")
     s.set_defaults(func=_serve)
     i = sub.add_parser("inspect", help="show what an exported library holds")
     i.add_argument("file")

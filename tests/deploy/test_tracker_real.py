@@ -193,3 +193,21 @@ def test_unused_numpy_reference_is_real(cases):
     seed = cases[0]
     x = [seed.inputs[f"input{i}"] for i in range(4)]
     np.testing.assert_allclose(seed.expected[0], ((x[0] + x[1]) - x[2]) * x[3], rtol=1e-6)
+
+
+def test_idle_timeout_closes_only_quiet_sessions(tvm, tmp_path):
+    srv = ServerProcess("--idle-timeout", "1", workdir=tmp_path)
+    try:
+        busy = tvm.rpc.connect(srv.host, srv.port)
+        workpath = busy.get_function("tvm.rpc.server.workpath")
+        for _ in range(5):  # 2.5 s of activity, never 1 s quiet
+            assert workpath("x")
+            time.sleep(0.5)
+        quiet = tvm.rpc.connect(srv.host, srv.port)
+        assert quiet.get_function("tvm.rpc.server.workpath")("x")
+        time.sleep(1.6)
+        with pytest.raises(Exception, match="RPCSessionIdleError"):
+            quiet.get_function("tvm.rpc.server.workpath")("x")
+        assert wait_until(lambda: "end=idle" in srv.stderr(), 10), srv.stderr()
+    finally:
+        srv.stop()
