@@ -211,3 +211,17 @@ def test_idle_timeout_closes_only_quiet_sessions(tvm, tmp_path):
         assert wait_until(lambda: "end=idle" in srv.stderr(), 10), srv.stderr()
     finally:
         srv.stop()
+
+
+def test_runner_check_catches_a_wrong_output(tvm, cases, tmp_path):
+    """The HIL runner's comparison can fail: a reference off by 1e-3 is reported as a mismatch."""
+    srv = ServerProcess(workdir=tmp_path)
+    try:
+        case = cases[0]
+        wrong = hil_runner.Case(case.name, case.library, case.inputs, [case.expected[0] + 1e-3])
+        sess = tvm.rpc.connect(srv.host, srv.port)
+        assert hil_runner.run_case(tvm, sess, case) < 1e-5
+        with pytest.raises(AssertionError, match="max error"):
+            hil_runner.run_case(tvm, sess, wrong)
+    finally:
+        srv.stop()
