@@ -23,6 +23,7 @@ from .protocol import (NEED_DATA, CallFuncChunk, CallFuncStart, Connection, Conn
                        HandshakeRequest, Role, Shutdown)
 from .protocol.connection import DEFAULT_MAX_PACKET
 from .farmlog import CountingTransport, SessionRecord
+from .native.host import NativeSession
 from .session import Limits, Session
 from .workspace import Workspace
 
@@ -48,6 +49,7 @@ class ServerConfig:
     idle_timeout: float = 0.0  # close a session that sends no request for this long (0: never)
     draining: bool = False
     sessions: set = field(default_factory=set)
+    native: str = "isolated"  # native host code: "isolated" (worker process), "inprocess" or "off"
 
 
 async def serve_connection(stream: trio.SocketStream, cfg: ServerConfig, answered: bool = False) -> None:
@@ -80,6 +82,7 @@ async def serve_connection(stream: trio.SocketStream, cfg: ServerConfig, answere
         record = SessionRecord(peer=peer, key=cfg.key, start=time.monotonic(), io=io)
         session = Session(conn, Workspace.create(cfg.workdir, max_bytes=cfg.limits.max_workspace),
                           cfg.registry, cfg.limits, peer)
+        session.native = NativeSession(cfg.native, cfg.limits.max_memory, timeout)
         log.info("%s: session started in %s", peer, session.workspace.root)
         with trio.move_on_after(timeout) as scope:
             cfg.sessions.add(scope)
