@@ -46,6 +46,7 @@ class ServerConfig:
     # deployment hooks (rpcsrv/registration.py, rpcsrv/cli.py): a tracker registration admits only its
     # match keys; ``draining`` + ``sessions`` let SIGTERM close running sessions with a message
     gate: Optional[Any] = None
+    idle_timeout: float = 0.0  # close a session that sends no request for this long (0: never)
     draining: bool = False
     sessions: set = field(default_factory=set)
     state: Optional["ServerState"] = None  # made on first use (inside trio): see shared_state
@@ -128,10 +129,16 @@ async def serve_connection(stream: trio.SocketStream, cfg: ServerConfig, answere
         log.info("%s: session started in %s", peer, session.workspace.root)
         with trio.move_on_after(timeout) as scope:
             cfg.sessions.add(scope)
-            await _session_loop(io, conn, session, peer, record)
+            with trio.CancelScope() as idle:
+                await _session_loop(io, conn, session, peer, record, idle if cfg.idle_timeout > 0 else None,
+                                    cfg.idle_timeout)
         if scope.cancelled_caught and io.broken:  # never write after half a packet: the client
             record.end = "timeout" if not cfg.draining else "shutdown"  # would read garbage
             log.info("%s: session ended in the middle of an answer", peer)
+        elif idle.cancelled_caught and not io.broken:
+            record.end = "idle"
+            await io.send_all(conn.send_exception(f"RPCSessionIdleError: no request for {cfg.idle_timeout:g}s; "
+                                                  "the board closed the session"))
         elif scope.cancelled_caught and cfg.draining:
             record.end = "shutdown"
             await io.send_all(conn.send_exception("RPCServerShutdown: the board is shutting down; "
@@ -185,9 +192,15 @@ async def _next(io: CountingTransport, conn: Connection):
 
 
 async def _session_loop(io: CountingTransport, conn: Connection, session: Session, peer: str,
-                        record: Optional[SessionRecord] = None) -> None:
+                        record: Optional[SessionRecord] = None, idle: Optional[trio.CancelScope] = None,
+                        idle_seconds: float = 0.0) -> None:
     while True:
-        ev = await _next(io, conn)
+        if idle is not None:  # the idle clock runs only while waiting for the client
+            idle.deadline = trio.current_time() + idle_seconds
+            ev = await _next(io, conn)
+            idle.deadline = float("inf")
+        else:
+            ev = await _next(io, conn)
         if isinstance(ev, ConnectionClosed):
             if not ev.clean:
                 log.info("%s: closing: %s", peer, ev.error)
