@@ -11,7 +11,8 @@ import os
 from dataclasses import dataclass
 
 from .blob import parse_blob_ex
-from .containers import NoSymbol, find_blob
+from .containers import find_blob
+from .location import NoSymbol
 from .errors import LoaderError
 from .modules import HostLibraryModule, ModuleNode
 

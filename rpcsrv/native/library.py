@@ -65,7 +65,8 @@ class LibraryInfo:
 
     def public_functions(self) -> list[str]:
         """The functions a client can ask for (tvm-ffi names without their prefix)."""
-        ffi = [s[len(FFI_PREFIX):] for s in self.functions if s.startswith(FFI_PREFIX) and not s.startswith("__tvm_ffi__")]
+        ffi = [s[len(FFI_PREFIX):] for s in self.functions
+               if s.startswith(FFI_PREFIX) and not s.startswith("__tvm_ffi__")]
         return ffi or [s for s in self.functions if not s.startswith("_")]
 
 
