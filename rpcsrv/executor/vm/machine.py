@@ -86,14 +86,14 @@ class VMExecutableRuntime(RuntimeModule):
         if self.kernels is not None:
             fn = self.kernels(name)
             if fn is not None:
-                return fn
+                return fn if isinstance(fn, NativeKernel) else host_function(fn)
         for mod in self.imports:
             for sub in mod.walk():
-                if getattr(sub, "symbols", None) is not None:
+                if getattr(sub, "symbols", None) is not None or getattr(sub, "library", None) is not None:
                     continue  # a host library: its kernels come through ``kernels``
                 fn = sub.get_function(name)
                 if fn is not None:
-                    return fn
+                    return host_function(fn)
         return None
 
     def get_function(self, name: str):
@@ -112,6 +112,25 @@ class VMExecutableRuntime(RuntimeModule):
         names = ", ".join(f.name for f in self.exe.functions)
         return (f"Relax VM executable statistics:\n  Constant pool (# {len(self.constants)}): [{consts}]\n"
                 f"  Globals (#{len(self.exe.functions)}): [{names}]\n")
+
+
+def host_function(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A function of another module (an ExampleJSON subgraph, a classic native function) as the VM
+    calls it: tensors go in as numpy arrays over the same memory (destination-passing outputs are
+    written in place), a returned array comes back as a tensor."""
+    def call(*args: Any) -> Any:
+        return as_tensor(fn(*[export_view(a) for a in args]))
+    call.__name__ = getattr(fn, "__name__", "function")
+    return call
+
+
+def export_view(value: Any) -> Any:
+    """A register value for a function outside the VM, without copying: tensors as their arrays."""
+    if isinstance(value, Tensor):
+        return value.array
+    if isinstance(value, list):
+        return [export_view(v) for v in value]
+    return value
 
 
 def _check_function(exe: VMExecutableModule, code: list, index: int) -> None:
