@@ -37,9 +37,9 @@ from construct import (
     Construct, Float64l, If, Int8ul, Int16ul, Int32sl, Int64sl, Int64ul, Struct, Switch, stream_read, this,
 )
 
-from ..protocol.dtypes import DataType
+from ..protocol.dtypes import DataType, dtype_str
 from .formats import DmlcString, NDArray, StringVector, Vector, _remaining, fail
-from .modules import ModuleNode, PayloadCodec
+from .modules import PAYLOADS, ModuleNode, PayloadCodec
 
 MAGIC_V1 = 0xD225DE2F4214151D
 MAGIC_V2 = 0xD225DE2F4214151E
@@ -341,8 +341,6 @@ def disassemble(exe: VMExecutableModule) -> Iterator[str]:
 
 def describe_constant(c: Any) -> str:
     if isinstance(c, np.ndarray):
-        from ..protocol.dtypes import dtype_str
-
         return f"tensor {dtype_str(c.dtype)}{list(c.shape)} {c.nbytes} bytes"
     if isinstance(c, ShapeTuple):
         return f"shape {list(c)}"
@@ -379,8 +377,9 @@ def constant_bytes(exe: VMExecutableModule) -> int:
     return int(sum(c.nbytes for c in exe.constants if isinstance(c, np.ndarray)))
 
 
-#: the loader's codec for this type key (registered in ``modules.PAYLOADS``)
-PAYLOAD = PayloadCodec(VMExecutablePayload, decode, encode)
+#: the loader's codec for this type key, registered in the type-key table when this module is
+#: imported (``rpcsrv.loader`` imports it, so every layout reads and writes executables)
+PAYLOAD = PAYLOADS["relax.VMExecutable"] = PayloadCodec(VMExecutablePayload, decode, encode)
 
 
 _ERROR_CONTEXT = re.compile(r"ErrorContext\(fn=(?P<fn>[^,]+), loc=param\[(?P<i>\d+)\], param=(?P<p>[^,]+), "
