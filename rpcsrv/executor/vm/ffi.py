@@ -52,7 +52,8 @@ def _dl_dtype(dtype: np.dtype) -> tuple[int, int, int]:
     code = _DL_DTYPES.get(dtype)
     if code is None:
         dt = DataType.from_numpy(dtype)
-        code = _DL_DTYPES[dtype] = (int(dt.code), 8 if dt.is_bool else dt.bits, dt.lanes)
+        # tvm-ffi kernels take booleans as kDLBool (6) of 8 bits, not TVM <= 0.20's uint1
+        code = _DL_DTYPES[dtype] = (6, 8, 1) if dt.is_bool else (int(dt.code), dt.bits, dt.lanes)
     return code
 
 
