@@ -21,7 +21,7 @@ from typing import Callable
 from .compiler import CompileError, parse_shape
 from .export import FORMATS, LAYOUTS
 
-PLUGIN_MODULES = ("client.run", "client.demo", "client.bench")
+PLUGIN_MODULES = ("client.run", "client.demo", "client.bench", "client.profile", "client.compare")
 
 
 def _input_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:

@@ -21,6 +21,7 @@ def _serve(args: argparse.Namespace) -> int:
         workdir=Path(args.workdir) if args.workdir else None,
         dialect=None if args.dialect == "auto" else Dialect(args.dialect),
         limits=Limits(max_memory=args.max_memory_mb << 20, max_workspace=args.max_workspace_mb << 20),
+        native="off" if args.no_native else args.native,
     )
 
     # deployment (rpcsrv/board.py): tracker, proxy, graceful SIGTERM/SIGINT, farm logs
@@ -80,6 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--custom-addr", help="address the tracker hands to clients (default: what it sees)")
     s.add_argument("--proxy", metavar="HOST:PORT", help="serve through this TVM RPC proxy instead of listening")
     s.add_argument("--log-json", action="store_true", help="log one JSON object per line")
+    s.add_argument("--native", choices=["isolated", "inprocess", "off"], default="isolated",
+                   help="native host code in uploaded libraries: run it in a worker process per session "
+                        "(default; a crash ends only that session), in the server process (trusted "
+                        "boards), or refuse it")
+    s.add_argument("--no-native", action="store_true", help="refuse libraries with native code (--native off)")
     s.set_defaults(func=_serve)
     i = sub.add_parser("inspect", help="show what an exported library holds")
     i.add_argument("file")

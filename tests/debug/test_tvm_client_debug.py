@@ -104,17 +104,20 @@ def test_debug_executor_outputs_and_timings(tvm, remote):
 
 
 def test_sum_of_node_times_is_close_to_a_plain_run(tvm, remote):
-    """Best of several repeats on both sides, so a loaded 2-core machine does not decide the result."""
+    """Many single-call samples on both sides and the best of each: on a loaded 2-core machine some
+    samples still run undisturbed, and the best ones are what the two totals are compared on."""
     sess, lib, dev = remote
     dbg = sess.get_function("tvm.graph_executor_debug.create")(chain_graph_json(), lib, 1, 0)
     for name, value in zip(("x", "w", "b"), chain_inputs()):
         dbg["set_input"](name, tvm.runtime.tensor(value, dev))
-    ratios = []
-    for _ in range(3):  # bounded retries: one noisy measurement must not fail the test
-        times = _run_individual(bytes(dbg["run_individual"](20, 5, 5, 100, 0, 1)), 5)
-        node_sum = sum(min(row) for row in times)
-        plain = min(dbg.time_evaluator("run", dev, number=20, repeat=5, min_repeat_ms=5)().results)
-        ratios.append(node_sum / plain)
+    best_nodes = [float("inf")] * len(NODES)
+    best_run, ratios = float("inf"), []
+    timer = dbg.time_evaluator("run", dev, number=1, repeat=40)
+    for _ in range(4):  # bounded: more samples only make the best ones better
+        times = _run_individual(bytes(dbg["run_individual"](1, 40, 0, 100, 0, 1)), 40)
+        best_nodes = [min(b, min(row)) for b, row in zip(best_nodes, times)]
+        best_run = min(best_run, min(timer().results))
+        ratios.append(sum(best_nodes) / best_run)
         if abs(ratios[-1] - 1) <= 0.2:
             break
     assert abs(ratios[-1] - 1) <= 0.2, f"sum of node times / plain run: {ratios}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import os
+import sys
 
 import numpy as np
 import onnx
@@ -17,10 +18,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from client.compiler import compile_onnx
-from client.compiler.conformance import run_in_process
 from client.compiler.opsets import since_version
 from client.compiler.onnx_import import Node
 from conftest import need_module
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "compiler"))
+from compiler_helpers import run_in_process  # noqa: E402  (the executor in-process, shared with tests/compiler)
 
 F = TensorProto.FLOAT
 DATA = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data")
