@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rpcsrv.executor import load_module
+from rpcsrv.native import load_native_module as load_module  # kernels run in this process
 import vm_fixtures
 
 tvm = vm_fixtures.tvm  # the shared fixture

@@ -66,6 +66,11 @@ class VMExecutableRuntime(RuntimeModule):
         for index, f in enumerate(exe.functions):
             _check_function(exe, self.code, index)
         missing = [f.name for f in exe.functions if f.kind == KIND_PACKED and self.resolve(f.name) is None]
+        native = [name for name in missing if self._native_symbol(name)]
+        if native:
+            raise VMError(f"relax.VMExecutable: kernel(s) {', '.join(native)} are native code of the library, "
+                          f"and native code is not enabled for this module tree (rpcsrv serve --no-native, or "
+                          f"built without rpcsrv.native)")
         if missing:
             raise VMError(f"relax.VMExecutable: function(s) {', '.join(missing)} called by the code are neither "
                           f"VM builtins available on this board nor functions of the library")
@@ -95,6 +100,10 @@ class VMExecutableRuntime(RuntimeModule):
                 if fn is not None:
                     return host_function(fn)
         return None
+
+    def _native_symbol(self, name: str) -> bool:
+        return any(f"__tvm_ffi_{name}" in (getattr(sub, "symbols", None) or ())
+                   for mod in self.imports for sub in mod.walk())
 
     def get_function(self, name: str):
         if name == "vm_load_executable":
