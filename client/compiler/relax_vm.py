@@ -19,7 +19,8 @@ import math
 import numpy as np
 
 from rpcsrv.loader import ConstLoaderModule, ExampleJSONModule
-from rpcsrv.loader.vm_executable import Assembler, ShapeTuple, VMExecutableModule
+from rpcsrv.loader.vm_assembler import Assembler
+from rpcsrv.loader.vm_executable import ShapeTuple, VMExecutableModule
 from rpcsrv.protocol.dtypes import DataType
 
 from .errors import CompileError

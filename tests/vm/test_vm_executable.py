@@ -15,8 +15,9 @@ from rpcsrv.loader import LoaderError, build_blob, load_library
 from rpcsrv.loader.formats import parse
 from rpcsrv.loader.vm_executable import (
     KIND_PACKED, KIND_VM, MAGIC_V2, OP_CALL, ShapeTuple, VMExecutableModule, VMExecutablePayload,
-    decode_instructions, disassemble, encode, format_arg,
+    decode_instructions, encode,
 )
+from rpcsrv.loader.vm_text import disassemble, format_arg
 import vm_fixtures
 import vm_models
 
@@ -141,7 +142,8 @@ def test_instruction_arguments_decode(vm_libs):
 
 
 def test_assembler_output_round_trips_and_disassembles():
-    from rpcsrv.loader.vm_executable import Assembler, decode
+    from rpcsrv.loader.vm_assembler import Assembler
+    from rpcsrv.loader.vm_executable import decode
 
     asm = Assembler()
     f = asm.function("main", ["x"])
