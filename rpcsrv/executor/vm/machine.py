@@ -214,7 +214,8 @@ class VirtualMachine(RuntimeModule):
                     words.extend((T_DLTENSOR, 0))
                 else:
                     words.extend(encode_value(v, self._keep))
-            return (S_KERNEL, fn, words, tuple(regs), len(spec), dst, name)
+            # the argument array is made once; each run writes the registers' words into it
+            return (S_KERNEL, fn, fn.argv(words), tuple(regs), len(spec), dst, name)
         return (OP_CALL, fn, spec, dst, name)
 
     def _arg(self, kind: int, value: int) -> tuple[bool, Any]:
@@ -234,8 +235,8 @@ class VirtualMachine(RuntimeModule):
     def run(self, index: int, args: tuple) -> Any:
         """Run bytecode function ``index`` on register values ``args``.
 
-        Steps: ``S_KERNEL`` (a native kernel: argument words with the registers' DLTensor
-        addresses filled in), ``S_ALLOC_TENSOR`` (a tensor in a storage, constant offset, shape and
+        Steps: ``S_KERNEL`` (a native kernel: its argument array, made once, gets the registers'
+        DLTensor addresses), ``S_ALLOC_TENSOR`` (a tensor in a storage, constant offset, shape and
         dtype), ``S_NULL`` (clear a register), ``OP_CALL`` (any other packed function or closure),
         ``OP_RET``, ``OP_GOTO``, ``OP_IF``.
         """
@@ -246,20 +247,22 @@ class VirtualMachine(RuntimeModule):
         prog = self._program(index)
         regs: list[Any] = [None] * f.register_file_size
         regs[:len(args)] = args
+        hold: list = []  # DLTensors made for non-tensor arguments during this run
         pc = 0
         try:
             while True:
                 step = prog[pc]
                 code = step[0]
                 if code == S_KERNEL:
-                    words = step[2][:]
+                    argv = step[2]
                     for at, r in step[3]:
                         v = regs[r]
                         if type(v) is Tensor:
-                            words[at + 1] = v.dla or v.make_dl()
+                            argv[at] = T_DLTENSOR
+                            argv[at + 1] = v.dla or v.make_dl()
                         else:
-                            words[at], words[at + 1] = encode_value(v, [])
-                    ret = step[1].call_words(words, step[4])
+                            argv[at], argv[at + 1] = encode_value(v, hold)
+                    ret = step[1].call_argv(argv, step[4])
                     if step[5] >= 0:
                         regs[step[5]] = ret
                 elif code == S_ALLOC_TENSOR:
