@@ -79,7 +79,7 @@ def test_byoc_compile_executor_relax_through_the_real_client(tvm, server, tmp_pa
     """``byoc compile --executor relax``: our compiler's partitioned model as a Relax VM executable,
     run by the real client's ``relax.VirtualMachine``, matching onnxruntime."""
     need_program("cc", "the library is a .so built by the system C compiler")
-    import onnx
+    import onnx  # the tvm fixture made sure of onnx and onnxruntime
     from tvm import relax
 
     from client.cli import main as byoc
@@ -112,7 +112,10 @@ def test_byoc_compile_executor_relax_through_the_real_client(tvm, server, tmp_pa
 
 def test_executor_relax_two_outputs_in_process(tmp_path):
     """Several graph outputs come back as a tuple (``make_tuple``), as from TVM's own executables."""
-    import onnx
+    from conftest import need_module
+
+    onnx = need_module("onnx", "the model is an ONNX graph")
+    need_module("onnxruntime", "onnxruntime is the numeric reference")
 
     from client.compiler import compile_onnx
     from rpcsrv.executor import load_module
