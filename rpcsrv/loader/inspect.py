@@ -16,7 +16,8 @@ import numpy as np
 
 from ..protocol.dtypes import dtype_str
 from .library import load_library
-from .vm_executable import VMExecutableModule, format_vm, summarize_vm
+from .vm_executable import VMExecutableModule
+from .vm_text import format_vm, summarize_vm
 from .modules import (
     ConstLoaderModule, ExampleJSONModule, GraphExecutorFactoryModule, HostLibraryModule,
     UnknownModule,
