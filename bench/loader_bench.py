@@ -4,7 +4,7 @@
 
 Builds, in a temporary directory, a graph executor factory whose params total ``--size-mb`` MB
 (plus an ExampleJSON module and a const loader), as a raw blob file and as an ELF shared object
-(gcc, blob pulled in with ``.incbin`` so that compiling does not dominate).  Then measures, best of
+(``client.export``, which pulls the blob in with ``.incbin``).  Then measures, best of
 ``--repeat`` with a warm page cache:
 
   * ``read``: ``open(path, "rb").read()`` (the anchor);
@@ -17,9 +17,6 @@ Target: ``load`` <= 2x ``read``.  Prints the figures and the ratios.
 from __future__ import annotations
 
 import argparse
-import shutil
-import struct
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,9 +26,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from client.export import export_library, find_compiler  # noqa: E402
 from rpcsrv.loader import (  # noqa: E402
-    BLOB_SYMBOL, ConstLoaderModule, ExampleJSONModule, GraphExecutorFactoryModule, HostLibraryModule,
-    build_blob, load_library,
+    ConstLoaderModule, ExampleJSONModule, GraphExecutorFactoryModule, HostLibraryModule, load_library,
 )
 
 
@@ -46,21 +43,11 @@ def make_tree(size_mb: int) -> GraphExecutorFactoryModule:
 
 
 def write_files(work: Path, size_mb: int) -> dict[str, Path]:
-    blob = build_blob(make_tree(size_mb))
-    content = struct.pack("<Q", len(blob)) + blob
-    raw = work / "model.blob"
-    raw.write_bytes(content)
-    files = {"raw": raw}
-    gcc = shutil.which("gcc")
-    if gcc:
-        src = work / "devc.c"
-        src.write_text(
-            f'__asm__(".section .rodata\\n.globl {BLOB_SYMBOL}\\n.type {BLOB_SYMBOL}, @object\\n'
-            f'{BLOB_SYMBOL}:\\n.incbin \\"{raw}\\"\\n.size {BLOB_SYMBOL}, {len(content)}\\n");\n'
-            "int tvmgen_default_fused_add(void* a, int* c, int n) { return n; }\n")
-        so = work / "model.so"
-        subprocess.run([gcc, "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
-        files["elf"] = so
+    """The tree as a raw blob file and, when a C compiler is found, as the exporter's ``.so``."""
+    tree = make_tree(size_mb)
+    files = {"raw": Path(export_library(tree, work / "model.blob"))}
+    if find_compiler():
+        files["elf"] = Path(export_library(tree, work / "model.so"))
     return files
 
 

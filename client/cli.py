@@ -64,8 +64,8 @@ def add_compile_parser(sub) -> None:
                         "(repeat for several inputs)")
     p.add_argument("--ops", help="comma-separated ops the accelerator has (default: every kernel of the "
                                  "board), e.g. add,sub,mul")
-    p.add_argument("--format", choices=FORMATS, help="output format (default: from the file name; "
-                                                     "neither .so nor .tar means a raw blob)")
+    p.add_argument("--format", choices=FORMATS, help="output format (default: from the file name: .so/.dylib, "
+                                                     ".tar, .tar.gz/.tgz/.tar.bz2/.tar.xz, .blob)")
     p.add_argument("--layout", choices=tuple(LAYOUTS), default="classic",
                    help="blob layout: TVM's classic one or tvm-ffi's (default classic)")
     p.add_argument("--cc", help="C compiler for .so/.tar, e.g. arm-linux-gnueabihf-gcc (default: cc)")

@@ -21,6 +21,7 @@ def _serve(args: argparse.Namespace) -> int:
         workdir=Path(args.workdir) if args.workdir else None,
         dialect=None if args.dialect == "auto" else Dialect(args.dialect),
         limits=Limits(max_memory=args.max_memory_mb << 20, max_workspace=args.max_workspace_mb << 20),
+        native="off" if args.no_native else args.native,
     )
 
     # deployment (rpcsrv/board.py): tracker, proxy, graceful SIGTERM/SIGINT, farm logs
@@ -58,7 +59,7 @@ def _inspect(args: argparse.Namespace) -> int:
     except (LoaderError, OSError) as exc:
         print(f"rpcsrv inspect: error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(info, indent=2) if args.json else format_inspection(info))
+    print(json.dumps(info, indent=2) if args.json else format_inspection(info, disasm=args.disasm))
     return 0
 
 
@@ -80,10 +81,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--custom-addr", help="address the tracker hands to clients (default: what it sees)")
     s.add_argument("--proxy", metavar="HOST:PORT", help="serve through this TVM RPC proxy instead of listening")
     s.add_argument("--log-json", action="store_true", help="log one JSON object per line")
+    s.add_argument("--native", choices=["isolated", "inprocess", "off"], default="isolated",
+                   help="native host code in uploaded libraries: run it in a worker process per session "
+                        "(default; a crash ends only that session), in the server process (trusted "
+                        "boards), or refuse it")
+    s.add_argument("--no-native", action="store_true", help="refuse libraries with native code (--native off)")
     s.set_defaults(func=_serve)
     i = sub.add_parser("inspect", help="show what an exported library holds")
     i.add_argument("file")
     i.add_argument("--json", action="store_true", help="machine-readable output")
+    i.add_argument("--disasm", action="store_true", help="disassemble Relax VM executables")
     i.set_defaults(func=_inspect)
     return p
 

@@ -8,8 +8,6 @@ Unknown names answer a null handle, as TVM does (the client then raises its own 
 
 from __future__ import annotations
 
-import struct
-import time
 from typing import Any, Callable, Optional
 
 from .executor.runtime import RuntimeModule
@@ -82,12 +80,10 @@ def _listdir(sess: Session, path: str = ".") -> str:
 
 @reg("tvm.rpc.server.load_module", blocking=True)
 def _load_module(sess: Session, path: str) -> RuntimeModule:
-    from .executor import load_module  # imported lazily: the executor pulls in numpy kernels
-
     target = sess.workspace.path(path)
     if not target.is_file():
         raise FileNotFoundError(f"no file {path!r} in the session workspace (upload it first)")
-    return load_module(str(target))
+    return sess.native.load(str(target))  # the board's native-code policy (rpcsrv.native.host)
 
 
 @reg("tvm.rpc.server.ModuleGetFunction")
@@ -123,7 +119,13 @@ def _time_evaluator(sess: Session, mod, name: str, device_type: int, device_id: 
                     repeat: int, min_repeat_ms: int, limit_zero_time_iterations: int = 100,
                     cooldown_interval_ms: int = 0, repeats_to_cooldown: int = 1,
                     cache_flush_bytes: int = 0, f_preproc: str = "") -> PackedFunction:
-    """TVM's time evaluator: returns a function whose result is ``repeat`` float64 seconds-per-call."""
+    """TVM's time evaluator: returns a function whose result is ``repeat`` float64 seconds-per-call.
+
+    The loop is ``rpcsrv.native.measure.time_evaluator``; for a module in a native worker it runs in
+    the worker, so the timings hold no IPC."""
+    from .native.measure import PREPROC, time_evaluator
+    from .native.proxy import WorkerFunction
+
     if mod is None:
         target = sess.registry.get(name, sess)
         fn = target.fn if target else None
@@ -133,33 +135,36 @@ def _time_evaluator(sess: Session, mod, name: str, device_type: int, device_id: 
         raise RPCUserError("time_evaluator expects a module")
     if fn is None:
         raise RPCUserError(f"Cannot find function {name!r} to time")
-    if f_preproc:
-        raise RPCUserError(f"preprocessing function {f_preproc!r} is not available on this board")
-    if number < 1 or repeat < 1:
-        raise RPCUserError("time_evaluator needs number >= 1 and repeat >= 1")
     Device(device_type, device_id)  # validated by the caller's device use
-
-    def evaluate(*args) -> bytes:
-        fn(*args)  # warm-up, as TVM does
-        out = []
-        n = number
-        for i in range(repeat):
-            zero_times = 0
-            while True:
-                start = time.perf_counter()
-                for _ in range(n):
-                    fn(*args)
-                elapsed = time.perf_counter() - start
-                zero_times += elapsed == 0
-                if elapsed * 1e3 >= min_repeat_ms or zero_times >= limit_zero_time_iterations:
-                    break
-                n = int(max(min_repeat_ms / (elapsed * 1e3 / n + 1e-12) + 1, n * 1.618))
-            out.append(elapsed / n)
-            if cooldown_interval_ms > 0 and i % max(repeats_to_cooldown, 1) == 0:
-                time.sleep(cooldown_interval_ms / 1e3)
-        return struct.pack(f"<{len(out)}d", *out)
-
+    params = (number, repeat, min_repeat_ms, limit_zero_time_iterations, cooldown_interval_ms,
+              repeats_to_cooldown, cache_flush_bytes)
+    if isinstance(fn, WorkerFunction):
+        return PackedFunction(fn.time_evaluator(params, f_preproc), f"time_evaluator({name})", blocking=True)
+    preproc = None
+    if f_preproc:
+        preproc = PREPROC.get(f_preproc) or getattr(sess.registry.get(f_preproc, sess), "fn", None)
+        if preproc is None:
+            raise RPCUserError(f"Cannot find {f_preproc} in the global function")
+    try:
+        evaluate = time_evaluator(fn, *params, f_preproc=preproc)
+    except ValueError as exc:
+        raise RPCUserError(str(exc)) from None
     return PackedFunction(evaluate, f"time_evaluator({name})", blocking=True)
+
+
+@reg("cache_flush_cpu_non_first_arg", blocking=True)
+def _cache_flush(sess: Session, *args) -> None:
+    from .native.measure import cache_flush_cpu_non_first_arg
+
+    cache_flush_cpu_non_first_arg(*args)
+
+
+@reg("tvm.contrib.random.random_fill_for_measure", blocking=True)
+def _random_fill_for_measure(sess: Session, arr) -> None:
+    """What MetaSchedule's runner fills its arguments with (TVM's random engine: uniform [1, 10))."""
+    from .native.measure import random_fill_for_measure
+
+    random_fill_for_measure(arr)
 
 
 @reg("rpcsrv.session_stats")

@@ -23,6 +23,7 @@ from .protocol import (NEED_DATA, CallFuncChunk, CallFuncStart, Connection, Conn
                        HandshakeRequest, Role, Shutdown)
 from .protocol.connection import DEFAULT_MAX_PACKET
 from .farmlog import CountingTransport, SessionRecord
+from .native.host import NativeSession
 from .session import Limits, Session
 from .workspace import Workspace
 
@@ -47,6 +48,7 @@ class ServerConfig:
     gate: Optional[Any] = None
     draining: bool = False
     sessions: set = field(default_factory=set)
+    native: str = "isolated"  # native host code: "isolated" (worker process), "inprocess" or "off"
 
 
 async def serve_connection(stream: trio.SocketStream, cfg: ServerConfig, answered: bool = False) -> None:
@@ -79,6 +81,7 @@ async def serve_connection(stream: trio.SocketStream, cfg: ServerConfig, answere
         record = SessionRecord(peer=peer, key=cfg.key, start=time.monotonic(), io=io)
         session = Session(conn, Workspace.create(cfg.workdir, max_bytes=cfg.limits.max_workspace),
                           cfg.registry, cfg.limits, peer)
+        session.native = NativeSession(cfg.native, cfg.limits.max_memory, timeout)
         log.info("%s: session started in %s", peer, session.workspace.root)
         with trio.move_on_after(timeout) as scope:
             cfg.sessions.add(scope)

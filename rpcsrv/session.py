@@ -24,6 +24,7 @@ import numpy as np
 import trio
 
 from .executor.runtime import RuntimeModule
+from .native.host import NativeSession
 from .protocol import (BadPacket, CallFunc, CallFuncEnd, CallFuncStart, Connection, CopyFromRemote,
                        CopyToRemote, DataType, Device,
                        DeviceAttrKind, Dialect, FunctionHandle, Handle, InitServer, ModuleHandle,
@@ -90,6 +91,7 @@ class Session:
         self.initialized = False
         self._stream: Optional[StreamedCall] = None  # the streamed call in progress (see open_stream)
         self.errors = 0  # requests answered with an exception (for the per-session log line)
+        self.native = NativeSession("isolated", self.limits.max_memory)  # the server sets its policy
 
     # ------------------------------------------------------------------ handles
     def _new_handle(self) -> int:
@@ -112,7 +114,7 @@ class Session:
             raise RPCUserError(f"allocating {nbytes} bytes exceeds this session's memory budget "
                                f"({self.memory_used} of {self.limits.max_memory} bytes in use)")
         h = self._new_handle()
-        self.buffers[h] = np.zeros(nbytes, dtype=np.uint8)
+        self.buffers[h] = self.native.zeros(nbytes)  # shared with the native worker once there is one
         self.allocated[h] = nbytes
         self.memory_used += nbytes
         return h
@@ -121,7 +123,7 @@ class Session:
         nbytes = self.allocated.pop(handle, None)
         if nbytes is None:
             raise RPCUserError(f"unknown data handle 0x{handle:x} (not allocated by this session, or freed)")
-        del self.buffers[handle]
+        self.native.release(self.buffers.pop(handle))
         self.memory_used -= nbytes
 
     def tensor_view(self, t: TensorHeader) -> np.ndarray:
@@ -397,6 +399,7 @@ class Session:
         self._abort_stream()
         self.buffers.clear()
         self.objects.clear()
+        self.native.close()
         self.workspace.cleanup()
 
 

@@ -7,8 +7,8 @@ gives outputs with the expected dtype and shape, equal within ONNX's backend tol
 (the case's ``rtol``/``atol``, by default ``rtol=1e-3, atol=1e-7``).
 
 The ``runner`` is a callable ``runner(library_path, inputs: dict[str, ndarray], num_outputs)
--> list[ndarray]``; :func:`run_in_process` loads the library with ``rpcsrv.executor`` directly,
-an RPC runner can be passed instead.
+-> list[ndarray]``: one of ``conformance_rpc``'s, which take each case to a board over RPC (the
+command line starts a local ``rpcsrv serve`` for that), or the tests' in-process runner.
 
 Inputs that decide output *shapes* (a Reshape target, Expand shape, ...) are model inputs in these
 cases; when shape inference cannot finish, the case is compiled again with its non-float inputs
@@ -17,8 +17,12 @@ bound as constants (TVM's ``bind_params`` step), which is recorded in the result
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import re
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -28,7 +32,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from rpcsrv.executor.kernels import KERNELS, onnx_op_to_kernel
+from rpcsrv.loader.opset import OPS, onnx_op_to_kernel
 
 from .errors import CompileError
 from .model import compile_onnx
@@ -46,18 +50,6 @@ class CaseResult:
     reason: str = ""
     bound: list[str] = field(default_factory=list)
     seconds: float = 0.0
-
-
-def run_in_process(path: str, inputs: dict, num_outputs: int) -> list:
-    """Load ``path`` with ``rpcsrv.executor``, run factory "default" on CPU, return the outputs."""
-    from rpcsrv.executor import load_module
-    from rpcsrv.protocol.dtypes import Device
-
-    gmod = load_module(path).get_function("default")(Device(1, 0))
-    for name, value in inputs.items():
-        gmod.get_function("set_input")(name, value)
-    gmod.get_function("run")()
-    return [np.array(gmod.get_function("get_output")(i)) for i in range(num_outputs)]
 
 
 @functools.lru_cache(maxsize=1)
@@ -128,7 +120,7 @@ def _reason(exc: Exception) -> str:
     return line if line.startswith(kind + ":") or (kind == "RPCError" and ": " in line) else f"{kind}: {line}"
 
 
-def run_case(case, runner: Runner = run_in_process, tmp: str | None = None) -> CaseResult:
+def run_case(case, runner: Runner, tmp: str | None = None) -> CaseResult:
     """Compile, export and run one case with every test data set; never raises."""
     start = time.perf_counter()
     model = case.model
@@ -193,7 +185,7 @@ def select_cases(supported=None):
     Skipped: cases with ops outside the set, with sequence/optional values, or with element types
     the board has no dtype for (bfloat16, float8, int4, ...).
     """
-    supported = set(KERNELS if supported is None else supported)
+    supported = set(OPS if supported is None else supported)
     chosen, skipped = [], {}
     for case in node_cases():
         missing = sorted(set(case_ops(case.model)) - supported)
@@ -228,28 +220,55 @@ def report(results: list[CaseResult]) -> str:
     return "\n".join(lines)
 
 
+@contextlib.contextmanager
+def local_board(port: int = 19090, port_end: int = 19390):
+    """``(host, port)`` of a board of our own: ``rpcsrv serve`` in a child process on a free loopback
+    port, stopped on exit."""
+    cmd = [sys.executable, "-m", "rpcsrv", "serve", "--host", "127.0.0.1", "--port", str(port),
+           "--port-end", str(port_end)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        found = re.search(r"serving on (\S+):(\d+)", line)
+        if found is None:
+            proc.kill()
+            raise RuntimeError(f"the local board did not start: {proc.stderr.read().strip() or line.strip()}")
+        yield found.group(1), int(found.group(2))
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m client.compiler.conformance [--ops add,sub] [--rpc HOST:PORT [--client tvm]]``:
-    run the cases (in process, or on an ``rpcsrv serve`` board through an RPC client), print the table."""
+    run the cases on a board (a local ``rpcsrv serve`` unless ``--rpc`` names one), print the table."""
     import argparse
     import warnings
 
+    from .conformance_rpc import RUNNERS
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", help="restrict to these kernels (default: the whole table)")
-    parser.add_argument("--rpc", metavar="HOST:PORT", help="run on this rpcsrv board instead of in process")
+    parser.add_argument("--rpc", metavar="HOST:PORT", help="run on this rpcsrv board (default: start one locally)")
     parser.add_argument("--client", choices=("ours", "tvm"), default="ours",
-                        help="RPC client for --rpc: client.rpc (default) or the real TVM client")
+                        help="RPC client: client.rpc (default) or the real TVM client")
     parser.add_argument("--key", default="", help="device key for --rpc")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")
     cases, skipped = select_cases(args.ops.split(",") if args.ops else None)
-    runner: Runner = run_in_process
-    if args.rpc:
-        from .conformance_rpc import RUNNERS
-
-        host, _, port = args.rpc.rpartition(":")
-        runner = RUNNERS[args.client](host or "127.0.0.1", int(port), args.key)
-    results = [run_case(c, runner) for c in cases]
+    with contextlib.ExitStack() as stack:
+        if args.rpc:
+            host, _, port = args.rpc.rpartition(":")
+            host, port = host or "127.0.0.1", int(port)
+        else:
+            host, port = stack.enter_context(local_board())
+        runner = RUNNERS[args.client](host, port, args.key)
+        stack.callback(runner.close)
+        results = [run_case(c, runner) for c in cases]
     print(report(results))
     kinds: dict[str, int] = {}
     for why in skipped.values():

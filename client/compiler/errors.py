@@ -24,3 +24,36 @@ class UnsupportedNodesError(CompileError):
         super().__init__(message)
         self.nodes = nodes
         self.partial = partial
+
+
+#: ONNX ops whose output size depends on the input *values*, not only their shapes: what decides it
+DATA_DEPENDENT = {
+    "NonZero": "how many elements are non-zero",
+    "NonMaxSuppression": "how many boxes survive",
+    "Unique": "how many distinct values there are",
+    "Compress": "how many condition values are true",
+    "Loop": "how many iterations run",
+    "StringSplit": "how many pieces each string splits into",
+}
+
+
+def no_static_shape(unknown: list[tuple[str, str, str]]) -> CompileError:
+    """The error for tensors left without a static shape, as ``(node name, op type, tensor)``.
+
+    When a data-dependent op (``DATA_DEPENDENT``) is among the producers, that is the cause, and
+    no ``--input-shape`` can help: the message says so instead of asking for shapes.
+    """
+    shown = "; ".join(f"{t!r} of node {n!r} ({op})" for n, op, t in unknown[:8])
+    head = f"shape inference left {len(unknown)} tensor(s) without a static shape: {shown}."
+    causes: dict[str, str] = {}
+    for n, op, _ in unknown:
+        if op in DATA_DEPENDENT:
+            causes.setdefault(n, op)
+    if not causes:
+        return CompileError(f"{head} Give concrete --input-shape values, or make shape inputs constants")
+    listed = ", ".join(f"node {n!r} ({op}: {DATA_DEPENDENT[op]})" for n, op in causes.items())
+    return CompileError(
+        f"{head} The cause is {listed}: its output size depends on the input values, not only on "
+        f"their shapes, so no --input-shape can make it static, and the board's graph executor fixes "
+        f"every tensor's size before it runs. Remove such ops from the model or compute that part "
+        f"outside it (they compile only where their input is a constant, which is folded away).")

@@ -6,8 +6,10 @@ compiling, as TVM's ``FoldConstant`` and static-shape passes know them.  One rou
 
 * ``Constant`` nodes become initializers;
 * ``Shape`` and ``Size`` of a tensor with a static shape become constants;
-* a node whose inputs are all constants is evaluated with the board's own numpy kernel (the
-  same function that would run it on the board) and its outputs become initializers.
+* a node of an op the board has (the op catalogue ``rpcsrv.loader.opset``) whose inputs are all
+  constants is evaluated with ONNX's reference implementation (``onnx.reference``, at the model's
+  opset: the semantics the board's kernels are tested against) and its outputs become initializers.
+  The client does not run the board's kernels itself: it may import only the library formats.
 
 The importer alternates shape inference and folding until nothing changes.
 """
@@ -20,7 +22,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from rpcsrv.executor.kernels import KERNELS, onnx_op_to_kernel
+from onnx.reference import ReferenceEvaluator
+
+from rpcsrv.loader.opset import OPS, onnx_op_to_kernel
 
 ONNX_DOMAINS = ("", "ai.onnx")
 #: refuse to fold into constants larger than this (bytes): they would bloat the library
@@ -67,7 +71,7 @@ def _shape_of(node: onnx.NodeProto, shape: tuple[int, ...]) -> np.ndarray:
     return np.array(shape[start:end], dtype=np.int64)
 
 
-def _evaluate(node: onnx.NodeProto, consts: dict, shapes: dict) -> list | None:
+def _evaluate(node: onnx.NodeProto, consts: dict, shapes: dict, opsets: dict) -> list | None:
     """The node's output values when they are known now, else None."""
     if node.domain not in ONNX_DOMAINS:
         return None
@@ -82,16 +86,14 @@ def _evaluate(node: onnx.NodeProto, consts: dict, shapes: dict) -> list | None:
         return [_shape_of(node, shape)]
     if not node.input or any(i and i not in consts for i in node.input):
         return None
-    kernel = KERNELS.get(onnx_op_to_kernel(node.op_type))
-    attrs = _attrs(node)
-    if kernel is None or attrs is None:
+    if onnx_op_to_kernel(node.op_type) not in OPS or _attrs(node) is None:
         return None
     try:
         with np.errstate(all="ignore"):
-            result = kernel(*[consts[i] if i else None for i in node.input], **attrs)
+            evaluator = ReferenceEvaluator(node, opsets=opsets)
+            values = evaluator.run(None, {i: consts[i] for i in node.input if i})
     except Exception:
         return None  # leave it to the board: the error shows up where it runs
-    values = list(result) if isinstance(result, tuple) else [result]
     return [np.asarray(v) for v in values]
 
 
@@ -100,9 +102,10 @@ def fold_constants(model: onnx.ModelProto) -> bool:
     graph = model.graph
     consts = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
     shapes = _static_shapes(graph)
+    opsets = {"": max([o.version for o in model.opset_import if o.domain in ONNX_DOMAINS] or [1])}
     keep, changed = [], False
     for node in graph.node:
-        values = _evaluate(node, consts, shapes)
+        values = _evaluate(node, consts, shapes, opsets)
         outs = [o for o in node.output if o]
         if values is None or len(values) < len(outs) or \
                 sum(v.nbytes for v in values) > MAX_FOLDED_BYTES:

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rpcsrv.executor.kernels import KERNELS, onnx_op_to_kernel
 from rpcsrv.loader import (
     ConstLoaderModule, ExampleJSONModule, GraphExecutorFactoryModule, HostLibraryModule,
 )
+from rpcsrv.loader.opset import OPS, onnx_op_to_kernel
 
 from .codegen import examplejson_text, graph_json
 from .errors import CompileError, UnsupportedNodesError
@@ -79,9 +79,9 @@ class CompiledModel:
 
 
 def resolve_ops(ops) -> frozenset:
-    """The op set from ``--ops``: kernel names or ONNX op types, as a list or ``"add,sub"``."""
+    """The op set from ``--ops``: op names or ONNX op types, as a list or ``"add,sub"``."""
     if ops is None:
-        return frozenset(KERNELS)
+        return frozenset(OPS)
     if isinstance(ops, str):
         ops = ops.split(",")
     chosen = set()
@@ -89,10 +89,10 @@ def resolve_ops(ops) -> frozenset:
         name = str(raw).strip()
         if not name:
             continue
-        kernel = name if name in KERNELS else onnx_op_to_kernel(name)
-        if kernel not in KERNELS:
+        kernel = name if name in OPS else onnx_op_to_kernel(name)
+        if kernel not in OPS:
             raise CompileError(f"unknown op {name!r} in --ops; the board's kernels are: "
-                               f"{', '.join(sorted(KERNELS))}")
+                               f"{', '.join(sorted(OPS))}")
         chosen.add(kernel)
     if not chosen:
         raise CompileError("--ops is empty; name at least one op (e.g. --ops add,sub,mul)")
@@ -106,14 +106,37 @@ def _describe(op: Op, graph: Graph) -> str:
     return f"  - {op.name!r} ({types}) inputs: {ins} -> outputs: {outs}: {op.reason}"
 
 
-def _unsupported_error(part: Partition, graph: Graph, partial: "CompiledModel") -> UnsupportedNodesError:
+def _advice(unsupported: list[Op], chosen: frozenset) -> list[str]:
+    """What the user can do, for the kinds of reasons at hand: each line fits some of the nodes.
+
+    (Ops left out by ``--ops`` can only be the reason when ``--ops`` was given.)
+    """
+    unchosen = sorted({k for op in unsupported for k in op.requires - chosen if k in OPS})
+    foreign = sorted({"+".join(n.op_type for n in op.nodes) for op in unsupported
+                      if op.kernel not in OPS or op.nodes[0].domain not in ("", "ai.onnx")})
+    refused = [op.name for op in unsupported if op.kernel in OPS and not op.requires - chosen
+               and op.nodes[0].domain in ("", "ai.onnx")]
+    lines = []
+    if unchosen:
+        lines.append(f"add {', '.join(unchosen)} to --ops (or leave --ops out to use every op of the board)")
+    if foreign:
+        lines.append(f"the board has no kernel for {', '.join(foreign)}: replace these nodes in the model "
+                     f"with supported ops, or run that part of the model outside the library")
+    if refused:
+        lines.append("change the attribute values or input types named above in the model "
+                     "(the board implements only the values it lists)")
+    return lines
+
+
+def _unsupported_error(part: Partition, graph: Graph, partial: "CompiledModel",
+                       chosen: frozenset) -> UnsupportedNodesError:
     listed = "\n".join(_describe(op, graph) for op in part.unsupported)
     subgraphs = "; ".join(f"{sg.symbol} ({', '.join(sg.ops)})" for sg in partial.subgraphs) or "none"
+    advice = _advice(part.unsupported, chosen)
     message = (f"{len(part.unsupported)} node(s) cannot run on the {COMPILER} accelerator and there is "
                f"no host fallback yet:\n{listed}\n"
                f"The supported part forms {len(partial.subgraphs)} subgraph(s): {subgraphs}.\n"
-               f"What to do: add the missing ops to --ops (or leave --ops out to use every kernel of "
-               f"the board), or replace these nodes in the model.")
+               f"What to do: " + ";\n  ".join(advice) + ".")
     nodes = [(op.name, "+".join(n.op_type for n in op.nodes),
               [graph.tensors[t].shape for t in op.inputs if t in graph.tensors],
               [graph.tensors[t].shape for t in op.outputs if t in graph.tensors]) for op in part.unsupported]
@@ -159,7 +182,7 @@ def compile_onnx(model_or_path, input_shapes: dict | None = None, ops=None, *,
     part = partition(graph, chosen, module_name)
     compiled = build(graph, part, module_name)
     if part.unsupported:
-        raise _unsupported_error(part, graph, compiled)
+        raise _unsupported_error(part, graph, compiled, chosen)
     missing = [o for o in graph.outputs if o not in graph.inputs and o not in compiled.params
                and not any(o in sg.outputs for sg in compiled.subgraphs)]
     if missing:

@@ -19,7 +19,7 @@ from onnx import helper, numpy_helper
 
 from rpcsrv.protocol.dtypes import dtype_str, numpy_dtype
 
-from .errors import CompileError
+from .errors import CompileError, no_static_shape
 from .fold import attr_value, fold_constants
 
 #: Default-domain opsets we accept: all that the installed ``onnx`` knows.  Kernels take an op's
@@ -266,7 +266,11 @@ def import_onnx(model_or_path, input_shapes: dict | None = None,
         if dtype is None:
             raise CompileError(f"constant {name!r} has dtype {arr.dtype}, which the board has no dtype for")
         tensors[name] = TensorInfo(tuple(arr.shape), dtype)
-    return _to_graph(model, opset, constants, tensors, initializers)
+    result = _to_graph(model, opset, constants, tensors, initializers)
+    from .opsets import upgrade_nodes  # (it builds on this module's Graph)
+
+    upgrade_nodes(result)
+    return result
 
 
 def _to_graph(model, opset, constants, tensors, initializers) -> Graph:
@@ -282,12 +286,19 @@ def _to_graph(model, opset, constants, tensors, initializers) -> Graph:
         nodes.append(Node(name, n.op_type, n.domain, list(n.input), list(n.output), attrs))
     inputs = [vi.name for vi in graph.input if vi.name not in initializers]
     outputs = [vi.name for vi in graph.output]
+    _drop_unused_outputs(nodes, outputs)
     unknown = [(n, o) for n in nodes for o in n.outputs if o and o not in tensors]
     if unknown:
-        shown = "; ".join(f"{o!r} of node {n.name!r} ({n.op_type})" for n, o in unknown[:8])
-        raise CompileError(f"shape inference left {len(unknown)} tensor(s) without a static shape: {shown}. "
-                           f"Give concrete --input-shape values, or make shape inputs constants")
+        raise no_static_shape([(n.name, n.op_type, o) for n, o in unknown])
     return Graph(graph.name or "model", inputs, outputs, nodes, tensors, constants, opset)
+
+
+def _drop_unused_outputs(nodes: list[Node], outputs: list[str]) -> None:
+    """Optional outputs nobody reads become absent (``""``): old ops such as Dropout-7's ``mask`` or
+    BatchNormalization-6's running statistics have no inferred shape and are never computed here."""
+    read = {i for n in nodes for i in n.inputs} | set(outputs)
+    for n in nodes:
+        n.outputs = [o if k == 0 or o in read else "" for k, o in enumerate(n.outputs)]
 
 
 def _normalize(node: onnx.NodeProto, attrs: dict) -> None:

@@ -19,12 +19,10 @@
 
 from __future__ import annotations
 
-import functools
 import heapq
-import inspect
 from dataclasses import dataclass, field
 
-from rpcsrv.executor.kernels import KERNELS, onnx_op_to_kernel
+from rpcsrv.loader.opset import OPS, node_problems, onnx_op_to_kernel
 
 from .onnx_import import ONNX_DOMAINS, Graph, Node, TensorInfo
 
@@ -91,8 +89,8 @@ def _fusable(first: Node, second: Node, uses: dict) -> bool:
 
 
 def _can_fuse_activation(kernel: str, act: Node, ops: frozenset) -> bool:
-    return (act.op_type == "Relu" and "relu" in ops and kernel in KERNELS
-            and "activation" in getattr(KERNELS[kernel], "attrs", ()))
+    return (act.op_type == "Relu" and "relu" in ops and kernel in OPS
+            and "activation" in OPS[kernel].attrs)
 
 
 def _dense_bias(mm: Node, add: Node, graph: Graph) -> list[str] | None:
@@ -180,7 +178,7 @@ def merge_composites(graph: Graph, ops: frozenset) -> list[Op]:
         op = _single(node)
         nxt = next_node(node)
         if node.op_type == "MatMul" and nxt is not None and nxt.op_type == "Add" \
-                and {"matmul", "add"} <= ops and "gemm" in KERNELS:
+                and {"matmul", "add"} <= ops and "gemm" in OPS:
             gemm_inputs = _dense_bias(node, nxt, graph)
             mm_inputs = None if gemm_inputs is not None else _matmul_bias(node, nxt, graph)
             if gemm_inputs is not None or mm_inputs is not None:
@@ -208,12 +206,17 @@ def merge_composites(graph: Graph, ops: frozenset) -> list[Op]:
     return result
 
 
-def annotate(op: Op, ops: frozenset) -> str:
-    """Why ``op`` cannot go to the accelerator, or ``""`` when it can."""
+def annotate(op: Op, ops: frozenset, graph: Graph | None = None) -> str:
+    """Why ``op`` cannot go to the accelerator, or ``""`` when it can.
+
+    Besides the op set, the op catalogue (``rpcsrv.loader.opset``) decides: input counts,
+    attribute names, kinds and the values the board implements, and (with ``graph``, for the
+    tensors' dtypes) the op's dtype rule; so what the board would refuse at run time is refused now.
+    """
     node = op.nodes[0]
     if node.domain not in ONNX_DOMAINS:
         return f"operator domain {node.domain!r} is not supported (only the default ONNX domain)"
-    if op.kernel not in KERNELS:
+    if op.kernel not in OPS:
         return f"no kernel {op.kernel!r} on the board"
     missing = sorted(op.requires - ops)
     if missing:
@@ -221,20 +224,11 @@ def annotate(op: Op, ops: frozenset) -> str:
     bad = sorted(k for k, v in op.attrs.items() if v is None)
     if bad:
         return f"attribute(s) {', '.join(bad)} cannot be expressed (graphs or sparse tensors)"
-    known = kernel_attrs(op.kernel)
-    unknown = sorted(set(op.attrs) - known) if known is not None else []
-    if unknown:
-        return f"kernel {op.kernel!r} does not implement attribute(s) {', '.join(unknown)}"
-    return ""
-
-
-@functools.lru_cache(maxsize=None)
-def kernel_attrs(kernel: str) -> frozenset | None:
-    """The attribute names a kernel accepts (its keyword-only parameters), None if any."""
-    params = inspect.signature(KERNELS[kernel]).parameters.values()
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return None
-    return frozenset(p.name for p in params if p.kind is p.KEYWORD_ONLY)
+    dtypes = None
+    if graph is not None:
+        dtypes = [graph.tensors[t].dtype if t in graph.tensors else None for t in op.inputs]
+    problems = node_problems(op.kernel, op.attrs, [bool(t) for t in op.inputs], dtypes)
+    return f"kernel {op.kernel!r}: {'; '.join(problems)}" if problems else ""
 
 
 def _bits(mask: int):
@@ -295,7 +289,7 @@ def partition(graph: Graph, ops: frozenset, module_name: str = "default") -> Par
     """Run the four passes; functions are numbered in execution order."""
     all_ops = merge_composites(graph, ops)
     for op in all_ops:
-        op.reason = annotate(op, ops)
+        op.reason = annotate(op, ops, graph)
     regions = _execution_order(merge_regions(all_ops), all_ops)
     outputs = set(graph.outputs)
     readers: dict[str, set[int]] = {}

@@ -142,3 +142,9 @@ def load_module(path: str, options: BuildOptions | None = None) -> RuntimeModule
     from ..loader import load_library  # the loader is only needed for files
 
     return build_runtime(load_library(path).root, options)
+
+
+from ..loader.vm_executable import VMExecutableModule  # noqa: E402  (the Relax VM kind, issue 12)
+from .vm.loading import vm_executable_runtime  # noqa: E402
+
+register_runtime(VMExecutableModule, vm_executable_runtime)

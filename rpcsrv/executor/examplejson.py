@@ -3,8 +3,10 @@
 The text format is specified in ``docs/examplejson.md``: the seed format of TVM's BYOC guide (a
 header line per subgraph, ``input`` lines, ``<op> ID inputs: ... shape: ...`` lines on float32)
 plus rpcsrv's extension (``dtype:``, ``attrs:``, ``const`` and ``output`` lines, absent inputs as
-``-1``).  Everything that can be checked without data is checked when the text is parsed, so a
-bad file fails at ``load_module`` with the line number, not in the middle of ``run``.
+``-1``).  Everything that can be checked without data is checked when the text is parsed (ops,
+input counts, attribute names, kinds and values, dtype rules: the op catalogue
+``rpcsrv.loader.opset``), so a bad file fails at ``load_module`` with the line number, not in the
+middle of ``run``.
 
 Each subgraph becomes a packed function named by its header.  It is called with the inputs (in
 the order of their ``input`` lines) followed by the outputs, and writes the outputs in place, as
@@ -23,6 +25,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from ..loader.opset import node_problems
 from ..protocol.dtypes import numpy_dtype
 from .runtime import ExecutorError, RuntimeModule
 
@@ -192,6 +195,15 @@ def _parse_node(text: str, line: int, graph: Subgraph, kernels: Mapping[str, Ker
     index = attrs.get("output_index", 0)
     if not isinstance(index, int) or isinstance(index, bool) or index < 0:
         raise ExampleJSONError(f"line {line}: output_index must be a non-negative integer")
+    spec = getattr(kernels[word], "spec", None)
+    if spec is not None:  # a kernel bound to the op catalogue: check this use of it now
+        problems = node_problems(word, {k: v for k, v in attrs.items() if k not in _RUNTIME_ATTRS},
+                                 [i >= 0 for i in inputs],
+                                 [graph.nodes[i].dtype.name if i >= 0 else None for i in inputs])
+        if index >= spec.max_outputs:
+            problems.append(f"output_index {index}, but the op has {spec.max_outputs} output(s)")
+        if problems:
+            raise ExampleJSONError(f"line {line}: op {word!r} (node {nid}): {'; '.join(problems)}")
     return Node("op", nid, shape, dtype, line, op=word, inputs=inputs, attrs=attrs)
 
 
@@ -243,12 +255,18 @@ def parse_examplejson(text: str, kernels: Mapping[str, Kernel]) -> dict[str, Sub
     return graphs
 
 
-def _check_array(arr: Any, node: Node, what: str) -> np.ndarray:
+#: how a wrong shape or dtype is reported, for the subgraph's arguments and for kernel results
+_ARGUMENT_MISMATCH = "expected {want}, got {got}"
+_RESULT_MISMATCH = "kernel produced {got} but the node declares {want}"
+
+
+def _check_array(arr: Any, node: Node, what: str, mismatch: str = _ARGUMENT_MISMATCH) -> np.ndarray:
+    """``arr`` if it is a tensor of ``node``'s declared shape and dtype, else an ExecutorError."""
     if not isinstance(arr, np.ndarray):
         raise ExecutorError(f"{what}: expected a tensor, got {type(arr).__name__}")
     if arr.shape != node.shape or arr.dtype != node.dtype:
-        raise ExecutorError(f"{what}: expected {node.dtype} {list(node.shape)}, "
-                            f"got {arr.dtype} {list(arr.shape)}")
+        raise ExecutorError(f"{what}: " + mismatch.format(want=f"{node.dtype} {list(node.shape)}",
+                                                          got=f"{arr.dtype} {list(arr.shape)}"))
     return arr
 
 
@@ -328,9 +346,8 @@ class SubgraphFunction:
             np.copyto(out, values[onode.id], casting="no")
 
     def _pick(self, node: Node, result: Any, index: int) -> np.ndarray:
-        if type(result) is np.ndarray and index == 0 and result.shape == node.shape \
-                and result.dtype == node.dtype:
-            return result  # the common case, checked cheaply
+        """The node's tensor from a kernel result that is not simply the declared array (the
+        common case is checked inline in ``__call__``): one of several outputs, or a mismatch."""
         what = f"{self.graph.name} {node.describe()}"
         if isinstance(result, (tuple, list)):
             if index >= len(result):
@@ -340,12 +357,7 @@ class SubgraphFunction:
             raise ExecutorError(f"{what}: output_index {index} but the op gave one output")
         if isinstance(result, np.generic):
             result = np.asarray(result)
-        if not isinstance(result, np.ndarray):
-            raise ExecutorError(f"{what}: kernel returned {type(result).__name__}, not a tensor")
-        if result.shape != node.shape or result.dtype != node.dtype:
-            raise ExecutorError(f"{what}: kernel produced {result.dtype} {list(result.shape)} but the "
-                                f"node declares {node.dtype} {list(node.shape)}")
-        return result
+        return _check_array(result, node, what, _RESULT_MISMATCH)
 
 
 class ExampleJSONRuntime(RuntimeModule):

@@ -20,6 +20,10 @@ from ..protocol.dtypes import HOST_DEVICE_TYPES, Device
 from .graph_json import Graph, parse_graph_json
 from .runtime import ExecutorError, RuntimeModule
 
+#: how executors get their storage pools (zero-filled uint8 arrays); the native worker points this
+#: at its shared arena so that outputs can be mapped by the session without a copy
+STORAGE_ALLOCATOR = lambda nbytes: np.zeros(nbytes, dtype=np.uint8)  # noqa: E731
+
 
 def _describe(arr: np.ndarray) -> str:
     return f"{arr.dtype} {list(arr.shape)}"
@@ -91,7 +95,7 @@ class GraphExecutorModule(RuntimeModule):
             sid = g.storage_id[eid]
             sizes[sid] = max(sizes.get(sid, 0), nbytes)
         # zero-filled (TVM leaves memory uninitialised; zeros make reruns reproducible)
-        self.pool = {sid: np.zeros(size, dtype=np.uint8) for sid, size in sizes.items()}
+        self.pool = {sid: STORAGE_ALLOCATOR(size) for sid, size in sizes.items()}
         self.data_entry = [self._view(self.pool[g.storage_id[eid]], eid) for eid in range(g.num_entries)]
 
     def _view(self, buffer: np.ndarray, eid: int) -> np.ndarray:
@@ -116,7 +120,7 @@ class GraphExecutorModule(RuntimeModule):
             if node.func_name == "__copy":
                 self.op_execs.append((np.copyto, args[:2]))
             else:
-                self.op_execs.append((self._functions[node.func_name], args))
+                self.op_execs.append(_op_exec(self._functions[node.func_name], args))
 
     # ------------------------------------------------------------------ lookups
     def get_function(self, name: str):
@@ -303,6 +307,15 @@ class GraphExecutorModule(RuntimeModule):
             src = self.graph.entry_id(*node.inputs[0])
             self.data_entry[src] = self._view(arr.reshape(-1).view(np.uint8), src)
         self._setup_op_execs()
+
+
+def _op_exec(fn: Any, args: list[np.ndarray]) -> tuple:
+    """One step of ``run``: a native host function gets its DLTensors over the storage built once
+    (``fn.bind``, see ``rpcsrv.native``); anything else is called with the arrays."""
+    bind = getattr(fn, "bind", None)
+    if bind is not None and all(a.flags.c_contiguous for a in args):
+        return (bind(*args), ())
+    return (fn, args)
 
 
 def _param_dict(blob: Any, what: str) -> dict[str, np.ndarray]:

@@ -19,6 +19,8 @@ above its parent's and each module's imports come back in index order, as with T
 
 from __future__ import annotations
 
+import re
+
 from construct import Array, Construct, If, Pass, Struct, Switch, Tell, this
 
 from .errors import LoaderError
@@ -78,6 +80,26 @@ def detect_layout(blob) -> str:
     view = memoryview(blob).cast("B")
     first, second = (int.from_bytes(view[i:i + 8], "little") for i in (0, 8))
     return "ffi" if len(view) >= 16 and first and second == 0 else "classic"
+
+
+_TYPE_KEY = re.compile(rb"[A-Za-z_][A-Za-z0-9_.]*")  # an empty key does not match
+
+
+def looks_like_blob(blob) -> bool:
+    """Whether ``blob`` starts the way a blob of some layout does (a guess used to tell a truncated
+    blob from a file that is no library): an import tree of fewer than 2**32 rows (ffi), or an entry
+    count below 2**32 followed by a type key of at most 128 name characters (classic; of a
+    truncated blob, the characters that are there)."""
+    view = memoryview(blob).cast("B")
+    if len(view) < 16:
+        return False
+    first, second = (int.from_bytes(view[i:i + 8], "little") for i in (0, 8))
+    if first >= 1 << 32:
+        return False
+    if detect_layout(view) == "ffi":
+        return True
+    key = bytes(view[16:16 + second]) if 0 < second <= 128 else b""
+    return _TYPE_KEY.fullmatch(key) is not None
 
 
 def parse_blob(blob, layout: str | None = None, base: int = 0) -> ModuleNode:

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..protocol.dtypes import dtype_str
 from .library import load_library
+from .vm_executable import VMExecutableModule, format_vm, summarize_vm
 from .modules import (
     ConstLoaderModule, ExampleJSONModule, GraphExecutorFactoryModule, HostLibraryModule,
     UnknownModule,
@@ -97,6 +98,8 @@ def _module_info(mod, index: dict) -> dict:
         info["const_vars_by_symbol"] = {k: list(v) for k, v in mod.const_vars_by_symbol.items()}
     elif isinstance(mod, HostLibraryModule):
         info["symbols"] = list(mod.symbols)
+    elif isinstance(mod, VMExecutableModule):
+        info["vm"] = summarize_vm(mod)
     elif isinstance(mod, UnknownModule):
         info["payload_bytes"] = len(mod.payload)
         info["note"] = "unknown type key: rpcsrv cannot run this module"
@@ -121,7 +124,7 @@ def _shape(info: dict) -> str:
     return f"{info.get('dtype')}{list(info.get('shape') or [])}"
 
 
-def format_inspection(info: dict) -> str:
+def format_inspection(info: dict, disasm: bool = False) -> str:
     """Human-readable text for an ``inspect_library`` summary."""
     in_c = (info.get("member") or "").endswith(".c")
     out = [f"{info.get('path') or '<bytes>'}: {info['container']} ({info['arch']})"
@@ -166,6 +169,8 @@ def format_inspection(info: dict) -> str:
         elif "symbols" in m:
             out.append(f"{head}: host library, {len(m['symbols'])} function symbol(s)")
             out.extend(f"  {s}" for s in m["symbols"])
+        elif "vm" in m:
+            out.extend(format_vm(head, m["vm"], disasm))
         elif "payload_bytes" in m:
             out.append(f"{head}: {m['payload_bytes']} bytes, {m['note']}")
     return "\n".join(out)

@@ -154,6 +154,10 @@ PAYLOADS: dict[str, PayloadCodec] = {
     "metadata": _CONSTS,
 }
 
+from .vm_executable import PAYLOAD as _VM_EXECUTABLE  # noqa: E402  (it imports ModuleNode from here)
+
+PAYLOADS["relax.VMExecutable"] = _VM_EXECUTABLE
+
 
 def require_known(mod: ModuleNode) -> ModuleNode:
     """``mod`` itself, or a ValueError when it is a module we could not decode."""

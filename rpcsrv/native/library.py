@@ -31,8 +31,8 @@ from elftools.elf.sections import SymbolTableSection
 
 from ..executor.runtime import ExecutorError
 from ..protocol.dtypes import DataType, Device
-from .abi import (ABI_CLASSIC, ABI_FFI, FFI, Classic, ClassicPackedFunc, DLDataType, DLTensor, FunctionHandle,
-                  LookupFunc, SafeCallFunc, ShapeObject, TVMFFIAny, TVMValue)
+from .abi import (ABI_CLASSIC, ABI_FFI, FFI, Classic, ClassicPackedFunc, DLTensor, FunctionHandle,
+                  LookupFunc, SafeCallFunc, ShapeObject, TVMFFIAny, TVMFFIObject, TVMValue)
 from .machine import Machine, board, machine_of
 from .shim import CONTEXT_FUNCTIONS, PROVIDED, ShimUnavailable, load_shim
 
@@ -119,11 +119,20 @@ _LOOKUP = LookupFunc(_lookup)
 
 
 # ---------------------------------------------------------------------------- argument conversion
-def _dl_dtype(dtype: np.dtype, abi: int) -> DLDataType:
-    if dtype == np.bool_:
-        return DLDataType(6, 8, 1) if abi == ABI_FFI else DLDataType(1, 1, 1)
-    dt = DataType.from_numpy(dtype)
-    return DLDataType(int(dt.code), dt.bits, dt.lanes)
+_DL_DTYPES: dict[tuple, tuple[int, int, int]] = {}
+
+
+def _dl_dtype(dtype: np.dtype, abi: int) -> tuple[int, int, int]:
+    key = (dtype, abi)
+    found = _DL_DTYPES.get(key)
+    if found is None:
+        if dtype == np.bool_:
+            found = (6, 8, 1) if abi == ABI_FFI else (1, 1, 1)
+        else:
+            dt = DataType.from_numpy(dtype)
+            found = (int(dt.code), dt.bits, dt.lanes)
+        _DL_DTYPES[key] = found
+    return found
 
 
 def dltensor(arr: np.ndarray, abi: int, keep: list) -> DLTensor:
@@ -136,8 +145,8 @@ def dltensor(arr: np.ndarray, abi: int, keep: list) -> DLTensor:
             raise NativeError("an array argument has strides that are not a multiple of its item size")
         strides = (ctypes.c_int64 * arr.ndim)(*(s // arr.itemsize for s in arr.strides))
         keep.append(strides)
-    t = DLTensor(arr.ctypes.data if arr.size else None, (1, 0), arr.ndim, _dl_dtype(arr.dtype, abi), shape,
-                 strides, 0)
+    data = arr.__array_interface__["data"][0] if arr.size else None
+    t = DLTensor(data, (1, 0), arr.ndim, _dl_dtype(arr.dtype, abi), shape, strides, 0)
     keep.append(t)
     return t
 
@@ -224,6 +233,8 @@ class NativeFunction:
 
     def _fail(self) -> NativeError:
         message = (self.library.shim.rpcsrv_last_error() or b"").decode("utf-8", "replace")
+        self.library.shim.rpcsrv_clear_error()  # each message is read once
+        message = message or _tvm_ffi_error()
         return NativeError(f"{self.name}: {message or 'the native function returned an error'}")
 
     def __call__(self, *args: Any) -> Any:
@@ -272,6 +283,25 @@ class NativeFunction:
                 raise fail()
         call_classic.keep = keep
         return call_classic
+
+
+def _tvm_ffi_error() -> str:
+    """The error raised into tvm-ffi's own library, when the process also loaded apache-tvm (its
+    ``libtvm_ffi`` was loaded before our shim, so the library's error calls bound to it)."""
+    try:
+        move = ctypes.CDLL(None).TVMFFIErrorMoveFromRaised
+    except AttributeError:
+        return ""
+    handle = ctypes.c_void_p()
+    move.argtypes, move.restype = [ctypes.POINTER(ctypes.c_void_p)], None
+    move(ctypes.byref(handle))
+    if not handle.value:
+        return ""
+    cell = handle.value + ctypes.sizeof(TVMFFIObject)  # kind, message: {const char*, size_t} each
+    kind_p, kind_n, msg_p, msg_n = (ctypes.c_size_t * 4).from_address(cell)
+    kind, message = ctypes.string_at(kind_p, kind_n).decode(), ctypes.string_at(msg_p, msg_n).decode()
+    ctypes.CDLL(None).TVMFFIObjectDecRef(handle)
+    return f"{kind}: {message}" if kind and kind != "RuntimeError" else message
 
 
 def _from_any(r: TVMFFIAny, name: str) -> Any:

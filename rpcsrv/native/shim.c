@@ -253,8 +253,6 @@ RPCSRV_API int TVMFFIEnvModRegisterContextSymbol(const char* name, void* symbol)
 RPCSRV_API int TVMFFIEnvModRegisterSystemLibSymbol(const char* name, void* symbol) { (void)name; (void)symbol; return 0; }
 RPCSRV_API int TVMBackendRegisterSystemLibSymbol(const char* name, void* ptr) { (void)name; (void)ptr; return 0; }
 RPCSRV_API int TVMBackendRegisterEnvCAPI(const char* name, void* ptr) { (void)name; (void)ptr; return 0; }
-RPCSRV_API int TVMFFIObjectIncRef(void* obj) { (void)obj; return 0; }
-RPCSRV_API int TVMFFIObjectDecRef(void* obj) { (void)obj; return 0; }
 RPCSRV_API int TVMFFIEnvTensorAlloc(void* prototype, void** out) {
   (void)prototype; (void)out;
   TVMFFIErrorSetRaisedFromCStr("RuntimeError", "TVMFFIEnvTensorAlloc: allocating tensors from compiled code "

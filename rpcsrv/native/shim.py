@@ -111,5 +111,5 @@ PROVIDED = frozenset(CONTEXT_FUNCTIONS) | {
     "TVMFFIErrorSetRaisedFromCStrParts", "TVMGetLastError", "TVMBackendRunOnce", "TVMFFIEnvGetStream",
     "TVMFFIEnvSetStream", "TVMFFIEnvCheckSignals", "TVMFFIEnvRegisterCAPI", "TVMFFIEnvModRegisterContextSymbol",
     "TVMFFIEnvModRegisterSystemLibSymbol", "TVMBackendRegisterSystemLibSymbol", "TVMBackendRegisterEnvCAPI",
-    "TVMFFIObjectIncRef", "TVMFFIObjectDecRef", "TVMFFIEnvTensorAlloc",
+    "TVMFFIEnvTensorAlloc",
 }

@@ -8,9 +8,20 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from client.compiler.conformance import run_in_process
+from rpcsrv.executor import load_module
+from rpcsrv.protocol.dtypes import Device
 
 F = TensorProto.FLOAT
+
+
+def run_in_process(path: str, inputs: dict, num_outputs: int) -> list:
+    """A conformance runner without RPC: load ``path`` with ``rpcsrv.executor`` (what the board's
+    ``load_module`` does), run factory "default" on CPU, return the outputs."""
+    gmod = load_module(path).get_function("default")(Device(1, 0))
+    for name, value in inputs.items():
+        gmod.get_function("set_input")(name, value)
+    gmod.get_function("run")()
+    return [np.array(gmod.get_function("get_output")(i)) for i in range(num_outputs)]
 
 
 def make_model(nodes, inputs, outputs, inits=(), opset: int = 17, name: str = "m") -> onnx.ModelProto:

@@ -15,12 +15,12 @@ from client.compiler.codegen import _Planner, graph_json
 from client.compiler.onnx_import import Graph, TensorInfo
 from client.compiler.partition import Function
 from client.demo_models import sample_inputs, small_cnn
-from client.export import c_source, symbol_bytes
+from client.export import symbol_bytes
 from compiler_helpers import chain_model, make_model, run_compiled
 from conftest import need_program
 from rpcsrv.executor.graph_json import parse_graph_json
 from rpcsrv.loader import load_library
-from rpcsrv.loader.containers import find_in_c_source
+from rpcsrv.loader.csource import c_array_source, find_in_c_source
 
 
 def _liveness_conflicts(doc: dict) -> list:
@@ -110,7 +110,7 @@ def test_raw_blob_and_c_source(layout, tmp_path):
     assert open(path, "rb").read() == content
     assert load_library(path).layout == layout
     symbol = "__tvm_dev_mblob" if layout == "classic" else "__tvm_ffi__library_bin"
-    loc = find_in_c_source(memoryview(c_source(content, symbol).encode()))
+    loc = find_in_c_source(memoryview(c_array_source(content, symbol).encode()))
     assert loc.buffer[loc.offset:loc.offset + loc.size] == content[8:]
 
 

@@ -1,15 +1,17 @@
 """The ONNX backend node cases of the ``onnx`` wheel, for every op of the board's kernel table.
 
-compile → export raw blob → ``rpcsrv.executor.load_module`` → factory "default" → set_input / run
-/ get_output, compared with the expected outputs.  The per-op table (with each failure's reason)
-is printed; run with ``-s`` to see it.  At least 95% of the in-scope cases must pass.
+compile → export raw blob → ``rpcsrv.executor.load_module`` (``compiler_helpers.run_in_process``) →
+factory "default" → set_input / run / get_output, compared with the expected outputs.  The per-op
+table (with each failure's reason) is printed; run with ``-s`` to see it.  At least 95% of the
+in-scope cases must pass.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from client.compiler.conformance import report, run_case, run_in_process, select_cases
+from client.compiler.conformance import report, run_case, select_cases
+from compiler_helpers import run_in_process
 
 PASS_RATE = 0.95
 
@@ -22,7 +24,7 @@ def selected():
 def test_backend_node_cases(selected, tmp_path):
     cases, skipped = selected
     assert len(cases) > 100, "the onnx wheel should provide many node cases for the kernel table"
-    results = [run_case(c, tmp=str(tmp_path)) for c in cases]
+    results = [run_case(c, run_in_process, tmp=str(tmp_path)) for c in cases]
     table = report(results)
     reasons: dict[str, int] = {}
     for why in skipped.values():

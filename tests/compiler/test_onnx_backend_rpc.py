@@ -13,6 +13,7 @@ import pytest
 
 from client.compiler.conformance import report, run_case, select_cases
 from client.compiler.conformance_rpc import RUNNERS
+from compiler_helpers import run_in_process
 from conftest import need_module
 
 PASS_RATE = 0.95
@@ -41,7 +42,7 @@ def test_backend_node_cases_over_rpc(kind, cases, server, tmp_path):
     by_name = {c.name: c for c in cases}
     for r in results:
         if not r.ok:
-            local = run_case(by_name[r.name], tmp=str(tmp_path))
+            local = run_case(by_name[r.name], run_in_process, tmp=str(tmp_path))
             assert not local.ok, f"{r.name} passes in process but fails over RPC: {r.reason}"
             assert local.reason.split(": ", 1)[-1] in r.reason or r.reason.startswith("output"), \
                 (r.reason, local.reason)

@@ -112,3 +112,21 @@ def export_tar_c_source(blob: bytes, symbol: str, out: Path) -> Path:
         tar.add(work / "lib0.o", arcname="lib0.o")
         tar.add(work / "devc.c", arcname="devc.c")
     return out
+
+
+def export_tar_tvm(blob: bytes, symbol: str, out: Path, devc: str = "o") -> Path:
+    """``export_library("x.tar")`` exactly as TVM 0.19 writes it (``contrib/tar.py``): the members
+    ``lib0.o`` and ``devc.o`` (or ``devc.c`` without LLVM) side by side in a directory, packed by
+    the system ``tar -czf OUT -C DIR names...``, so the file is gzip-compressed whatever its name."""
+    work = out.parent / f"{out.name}.members"
+    work.mkdir()
+    (work / "lib0.c").write_text("int tvmgen_default_fused_mul(void* a, int* c, int n) { return 0; }\n")
+    gcc = need_program("gcc")
+    subprocess.run([gcc, "-c", "-fPIC", "-o", str(work / "lib0.o"), str(work / "lib0.c")], check=True)
+    if devc == "o":
+        compile_library(blob, symbol, "host", work / "devc.o", kind="object")
+    else:
+        (work / "devc.c").write_text(c_source(blob, symbol))
+    names = ["lib0.o", f"devc.{devc}"]
+    subprocess.run([need_program("tar"), "-czf", str(out), "-C", str(work), *names], check=True)
+    return out

@@ -4,7 +4,13 @@ hypothesis mutating valid libraries of every container."""
 
 from __future__ import annotations
 
+import bz2
+import gzip
+import io
 import struct
+import subprocess
+import sys
+import tarfile
 import tracemalloc
 
 import numpy as np
@@ -17,6 +23,7 @@ from rpcsrv.loader import (
     BLOB_SYMBOL, FFI_BLOB_SYMBOL, ExampleJSONModule, GraphExecutorFactoryModule, HostLibraryModule,
     LoaderError, build_blob, load_library,
 )
+from rpcsrv.executor import load_module as executor_load_module
 from rpcsrv.loader.inspect import inspect_library
 
 PARAM = np.arange(16, dtype=np.float32).reshape(4, 4)
@@ -45,6 +52,68 @@ def blob_at(data: bytes, layout: str = "classic") -> int:
 
 def patched(data: bytes, at: int, new: bytes) -> bytes:
     return data[:at] + new + data[at + len(new):]
+
+
+NOT_A_LIBRARY = "not a TVM library: not ELF, Mach-O, tar or a raw blob"
+
+
+@pytest.mark.parametrize("data", [
+    b"",
+    b"\x01\x02",
+    b"hello, this is a text file and no library\n",
+    b"\x89PNG\r\n\x1a\n" + bytes(64),
+    b"\x08\x07\x12\x0bonnx-model" + bytes(100),
+    gzip.compress(b"a gzip file that holds no tar" * 20),
+    bz2.compress(bytes(1000)),
+], ids=["empty", "tiny", "text", "png", "onnx", "gzip", "bzip2"])
+def test_not_a_library(data, tmp_path):
+    """Any file that is no library says so, not that its first bytes are a bad blob length."""
+    with pytest.raises(LoaderError, match=NOT_A_LIBRARY):
+        load_library(data)
+    if data:
+        path = tmp_path / "model.so"
+        path.write_bytes(data)
+        with pytest.raises(LoaderError, match=rf"model.so: {NOT_A_LIBRARY}"):
+            executor_load_module(str(path))  # what tvm.rpc.server.load_module runs
+
+
+def test_not_a_library_in_rpcsrv_inspect(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("hello, this is a text file and no library\n")
+    run = subprocess.run([sys.executable, "-m", "rpcsrv", "inspect", str(path)],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and f"notes.txt: {NOT_A_LIBRARY}" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_raw_blob_whose_length_spells_gzip():
+    """A raw blob of 0x088b1f bytes starts with 1f 8b 08 00 00 00 00 00, a gzip header: the loader
+    tries the tar, finds none, and reads the raw blob."""
+    base = len(build_blob(GraphExecutorFactoryModule("{}", {"w": np.zeros(0, np.uint8)})))
+    blob = build_blob(GraphExecutorFactoryModule("{}", {"w": np.zeros(0x088B1F - base, np.uint8)}))
+    data = struct.pack("<Q", len(blob)) + blob
+    assert data[:3] == b"\x1f\x8b\x08"
+    lib = load_library(data)
+    assert lib.container == "raw" and lib.root.params["w"].size == 0x088B1F - base
+
+
+def test_compressed_tar_bomb_is_refused():
+    """A 20 MB object member packed into a small bzip2 tar: refused before it is decompressed."""
+    member = b"\x7fELF" + bytes(20 << 20)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:bz2") as tar:
+        info = tarfile.TarInfo("devc.o")
+        info.size = len(member)
+        tar.addfile(info, io.BytesIO(member))
+    data = buf.getvalue()
+    del member
+    assert len(data) * 1032 < 20 << 20
+    tracemalloc.start()
+    with pytest.raises(LoaderError, match="expands the .*more than 1032 times"):
+        load_library(data)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 4 << 20
 
 
 def test_empty_and_tiny_files():

@@ -8,14 +8,16 @@ import json
 import mmap
 import struct
 import subprocess
+import sys
+import tarfile
 
 import numpy as np
 import pytest
 
 from conftest import need_module, need_program
 from loader_fixtures import (
-    HOST_FUNCTION, TARGETS, compile_library, export_tar, export_tar_c_source, strip_section_headers,
-    universal_dylib,
+    HOST_FUNCTION, TARGETS, c_source, compile_library, export_tar, export_tar_c_source, export_tar_tvm,
+    strip_section_headers, universal_dylib,
 )
 from rpcsrv.loader import (
     BLOB_SYMBOL, FFI_BLOB_SYMBOL, ConstLoaderModule, ExampleJSONModule, GraphExecutorFactoryModule,
@@ -112,6 +114,31 @@ def test_export_tar(blobs, tmp_path, layout):
     check_tree(lib.root)
 
 
+@pytest.mark.toolchain
+@pytest.mark.parametrize("layout,devc", [("classic", "o"), ("ffi", "o"), ("classic", "c")])
+def test_tvm_tar_is_gzip(blobs, tmp_path, layout, devc):
+    """TVM's export_library("m.tar") runs ``tar -czf``: a gzip file named .tar."""
+    path = export_tar_tvm(blobs[layout], SYMBOLS[layout], tmp_path / "model.tar", devc)
+    assert path.read_bytes()[:2] == b"\x1f\x8b"
+    lib = load_library(path)
+    assert (lib.container, lib.member, lib.layout) == ("tar.gz", f"devc.{devc}", layout)
+    assert "tvmgen_default_fused_mul" in lib.symbols
+    check_tree(lib.root)
+
+
+@pytest.mark.parametrize("compression", ["gz", "bz2", "xz"])
+def test_compressed_tar_of_any_kind(blobs, tmp_path, compression):
+    """Whatever ``tarfile`` opens: the raw-blob-in-C-source member of a tar compressed three ways."""
+    path = tmp_path / f"model.tar.{compression}"
+    src = tmp_path / "devc.c"
+    src.write_text(c_source(blobs["classic"], BLOB_SYMBOL))
+    with tarfile.open(path, f"w:{compression}") as tar:
+        tar.add(src, arcname="devc.c")
+    lib = load_library(path)
+    assert (lib.container, lib.member) == (f"tar.{compression}", "devc.c")
+    check_tree(lib.root)
+
+
 @pytest.mark.parametrize("layout", ["classic", "ffi"])
 def test_raw_blob_file(blobs, tmp_path, layout):
     path = tmp_path / "model.blob"
@@ -170,6 +197,40 @@ def test_real_tvm_loads_our_library(tmp_path):
     path = compile_library(build_blob(root, "ffi"), FFI_BLOB_SYMBOL, "host", tmp_path / "ours.so")
     mod = tvm.runtime.load_module(str(path))
     assert [m.kind for m in mod.imports] == ["const_loader"]
+
+
+_TVM_EXPORT_TAR = """
+import sys
+import tvm
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+
+@I.ir_module
+class M:
+    @R.function
+    def main(x: R.Tensor((4,), "float32")):
+        return R.add(x, x)
+
+
+tvm.compile(M, target="llvm").export_library(sys.argv[1])
+"""
+
+
+@pytest.mark.tvm
+def test_tar_written_by_the_real_tvm(tmp_path):
+    """apache-tvm's own export_library("m.tar") (a Relax VM executable: lib0.o plus devc.o holding
+    the blob) is a gzip file; the loader finds the blob in devc.o and the host functions in lib0.o."""
+    need_module("tvm", "writes the reference tar")
+    script = tmp_path / "export_tar.py"  # TVMScript needs its source in a file
+    script.write_text(_TVM_EXPORT_TAR)
+    path = tmp_path / "m.tar"
+    subprocess.run([sys.executable, str(script), str(path)], check=True, capture_output=True, timeout=300)
+    assert path.read_bytes()[:2] == b"\x1f\x8b"
+    lib = load_library(path)
+    assert (lib.container, lib.member, lib.layout) == ("tar.gz", "devc.o", "ffi")
+    assert "relax.VMExecutable" in [m.type_key for m in lib.modules()]
+    assert lib.symbols  # lib0.o's functions
 
 
 @pytest.mark.toolchain

@@ -75,10 +75,13 @@ async def _read_packet(stream, buf: bytearray) -> bytes:
     return out
 
 
-async def replay(path, dialect: Dialect, fixed: bool, key: str = "", elided=None, timings=None) -> int:
+async def replay(path, dialect: Dialect, fixed: bool, key: str = "", elided=None, timing=None,
+                 timings=None) -> int:
     """Replay ``path``; returns how many answers were compared.
 
     ``elided(head) -> bytes``: the packet to send in place of an elided one (given its first bytes).
+    ``timing(ev, values) -> bool``: whether a call's bytes answer is a time evaluator's (compared by
+    length only); by default, bytes answered to a call without arguments.
     ``timings(recorded, ours)``: compares bytes answers to calls with arguments (timings that differ
     from run to run, e.g. the debug executor's ``run_individual``) instead of byte equality.
     """
@@ -146,9 +149,10 @@ async def replay(path, dialect: Dialect, fixed: bool, key: str = "", elided=None
                 if workspace is None:
                     workspace = next((v.rsplit("/", 1)[0] for v in o.values if isinstance(v, str)
                                       and v.startswith("/")), None) or ""
-                timing = isinstance(ev, CallFunc) and not ev.args and isinstance(r.values[-1], memoryview)
+                timing_call = isinstance(ev, CallFunc) and (timing(ev, r.values) if timing else not ev.args)
+                is_timing = timing_call and isinstance(r.values[-1], memoryview)
                 for a, b in zip(r.values, o.values):
-                    if timing and isinstance(a, memoryview):  # time evaluator: timings differ
+                    if is_timing and isinstance(a, memoryview):  # time evaluator: timings differ
                         assert len(a) == len(b)
                         continue
                     if timings is not None and isinstance(ev, CallFunc) and isinstance(a, memoryview):

@@ -1,5 +1,5 @@
 """Less common ops that are cheap to do exactly: Dropout (inference), OneHot, NonZero, Compress,
-EyeLike, CumProd, ScatterND, ReverseSequence, Constant."""
+EyeLike, ScatterND, ReverseSequence, Constant, QuantizeLinear, DequantizeLinear."""
 
 from __future__ import annotations
 
@@ -62,18 +62,6 @@ def eye_like(x, *, dtype=None, k: int = 0):
         raise bad("eye_like", f"input must be 2-D, got shape {x.shape}")
     dt = x.dtype if dtype is None else onnx_dtype(dtype, "eye_like")
     return np.eye(x.shape[0], x.shape[1], k=k, dtype=dt)
-
-
-@register("cum_prod")
-def cum_prod(x, axis, *, exclusive: int = 0, reverse: int = 0):
-    """ONNX CumProd along the axis given as a scalar tensor input."""
-    x = np.asarray(x)
-    a = norm_axis(ints(axis, "cum_prod", "axis")[0], x.ndim, "cum_prod")
-    src = np.flip(x, axis=a) if reverse else x
-    y = np.cumprod(src, axis=a, dtype=x.dtype)
-    if exclusive:
-        y = np.concatenate([np.ones_like(np.take(y, [0], axis=a)), np.delete(y, -1, axis=a)], axis=a)
-    return np.flip(y, axis=a) if reverse else y
 
 
 @register("scatter_nd")

@@ -1,4 +1,4 @@
-"""Reductions (Reduce*, ArgMax/ArgMin), softmax-family, CumSum and TopK.
+"""Reductions (Reduce*, ArgMax/ArgMin), softmax-family, CumSum/CumProd and TopK.
 
 Reduce* take ``axes`` as the second input (opset 18, and ReduceSum from 13) or as the ``axes``
 attribute (older opsets).  No axes means all axes, unless ``noop_with_empty_axes=1`` (then the input
@@ -152,16 +152,22 @@ def hardmax(x, *, axis: int = -1):
     return y
 
 
-@register("cum_sum")
-def cum_sum(x, axis, *, exclusive: int = 0, reverse: int = 0):
-    """ONNX CumSum along the axis given as a scalar tensor input."""
-    x = np.asarray(x)
-    a = norm_axis(ints(axis, "cum_sum", "axis")[0], x.ndim, "cum_sum")
-    src = np.flip(x, axis=a) if reverse else x
-    y = np.cumsum(src, axis=a, dtype=x.dtype)
-    if exclusive:
-        y = np.concatenate([np.zeros_like(np.take(y, [0], axis=a)), np.delete(y, -1, axis=a)], axis=a)
-    return np.flip(y, axis=a) if reverse else y
+def _cumulative(name: str, scan, identity):
+    @register(name)
+    def kernel(x, axis, *, exclusive: int = 0, reverse: int = 0):
+        x = np.asarray(x)
+        a = norm_axis(ints(axis, name, "axis")[0], x.ndim, name)
+        src = np.flip(x, axis=a) if reverse else x
+        y = scan(src, axis=a, dtype=x.dtype)
+        if exclusive:  # shift by one along the axis, the op's identity first
+            y = np.concatenate([identity(np.take(y, [0], axis=a)), np.delete(y, -1, axis=a)], axis=a)
+        return np.flip(y, axis=a) if reverse else y
+
+    kernel.__doc__ = f"ONNX {name}: along the axis given as a scalar tensor input (exclusive, reverse)."
+
+
+_cumulative("cum_sum", np.cumsum, np.zeros_like)
+_cumulative("cum_prod", np.cumprod, np.ones_like)
 
 
 @register("top_k")

@@ -1,13 +1,14 @@
-"""The kernel registry: op name -> numpy function, and the ONNX op-type naming rule.
+"""The kernel registry: op name -> numpy function, each bound to its entry in the op catalogue.
 
 A kernel is ``kernel(*inputs, **attrs)``: tensor inputs positionally in ONNX order (``None`` for an
 absent optional input), attributes by their ONNX names as JSON-decoded Python values.  It returns one
 ``np.ndarray`` or, for multi-output ops, a tuple of them.  Kernels are pure: they never write into
 their inputs and keep no state between calls (they may return views).
 
-``register`` checks attribute names once per call against the kernel's keyword-only parameters, so a
-misspelled or unsupported attribute is a ``ValueError`` naming the op and the attribute, instead of
-being silently ignored or surfacing as a confusing ``TypeError`` deep inside numpy.
+``register`` binds a kernel to its declaration in ``rpcsrv.loader.opset`` (the op catalogue the
+compiler reads too) and checks attribute names once per call against it, so a misspelled or
+unsupported attribute is a ``ValueError`` naming the op and the attribute, instead of being
+silently ignored or surfacing as a confusing ``TypeError`` deep inside numpy.
 """
 
 from __future__ import annotations
@@ -15,57 +16,69 @@ from __future__ import annotations
 import functools
 import inspect
 import math
-import re
 from typing import Any, Callable
 
 import numpy as np
+
+from ...loader.opset import OPS, REQUIRED, OpSpec
 
 Kernel = Callable[..., Any]
 
 KERNELS: dict[str, Kernel] = {}
 
-# ONNX types whose plain snake_case reads badly; everything else follows the regex rule.
-_NAME_EXCEPTIONS = {"PRelu": "prelu", "IsNaN": "is_nan", "IsInf": "is_inf"}
-_CAMEL_RE = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 
-
-def onnx_op_to_kernel(op_type: str) -> str:
-    """Kernel name for an ONNX op type: snake_case, with ``MatMul`` read as one word.
-
-    ``BatchNormalization`` -> ``batch_normalization``, ``MatMul`` -> ``matmul``,
-    ``ReduceLogSumExp`` -> ``reduce_log_sum_exp``, ``LRN`` -> ``lrn``, ``PRelu`` -> ``prelu``.
-    """
-    if op_type in _NAME_EXCEPTIONS:
-        return _NAME_EXCEPTIONS[op_type]
-    return _CAMEL_RE.sub("_", op_type.replace("MatMul", "Matmul")).lower()
-
-
-def _signature(fn: Kernel) -> tuple[frozenset[str], bool, int, float]:
-    """(attribute names, takes any attribute, required inputs, maximum inputs) of a kernel."""
+def _signature_problems(fn: Kernel, spec: OpSpec) -> list[str]:
+    """Where ``fn``'s signature disagrees with its catalogue entry (inputs, attribute names, defaults)."""
     params = list(inspect.signature(fn).parameters.values())
-    names = frozenset(p.name for p in params if p.kind is p.KEYWORD_ONLY)
-    open_ended = any(p.kind is p.VAR_KEYWORD for p in params)
+    problems = []
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        problems.append("takes **kwargs (attributes must be keyword-only parameters)")
+    keyword = {p.name: p for p in params if p.kind is p.KEYWORD_ONLY}
+    if set(keyword) != set(spec.attrs):
+        problems.append(f"attributes {sorted(keyword)} but the catalogue declares {sorted(spec.attrs)}")
+    for name, p in keyword.items():
+        declared = spec.attrs.get(name)
+        if declared is None:
+            continue
+        default = REQUIRED if p.default is p.empty else p.default
+        if default is not declared.default and default != declared.default:
+            problems.append(f"attribute {name} defaults to {default!r}, the catalogue says {declared.default!r}")
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    variadic = any(p.kind is p.VAR_POSITIONAL for p in params)
     required = sum(1 for p in positional if p.default is p.empty)
-    most = float("inf") if any(p.kind is p.VAR_POSITIONAL for p in params) else len(positional)
-    return names, open_ended, required, most
+    named = len(spec.inputs) - spec.variadic
+    if variadic != spec.variadic or len(positional) != named or \
+            (not variadic and required != spec.required_inputs):
+        problems.append(f"inputs {[p.name for p in positional]}{' + *args' if variadic else ''} do not "
+                        f"match the catalogue's {list(spec.inputs)}")
+    return problems
 
 
 def register(name: str) -> Callable[[Kernel], Kernel]:
-    """Decorator: put ``fn`` into ``KERNELS`` under ``name``, with attribute-name checking.
+    """Decorator: bind ``fn`` to the catalogue entry ``name`` and put it into ``KERNELS``.
 
-    The attributes a kernel accepts are its keyword-only parameters.  Registering a name twice is an
-    error (two modules claiming one op is a bug, not an override).
+    The entry (``rpcsrv.loader.opset.OPS``) is the truth about the op: the kernel's keyword-only
+    parameters must be exactly its attributes, with the same defaults, and its positional
+    parameters its inputs; any disagreement, a name without an entry, or a name registered twice
+    is an error at import.  Each call checks attribute names and input counts (cheap); attribute
+    values are checked when an ExampleJSON text is parsed and when compiling, not per call.
     """
 
     def decorate(fn: Kernel) -> Kernel:
         if name in KERNELS:
             raise ValueError(f"kernel {name!r} registered twice")
-        allowed, open_ended, required, most = _signature(fn)
+        spec = OPS.get(name)
+        if spec is None:
+            raise ValueError(f"kernel {name!r} has no entry in the op catalogue (rpcsrv.loader.opset)")
+        problems = _signature_problems(fn, spec)
+        if problems:
+            raise ValueError(f"kernel {name!r} disagrees with its catalogue entry: {'; '.join(problems)}")
+        allowed = frozenset(spec.attrs)
+        required, most = spec.required_inputs, spec.max_inputs
 
         @functools.wraps(fn)
         def kernel(*inputs, **attrs):
-            if attrs and not open_ended and not allowed.issuperset(attrs):
+            if attrs and not allowed.issuperset(attrs):
                 unknown = sorted(set(attrs) - allowed)
                 raise ValueError(f"op {name!r}: unsupported attribute(s) {', '.join(unknown)} "
                                  f"(accepted: {', '.join(sorted(allowed)) or 'none'})")
@@ -78,11 +91,18 @@ def register(name: str) -> Callable[[Kernel], Kernel]:
             # numpy reductions hand back scalars for 0-d results; callers always get arrays
             return np.asarray(result) if isinstance(result, np.generic) else result
 
-        kernel.attrs = allowed
+        kernel.spec = spec
         KERNELS[name] = kernel
         return kernel
 
     return decorate
+
+
+def check_complete() -> None:
+    """Every catalogue entry has a kernel (called once all kernel modules are imported)."""
+    missing = sorted(set(OPS) - set(KERNELS))
+    if missing:
+        raise ImportError(f"op catalogue entries without a kernel: {', '.join(missing)}")
 
 
 def _absent(inputs: tuple, required: int) -> bool:

@@ -76,15 +76,13 @@ def split(data, split_input=None, *, axis: int = 0, num_outputs=None, split=None
 
 
 @register("slice")
-def slice_(data, starts=None, ends=None, axes=None, steps=None, **legacy):
+def slice_(data, starts_input=None, ends_input=None, axes_input=None, steps=None, *, starts=None, ends=None,
+           axes=None):
     """ONNX Slice; opset-1 attributes ``starts``/``ends``/``axes`` are accepted too (no steps)."""
-    extra = set(legacy) - {"starts", "ends", "axes"}
-    if extra:
-        raise bad("slice", f"unsupported attribute(s) {', '.join(sorted(extra))}")
     x = np.asarray(data)
-    st = ints(_one_way("slice", "starts", starts, legacy.get("starts")), "slice", "starts")
-    en = ints(_one_way("slice", "ends", ends, legacy.get("ends")), "slice", "ends")
-    ax_raw = _one_way("slice", "axes", axes, legacy.get("axes"))
+    st = ints(_one_way("slice", "starts", starts_input, starts), "slice", "starts")
+    en = ints(_one_way("slice", "ends", ends_input, ends), "slice", "ends")
+    ax_raw = _one_way("slice", "axes", axes_input, axes)
     ax = list(range(len(st))) if ax_raw is None else ints(ax_raw, "slice", "axes")
     sp = [1] * len(st) if steps is None else ints(steps, "slice", "steps")
     if not len(st) == len(en) == len(ax) == len(sp):

@@ -1,0 +1,121 @@
+"""Native call overhead: one tiny host function called in process, through the isolated worker, and
+over RPC from the real TVM client to ``rpcsrv serve --native inprocess`` and ``--native isolated``.
+
+    python bench/native_bench.py [--calls 2000] [--repeat 5]
+
+The function is ``add_one`` of ``tests/native/fixtures/c_target_kernels.c`` (gcc, classic packed ABI)
+on 16 float32: its own work is a few nanoseconds, so every figure is overhead.  Rows (median of
+``--repeat`` runs of ``--calls`` calls, microseconds per call):
+
+  * ``in-process call``: ``NativeFunction(a, b)`` (arguments converted each call);
+  * ``in-process bound``: ``fn.bind(a, b)()`` (what the graph executor and time_evaluator do);
+  * ``isolated, shared arrays``: a ``WorkerFunction`` call with the arrays in the session's arena
+    (only handles cross the socket; what a session's remote arrays are);
+  * ``isolated, copied arrays``: the same with arrays outside the arena (copied both ways);
+  * ``RPC inprocess`` / ``RPC isolated``: ``lib["add_one"](a, b)`` from apache-tvm's client (skipped
+    without it), the user-visible round trip.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+FIXTURE = ROOT / "tests" / "native" / "fixtures" / "c_target_kernels.c"
+
+
+def _per_call(fn, calls: int, repeat: int) -> float:
+    runs = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        runs.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(runs)
+
+
+def _rpc_rows(lib_path: Path, calls: int, repeat: int) -> dict[str, float]:
+    try:
+        import tvm
+        from tvm import rpc
+    except ImportError:
+        return {}
+    import re
+
+    rows = {}
+    for mode in ("inprocess", "isolated"):
+        proc = subprocess.Popen([sys.executable, "-m", "rpcsrv", "serve", "--port", "0", "--native", mode],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
+        try:
+            port = int(re.search(r":(\d+)", proc.stdout.readline()).group(1))
+            remote = rpc.connect("127.0.0.1", port)
+            remote.upload(str(lib_path), "k.so")
+            f = remote.load_module("k.so")["add_one"]
+            dev = remote.cpu()
+            a = tvm.runtime.tensor(np.ones(16, "float32"), dev)
+            b = tvm.runtime.tensor(np.zeros(16, "float32"), dev)
+            rows[f"RPC {mode}"] = _per_call(lambda: f(a, b), calls // 4, repeat)
+        finally:
+            proc.terminate()
+            proc.wait()
+    return rows
+
+
+def run(calls: int = 2000, repeat: int = 5) -> dict[str, float]:
+    from rpcsrv.native import load_native_module
+    from rpcsrv.native.host import NativeSession
+
+    with tempfile.TemporaryDirectory() as tmp:
+        lib_path = Path(tmp) / "k.so"
+        subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(lib_path), str(FIXTURE)], check=True)
+        # the RPC rows first: they load TVM's libraries into this process, which must happen before the
+        # shim's (its TVMFFI* names would otherwise stand in for libtvm_ffi's own)
+        rpc_rows = _rpc_rows(lib_path, calls, repeat)
+        fn = load_native_module(str(lib_path)).get_function("add_one")
+        a, b = np.ones(16, np.float32), np.zeros(16, np.float32)
+        rows = {"in-process call": _per_call(lambda: fn(a, b), calls, repeat)}
+        bound = fn.bind(a, b)
+        rows["in-process bound"] = _per_call(bound, calls, repeat)
+        session = NativeSession("isolated")
+        try:
+            wfn = session.load(str(lib_path)).get_function("add_one")
+            sa, sb = session.zeros(64).view(np.float32), session.zeros(64).view(np.float32)
+            sa[:] = 1
+            rows["isolated, shared arrays"] = _per_call(lambda: wfn(sa, sb), calls, repeat)
+            assert sb[0] == 2
+            rows["isolated, copied arrays"] = _per_call(lambda: wfn(a, b), calls, repeat)
+            assert b[0] == 2
+        finally:
+            session.close()
+        rows.update(rpc_rows)
+    return rows
+
+
+def report(rows: dict[str, float]) -> str:
+    lines = [f"{name:<26} {us:8.2f} us/call" for name, us in rows.items()]
+    base = rows["in-process call"]
+    lines.append(f"isolated (shared) / in-process call: {rows['isolated, shared arrays'] / base:.1f}x")
+    if "RPC isolated" in rows:
+        lines.append(f"RPC isolated / RPC inprocess: {rows['RPC isolated'] / rows['RPC inprocess']:.2f}x")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--calls", type=int, default=2000)
+    p.add_argument("--repeat", type=int, default=5)
+    args = p.parse_args()
+    print(report(run(args.calls, args.repeat)))
+
+
+if __name__ == "__main__":
+    main()

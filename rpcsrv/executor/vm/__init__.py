@@ -1,0 +1,13 @@
+"""The Relax VM (TVM >= 0.21): runs ``relax.VMExecutable`` modules without TVM.
+
+* ``machine.py``: the executable's runtime module (checked at load) and the virtual machine
+  (interpreter and the remote interface ``relax.VirtualMachine`` uses);
+* ``builtins.py``: the ``vm.builtin.*`` functions compiled code calls;
+* ``values.py``: register values (tensors, pooled storage, closures);
+* ``ffi.py``: native kernels through the tvm-ffi safe-call ABI.
+"""
+
+from .builtins import BUILTINS, VMError
+from .machine import VirtualMachine, VMExecutableRuntime, export
+
+__all__ = ["BUILTINS", "VMError", "VMExecutableRuntime", "VirtualMachine", "export"]

@@ -1,0 +1,486 @@
+"""The Relax virtual machine: the executable's runtime module, and the machine that runs it.
+
+``VMExecutableRuntime`` is the ``relax.VMExecutable`` module of a loaded library.  It checks the
+whole executable when the library is loaded: every instruction decodes, every register, constant,
+function index and jump stays in range, and every packed function the code calls is either a VM
+builtin this board implements or a function of the library's imports (a native kernel in ``_lib``,
+an ExampleJSON subgraph, ...).  A library that fails any check is refused with the reason, before
+a VM exists.  Its functions are TVM's: ``vm_load_executable``, ``stats``, ``as_text``,
+``has_function``.
+
+``VirtualMachine`` (``relax.VirtualMachine``) is what ``vm_load_executable`` returns and what the
+client's ``relax.VirtualMachine`` drives: ``vm_initialization`` (device, allocator triples),
+functions by name, ``save_function``, ``invoke_closure``, the stateful ``set_input`` /
+``invoke_stateful`` / ``get_output`` / ``get_output_arity``, ``get_function_arity`` /
+``get_function_param_name`` (TVM's ``src/runtime/vm/vm.cc``).
+
+Each VM function is compiled once into a list of steps; a call step holds the callee and its
+arguments as (is-register, value) pairs, so running an instruction is one list comprehension and
+one call.  Native kernels get their arguments as DLTensor addresses (``ffi.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from ...loader.vm_executable import (
+    ARG_CONST, ARG_FUNC, ARG_IMMEDIATE, ARG_REGISTER, BEGIN_SPECIAL_REG, KIND_PACKED, KIND_VM, KIND_VMTIR, OP_CALL,
+    OP_GOTO, OP_IF, OP_RET, VM_REGISTER, VOID_REGISTER, VMExecutableModule, decode_instructions, describe_constant,
+    disassemble,
+)
+from ..runtime import RuntimeModule
+from ...protocol.dtypes import DataType
+from .builtins import BUILTINS, VMError, is_builtin_name, read_if_cond
+from .ffi import T_DLTENSOR, NativeKernel, encode_value
+from .values import Closure, InputStaging, ShapeTuple, Storage, StoragePool, Tensor, as_tensor
+
+NAIVE_ALLOCATOR, POOLED_ALLOCATOR = 1, 2
+#: compiled step kinds besides the opcodes (``VirtualMachine.run``)
+S_KERNEL, S_ALLOC_TENSOR, S_NULL, S_CONST = 11, 12, 13, 14
+#: builtins without side effects whose result depends only on their arguments: folded at compile
+#: time when every argument is a constant
+FOLDABLE = frozenset(BUILTINS[f"vm.builtin.{n}"] for n in ("reshape", "shape_of", "tensor_to_shape"))
+#: device types whose memory is this board's host memory (cpu, ext_dev)
+HOST_DEVICES = (1, 12)
+
+Lookup = Callable[[str], Optional[Callable[..., Any]]]
+
+
+class VMExecutableRuntime(RuntimeModule):
+    """A ``relax.VMExecutable``, checked at load; ``vm_load_executable`` makes a machine for it."""
+
+    type_key = "relax.VMExecutable"
+
+    def __init__(self, exe: VMExecutableModule, imports: Optional[list[RuntimeModule]] = None,
+                 kernels: Optional[Lookup] = None):
+        super().__init__(imports)
+        self.kernels = kernels
+        self.by_name = {f.name: i for i, f in enumerate(exe.functions)}
+        try:
+            self.code = decode_instructions(exe)
+        except ValueError as exc:
+            raise VMError(f"relax.VMExecutable: {exc}") from None
+        for index, f in enumerate(exe.functions):
+            _check_function(exe, self.code, index)
+        missing = [f.name for f in exe.functions if f.kind == KIND_PACKED and self.resolve(f.name) is None]
+        if missing:
+            raise VMError(f"relax.VMExecutable: function(s) {', '.join(missing)} called by the code are neither "
+                          f"VM builtins available on this board nor functions of the library")
+        # the code and constants are copied out of the library file (tensors to ALIGNMENT-aligned
+        # memory, as kernels require), so the file's mapping is released with the loaded library;
+        # every VM of this executable shares these constants, as TVM's do on the CPU
+        self.constants = [as_tensor(np.array(c)) if isinstance(c, np.ndarray) else c for c in exe.constants]
+        self.exe = dataclasses.replace(exe, constants=[],  # see self.constants
+                                       instr_offset=np.array(exe.instr_offset), instr_data=np.array(exe.instr_data))
+
+    def resolve(self, name: str) -> Optional[Callable[..., Any]]:
+        """The packed function ``name``: a builtin, else the imports' function (TVM's lookup order
+        is imports first, then global functions; builtin names never clash with kernels)."""
+        if name in BUILTINS:
+            return BUILTINS[name]
+        if is_builtin_name(name):
+            return None
+        if self.kernels is not None:
+            fn = self.kernels(name)
+            if fn is not None:
+                return fn
+        for mod in self.imports:
+            for sub in mod.walk():
+                if getattr(sub, "symbols", None) is not None:
+                    continue  # a host library: its kernels come through ``kernels``
+                fn = sub.get_function(name)
+                if fn is not None:
+                    return fn
+        return None
+
+    def get_function(self, name: str):
+        if name == "vm_load_executable":
+            return lambda: VirtualMachine(self)
+        if name == "has_function":
+            return lambda fname: fname in self.by_name
+        if name == "as_text":
+            return lambda: "\n".join(disassemble(self.exe))
+        if name == "stats":
+            return self.stats
+        return None
+
+    def stats(self) -> str:
+        consts = ", ".join(describe_constant(c.array if isinstance(c, Tensor) else c) for c in self.constants)
+        names = ", ".join(f.name for f in self.exe.functions)
+        return (f"Relax VM executable statistics:\n  Constant pool (# {len(self.constants)}): [{consts}]\n"
+                f"  Globals (#{len(self.exe.functions)}): [{names}]\n")
+
+
+def _check_function(exe: VMExecutableModule, code: list, index: int) -> None:
+    """Raise VMError when function ``index`` could index outside its registers, the constants,
+    the function table or its own code."""
+    f = exe.functions[index]
+    where = f"relax.VMExecutable: function {f.name!r}"
+    if f.kind == KIND_PACKED:
+        return
+    if f.kind == KIND_VMTIR:
+        raise VMError(f"{where} is a VM TIR function (compiled with exec_mode='compiled'); this board runs "
+                      f"bytecode functions only (compile with the default exec_mode='bytecode')")
+    if f.kind != KIND_VM:
+        raise VMError(f"{where} has unknown kind {f.kind} (expected 0 packed, 1 bytecode or 2 TIR)")
+    if not 0 <= f.start_instr < f.end_instr <= len(code):
+        raise VMError(f"{where}: instructions {f.start_instr}..{f.end_instr} are outside the code "
+                      f"(0..{len(code)})")
+    if not 0 <= f.num_args <= f.register_file_size or f.register_file_size > 1 << 20:
+        raise VMError(f"{where}: {f.num_args} arguments do not fit its {f.register_file_size} registers")
+    nregs, nconst, nfunc = f.register_file_size, len(exe.constants), len(exe.functions)
+
+    def reg_ok(r: int, write: bool = False) -> bool:
+        return 0 <= r < nregs or r == VOID_REGISTER or (r == VM_REGISTER and not write)
+
+    for pc in range(f.start_instr, f.end_instr):
+        ins, at = code[pc], f"{where}, instruction {pc}"
+        if ins.op == OP_CALL:
+            if not 0 <= ins.func < nfunc:
+                raise VMError(f"{at}: calls function index {ins.func}, the table has {nfunc}")
+            if not reg_ok(ins.dst, write=True):
+                raise VMError(f"{at}: result register {ins.dst} outside its {nregs} registers")
+            for kind, value in ins.args:
+                ok = {ARG_REGISTER: lambda v: reg_ok(v), ARG_IMMEDIATE: lambda v: True,
+                      ARG_CONST: lambda v: 0 <= v < nconst, ARG_FUNC: lambda v: 0 <= v < nfunc}.get(kind)
+                if ok is None:
+                    raise VMError(f"{at}: argument of unknown kind {kind}")
+                if not ok(value):
+                    raise VMError(f"{at}: argument {value} of kind {kind} out of range")
+        elif ins.op in (OP_GOTO, OP_IF):
+            if not f.start_instr <= pc + ins.offset < f.end_instr or (ins.op == OP_IF and ins.offset <= 1):
+                raise VMError(f"{at}: jump by {ins.offset} leaves the function")
+            if ins.op == OP_IF and not reg_ok(ins.reg):
+                raise VMError(f"{at}: condition register {ins.reg} outside its {nregs} registers")
+        elif ins.op == OP_RET and not reg_ok(ins.reg):
+            raise VMError(f"{at}: result register {ins.reg} outside its {nregs} registers")
+
+
+class VirtualMachine(RuntimeModule):
+    """One VM over an executable: devices, allocator, constants, functions, stateful inputs."""
+
+    type_key = "relax.VirtualMachine"
+
+    def __init__(self, executable: VMExecutableRuntime):
+        super().__init__(executable.imports)
+        self.executable = executable
+        self.exe = executable.exe
+        self.devices: list[tuple[int, int]] = []
+        self.pool: Optional[StoragePool] = None
+        self.consts: list[Any] = []
+        self.funcs: list[Any] = []
+        self.programs: dict[int, list[tuple]] = {}
+        self.inputs: dict[str, list[Any]] = {}
+        self.outputs: dict[str, Any] = {}
+        self.saved: dict[str, Closure] = {}
+        self._keep: list = []  # DLTensors of constant kernel arguments
+        self.staging = InputStaging()
+
+    # ------------------------------------------------------------------ set-up
+    def initialize(self, *args: Any) -> None:
+        """``vm_initialization``: (device type, device id, allocator type) per device."""
+        if not args or len(args) % 3:
+            raise VMError(f"vm_initialization expects (device type, device id, allocator type) triples, "
+                          f"got {len(args)} arguments")
+        devices, naive = [], False
+        for i in range(0, len(args), 3):
+            dev_type, dev_id, alloc = (int(a) for a in args[i:i + 3])
+            if dev_type not in HOST_DEVICES:
+                raise VMError(f"vm_initialization: device type {dev_type} is not available on this board "
+                              f"(cpu only)")
+            if alloc not in (NAIVE_ALLOCATOR, POOLED_ALLOCATOR):
+                raise VMError(f"vm_initialization: unknown allocator type {alloc} (1 naive, 2 pooled)")
+            naive = naive or alloc == NAIVE_ALLOCATOR
+            devices.append((dev_type, dev_id))
+        self.devices = devices
+        self.pool = StoragePool(naive=naive)
+        self.consts = self.executable.constants
+        self.funcs = [self._pool_entry(i) for i in range(len(self.exe.functions))]
+        self.programs = {}
+
+    def _pool_entry(self, index: int) -> Any:
+        f = self.exe.functions[index]
+        if f.kind == KIND_VM:
+            return Closure(f.name, lambda vm, *args, _i=index: vm.run(_i, args))
+        fn = self.executable.resolve(f.name)
+        if fn is None:  # checked at load; the imports may have changed since (ImportModule)
+            raise VMError(f"cannot find function {f.name!r} in the VM builtins or the library")
+        return fn
+
+    def _program(self, index: int) -> list[tuple]:
+        """Function ``index`` compiled to steps (once per VM); see ``run`` for the step kinds."""
+        prog = self.programs.get(index)
+        if prog is None:
+            f = self.exe.functions[index]
+            prog = self.programs[index] = [self._step(ins) for ins in self.executable.code[f.start_instr:f.end_instr]]
+        return prog
+
+    def _step(self, ins) -> tuple:
+        if ins.op == OP_RET:
+            return (OP_RET, ins.reg)
+        if ins.op != OP_CALL:
+            return (ins.op, ins.reg, ins.offset)
+        fn, name = self.funcs[ins.func], self.exe.functions[ins.func].name
+        dst = ins.dst if ins.dst < BEGIN_SPECIAL_REG else -1
+        spec = tuple(self._arg(kind, value) for kind, value in ins.args)
+        if fn is BUILTINS["vm.builtin.null_value"] and not spec:
+            return (S_NULL, dst)
+        if fn in FOLDABLE and not any(is_reg for is_reg, _ in spec):
+            # a pure builtin of constants (e.g. a reshaped batch-norm parameter): computed once here
+            return (S_CONST, fn(*[v for _, v in spec]), dst, name)
+        if (fn is BUILTINS["vm.builtin.alloc_tensor"] and len(spec) == 4 and spec[0][0]
+                and not any(is_reg for is_reg, _ in spec[1:]) and isinstance(spec[2][1], ShapeTuple)
+                and isinstance(spec[3][1], DataType)):
+            return (S_ALLOC_TENSOR, spec[0][1], (int(spec[1][1]), tuple(spec[2][1]), spec[3][1]), dst, name)
+        if isinstance(fn, NativeKernel):
+            words: list[int] = []
+            regs: list[tuple[int, int]] = []
+            for is_reg, v in spec:
+                if is_reg:
+                    regs.append((len(words), v))
+                    words.extend((T_DLTENSOR, 0))
+                else:
+                    words.extend(encode_value(v, self._keep))
+            return (S_KERNEL, fn, words, tuple(regs), len(spec), dst, name)
+        return (OP_CALL, fn, spec, dst, name)
+
+    def _arg(self, kind: int, value: int) -> tuple[bool, Any]:
+        if kind == ARG_REGISTER:
+            if value == VOID_REGISTER:
+                return False, None
+            if value == VM_REGISTER:
+                return False, self
+            return True, value
+        if kind == ARG_IMMEDIATE:
+            return False, value
+        if kind == ARG_CONST:
+            return False, self.consts[value]
+        return False, self.funcs[value]
+
+    # ------------------------------------------------------------------ running
+    def run(self, index: int, args: tuple) -> Any:
+        """Run bytecode function ``index`` on register values ``args``.
+
+        Steps: ``S_KERNEL`` (a native kernel: argument words with the registers' DLTensor
+        addresses filled in), ``S_ALLOC_TENSOR`` (a tensor in a storage, constant offset, shape and
+        dtype), ``S_NULL`` (clear a register), ``OP_CALL`` (any other packed function or closure),
+        ``OP_RET``, ``OP_GOTO``, ``OP_IF``.
+        """
+        f = self.exe.functions[index]
+        if len(args) != f.num_args:
+            names = f" ({', '.join(f.param_names)})" if f.param_names else ""
+            raise VMError(f"function {f.name!r} expects {f.num_args} arguments{names}, got {len(args)}")
+        prog = self._program(index)
+        regs: list[Any] = [None] * f.register_file_size
+        regs[:len(args)] = args
+        pc = 0
+        try:
+            while True:
+                step = prog[pc]
+                code = step[0]
+                if code == S_KERNEL:
+                    words = step[2][:]
+                    for at, r in step[3]:
+                        v = regs[r]
+                        if type(v) is Tensor:
+                            words[at + 1] = v.dla or v.make_dl()
+                        else:
+                            words[at], words[at + 1] = encode_value(v, [])
+                    ret = step[1].call_words(words, step[4])
+                    if step[5] >= 0:
+                        regs[step[5]] = ret
+                elif code == S_ALLOC_TENSOR:
+                    storage = regs[step[1]]
+                    if type(storage) is not Storage:
+                        raise VMError(f"alloc_tensor: expected a storage, got a {type(storage).__name__}")
+                    regs[step[3]] = storage.alloc_tensor(*step[2])
+                elif code == S_CONST:
+                    if step[2] >= 0:
+                        regs[step[2]] = step[1]
+                elif code == S_NULL:
+                    if step[1] >= 0:
+                        regs[step[1]] = None
+                elif code == OP_CALL:
+                    fn = step[1]
+                    values = [regs[v] if is_reg else v for is_reg, v in step[2]]
+                    if type(fn) is Closure:
+                        ret = fn.impl(self, *values, *fn.bound)
+                    else:
+                        ret = fn(*values)
+                    if step[3] >= 0:
+                        regs[step[3]] = ret
+                elif code == OP_RET:
+                    r = step[1]
+                    return regs[r] if r < BEGIN_SPECIAL_REG else (self if r == VM_REGISTER else None)
+                elif code == OP_GOTO:
+                    pc += step[2]
+                    continue
+                else:
+                    pc += 1 if read_if_cond(regs[step[1]]) else step[2]
+                    continue
+                pc += 1
+        except VMError:
+            raise
+        except IndexError:
+            if pc >= len(prog):
+                raise VMError(f"{f.name}: ran past its last instruction without a return") from None
+            raise VMError(f"{f.name}: instruction {pc} ({_step_name(prog[pc])}): index out of range") from None
+        except Exception as exc:
+            raise VMError(f"{f.name}: instruction {pc} ({_step_name(prog[pc])}): {type(exc).__name__}: {exc}") from None
+
+    def invoke(self, fn: Any, args: tuple) -> Any:
+        """Call a closure or packed function with register values (``invoke_closure``)."""
+        if isinstance(fn, Closure):
+            return fn.impl(self, *args, *fn.bound)
+        if callable(fn):
+            return fn(*args)
+        raise VMError(f"invoke_closure: expected a function, got a {type(fn).__name__}")
+
+    def _require_init(self) -> None:
+        if self.pool is None:
+            raise VMError("the VM is not initialized: call vm_initialization (relax.VirtualMachine does) first")
+
+    def _closure(self, name: str) -> Closure:
+        self._require_init()
+        if name in self.saved:
+            return self.saved[name]
+        index = self.executable.by_name.get(name)
+        if index is None or self.exe.functions[index].kind != KIND_VM:
+            raise VMError(f"Unknown function: {name!r} (VM functions: {', '.join(self.vm_function_names())})")
+        return self.funcs[index]
+
+    def vm_function_names(self) -> list[str]:
+        return [f.name for f in self.exe.functions if f.kind == KIND_VM]
+
+    def call(self, name: str, *args: Any) -> Any:
+        """Call VM function ``name`` with arguments from outside (arrays); returns outside values."""
+        clo = self._closure(name)
+        return export(clo.impl(self, *[self.staging.stage(i, a) for i, a in enumerate(args)], *clo.bound))
+
+    # ------------------------------------------------------------------ the remote interface
+    def get_function(self, name: str):
+        table = {
+            "vm_initialization": self.initialize,
+            "save_function": self.save_function,
+            "invoke_closure": lambda clo, *args: export(self.invoke(clo, tuple(as_tensor(a) for a in args))),
+            "invoke_stateful": self.invoke_stateful,
+            "set_instrument": self._no_instrument,
+            "get_output_arity": self.get_output_arity,
+            "get_output": self.get_output,
+            "set_input": self.set_input,
+            "set_input_with_param_module": self._no_param_module,
+            "get_function_arity": lambda fname: len(self._info(fname).param_names),
+            "get_function_param_name": self.get_function_param_name,
+        }
+        if name in table:
+            return table[name]
+        if name in self.saved or (name in self.executable.by_name
+                                  and self.exe.functions[self.executable.by_name[name]].kind == KIND_VM):
+            def call(*args: Any, _name: str = name) -> Any:
+                return self.call(_name, *args)
+            call.__name__ = name
+            return call
+        return None
+
+    def _info(self, name: str):
+        index = self.executable.by_name.get(name)
+        if index is None:
+            raise VMError(f"Unknown function: {name!r}")
+        return self.exe.functions[index]
+
+    def get_function_param_name(self, name: str, index: int) -> str:
+        names = self._info(name).param_names
+        if not 0 <= index < len(names):
+            raise VMError(f"Invalid index for {name} ({index} out of {len(names)})")
+        return names[index]
+
+    def save_function(self, name: str, save_name: str, include_return: Any, *args: Any) -> None:
+        clo = self._closure(name)
+        bound = clo.bind(tuple(as_tensor(a) for a in args))
+        if include_return:
+            self.saved[save_name] = Closure(save_name, bound.impl, bound.bound)
+        else:
+            def impl(vm, *a: Any, _c: Closure = bound) -> None:
+                _c.impl(vm, *a)
+            self.saved[save_name] = Closure(save_name, impl, bound.bound)
+
+    def set_input(self, name: str, *args: Any) -> None:
+        self._require_init()
+        f = self._info(name)
+        if len(args) != f.num_args:
+            raise VMError(f"set_input: function {name!r} takes {f.num_args} arguments, got {len(args)}")
+        self.inputs[name] = [as_tensor(a) for a in args]
+
+    def invoke_stateful(self, name: str) -> None:
+        clo = self._closure(name)
+        if name not in self.inputs:
+            raise VMError(f"No inputs set for stateful call of {name}; use `set_input` first.")
+        self.outputs[name] = clo.impl(self, *self.inputs[name], *clo.bound)
+
+    def _output(self, name: str, idx: tuple) -> Any:
+        if name not in self.outputs:
+            raise VMError(f"No output saved for call of {name!r}; use `invoke_stateful` to call it first.")
+        out = self.outputs[name]
+        for i in idx:
+            if not isinstance(out, list):
+                raise VMError("Attempted to index into an object that is not a tuple.")
+            if not 0 <= int(i) < len(out):
+                raise VMError(f"Invalid index ({i} >= {len(out)}).")
+            out = out[int(i)]
+        return out
+
+    def get_output_arity(self, name: str, *idx: Any) -> int:
+        out = self._output(name, idx)
+        return len(out) if isinstance(out, list) else -1
+
+    def get_output(self, name: str, *idx: Any) -> Any:
+        out = self._output(name, idx)
+        if isinstance(out, list):
+            raise VMError("`get_output` cannot return a tuple for RPC compatibility. "
+                          "Please specify another index argument.")
+        return export(out)
+
+    @staticmethod
+    def _no_instrument(*_args: Any) -> None:
+        raise VMError("set_instrument: instrumenting VM calls is not available on this board")
+
+    @staticmethod
+    def _no_param_module(*_args: Any) -> None:
+        raise VMError("set_input_with_param_module: parameter modules are not available on this board")
+
+
+def _step_name(step: tuple) -> str:
+    if step[0] in (S_KERNEL, S_ALLOC_TENSOR, OP_CALL, S_CONST):
+        return step[-1]
+    return {OP_RET: "ret", OP_GOTO: "goto", OP_IF: "if", S_NULL: "vm.builtin.null_value"}.get(step[0], "?")
+
+
+#: tensors up to this size leave the VM as copies, so their pooled buffer (and the DLTensors cut
+#: from it) serve the next run too; larger ones leave as they are and their buffer leaves the pool
+COPY_OUT_BYTES = 64 << 10
+
+
+def export(value: Any) -> Any:
+    """A register value as it leaves the VM: tensors become numpy arrays the caller owns (a copy,
+    or the tensor itself with its buffer taken out of the pool), tuples become lists of those."""
+    if isinstance(value, Tensor):
+        owner = value.owner
+        while isinstance(owner, Tensor):
+            owner = owner.owner
+        if owner is None or not hasattr(owner, "escape"):
+            return value.array
+        if value.array.nbytes <= COPY_OUT_BYTES:
+            return value.array.copy()
+        owner.escape()
+        return value.array
+    if isinstance(value, list):
+        return [export(v) for v in value]
+    if isinstance(value, ShapeTuple):
+        return tuple(value)
+    return value
+
+
+__all__ = ["VMExecutableRuntime", "VirtualMachine", "VMError", "NativeKernel", "export"]

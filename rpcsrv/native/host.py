@@ -1,0 +1,118 @@
+"""How a server session loads libraries with native code: the board's policy, in one place.
+
+``mode`` (``rpcsrv serve --native``):
+
+* ``isolated`` (default): the library's whole module tree lives in the session's worker process
+  (``proxy.py``); a crash or hang ends that worker, the session gets an error and goes on.
+* ``inprocess``: native functions run in the server process (trusted boards; no IPC per call,
+  but a crash takes the server down).
+* ``off`` (``--no-native``): a library with native functions is refused at ``load_module``.
+
+Before any worker starts, the library's machine and runtime symbols are checked here, so a
+cross-built library fails at ``load_module`` naming its architecture and the functions it needed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Optional
+
+from ..executor import RuntimeModule, build_runtime
+from ..loader import load_library
+from ..loader.modules import HostLibraryModule
+from .library import NativeError, inspect_native
+from .machine import board
+from .runtime import has_native_code, link_roots, native_options
+
+MODES = ("isolated", "inprocess", "off")
+
+
+class NativeSession:
+    """One session's native state: the mode, its shared arena and its worker (started lazily)."""
+
+    def __init__(self, mode: str = "isolated", max_memory: int = 4 << 30, timeout: float = float("inf")):
+        if mode not in MODES:
+            raise ValueError(f"native mode must be one of {', '.join(MODES)}, got {mode!r}")
+        self.mode = mode
+        # time.monotonic() value of the session's end: native calls are stopped there
+        self.deadline: Optional[float] = time.monotonic() + timeout if timeout != float("inf") else None
+        self.max_memory = max_memory
+        self.arena = None  # created with the first worker: buffers allocated after it are shared
+        self.worker = None
+
+    def _open_arena(self) -> None:
+        if self.arena is not None or not sys.platform.startswith("linux"):
+            return
+        from .shm import Arena
+
+        capacity = self.max_memory if sys.maxsize > 2 ** 32 else min(self.max_memory, 512 << 20)
+        try:
+            self.arena = Arena(max(capacity, 1 << 20), name="rpcsrv-session")
+        except OSError:
+            self.arena = None  # arrays are copied to the worker instead
+
+    def zeros(self, nbytes: int):
+        """A zero-filled session buffer (in the shared arena when there is one)."""
+        import numpy as np
+
+        if self.arena is not None:
+            try:
+                return self.arena.zeros(nbytes)
+            except MemoryError:
+                pass
+        return np.zeros(nbytes, dtype=np.uint8)
+
+    def release(self, buf) -> None:
+        if self.arena is not None and buf is not None:
+            self.arena.release(buf)
+
+    def _deadline(self) -> Optional[float]:
+        return self.deadline
+
+    def load(self, path: str) -> RuntimeModule:
+        """``tvm.rpc.server.load_module`` under this session's policy."""
+        loaded = load_library(path)
+        libraries = [n for n in loaded.root.walk() if isinstance(n, HostLibraryModule) and has_native_code(n)]
+        if not libraries:
+            return build_runtime(loaded.root)
+        for node in libraries:
+            check_loadable(node)
+        if self.mode == "off":
+            names = sorted({f for n in libraries for f in inspect_native(n.path).public_functions()})
+            raise NativeError(f"{os.path.basename(path)}: this server does not run native code (--no-native); "
+                              f"the library has native functions: {', '.join(names)}")
+        if self.mode == "inprocess":
+            return link_roots(build_runtime(loaded.root, native_options()))
+        if self.worker is None or not self.worker.alive:
+            from .proxy import Worker
+
+            if self.worker is not None:
+                self.worker.close()
+            self._open_arena()
+            self.worker = Worker(self.arena, self._deadline)
+        return self.worker.load(os.path.abspath(path))
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
+        if self.arena is not None:
+            self.arena.close()
+
+
+def check_loadable(node: HostLibraryModule) -> None:
+    """NativeError when this board cannot run the library (machine, unresolvable symbols)."""
+    from .shim import PROVIDED
+
+    info = inspect_native(node.path)
+    here = board()
+    if not here.runs(info.machine):
+        raise NativeError(f"{os.path.basename(node.path)}: the library is built for {info.machine}, this board "
+                          f"is {here}; its functions cannot run here: "
+                          f"{', '.join(info.public_functions()) or 'none'}")
+    missing = [s for s in info.runtime_symbols if s not in PROVIDED]
+    if missing:
+        raise NativeError(f"{os.path.basename(node.path)}: needs TVM runtime symbols rpcsrv does not provide: "
+                          f"{', '.join(missing)}")

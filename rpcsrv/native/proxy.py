@@ -1,0 +1,244 @@
+"""The session's side of native isolation: a worker process and proxies for what it hosts.
+
+:class:`Worker` starts ``python -m rpcsrv.native.worker`` with one end of a socket pair and the
+session's arena (``shm.py``), and sends it one request at a time (``wire.py``).  Requests are
+made from the session's worker threads (module functions are blocking calls), never on the trio
+loop.  Each request waits at most until the session's deadline: a crash (closed socket) or a
+missed deadline (the worker is killed) becomes a :class:`NativeError` naming what happened; the
+worker is gone, later requests on its proxies fail clearly, and the next ``load_module`` starts a
+fresh worker.
+
+:class:`WorkerModule` and :class:`WorkerFunction` are the session's handles on the worker's
+objects; they are ``RuntimeModule``/callables like any other, so the server hands them out
+unchanged.  Dropping a proxy frees the worker's object with the next request.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from ..executor.runtime import RuntimeModule
+from .library import NativeError
+from .shm import Arena
+from .wire import Copied, Ref, Shared
+from .worker import _recv, _send
+
+START_TIMEOUT = 30.0
+
+
+class Worker:
+    def __init__(self, arena: Optional[Arena], deadline: Callable[[], Optional[float]] = lambda: None):
+        self.arena = arena
+        self.deadline = deadline
+        self.lock = threading.Lock()
+        self.dead: Optional[str] = None
+        self._garbage: list[int] = []
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        fds = [theirs.fileno()] + ([arena.fd] if arena else [])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rpcsrv.native.worker", str(theirs.fileno()),
+             str(arena.fd if arena else -1), str(arena.capacity if arena else 0)],
+            pass_fds=fds, env=env, stdin=subprocess.DEVNULL)
+        theirs.close()
+        self.sock = ours
+        self.worker_arena: Optional[Arena] = None
+        self._start()
+
+    def _start(self) -> None:
+        if not self._wait(time.monotonic() + START_TIMEOUT):
+            self.kill("did not start")
+            raise NativeError(f"the native worker did not start within {START_TIMEOUT:.0f}s")
+        msg, fds, _flags, _addr = socket.recv_fds(self.sock, 8, 1)
+        if len(msg) < 8 or not fds:
+            self.kill("failed to start")
+            raise NativeError(f"the native worker failed to start ({self._exit_text()})")
+        n = int.from_bytes(msg, "little")
+        data = b""
+        while len(data) < n:
+            chunk = self.sock.recv(n - len(data))
+            if not chunk:
+                raise NativeError("the native worker failed to start")
+            data += chunk
+        import pickle
+
+        _ready, self.pid, size = pickle.loads(data)
+        self.worker_arena = Arena(size, fd=fds[0])
+
+    def _wait(self, until: Optional[float]) -> bool:
+        poller = select.poll()
+        poller.register(self.sock, select.POLLIN | select.POLLHUP | select.POLLERR)
+        while True:
+            timeout = None if until is None else max(0, int((until - time.monotonic()) * 1000) + 1)
+            if poller.poll(timeout):
+                return True
+            if until is not None and time.monotonic() >= until:
+                return False
+
+    def _exit_text(self) -> str:
+        try:
+            code = self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            return "still running"
+        if code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exit code {code}"
+
+    def kill(self, why: str) -> None:
+        if self.dead is None:
+            self.dead = why
+        try:
+            self.proc.kill()
+        except OSError:
+            pass
+        self.proc.wait()
+        self.sock.close()
+
+    @property
+    def alive(self) -> bool:
+        return self.dead is None
+
+    def request(self, req: tuple, what: str) -> tuple[Any, list]:
+        with self.lock:
+            if self.dead is not None:
+                raise NativeError(f"{what}: the native worker of this session is gone ({self.dead}); "
+                                  f"load the module again")
+            try:
+                if self._garbage:
+                    garbage, self._garbage = self._garbage, []
+                    _send(self.sock, ("free", garbage))
+                    if _recv(self.sock)[0] != "ok":
+                        raise EOFError
+                _send(self.sock, req)
+                deadline = self.deadline()
+                if not self._wait(deadline):
+                    self.kill("stopped at the session deadline")
+                    raise NativeError(f"{what}: native code was still running at the session deadline; "
+                                      f"its worker was stopped")
+                answer = _recv(self.sock)
+            except (EOFError, OSError, ConnectionError):
+                text = self._exit_text()
+                self.kill(f"crashed: {text}")
+                raise NativeError(f"{what}: native code crashed ({text}); this session's native modules "
+                                  f"are gone, load the module again") from None
+        if answer[0] == "err":
+            raise NativeError(answer[1])
+        return answer[1], answer[2]
+
+    def forget(self, oid: int) -> None:
+        self._garbage.append(oid)
+
+    def close(self) -> None:
+        if self.dead is None:
+            self.kill("closed")
+        if self.worker_arena is not None:
+            self.worker_arena.close()
+
+    # values ---------------------------------------------------------------
+    def to_wire(self, v: Any, copied: list) -> Any:
+        if isinstance(v, np.ndarray):
+            for region, arena in (("session", self.arena), ("worker", self.worker_arena)):
+                if arena is not None:
+                    off = arena.offset_of(v)
+                    if off is not None:
+                        return Shared(region, off, v.dtype.str, v.shape, v.strides)
+            copied.append(v)
+            return Copied(v)
+        if isinstance(v, (WorkerModule, WorkerFunction)):
+            if v.worker is not self:
+                raise NativeError("a module or function of another native worker cannot be passed here")
+            return Ref(v.kind, v.oid, "")
+        if isinstance(v, RuntimeModule) or callable(v):
+            raise NativeError(f"{type(v).__name__} objects of the server cannot be passed to native modules")
+        if isinstance(v, (list, tuple)):
+            return [self.to_wire(x, copied) for x in v]
+        return v
+
+    def from_wire(self, v: Any) -> Any:
+        if isinstance(v, Shared):
+            arena = self.arena if v.region == "session" else self.worker_arena
+            return arena.view(v.offset, v.dtype, v.shape, v.strides)
+        if isinstance(v, Copied):
+            return v.array
+        if isinstance(v, Ref):
+            return WorkerModule(self, v.id, v.name) if v.kind == "mod" else WorkerFunction(self, v.id, v.name)
+        if isinstance(v, dict):
+            return {k: self.from_wire(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return type(v)(self.from_wire(x) for x in v)
+        return v
+
+    def call(self, req_head: tuple, args: tuple, what: str) -> Any:
+        copied: list = []
+        wire_args = [self.to_wire(a, copied) for a in args]
+        result, outs = self.request(req_head + (wire_args,), what)
+        for mine, theirs in zip(copied, outs):
+            if mine.flags.writeable:
+                np.copyto(mine, theirs)
+        return self.from_wire(result)
+
+    def load(self, path: str) -> "WorkerModule":
+        result, _ = self.request(("load", path), "load_module")
+        return self.from_wire(result)
+
+
+class _Proxy:
+    kind = ""
+
+    def __init__(self, worker: Worker, oid: int, name: str):
+        self.worker, self.oid, self.name = worker, oid, name
+        weakref.finalize(self, worker.forget, oid)
+
+
+class WorkerFunction(_Proxy):
+    """A function that lives in the worker; calling it is one request."""
+
+    kind = "fn"
+
+    @property
+    def __name__(self) -> str:  # noqa: A003 - the server names handles after their function
+        return self.name
+
+    def __call__(self, *args: Any) -> Any:
+        return self.worker.call(("call", self.oid), args, self.name)
+
+    def time_evaluator(self, params: tuple, f_preproc: str) -> "WorkerFunction":
+        """TVM's time evaluator for this function, run inside the worker (no IPC in the timings)."""
+        result, _ = self.worker.request(("timer", self.oid, params, f_preproc), "time_evaluator")
+        return self.worker.from_wire(result)
+
+
+class WorkerModule(_Proxy, RuntimeModule):
+    """A module that lives in the worker (its imports stay there: lookups ask the worker)."""
+
+    kind = "mod"
+
+    def __init__(self, worker: Worker, oid: int, type_key: str):
+        RuntimeModule.__init__(self)
+        _Proxy.__init__(self, worker, oid, type_key)
+        self.type_key = type_key
+
+    def get_function(self, name: str) -> Optional[WorkerFunction]:
+        return self.find_function(name, False)
+
+    def find_function(self, name: str, query_imports: bool = True) -> Optional[WorkerFunction]:
+        result, _ = self.worker.request(("get", self.oid, name, bool(query_imports)), f"get_function {name}")
+        return self.worker.from_wire(result)
+
+    def __repr__(self) -> str:
+        return f"<WorkerModule {self.type_key!r} #{self.oid} in worker {self.worker.pid}>"

@@ -1,0 +1,184 @@
+"""The native worker: a child process that hosts a session's native module trees.
+
+Started by ``proxy.Worker`` as ``python -m rpcsrv.native.worker FD SESSION_ARENA_FD SIZE``: ``FD``
+is its end of a Unix socket pair, the arena is the session's shared memory (``shm.py``).  It loads
+libraries with ``load_native_module`` (so graph executors, and anything else in the tree, call
+native functions in this process), keeps the modules and functions it hands out in a table, and
+answers one request at a time (``wire.py``).  Its own arena (executor storage) is created here and
+its descriptor sent back in the first message.  If native code crashes, this process dies and the
+session sees a closed socket; nothing else is affected.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pickle
+import signal
+import socket
+import sys
+import traceback
+from typing import Any
+
+import numpy as np
+
+from .wire import Copied, Ref, Shared
+
+WORKER_ARENA = 4 << 30 if sys.maxsize > 2 ** 32 else 256 << 20
+
+
+class WorkerState:
+    def __init__(self, session_arena, own_arena):
+        self.objects: dict[int, Any] = {}
+        self.ids = itertools.count(1)
+        self.arenas = {"session": session_arena, "worker": own_arena}
+
+    # values ---------------------------------------------------------------
+    def to_local(self, v: Any, copied: list) -> Any:
+        if isinstance(v, Shared):
+            arena = self.arenas.get(v.region)
+            if arena is None:
+                raise ValueError(f"unknown shared region {v.region!r}")
+            return arena.view(v.offset, v.dtype, v.shape, v.strides)
+        if isinstance(v, Copied):
+            arr = np.array(v.array, copy=True)
+            copied.append(arr)
+            return arr
+        if isinstance(v, Ref):
+            obj = self.objects.get(v.id)
+            if obj is None:
+                raise ValueError(f"unknown worker object {v.id}")
+            return obj
+        if isinstance(v, list):
+            return [self.to_local(x, copied) for x in v]
+        return v
+
+    def to_wire(self, v: Any) -> Any:
+        from ..executor.runtime import RuntimeModule
+
+        if v is None or isinstance(v, (bool, int, float, str, bytes)):
+            return v
+        if isinstance(v, np.ndarray):
+            for region, arena in self.arenas.items():
+                if arena is not None and v.dtype.kind != "O":
+                    off = arena.offset_of(v)
+                    if off is not None:
+                        return Shared(region, off, v.dtype.str, v.shape, v.strides)
+            return Copied(np.ascontiguousarray(v))
+        if isinstance(v, np.generic):
+            return v.item()
+        if isinstance(v, RuntimeModule):
+            return self.put("mod", v, v.type_key)
+        if callable(v):
+            return self.put("fn", v, getattr(v, "__name__", "function"))
+        if isinstance(v, dict):
+            return {k: self.to_wire(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return type(v)(self.to_wire(x) for x in v)
+        return v  # Device, DataType and other plain values
+
+    def put(self, kind: str, obj: Any, name: str) -> Ref:
+        i = next(self.ids)
+        self.objects[i] = obj
+        return Ref(kind, i, name)
+
+    # requests -------------------------------------------------------------
+    def handle(self, req: tuple) -> tuple:
+        op = req[0]
+        copied: list = []
+        if op == "load":
+            from .runtime import load_native_module
+
+            return ("ok", self.to_wire(load_native_module(req[1])), [])
+        if op == "get":
+            _, oid, name, query_imports = req
+            mod = self.to_local(Ref("mod", oid, ""), copied)
+            fn = mod.find_function(name, bool(query_imports))
+            return ("ok", None if fn is None else self.put("fn", fn, name), [])
+        if op == "call":
+            _, oid, args = req
+            fn = self.to_local(Ref("fn", oid, ""), copied)
+            local = [self.to_local(a, copied) for a in args]
+            result = self.to_wire(fn(*local))
+            return ("ok", result, copied)
+        if op == "timer":
+            from .measure import PREPROC, time_evaluator
+
+            _, oid, params, preproc = req
+            fn = self.to_local(Ref("fn", oid, ""), copied)
+            f_pre = PREPROC.get(preproc) if preproc else None
+            if preproc and f_pre is None:
+                raise ValueError(f"Cannot find {preproc} in the global function")
+            return ("ok", self.put("fn", time_evaluator(fn, *params, f_preproc=f_pre), "time_evaluator"), [])
+        if op == "free":
+            for i in req[1]:
+                self.objects.pop(i, None)
+            return ("ok", None, [])
+        if op == "stats":
+            from .shim import load_shim
+
+            return ("ok", {"objects": len(self.objects),
+                           "workspace_outstanding": int(load_shim().rpcsrv_workspace_outstanding())}, [])
+        raise ValueError(f"unknown worker request {op!r}")
+
+
+def _send(sock: socket.socket, obj: Any, fds: list[int] = ()) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    header = len(data).to_bytes(8, "little")
+    if fds:
+        socket.send_fds(sock, [header], list(fds))
+    else:
+        sock.sendall(header)
+    sock.sendall(data)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if not k:
+            raise EOFError
+        got += k
+    return bytes(buf)
+
+
+def _recv(sock: socket.socket) -> Any:
+    n = int.from_bytes(_recv_exact(sock, 8), "little")
+    return pickle.loads(_recv_exact(sock, n))
+
+
+def main(argv: list[str]) -> int:
+    from .shm import Arena
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server's Ctrl-C is the server's to handle
+    sock = socket.socket(fileno=int(argv[0]))
+    session_arena = Arena(int(argv[2]), fd=int(argv[1])) if int(argv[1]) >= 0 else None
+    own = Arena(WORKER_ARENA, name="rpcsrv-worker")
+    from ..executor import graph
+
+    graph.STORAGE_ALLOCATOR = own.zeros  # executor storage lives where the session can map it
+    state = WorkerState(session_arena, own)
+    _send(sock, ("ready", os.getpid(), WORKER_ARENA), [own.fd])
+    while True:
+        try:
+            req = _recv(sock)
+        except (EOFError, OSError):
+            return 0
+        try:
+            answer = state.handle(req)
+        except Exception as exc:
+            text = str(exc) or type(exc).__name__
+            if type(exc).__name__ not in ("NativeError", "ExecutorError", "RuntimeError"):
+                text = f"{type(exc).__name__}: {text}"
+            if os.environ.get("RPCSRV_WORKER_TRACE"):
+                traceback.print_exc()
+            answer = ("err", text)
+        try:
+            _send(sock, answer)
+        except (OSError, pickle.PicklingError) as exc:
+            _send(sock, ("err", f"the worker could not send its answer: {exc}"))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
