@@ -4,9 +4,10 @@ TVM's Relax VM has no profiler of its own any more (apache-tvm 0.27 has ``set_in
 an instrument given over RPC would have to be a function of the board.  So the VM module has
 rpcsrv's ``rpcsrv_profile(name, *args)``: it calls VM function ``name`` once with a
 :class:`VMProfiler` as the instrument and answers the report as JSON: the call's ``total_seconds``
-and, per called function (kernels, builtins, VM functions) in order of first call, its calls and
-total, mean, min and max seconds.  Nested calls (a VM function calling others) are timed each on
-their own, so a VM function's time includes its callees'.
+and, per called function (kernels, builtins, VM functions) in order of first call, its calls,
+total, mean, min and max seconds and its arguments at the first call (shape and dtype, or a type
+name).  Nested calls (a VM function calling others) are timed each on their own, so a VM function's
+time includes its callees'.
 """
 
 from __future__ import annotations
@@ -19,6 +20,14 @@ from typing import Any
 MAX_NAMES = 10_000
 
 
+def _describe(value: Any) -> dict:
+    """``{"shape": [1, 8], "dtype": "float32"}`` for a tensor (a VM tensor or an array), else its type."""
+    arr = getattr(value, "array", value)
+    if hasattr(arr, "shape") and hasattr(arr, "dtype"):
+        return {"shape": [int(d) for d in arr.shape], "dtype": str(arr.dtype)}
+    return {"type": type(value).__name__}
+
+
 class VMProfiler:
     """``instrument(func, func_symbol, before_run, ret_value, *args) -> 0``: times every call."""
 
@@ -27,6 +36,7 @@ class VMProfiler:
         self.stats: dict[str, list[float]] = {}  # name -> [calls, total, min, max]
         self.dropped = 0
         self.total = 0.0
+        self.args: dict[str, list[dict]] = {}  # name -> its arguments at the first call
 
     def time(self, run) -> None:
         """Run ``run()`` and keep how long it took (the whole call being profiled)."""
@@ -38,6 +48,8 @@ class VMProfiler:
 
     def __call__(self, func: Any, symbol: Any, before_run: Any, ret_value: Any, *args: Any) -> int:
         if before_run:
+            if str(symbol) not in self.args and len(self.args) < MAX_NAMES:
+                self.args[str(symbol)] = [_describe(a) for a in args]
             self.stack.append(time.perf_counter())
             return 0
         if not self.stack:
@@ -57,7 +69,8 @@ class VMProfiler:
 
     def report(self) -> str:
         calls = [{"name": name, "calls": int(n), "total_seconds": total, "mean_seconds": total / n,
-                  "min_seconds": low, "max_seconds": high} for name, (n, total, low, high) in self.stats.items()]
+                  "min_seconds": low, "max_seconds": high, "args": self.args.get(name, [])}
+                 for name, (n, total, low, high) in self.stats.items()]
         return json.dumps({"total_seconds": self.total, "calls": calls,
                            "recorded": sum(c["calls"] for c in calls), "dropped": self.dropped})
 

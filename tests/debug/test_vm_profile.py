@@ -99,3 +99,22 @@ def test_rpcsrv_profile_through_the_real_client(tvm, server, vm_libs):
     with pytest.raises(Exception, match="Unknown function"):
         vm.module["rpcsrv_profile"]("nope")
     assert server.alive()
+
+
+def test_byoc_profile_of_a_relax_library(tvm, server, vm_libs, tmp_path, capsys):
+    from client.cli import main as byoc
+
+    (x,) = vm_models.inputs("cnn")
+    np.save(tmp_path / "x.npy", x)
+    port = ["--host", server.host, "--port", str(server.port)]
+    assert byoc(["profile", str(vm_libs["cnn"]), *port, "--input", f"x={tmp_path / 'x.npy'}", "--repeat", "3",
+                 "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["executor"] == "relax.VirtualMachine" and report["function"] == "main"
+    nodes = {n["name"]: n for n in report["nodes"]}
+    assert "conv2d" in nodes and nodes["conv2d"]["inputs"][0] == {"shape": [1, 3, 16, 16], "dtype": "float32"}
+    assert all(len(n["seconds"]["all"]) == 3 for n in report["nodes"])
+    assert sum(n["share"] for n in report["nodes"]) == pytest.approx(1.0)
+    assert report["total_node_seconds"] <= max(report["run_seconds"]["all"]) * 1.5
+    assert byoc(["profile", str(vm_libs["cnn"]), *port]) == 2
+    assert "--input must give every parameter of main: x" in capsys.readouterr().err
