@@ -148,6 +148,7 @@ class VirtualMachine(RuntimeModule):
         self.saved: dict[str, Closure] = {}
         self._keep: list = []  # DLTensors of constant kernel arguments
         self.staging = InputStaging()
+        self.instrument: Optional[Callable[..., Any]] = None  # set_instrument
 
     # ------------------------------------------------------------------ set-up
     def initialize(self, *args: Any) -> None:
@@ -196,6 +197,8 @@ class VirtualMachine(RuntimeModule):
         fn, name = self.funcs[ins.func], self.exe.functions[ins.func].name
         dst = ins.dst if ins.dst < BEGIN_SPECIAL_REG else -1
         spec = tuple(self._arg(kind, value) for kind, value in ins.args)
+        if self.instrument is not None:  # every call goes through the instrument, no fast paths
+            return (OP_CALL, InstrumentedCall(fn, name, self), spec, dst, name)
         if fn is BUILTINS["vm.builtin.null_value"] and not spec:
             return (S_NULL, dst)
         if fn in FOLDABLE and not any(is_reg for is_reg, _ in spec):
@@ -340,7 +343,8 @@ class VirtualMachine(RuntimeModule):
             "save_function": self.save_function,
             "invoke_closure": lambda clo, *args: export(self.invoke(clo, tuple(as_tensor(a) for a in args))),
             "invoke_stateful": self.invoke_stateful,
-            "set_instrument": self._no_instrument,
+            "set_instrument": self.set_instrument,
+            "rpcsrv_profile": self.profile_call,
             "get_output_arity": self.get_output_arity,
             "get_output": self.get_output,
             "set_input": self.set_input,
@@ -416,13 +420,55 @@ class VirtualMachine(RuntimeModule):
                           "Please specify another index argument.")
         return export(out)
 
-    @staticmethod
-    def _no_instrument(*_args: Any) -> None:
-        raise VMError("set_instrument: instrumenting VM calls is not available on this board")
+    def profile_call(self, name: str, *args: Any) -> str:
+        """rpcsrv's ``rpcsrv_profile(name, *args)``: one call of VM function ``name`` with every call
+        instruction timed (:class:`rpcsrv.executor.profiler.VMProfiler` as the instrument, then the
+        previous instrument again); the JSON report (``profiler.py``).  A function of the VM module,
+        so it runs wherever the VM does (a native worker too)."""
+        from ..profiler import VMProfiler
+
+        prof, previous = VMProfiler(), self.instrument
+        self.set_instrument(prof)
+        try:
+            prof.time(lambda: self.call(name, *args))
+        finally:
+            self.set_instrument(previous)
+        return prof.report()
+
+    def set_instrument(self, instrument: Any) -> None:
+        """TVM's ``set_instrument``: ``instrument(func, func_symbol, before_run, ret_value, *args)`` is
+        called before and after every call instruction (None: no instrument); returning 1 before a
+        call skips it.  Over RPC the instrument must be a function of the board; ``rpcsrv_profile``
+        uses this with rpcsrv's own profiler.  The functions are compiled again either way."""
+        if instrument is not None and not callable(instrument):
+            raise VMError(f"set_instrument expects a function or None, got a {type(instrument).__name__}")
+        self.instrument = instrument
+        self.programs = {}
 
     @staticmethod
     def _no_param_module(*_args: Any) -> None:
         raise VMError("set_input_with_param_module: parameter modules are not available on this board")
+
+
+class InstrumentedCall:
+    """One call instruction under ``set_instrument`` (TVM's ``RunInstrCall``): the instrument sees the
+    function, its name, ``before_run``, the return value (after) and the arguments, dtypes as strings;
+    1 returned before the call skips it."""
+
+    __slots__ = ("fn", "name", "vm")
+
+    def __init__(self, fn: Any, name: str, vm: "VirtualMachine"):
+        self.fn, self.name, self.vm = fn, name, vm
+
+    def __call__(self, *values: Any) -> Any:
+        instrument, fn = self.vm.instrument, self.fn
+        seen = [str(v) if isinstance(v, DataType) else v for v in values]
+        if instrument is not None and instrument(fn, self.name, True, None, *seen) == 1:
+            return None
+        ret = fn.impl(self.vm, *values, *fn.bound) if type(fn) is Closure else fn(*values)
+        if instrument is not None:
+            instrument(fn, self.name, False, ret, *seen)
+        return ret
 
 
 def _step_name(step: tuple) -> str:
