@@ -43,10 +43,12 @@ def run_compile(args: argparse.Namespace) -> int:
     from .compiler import compile_onnx
 
     shapes = _input_shapes(args.input_shape or [])
-    compiled = compile_onnx(args.model, input_shapes=shapes, ops=args.ops)
-    path = compiled.export_library(args.output, fmt=args.format, layout=args.layout, cc=args.cc)
+    compiled = compile_onnx(args.model, input_shapes=shapes, ops=args.ops, host_fallback=not args.no_host)
+    executor = getattr(args, "executor", "graph")
+    layout = "ffi" if executor == "relax" else args.layout
+    path = compiled.export_library(args.output, fmt=args.format, layout=layout, cc=args.cc, executor=executor)
     if not args.quiet:
-        print(f"wrote {path} ({os.path.getsize(path)} bytes, {args.layout} layout)")
+        print(f"wrote {path} ({os.path.getsize(path)} bytes, {layout} layout, {executor} executor)")
         print(compiled.summary())
     if args.verbose:
         for sg in compiled.subgraphs:
@@ -66,11 +68,16 @@ def add_compile_parser(sub) -> None:
                         "(repeat for several inputs)")
     p.add_argument("--ops", help="comma-separated ops the accelerator has (default: every kernel of the "
                                  "board), e.g. add,sub,mul")
+    p.add_argument("--no-host", action="store_true",
+                   help="refuse nodes outside --ops instead of compiling them to host C functions")
     p.add_argument("--format", choices=FORMATS, help="output format (default: from the file name: .so/.dylib, "
                                                      ".tar, .tar.gz/.tgz/.tar.bz2/.tar.xz, .blob)")
     p.add_argument("--layout", choices=tuple(LAYOUTS), default="classic",
                    help="blob layout: TVM's classic one or tvm-ffi's (default classic)")
     p.add_argument("--cc", help="C compiler for .so/.tar, e.g. arm-linux-gnueabihf-gcc (default: cc)")
+    p.add_argument("--executor", choices=["graph", "relax"], default="graph",
+                   help="graph: a graph executor library (TVM 0.7-0.20 clients); relax: a Relax VM executable "
+                        "(TVM >= 0.21 clients, relax.VirtualMachine; tvm-ffi layout)")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
     p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                    help="also print each subgraph's ExampleJSON text and the graph JSON")

@@ -68,10 +68,14 @@ def check_serve_args(args: argparse.Namespace) -> None:
         if args.port_end <= args.port:
             raise CLIError(f"--port-end {args.port_end} must be greater than --port {args.port} "
                            f"(ports port..port-end-1 are tried)")
-    for flag in ("max_memory_mb", "max_workspace_mb"):
-        value = getattr(args, flag)
-        if value <= 0:
+    for flag in ("max_memory_mb", "max_workspace_mb", "max_total_memory_mb", "max_packet_mb"):
+        value = getattr(args, flag, None)
+        if value is not None and value <= 0:
             raise CLIError(f"--{flag.replace('_', '-')} {value} must be a positive number of MB")
+    for flag in ("max_connections", "max_sessions", "max_handles", "max_ndim", "idle_timeout", "max_threads"):
+        value = getattr(args, flag, None)
+        if value is not None and value <= 0:
+            raise CLIError(f"--{flag.replace('_', '-')} {value} must be positive")
     if args.workdir is not None:
         path = Path(args.workdir)
         if path.exists() and not path.is_dir():
@@ -85,14 +89,15 @@ def check_serve_args(args: argparse.Namespace) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     from .protocol import Dialect
     from .server import ServerConfig
-    from .session import Limits
+    from .limits import Limits
 
     check_serve_args(args)
     cfg = ServerConfig(
         host=args.host, port=args.port, port_end=args.port_end, key=args.key or "",
         workdir=Path(args.workdir) if args.workdir else None,
         dialect=None if args.dialect == "auto" else Dialect(args.dialect),
-        limits=Limits(max_memory=args.max_memory_mb << 20, max_workspace=args.max_workspace_mb << 20),
+        limits=Limits(max_memory=args.max_memory_mb << 20, max_workspace=args.max_workspace_mb << 20,
+                      **_hardening_limits(args)),
         native="off" if args.no_native else args.native,
     )
 
@@ -102,6 +107,9 @@ def run_serve(args: argparse.Namespace) -> int:
     from .registration import parse_hostport
 
     configure(args.verbose, args.log_json)
+    # one idle limit: between requests the session says why it closes (RPCSessionIdleError);
+    # mid-packet the transport drops the connection (rpcsrv/limits.py)
+    cfg.idle_timeout = cfg.limits.idle_timeout
     try:
         opts = BoardOptions(tracker=parse_hostport(args.tracker, "--tracker") if args.tracker else None,
                             custom_addr=args.custom_addr,
@@ -125,6 +133,32 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _hardening_limits(args: argparse.Namespace) -> dict:
+    """The limits of issue 11 given on the command line (absent ones keep rpcsrv.limits' defaults)."""
+    out = {name: getattr(args, name) for name in ("max_connections", "max_sessions", "max_handles",
+                                                  "max_ndim", "idle_timeout", "max_threads")
+           if getattr(args, name, None) is not None}
+    if getattr(args, "max_total_memory_mb", None) is not None:
+        out["max_total_memory"] = args.max_total_memory_mb << 20
+    if getattr(args, "max_packet_mb", None) is not None:
+        out["max_packet"] = args.max_packet_mb << 20
+    return out
+
+
+def _add_limit_flags(s: argparse.ArgumentParser) -> None:
+    """Flags of rpcsrv.limits.Limits (defaults and their reasons are documented there and in the README)."""
+    s.add_argument("--max-total-memory-mb", type=int, default=None,
+                   help="memory budget of all sessions together (default: half of physical memory)")
+    s.add_argument("--max-connections", type=int, default=None, help="open sockets at once (default 512)")
+    s.add_argument("--max-sessions", type=int, default=None, help="handshaken sessions at once (default 128)")
+    s.add_argument("--max-handles", type=int, default=None, help="live handles per session (default 65536)")
+    s.add_argument("--max-packet-mb", type=int, default=None, help="largest packet accepted (default 4096)")
+    s.add_argument("--max-ndim", type=int, default=None, help="most tensor dimensions on the wire (default 32)")
+    s.add_argument("--idle-timeout", type=float, default=None,
+                   help="seconds without traffic before a connection is dropped (default 900)")
+    s.add_argument("--max-threads", type=int, default=None, help="worker threads for all sessions (default 16)")
+
+
 def add_serve_parser(sub) -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="serve TVM RPC clients (the board side)",
                        description="Serve TVM RPC clients of both generations (classic TVM 0.7-0.20 and "
@@ -141,6 +175,7 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                    help="packed-argument encoding: detect per client, or fix it to one TVM generation")
     s.add_argument("--max-memory-mb", type=int, default=4096, help="device memory per session, MB")
     s.add_argument("--max-workspace-mb", type=int, default=4096, help="workspace (uploaded files) per session, MB")
+    _add_limit_flags(s)
     s.add_argument("--tracker", metavar="HOST:PORT", help="register with this TVM RPC tracker under --key")
     s.add_argument("--custom-addr", help="address the tracker hands to clients (default: what it sees)")
     s.add_argument("--proxy", metavar="HOST:PORT", help="serve through this TVM RPC proxy instead of listening")
