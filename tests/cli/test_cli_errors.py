@@ -260,3 +260,9 @@ def test_run_board_refusal_is_one_line(tmp_path, inputs):
         assert "the board reported" in err and "workspace" in err
     finally:
         srv.stop()
+
+
+def test_run_takes_all_inputs_from_one_npz(server, seed_lib, inputs):
+    proc = cli("client.cli", "run", seed_lib, "--port", server.port, "--no-progress", "--input", inputs["npz"])
+    assert proc.returncode == 0, proc.stderr
+    assert "out: shape (10, 10)" in proc.stdout
