@@ -4,7 +4,8 @@ Every session ends with one record on the ``rpcsrv.sessions`` logger (INFO, show
 
     session peer=10.0.0.2:51234 key=board-x duration=1.204s bytes_in=41873 bytes_out=9120 calls=37 errors=0 end=closed
 
-``end`` is ``closed`` (the client closed or shut down), ``timeout`` (the handshake's ``-timeout=``),
+``end`` is ``closed`` (the client closed or shut down), ``timeout`` (the handshake's ``-timeout=``), ``idle``
+(``--idle-timeout``),
 ``shutdown`` (SIGTERM) or ``lost`` (the connection broke).  With ``--log-json`` each log line is one
 JSON object, and a session record carries those fields as keys.
 """

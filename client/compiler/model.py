@@ -63,10 +63,16 @@ class CompiledModel:
                                           imports=[host])
 
     def export_library(self, path, fmt: str | None = None, layout: str = "classic",
-                       cc: str | None = None) -> str:
-        """Write the library (``.so``/``.tar``/raw blob, see ``client.export``); returns the path."""
+                       cc: str | None = None, executor: str = "graph") -> str:
+        """Write the library (``.so``/``.tar``/raw blob, see ``client.export``); returns the path.
+
+        ``executor="relax"``: a Relax VM executable (TVM >= 0.21 clients), always the tvm-ffi layout."""
         from ..export import export_library
 
+        if executor == "relax":
+            from .relax_vm import relax_module_tree
+
+            return export_library(relax_module_tree(self), path, fmt=fmt, layout="ffi", cc=cc)
         return export_library(self.module_tree(), path, fmt=fmt, layout=layout, cc=cc, host_source=self.host_code)
 
     def summary(self) -> str:

@@ -16,7 +16,8 @@ import numpy as np
 
 from ..protocol.dtypes import dtype_str
 from .library import load_library
-from .vm_executable import VMExecutableModule, format_vm, summarize_vm
+from .vm_executable import VMExecutableModule
+from .vm_text import format_vm, summarize_vm
 from .modules import (
     ConstLoaderModule, ExampleJSONModule, GraphExecutorFactoryModule, HostLibraryModule,
     UnknownModule,
@@ -45,7 +46,9 @@ def summarize_graph(graph_json: str, params: dict) -> dict:
 
         info["inputs"] = [entry(nid, 0, nodes[nid]["name"]) for nid in g.get("arg_nodes", [])
                           if nodes[nid]["name"] not in params]
-        info["outputs"] = [entry(h[0], h[1], f"output {i} ({nodes[h[0]]['name']})")
+        names = (g.get("metadata") or {}).get("output_names") or []  # the model's names, when kept
+        info["outputs"] = [entry(h[0], h[1], names[i] if i < len(names) and isinstance(names[i], str)
+                                 else f"output {i} ({nodes[h[0]]['name']})")
                            for i, h in enumerate(g.get("heads", []))]
         info["ops"] = [{"name": n["name"], "func_name": n.get("attrs", {}).get("func_name"),
                         "inputs": len(n.get("inputs", []))}
