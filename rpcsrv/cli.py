@@ -107,7 +107,9 @@ def run_serve(args: argparse.Namespace) -> int:
     from .registration import parse_hostport
 
     configure(args.verbose, args.log_json)
-    cfg.idle_timeout = args.idle_timeout
+    # one idle limit: between requests the session says why it closes (RPCSessionIdleError);
+    # mid-packet the transport drops the connection (rpcsrv/limits.py)
+    cfg.idle_timeout = cfg.limits.idle_timeout
     try:
         opts = BoardOptions(tracker=parse_hostport(args.tracker, "--tracker") if args.tracker else None,
                             custom_addr=args.custom_addr,
@@ -178,8 +180,6 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     s.add_argument("--custom-addr", help="address the tracker hands to clients (default: what it sees)")
     s.add_argument("--proxy", metavar="HOST:PORT", help="serve through this TVM RPC proxy instead of listening")
     s.add_argument("--log-json", action="store_true", help="log one JSON object per line")
-    s.add_argument("--idle-timeout", type=float, default=0.0, metavar="SECONDS",
-                   help="close a session that sends no request for this long (default: never)")
     s.add_argument("--native", choices=["isolated", "inprocess", "off"], default="isolated",
                    help="native host code in uploaded libraries: run it in a worker process per session "
                         "(a crash ends only that session), in the server process (trusted boards), or "
