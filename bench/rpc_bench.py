@@ -42,16 +42,21 @@ def start(cmd: list[str], pattern: str, timeout: float = 60.0) -> tuple[subproce
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)  # its own process group: workers die with it
     deadline = time.time() + timeout
+    said: list[str] = []
     while time.time() < deadline:
         line = proc.stdout.readline()
         if not line:
             break
+        said.append(line)
         m = re.search(pattern, line)
         if m:
             threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep the pipe drained
             return proc, int(m.group(1))
     proc.kill()
-    raise RuntimeError(f"{cmd[:4]} did not start")
+    status = proc.wait()
+    # the server's own words (e.g. TVM's server missing ``cloudpickle``), not just "did not start"
+    last = "".join(said[-15:]).strip() or "(no output)"
+    raise RuntimeError(f"{' '.join(cmd[:4])} did not start (exit status {status}); it said:\n{last}")
 
 
 def free_port() -> int:
@@ -235,7 +240,11 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-tvm-server", action="store_true", help="skip the TVM server anchor")
     args = ap.parse_args(argv)
-    print(report(run(args.size_mb, args.calls, args.repeat, not args.no_tvm_server, args.rounds)))
+    try:
+        print(report(run(args.size_mb, args.calls, args.repeat, not args.no_tvm_server, args.rounds)))
+    except RuntimeError as exc:  # a server that did not start: its own words, no traceback
+        print(f"rpc_bench: error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

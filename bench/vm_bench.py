@@ -80,7 +80,7 @@ def _make(which: str, lib: str):
 
         vm = relax.VirtualMachine(tvm.runtime.load_module(lib), tvm.cpu())
         return vm["main"], lambda args: [tvm.runtime.tensor(a) for a in args]
-    from rpcsrv.executor import load_module
+    from rpcsrv.native import load_native_module as load_module
 
     vm = load_module(lib).find_function("vm_load_executable")()
     vm.get_function("vm_initialization")(1, 0, 2)

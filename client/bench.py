@@ -20,8 +20,12 @@ def bench_dir() -> Path:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("bench", help="run the benchmarks in bench/ (rpc, loader, executor)")
-    p.add_argument("which", nargs="*", choices=[*BENCHES, "all"], default=["all"])
+    p = sub.add_parser("bench", help="run the benchmarks in bench/ (rpc, loader, executor)",
+                       description="Run the benchmarks of a source checkout's bench/ folder and print their "
+                                   "figures: rpc (against TVM's own RPC server, needs apache-tvm), loader "
+                                   "(against a plain file read), executor (against onnxruntime).")
+    p.add_argument("which", nargs="*", choices=[*BENCHES, "all"], default=["all"],
+                   help="which benchmarks (default: all)")
     p.set_defaults(func=main)
 
 

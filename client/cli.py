@@ -7,7 +7,9 @@ and sets ``func`` (``func(args) -> exit status``):
 * ``PLUGIN_MODULES`` names modules that define ``add_parser`` themselves (``client.run``,
   ``client.demo``, ``client.bench``); a module that does not exist (yet) is skipped.
 
-User errors (``CompileError``) print ``byoc: error: ...`` and exit with status 2, no traceback.
+User errors (``CompileError``, ``run.UserError``, RPC and loader errors, ``OSError``) print one line
+``byoc: error: ...`` and exit with status 2, never a traceback; so does a closed pipe (``| head``).
+Every parser shows defaults in ``--help``; ``-v`` is accepted before or after the subcommand.
 """
 
 from __future__ import annotations
@@ -41,10 +43,12 @@ def run_compile(args: argparse.Namespace) -> int:
     from .compiler import compile_onnx
 
     shapes = _input_shapes(args.input_shape or [])
-    compiled = compile_onnx(args.model, input_shapes=shapes, ops=args.ops)
-    path = compiled.export_library(args.output, fmt=args.format, layout=args.layout, cc=args.cc)
+    compiled = compile_onnx(args.model, input_shapes=shapes, ops=args.ops, host_fallback=not args.no_host)
+    executor = getattr(args, "executor", "graph")
+    layout = "ffi" if executor == "relax" else args.layout
+    path = compiled.export_library(args.output, fmt=args.format, layout=layout, cc=args.cc, executor=executor)
     if not args.quiet:
-        print(f"wrote {path} ({os.path.getsize(path)} bytes, {args.layout} layout)")
+        print(f"wrote {path} ({os.path.getsize(path)} bytes, {layout} layout, {executor} executor)")
         print(compiled.summary())
     if args.verbose:
         for sg in compiled.subgraphs:
@@ -64,13 +68,18 @@ def add_compile_parser(sub) -> None:
                         "(repeat for several inputs)")
     p.add_argument("--ops", help="comma-separated ops the accelerator has (default: every kernel of the "
                                  "board), e.g. add,sub,mul")
+    p.add_argument("--no-host", action="store_true",
+                   help="refuse nodes outside --ops instead of compiling them to host C functions")
     p.add_argument("--format", choices=FORMATS, help="output format (default: from the file name: .so/.dylib, "
                                                      ".tar, .tar.gz/.tgz/.tar.bz2/.tar.xz, .blob)")
     p.add_argument("--layout", choices=tuple(LAYOUTS), default="classic",
                    help="blob layout: TVM's classic one or tvm-ffi's (default classic)")
     p.add_argument("--cc", help="C compiler for .so/.tar, e.g. arm-linux-gnueabihf-gcc (default: cc)")
+    p.add_argument("--executor", choices=["graph", "relax"], default="graph",
+                   help="graph: a graph executor library (TVM 0.7-0.20 clients); relax: a Relax VM executable "
+                        "(TVM >= 0.21 clients, relax.VirtualMachine; tvm-ffi layout)")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
-    p.add_argument("-v", "--verbose", action="store_true",
+    p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                    help="also print each subgraph's ExampleJSON text and the graph JSON")
     p.set_defaults(func=run_compile)
 
@@ -79,10 +88,50 @@ def add_compile_parser(sub) -> None:
 SUBCOMMANDS: dict[str, Callable] = {"compile": add_compile_parser}
 
 
+#: help of the flags several subcommands share (used where a subcommand gives none)
+COMMON_HELP = {
+    "host": "the board's address", "port": "the board's port",
+    "key": "the key the board was started with (rpcsrv serve --key)",
+    "library": "a library compiled by `byoc compile` (.so, .tar or raw blob)",
+}
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Shows each flag's default (when it has a meaningful one) after its help text."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if "%(default)" in text or "default" in text or action.option_strings == [] \
+                or default in (None, False, [], "", argparse.SUPPRESS):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class Parser(argparse.ArgumentParser):
+    """Every ``byoc`` parser: defaults shown in --help, and ``-v`` accepted after the subcommand too."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rpcsrv")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="byoc", description="Compile ONNX models into TVM BYOC "
-                                     "libraries without TVM, and run them on an rpcsrv board.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser = Parser(prog="byoc", description="Compile ONNX models into TVM BYOC libraries without TVM, "
+                                             "and run them on an rpcsrv board.")
+    parser.add_argument("--version", action="version", version=f"byoc (rpcsrv) {_version()}")
+    parser.add_argument("-v", "--verbose", action="store_true", default=False,
+                        help="more output (also accepted after the subcommand)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
     for add in SUBCOMMANDS.values():
         add(sub)
@@ -95,7 +144,28 @@ def build_parser() -> argparse.ArgumentParser:
             raise
         if name.rpartition(".")[2] not in sub.choices and hasattr(module, "add_parser"):
             module.add_parser(sub)
+    for choice in sub._choices_actions:  # a subcommand without a description shows its help line
+        child = sub.choices[choice.dest]
+        child.description = child.description or (choice.help[:1].upper() + choice.help[1:] + ".")
+    for child in sub.choices.values():
+        for action in child._actions:  # the board flags every subcommand shares, said once here
+            if not action.help and action.dest in COMMON_HELP:
+                action.help = COMMON_HELP[action.dest]
+    for child in sub.choices.values():  # ``byoc run -v`` as well as ``byoc -v run``
+        if "-v" not in child._option_string_actions:
+            child.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                               help="more output")
     return parser
+
+
+def _user_errors() -> tuple:
+    """Exceptions that are the user's or the environment's doing: one line, exit status 2."""
+    from rpcsrv.loader import LoaderError
+
+    from .rpc import RPCError
+    from .run import UserError
+
+    return CompileError, UserError, RPCError, LoaderError, OSError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,8 +173,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except CompileError as exc:
-        print(f"byoc: error: {exc}", file=sys.stderr)
+    except BrokenPipeError:
+        # the reader went away (``byoc ... | head``): no traceback, and none at exit either
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print("byoc: error: output closed early (broken pipe)", file=sys.stderr)
+        return 2
+    except _user_errors() as exc:
+        text = str(exc) if not isinstance(exc, OSError) or not exc.strerror else \
+            f"{exc.strerror}" + (f": {exc.filename!r}" if exc.filename else "")
+        print(f"byoc: error: {text}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("byoc: interrupted", file=sys.stderr)

@@ -180,8 +180,8 @@ def add_parser(sub) -> None:
     p.add_argument("--key", default="")
     p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
                    help="an input (repeat for each), or a .npz holding all of them")
-    p.add_argument("--rtol", type=float, default=1e-4)
-    p.add_argument("--atol", type=float, default=1e-5)
+    p.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance of a match")
+    p.add_argument("--atol", type=float, default=1e-5, help="absolute tolerance of a match")
     p.add_argument("--ops", help="the --ops given to byoc compile, if any")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.set_defaults(func=main)

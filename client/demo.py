@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .demo_models import onnxruntime_outputs, sample_inputs, seed_model, small_cnn
-from .run import run_library
+from .run import UserError, run_library
 
 
 def _compile(model, ops, out_dir: Path, name: str) -> Path:
@@ -33,6 +33,11 @@ def _compile(model, ops, out_dir: Path, name: str) -> Path:
 
 def run_demo(host: str, port: int, key: str = "", quiet: bool = False) -> bool:
     """Compile, run and check both demo models; True when every output matches onnxruntime."""
+    try:
+        import onnxruntime  # noqa: F401 - the reference the demo checks against
+    except ImportError:
+        raise UserError("byoc demo compares with onnxruntime, which is not installed: "
+                        "pip install 'rpcsrv[demo]' (scripts/demo.sh does)") from None
     cases = [("byoc_seed", seed_model(), "add,sub,mul"), ("small_cnn", small_cnn(), None)]
     ok = True
     with tempfile.TemporaryDirectory(prefix="byoc-demo-") as tmp:
@@ -58,10 +63,14 @@ def run_demo(host: str, port: int, key: str = "", quiet: bool = False) -> bool:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("demo", help="compile two models, run them on a board, check the numbers")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=9090)
-    p.add_argument("--key", default="")
+    p = sub.add_parser("demo", help="compile two models, run them on a board, check the numbers",
+                       description="The seed story end to end against a running board (rpcsrv serve): "
+                                   "compile the BYOC guide's add/sub/mul subgraph and a small CNN, upload "
+                                   "them, run them over TVM RPC and compare with onnxruntime.  Needs "
+                                   "onnxruntime (pip install 'rpcsrv[demo]').")
+    p.add_argument("--host", default="127.0.0.1", help="the board's address")
+    p.add_argument("--port", type=int, default=9090, help="the board's port")
+    p.add_argument("--key", default="", help="the key the board was started with (rpcsrv serve --key)")
     p.set_defaults(func=main)
 
 

@@ -118,11 +118,18 @@ def output_kind(path, fmt: str | None) -> tuple[str, str | None]:
 
 
 def export_library(root, path, fmt: str | None = None, layout: str = "classic",
-                   cc: str | None = None) -> str:
-    """Write the module tree ``root`` to ``path`` as ``fmt`` (see the module doc); returns ``path``."""
+                   cc: str | None = None, host_source: str = "") -> str:
+    """Write the module tree ``root`` to ``path`` as ``fmt`` (see the module doc); returns ``path``.
+
+    ``host_source``: C host functions (partial offload, ``compiler.hostgen``), compiled with -O2
+    into the same library (a ``host.o`` member of a tar).
+    """
     path = os.fspath(path)
     fmt, compression = output_kind(path, fmt)
     content = symbol_bytes(root, layout)
+    if host_source and (fmt == "blob" or find_compiler(cc) is None):
+        raise CompileError("the model has host functions (C code for the nodes left on the host): write a "
+                           ".so or .tar with a C compiler (--cc), not a raw blob")
     if fmt == "blob":
         _write(path, content)
         return path
@@ -131,18 +138,27 @@ def export_library(root, path, fmt: str | None = None, layout: str = "classic",
         raise CompileError("no C compiler found (looked for cc, gcc, clang) to build a .so; install one, "
                            "pass --cc, or write a raw blob with --format blob")
     with tempfile.TemporaryDirectory(prefix="byoc-export-") as tmp:
-        member = _symbol_file(tmp, content, LAYOUTS[layout], compiler, fmt)
+        host = []
+        if host_source:
+            with open(os.path.join(tmp, "host.c"), "w") as f:
+                f.write(host_source)
+            _run_cc(compiler, ["-c", "-fPIC", "-O2", "-o", "host.o", "host.c"], cwd=tmp)
+            host = ["host.o"]
+        member = _symbol_file(tmp, content, LAYOUTS[layout], compiler, fmt, host)
         if fmt == "so":
             _copy(member, path)
             return path
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode=f"w:{compression or ''}", format=tarfile.USTAR_FORMAT) as tar:
             tar.add(member, arcname=os.path.basename(member))
+            for obj in host:
+                tar.add(os.path.join(tmp, obj), arcname=obj)
         _write(path, buf.getvalue())
     return path
 
 
-def _symbol_file(tmp: str, content: bytes, symbol: str, compiler: str | None, fmt: str) -> str:
+def _symbol_file(tmp: str, content: bytes, symbol: str, compiler: str | None, fmt: str,
+                 host: list[str] = ()) -> str:
     """In ``tmp``: the shared library (``so``), object (``tar``) or, without a compiler, the C source
     defining ``symbol`` with ``content``; returns its path."""
     if compiler is None:
@@ -155,7 +171,7 @@ def _symbol_file(tmp: str, content: bytes, symbol: str, compiler: str | None, fm
     with open(os.path.join(tmp, "devc.S"), "w") as f:
         f.write(asm_source(symbol, len(content), "devc.bin"))
     if fmt == "so":
-        _run_cc(compiler, ["-shared", "-fPIC", "-o", "lib.so", "devc.S"], cwd=tmp)
+        _run_cc(compiler, ["-shared", "-fPIC", "-o", "lib.so", "devc.S", *host, *(["-lm"] if host else [])], cwd=tmp)
         return os.path.join(tmp, "lib.so")
     _run_cc(compiler, ["-c", "-fPIC", "-o", "devc.o", "devc.S"], cwd=tmp)
     return os.path.join(tmp, "devc.o")

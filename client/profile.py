@@ -11,6 +11,10 @@ function, input and output shapes and the kernels inside it.  ``--plot`` draws t
 kernels as horizontal bars with matplotlib (``pip install rpcsrv[plot]``) and writes the report as
 JSON beside the image (``profile.json`` for ``profile.png``).  ``--dump-root DIR`` also writes the
 files TVM's debug executor writes (graph dump, every node's output as a param dict, Chrome trace).
+
+A Relax library (``relax.VMExecutable``, apache-tvm >= 0.21) is profiled through the VM's
+``rpcsrv_profile``: each kernel, builtin or VM function that ``--function`` (default ``main``) calls
+is a row, with its calls per run, its time per run over ``--repeat`` runs and its argument shapes.
 """
 
 from __future__ import annotations
@@ -76,7 +80,8 @@ class GraphInfo:
 
 
 def _shape_text(items: list[dict]) -> str:
-    return ", ".join(f"{d['dtype']}[{'x'.join(map(str, d['shape']))}]" for d in items)
+    return ", ".join(f"{d['dtype']}[{'x'.join(map(str, d['shape']))}]" if "shape" in d else d.get("type", "?")
+                     for d in items)
 
 
 def _stats(values: list[float]) -> dict:
@@ -169,6 +174,56 @@ def profile_library(lib_path: str, host: str, port: int, key: str = "", inputs: 
         return build_report(dbg.info, steps, [float(s) for s in run_seconds], number, repeat, Path(lib_path).name)
 
 
+# ---------------------------------------------------------------------------------------- Relax libraries
+def is_relax_library(lib_path: str) -> bool:
+    """True for a library holding a Relax VM executable (apache-tvm >= 0.21 builds)."""
+    from rpcsrv.loader import LoaderError, load_library
+
+    try:
+        return any(getattr(n, "type_key", "") == "relax.VMExecutable" for n in load_library(lib_path).root.walk())
+    except LoaderError as exc:
+        raise UserError(f"{lib_path}: {exc}") from None
+
+
+def profile_relax(lib_path: str, host: str, port: int, key: str = "", inputs: Optional[dict] = None,
+                  repeat: int = 5, function: str = "main") -> dict:
+    """Profile VM function ``function`` of a Relax library: ``repeat`` calls of the VM's
+    ``rpcsrv_profile`` after one warm-up call; each called kernel, builtin or VM function is a node."""
+    inputs = dict(inputs or {})
+    try:
+        sess = rpc.connect(host, port, key=key)
+    except OSError as exc:
+        raise UserError(f"cannot reach the board at {host}:{port}: {exc}") from None
+    with sess:
+        path = Path(lib_path)
+        sess.upload(path.read_bytes(), path.name)
+        vm = sess.load_module(path.name)["vm_load_executable"]()
+        vm["vm_initialization"](1, 0, 2)  # cpu(0), pooled allocator: what relax.VirtualMachine does
+        arity = vm["get_function_arity"](function)
+        names = [vm["get_function_param_name"](function, i) for i in range(arity)]
+        if sorted(names) != sorted(inputs):
+            raise UserError(f"--input must give every parameter of {function}: {', '.join(names)}")
+        args = [sess.array(np.asarray(inputs[n])) for n in names]
+        prof = vm["rpcsrv_profile"]
+        prof(function, *args)  # warm-up
+        runs = [json.loads(prof(function, *args)) for _ in range(repeat)]
+    per_name: dict[str, dict] = {}
+    for run in runs:
+        for call in run["calls"]:
+            entry = per_name.setdefault(call["name"], {"seconds": [], "calls": call["calls"], "args": call["args"]})
+            entry["seconds"].append(call["total_seconds"])
+    nodes = [{"index": k, "name": name, "func_name": name, "ops": [name], "calls_per_run": e["calls"],
+              "inputs": e["args"], "outputs": [], "kernels": [],
+              "seconds": _stats(e["seconds"] + [0.0] * (repeat - len(e["seconds"])))}
+             for k, (name, e) in enumerate(per_name.items())]
+    total = sum(n["seconds"]["mean"] for n in nodes)
+    for n in nodes:
+        n["share"] = n["seconds"]["mean"] / total if total > 0 else 0.0
+    return {"model": path.name, "executor": "relax.VirtualMachine", "function": function, "number": 1,
+            "repeat": repeat, "total_node_seconds": total, "run_seconds": _stats([r["total_seconds"] for r in runs]),
+            "nodes": nodes}
+
+
 # ---------------------------------------------------------------------------------------- TVM's dump files
 def dump_tvmdbg(dbg: DebugSession, dump_root: str, number: int, repeat: int) -> Path:
     """Write what TVM's ``debug_executor.create(..., dump_root)`` + ``run()`` writes, in its layout
@@ -220,9 +275,13 @@ def format_report(report: dict, kernels: bool = True) -> str:
     lines = [f"{'node':<36} {'mean us':>10} {'± us':>8} {'share':>6}  op(s) / shapes"]
     for n in sorted(report["nodes"], key=lambda n: -n["seconds"]["mean"]):
         s = n["seconds"]
-        ops = ",".join(dict.fromkeys(n["ops"])) or n["func_name"]
-        lines.append(f"{n['name'][:36]:<36} {_us(s['mean'])} {s['std'] * 1e6:8.1f} {n['share']:6.1%}  {ops}: "
-                     f"{_shape_text(n['inputs'])} -> {_shape_text(n['outputs'])}")
+        if n["outputs"]:
+            what = (f"{','.join(dict.fromkeys(n['ops'])) or n['func_name']}: "
+                    f"{_shape_text(n['inputs'])} -> {_shape_text(n['outputs'])}")
+        else:  # a Relax VM call: destination-passing arguments, maybe called several times per run
+            calls = n.get("calls_per_run", 1)
+            what = (f"{calls} calls, " if calls > 1 else "") + f"args {_shape_text(n['inputs'])}"
+        lines.append(f"{n['name'][:36]:<36} {_us(s['mean'])} {s['std'] * 1e6:8.1f} {n['share']:6.1%}  {what}")
         if kernels:
             for k in sorted(n["kernels"], key=lambda k: -k["seconds"]["mean"]):
                 ks = k["seconds"]
@@ -265,7 +324,8 @@ def plot_report(report: dict, path: str, top: int = 15) -> Path:
     labels = plot_labels(report, top)
     nodes = sorted(report["nodes"], key=lambda n: -n["seconds"]["mean"])[:top]
     kernels = sorted((k for n in report["nodes"] for k in n["kernels"]), key=lambda k: -k["seconds"]["mean"])[:top]
-    panels = [("graph nodes", labels["nodes"], nodes)]
+    relax = report.get("executor") == "relax.VirtualMachine"
+    panels = [("VM calls" if relax else "graph nodes", labels["nodes"], nodes)]
     if kernels:
         panels.append(("ExampleJSON kernels", labels["kernels"], kernels))
     rows = max(len(p[1]) for p in panels)
@@ -277,7 +337,8 @@ def plot_report(report: dict, path: str, top: int = 15) -> Path:
         ax.barh(y, means, xerr=spread, color="#4878a8", ecolor="#333333", capsize=3)
         ax.set_yticks(list(y), [n if len(n) <= 40 else n[:37] + "..." for n in names])
         ax.invert_yaxis()
-        ax.set_xlabel("mean time per call (us)")
+        ax.set_xlabel("mean time per run, all its calls (us)" if relax and not title.startswith("Ex")
+                      else "mean time per call (us)")
         ax.set_title(f"slowest {title}")
         for k, item in enumerate(items):
             ax.text(means[k] + spread[k], k, f"  {means[k]:.1f} us, {item['share']:.1%}", va="center", fontsize=8)
@@ -306,6 +367,7 @@ def add_parser(sub) -> None:
     p.add_argument("--plot", metavar="PNG", help="draw the slowest nodes and kernels; the JSON goes beside it")
     p.add_argument("--top", type=int, default=15, help="bars per panel of the plot (default 15)")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    p.add_argument("--function", default="main", help="the VM function to profile (Relax libraries; default main)")
     p.add_argument("--dump-root", metavar="DIR", help="also write TVM's debug-executor dump files there "
                                                       "(graph dump, every node output, Chrome trace)")
     p.set_defaults(func=main)
@@ -313,8 +375,14 @@ def add_parser(sub) -> None:
 
 def main(args: argparse.Namespace) -> int:
     try:
-        report = profile_library(args.library, args.host, args.port, args.key, parse_inputs(args.input),
-                                 args.number, args.repeat, args.dump_root)
+        inputs = parse_inputs(args.input)
+        if is_relax_library(args.library):
+            if args.dump_root:
+                raise UserError("--dump-root is for graph-executor libraries (TVM's debug executor files)")
+            report = profile_relax(args.library, args.host, args.port, args.key, inputs, args.repeat, args.function)
+        else:
+            report = profile_library(args.library, args.host, args.port, args.key, inputs, args.number, args.repeat,
+                                     args.dump_root)
         written = plot_report(report, args.plot, args.top) if args.plot else None
     except (UserError, rpc.RPCError) as exc:
         print(f"byoc: error: {exc}", file=sys.stderr)

@@ -8,12 +8,16 @@
     y = lib["subgraph_0"](x, out)
 
 It speaks either dialect through the shared sans-IO :mod:`rpcsrv.protocol` (tvm-ffi by default), so
-it talks to rpcsrv and to TVM's own servers alike.  Remote objects free their server handles when
-they are garbage-collected, as TVM's client does.
+it talks to rpcsrv and to TVM's own servers alike.  Remote objects free their server handles after
+they are garbage-collected, as TVM's client does, but never from ``__del__`` itself: a collection
+can run in the middle of another request, so ``__del__`` only queues the free, and the queue is sent
+before the next request (or on close).  Every answer that is not the one expected, and every broken
+packet, raises :class:`RPCError`.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import mmap
 import os
@@ -22,10 +26,12 @@ from typing import Any, Optional
 
 import numpy as np
 
-from rpcsrv.protocol import (Connection, ConnectionClosed, CopyAck, DataType, Device,
-                             Dialect, FunctionHandle, HandshakeDone, HandshakeRefused, ModuleHandle,
-                             OpaqueHandle, RemoteError, RemoteTensor, Role, RPCCode, TensorHeader,
-                             TypeCode, TypeIndex, unpack_return)
+from rpcsrv.protocol import (BadPacket, Connection, ConnectionClosed, CopyAck, DataType, Device, Dialect,
+                             FunctionHandle, HandshakeDone, HandshakeRefused, LocalProtocolError, ModuleHandle,
+                             OpaqueHandle,
+                             ProtocolError, RemoteError, RemoteTensor, Return, Role, RPCCode, TensorHeader,
+                             unpack_return)
+from rpcsrv.protocol.kinds import TABLES
 from rpcsrv.protocol.dtypes import DLDeviceType
 
 
@@ -41,6 +47,9 @@ class RPCSession:
         self._conn = conn
         self._funcs: dict[str, RemoteFunction] = {}
         self.closed = False
+        # frees queued by __del__ (deque.append is atomic: safe from a collection in any thread)
+        self._frees: collections.deque = collections.deque()
+        self._flushing = False
 
     # ----------------------------------------------------------------- transport
     def _send(self, parts: list, progress=None) -> None:
@@ -70,33 +79,73 @@ class RPCSession:
         except StopIteration as done:
             return done.value
 
-    def _request(self, parts: list, progress=None):
+    def _request(self, parts, progress=None, expect: type = Return):
+        """Send one request (``parts``, or a function building them once queued frees went out)
+        and return its answer, which must be an ``expect`` event; anything else is an RPCError."""
+        self._flush_frees()
+        if callable(parts):
+            try:
+                parts = parts()
+            except LocalProtocolError:  # an earlier request never got its answer (e.g. interrupted)
+                self._broken("the connection is out of step after an earlier failure; reconnect")
         self._send(parts, progress)
-        ev = self._recv_event()
+        try:
+            ev = self._recv_event()
+        except ProtocolError as exc:
+            self._broken(f"bad answer from the server: {exc}")
+        if isinstance(ev, expect):
+            return ev
         if isinstance(ev, RemoteError):
             raise RPCError(ev.message)
         if isinstance(ev, ConnectionClosed):
-            self.closed = True
-            raise RPCError(f"connection closed by the server: {ev.error or 'clean close'}")
-        return ev
+            self._broken(f"connection closed by the server: {ev.error or 'clean close'}")
+        if isinstance(ev, BadPacket):
+            raise RPCError(f"bad answer from the server (RPC code {ev.code}): {ev.error}")
+        raise RPCError(f"unexpected answer from the server: {type(ev).__name__} (expected {expect.__name__})")
+
+    def _broken(self, message: str):
+        self.closed = True
+        with contextlib.suppress(OSError):
+            self._sock.close()
+        raise RPCError(message)
 
     def _call(self, handle: int, args: list) -> Any:
-        ev = self._request(self._conn.send_call(handle, [self._wire(a) for a in args]))
-        return self._local(unpack_return(ev.values, self._conn.dialect))
+        ev = self._request(lambda: self._conn.send_call(handle, [self._wire(a) for a in args]))
+        try:
+            value = unpack_return(ev.values, self._conn.wire_dialect)
+        except ProtocolError as exc:
+            raise RPCError(f"bad return value from the server: {exc}") from None
+        return self._local(value)
 
     def _syscall(self, code: RPCCode, args: list) -> Any:
-        ev = self._request(self._conn.send_syscall(code, args))
+        ev = self._request(lambda: self._conn.send_syscall(code, args))
         return ev.values[0] if ev.values else None
 
-    def _free(self, handle: int, type_code: int) -> None:
+    def _free(self, handle: int, kind: type) -> None:
+        """Queue freeing server ``handle`` of return kind ``kind`` (called from ``__del__``)."""
         if not self.closed:
-            try:
-                self._syscall(RPCCode.FREE_HANDLE, [OpaqueHandle(handle), type_code])
-            except (RPCError, OSError):
-                pass
+            self._frees.append((RPCCode.FREE_HANDLE, handle, kind))
 
-    def _code(self, classic: int, ffi: int) -> int:
-        return classic if self._conn.dialect is Dialect.CLASSIC else ffi
+    def _free_data(self, device: Device, data: int) -> None:
+        if not self.closed:
+            self._frees.append((RPCCode.DEV_FREE_DATA, data, device))
+
+    def _flush_frees(self) -> None:
+        """Send the queued frees (each a round trip; errors ignored: the handle is gone either way)."""
+        if self._flushing or not self._frees:
+            return
+        self._flushing = True
+        try:
+            while self._frees and not self.closed:
+                code, handle, extra = self._frees.popleft()
+                if code == RPCCode.FREE_HANDLE:
+                    args = [OpaqueHandle(handle), TABLES[self._conn.wire_dialect].return_codes[extra]]
+                else:
+                    args = [extra, OpaqueHandle(handle)]
+                with contextlib.suppress(RPCError):
+                    self._request(self._conn.send_syscall(code, args))
+        finally:
+            self._flushing = False
 
     def _wire(self, v: Any) -> Any:
         if isinstance(v, RemoteArray):
@@ -158,7 +207,7 @@ class RPCSession:
         if progress is None:
             fn(target, blob)
         else:
-            self._request(self._conn.send_call(fn.handle, [target, blob]), progress)
+            self._request(lambda: self._conn.send_call(fn.handle, [target, blob]), progress)
 
     def download(self, path: str) -> bytes:
         return bytes(self._global("tvm.rpc.server.download")(path))
@@ -199,8 +248,9 @@ class RPCSession:
     def close(self) -> None:
         if not self.closed:
             try:
+                self._flush_frees()
                 self._send(self._conn.send_shutdown())
-            except OSError:
+            except (OSError, RPCError):
                 pass
             self.closed = True
             self._sock.close()
@@ -233,7 +283,7 @@ class RemoteFunction:
         return self.session._call(self.handle, list(args))
 
     def __del__(self):
-        self.session._free(self.handle, self.session._code(TypeCode.PACKED_FUNC_HANDLE, TypeIndex.FUNCTION))
+        self.session._free(self.handle, FunctionHandle)
 
 
 class RemoteModule:
@@ -262,7 +312,7 @@ class RemoteModule:
         return evaluate
 
     def __del__(self):
-        self.session._free(self.handle, self.session._code(TypeCode.MODULE_HANDLE, TypeIndex.MODULE))
+        self.session._free(self.handle, ModuleHandle)
 
 
 class RemoteArray:
@@ -292,32 +342,32 @@ class RemoteArray:
         arr = np.asarray(arr, dtype=self.header.dtype.numpy(), order="C")
         if arr.shape != self.shape:
             raise ValueError(f"array shape {arr.shape} does not match the remote shape {self.shape}")
-        self.session._request(self.session._conn.send_copy_to_remote(self.header, arr.reshape(-1).view(np.uint8).data))
+        data = arr.reshape(-1).view(np.uint8).data
+        self.session._request(lambda: self.session._conn.send_copy_to_remote(self.header, data))
         return self
 
     def numpy(self) -> np.ndarray:
         out = np.empty(self.shape, dtype=self.header.dtype.numpy())
         flat = out.reshape(-1).view(np.uint8)
-        conn = self.session._conn
+        sess, conn = self.session, self.session._conn
+        sess._flush_frees()  # before naming the target: a free's answer must not land in it
         if out.nbytes:
             conn.expect_copy_ack(flat.data)
-        ev = self.session._request(conn.send_copy_from_remote(self.header, out.nbytes))
-        conn._ack_target = None
-        if not isinstance(ev, CopyAck) or len(ev.data) != out.nbytes:
-            raise RPCError("bad answer to a copy from the server")
+        try:
+            ev = sess._request(lambda: conn.send_copy_from_remote(self.header, out.nbytes), expect=CopyAck)
+        finally:
+            conn.expect_copy_ack(None)
+        if len(ev.data) != out.nbytes:
+            raise RPCError(f"the server sent {len(ev.data)} bytes for a copy of {out.nbytes}")
         if ev.data.obj is not flat.data.obj:
             flat[:] = np.frombuffer(ev.data, dtype=np.uint8)
         return out
 
     def __del__(self):
-        s = self.session
         if self._owner is not None:
-            s._free(self._owner, s._code(TypeCode.NDARRAY_HANDLE, TypeIndex.TENSOR))
-        elif not s.closed:
-            try:
-                s._syscall(RPCCode.DEV_FREE_DATA, [self.header.device, OpaqueHandle(self.header.data)])
-            except (RPCError, OSError):
-                pass
+            self.session._free(self._owner, RemoteTensor)
+        else:
+            self.session._free_data(self.header.device, self.header.data)
 
     def __repr__(self) -> str:
         return f"<RemoteArray shape={self.shape} dtype={self.dtype} on {self.header.device}>"
@@ -333,7 +383,10 @@ def connect(host: str, port: int, key: str = "", session_timeout: float = 0,
     header_key = key + (f" -timeout={session_timeout}" if session_timeout else "")
     sock.sendall(conn.start(header_key))
     sess = RPCSession(sock, conn)
-    ev = sess._recv_event()
+    try:
+        ev = sess._recv_event()
+    except ProtocolError as exc:
+        ev = ConnectionClosed(clean=False, error=str(exc))
     if isinstance(ev, HandshakeRefused):
         sock.close()
         raise RPCError(f"the server refused key {key!r} (code {ev.code})")

@@ -1,26 +1,103 @@
-"""``rpcsrv`` command line: ``serve`` (the board's RPC server) and ``inspect`` (read a library)."""
+"""``rpcsrv`` command line: ``serve`` (the board's RPC server), ``inspect`` and ``extract`` (read a library).
+
+One function adds each subcommand's parser (``SUBCOMMANDS``), so a new flag or subcommand is a few
+lines in one place.  Every failure the user can act on (a busy port, a bad flag value, a file that is
+not a library, a closed pipe) is one line ``rpcsrv: error: ...`` and exit status 2, never a traceback.
+``--help`` shows each flag's default; ``-v`` works before or after the subcommand.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
+from typing import Callable
 
 import trio
 
+try:
+    _Group = BaseExceptionGroup  # noqa: F821 - a builtin from Python 3.11
+except NameError:  # Python 3.10: the backport trio depends on
+    from exceptiongroup import BaseExceptionGroup as _Group
 
-def _serve(args: argparse.Namespace) -> int:
+
+class CLIError(Exception):
+    """A problem with what the user asked for: printed as one line, exit status 2."""
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Shows each flag's default (when it has a meaningful one) after its help text."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or not action.option_strings \
+                or action.default in (None, False, [], "", argparse.SUPPRESS):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def _first_oserror(exc: BaseException) -> OSError | None:
+    """The OSError inside ``exc``, looking into (trio's) exception groups."""
+    if isinstance(exc, OSError):
+        return exc
+    for inner in getattr(exc, "exceptions", ()):
+        found = _first_oserror(inner)
+        if found is not None:
+            return found
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- serve
+
+def check_serve_args(args: argparse.Namespace) -> None:
+    """Flag values that cannot work, refused before anything starts."""
+    if not 0 <= args.port <= 65535:
+        raise CLIError(f"--port {args.port} is not a TCP port (0-65535; 0 picks a free one)")
+    if args.port_end is not None:
+        if not 0 < args.port_end <= 65536:
+            raise CLIError(f"--port-end {args.port_end} is not a TCP port (1-65536, exclusive)")
+        if args.port_end <= args.port:
+            raise CLIError(f"--port-end {args.port_end} must be greater than --port {args.port} "
+                           f"(ports port..port-end-1 are tried)")
+    for flag in ("max_memory_mb", "max_workspace_mb", "max_total_memory_mb", "max_packet_mb"):
+        value = getattr(args, flag, None)
+        if value is not None and value <= 0:
+            raise CLIError(f"--{flag.replace('_', '-')} {value} must be a positive number of MB")
+    for flag in ("max_connections", "max_sessions", "max_handles", "max_ndim", "idle_timeout", "max_threads"):
+        value = getattr(args, flag, None)
+        if value is not None and value <= 0:
+            raise CLIError(f"--{flag.replace('_', '-')} {value} must be positive")
+    if args.workdir is not None:
+        path = Path(args.workdir)
+        if path.exists() and not path.is_dir():
+            raise CLIError(f"--workdir {args.workdir!r} is a file, not a folder")
+        if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
+            raise CLIError(f"--workdir {args.workdir!r} is not writable")
+        if not path.exists() and not path.parent.is_dir():
+            raise CLIError(f"--workdir {args.workdir!r}: its parent folder does not exist")
+
+
+def run_serve(args: argparse.Namespace) -> int:
     from .protocol import Dialect
     from .server import ServerConfig
-    from .session import Limits
+    from .limits import Limits
 
+    check_serve_args(args)
     cfg = ServerConfig(
         host=args.host, port=args.port, port_end=args.port_end, key=args.key or "",
         workdir=Path(args.workdir) if args.workdir else None,
         dialect=None if args.dialect == "auto" else Dialect(args.dialect),
-        limits=Limits(max_memory=args.max_memory_mb << 20, max_workspace=args.max_workspace_mb << 20),
+        limits=Limits(max_memory=args.max_memory_mb << 20, max_workspace=args.max_workspace_mb << 20,
+                      **_hardening_limits(args)),
         native="off" if args.no_native else args.native,
     )
 
@@ -30,71 +107,171 @@ def _serve(args: argparse.Namespace) -> int:
     from .registration import parse_hostport
 
     configure(args.verbose, args.log_json)
-    cfg.idle_timeout = args.idle_timeout
+    # one idle limit: between requests the session says why it closes (RPCSessionIdleError);
+    # mid-packet the transport drops the connection (rpcsrv/limits.py)
+    cfg.idle_timeout = cfg.limits.idle_timeout
     try:
         opts = BoardOptions(tracker=parse_hostport(args.tracker, "--tracker") if args.tracker else None,
                             custom_addr=args.custom_addr,
                             proxy=parse_hostport(args.proxy, "--proxy") if args.proxy else None)
     except ValueError as exc:
-        print(f"rpcsrv: error: {exc}", file=sys.stderr)
-        return 2
+        raise CLIError(str(exc)) from None
     if (opts.tracker or opts.proxy) and not cfg.key:
-        print("rpcsrv: error: --tracker and --proxy need --key", file=sys.stderr)
-        return 2
+        raise CLIError("--tracker and --proxy need --key")
     try:
         trio.run(run_board, cfg, opts)
     except KeyboardInterrupt:
         print("rpcsrv: stopped", file=sys.stderr)
-    except OSError as exc:
-        print(f"rpcsrv: error: {exc}", file=sys.stderr)
-        return 1
+    except (OSError, OverflowError, _Group) as exc:
+        err = _first_oserror(exc)
+        if err is None:
+            if isinstance(exc, OverflowError):
+                raise CLIError(f"cannot listen on {cfg.host}:{cfg.port}: {exc}") from None
+            raise
+        where = f"{cfg.host}:{cfg.port}" + (f"-{cfg.port_end - 1}" if cfg.port_end else "")
+        raise CLIError(f"cannot listen on {where}: {err.strerror or err}") from None
     return 0
 
 
-def _inspect(args: argparse.Namespace) -> int:
+def _hardening_limits(args: argparse.Namespace) -> dict:
+    """The limits of issue 11 given on the command line (absent ones keep rpcsrv.limits' defaults)."""
+    out = {name: getattr(args, name) for name in ("max_connections", "max_sessions", "max_handles",
+                                                  "max_ndim", "idle_timeout", "max_threads")
+           if getattr(args, name, None) is not None}
+    if getattr(args, "max_total_memory_mb", None) is not None:
+        out["max_total_memory"] = args.max_total_memory_mb << 20
+    if getattr(args, "max_packet_mb", None) is not None:
+        out["max_packet"] = args.max_packet_mb << 20
+    return out
+
+
+def _add_limit_flags(s: argparse.ArgumentParser) -> None:
+    """Flags of rpcsrv.limits.Limits (defaults and their reasons are documented there and in the README)."""
+    s.add_argument("--max-total-memory-mb", type=int, default=None,
+                   help="memory budget of all sessions together (default: half of physical memory)")
+    s.add_argument("--max-connections", type=int, default=None, help="open sockets at once (default 512)")
+    s.add_argument("--max-sessions", type=int, default=None, help="handshaken sessions at once (default 128)")
+    s.add_argument("--max-handles", type=int, default=None, help="live handles per session (default 65536)")
+    s.add_argument("--max-packet-mb", type=int, default=None, help="largest packet accepted (default 4096)")
+    s.add_argument("--max-ndim", type=int, default=None, help="most tensor dimensions on the wire (default 32)")
+    s.add_argument("--idle-timeout", type=float, default=None,
+                   help="seconds without traffic before a connection is dropped (default 900)")
+    s.add_argument("--max-threads", type=int, default=None, help="worker threads for all sessions (default 16)")
+
+
+def add_serve_parser(sub) -> argparse.ArgumentParser:
+    s = sub.add_parser("serve", help="serve TVM RPC clients (the board side)",
+                       description="Serve TVM RPC clients of both generations (classic TVM 0.7-0.20 and "
+                                   "tvm-ffi TVM >= 0.21) on a TCP port.  Each connection gets its own "
+                                   "session with a private workspace folder, removed when it ends.")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    s.add_argument("--port", type=int, default=9090, help="TCP port (0: any free port)")
+    s.add_argument("--port-end", type=int, default=None,
+                   help="try ports --port .. PORT_END-1 until one is free (like TVM's server)")
+    s.add_argument("--key", default="", help="the key clients must present (TVM's rpc key; default: none)")
+    s.add_argument("--workdir", default=None,
+                   help="parent folder of the per-session workspaces (default: the system temp folder)")
+    s.add_argument("--dialect", choices=["auto", "classic", "ffi"], default="auto",
+                   help="packed-argument encoding: detect per client, or fix it to one TVM generation")
+    s.add_argument("--max-memory-mb", type=int, default=4096, help="device memory per session, MB")
+    s.add_argument("--max-workspace-mb", type=int, default=4096, help="workspace (uploaded files) per session, MB")
+    _add_limit_flags(s)
+    s.add_argument("--tracker", metavar="HOST:PORT", help="register with this TVM RPC tracker under --key")
+    s.add_argument("--custom-addr", help="address the tracker hands to clients (default: what it sees)")
+    s.add_argument("--proxy", metavar="HOST:PORT", help="serve through this TVM RPC proxy instead of listening")
+    s.add_argument("--log-json", action="store_true", help="log one JSON object per line")
+    s.add_argument("--native", choices=["isolated", "inprocess", "off"], default="isolated",
+                   help="native host code in uploaded libraries: run it in a worker process per session "
+                        "(a crash ends only that session), in the server process (trusted boards), or "
+                        "refuse it")
+    s.add_argument("--no-native", action="store_true", help="refuse libraries with native code (--native off)")
+    s.set_defaults(func=run_serve)
+    return s
+
+
+# -------------------------------------------------------------------------------------------- inspect
+
+def run_inspect(args: argparse.Namespace) -> int:
     from .loader import LoaderError
     from .loader.inspect import format_inspection, inspect_library
 
     try:
         info = inspect_library(args.file)
     except (LoaderError, OSError) as exc:
-        print(f"rpcsrv inspect: error: {exc}", file=sys.stderr)
-        return 2
+        raise CLIError(f"{args.file}: {exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}") \
+            from None
     print(json.dumps(info, indent=2) if args.json else format_inspection(info, disasm=args.disasm))
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rpcsrv", description="TVM RPC server for boards without TVM")
-    p.add_argument("-v", "--verbose", action="store_true", help="log each session")
-    sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("serve", help="serve TVM RPC clients")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=9090)
-    s.add_argument("--port-end", type=int, default=None, help="try ports up to this one (exclusive)")
-    s.add_argument("--key", default="", help="the key clients must present (TVM's rpc key)")
-    s.add_argument("--workdir", default=None, help="parent folder of the per-session workspaces")
-    s.add_argument("--dialect", choices=["auto", "classic", "ffi"], default="auto",
-                   help="packed-argument encoding: detect per client (default) or fix it")
-    s.add_argument("--max-memory-mb", type=int, default=4096, help="device memory per session")
-    s.add_argument("--max-workspace-mb", type=int, default=4096, help="workspace bytes per session")
-    s.add_argument("--tracker", metavar="HOST:PORT", help="register with this TVM RPC tracker under --key")
-    s.add_argument("--custom-addr", help="address the tracker hands to clients (default: what it sees)")
-    s.add_argument("--proxy", metavar="HOST:PORT", help="serve through this TVM RPC proxy instead of listening")
-    s.add_argument("--log-json", action="store_true", help="log one JSON object per line")
-    s.add_argument("--idle-timeout", type=float, default=0.0, metavar="SECONDS",
-                   help="close a session that sends no request for this long (default: never)")
-    s.add_argument("--native", choices=["isolated", "inprocess", "off"], default="isolated",
-                   help="native host code in uploaded libraries: run it in a worker process per session "
-                        "(default; a crash ends only that session), in the server process (trusted "
-                        "boards), or refuse it")
-    s.add_argument("--no-native", action="store_true", help="refuse libraries with native code (--native off)")
-    s.set_defaults(func=_serve)
-    i = sub.add_parser("inspect", help="show what an exported library holds")
-    i.add_argument("file")
+def add_inspect_parser(sub) -> argparse.ArgumentParser:
+    i = sub.add_parser("inspect", help="show what an exported library holds",
+                       description="Show the container, blob layout, module tree, graph inputs and outputs, "
+                                   "params and ExampleJSON subgraphs of a TVM-exported library.")
+    i.add_argument("file", help="the library (.so, .dylib, .o, .tar or raw blob)")
     i.add_argument("--json", action="store_true", help="machine-readable output")
     i.add_argument("--disasm", action="store_true", help="disassemble Relax VM executables")
-    i.set_defaults(func=_inspect)
+    i.set_defaults(func=run_inspect)
+    return i
+
+
+# -------------------------------------------------------------------------------------------- extract
+
+def run_extract(args: argparse.Namespace) -> int:
+    from .extract import extract_library
+    from .loader import LoaderError
+
+    try:
+        manifest = extract_library(args.file, args.output, only=args.only)
+    except (LoaderError, OSError, ValueError) as exc:
+        raise CLIError(f"{exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}") from None
+    for entry in manifest["files"]:
+        print(f"{entry['path']}: {entry['what']}")
+    print(f"wrote {len(manifest['files'])} file(s) and manifest.json to {args.output}")
+    return 0
+
+
+def add_extract_parser(sub) -> argparse.ArgumentParser:
+    e = sub.add_parser("extract", help="write every part of a library as plain files",
+                       description="Write the parts of a library as plain files: graph JSON, params (TVM "
+                                   "param dict and .npz), ExampleJSON subgraphs, each module payload's raw "
+                                   "bytes by type key, the host symbols, and manifest.json saying what "
+                                   "each file is.")
+    e.add_argument("file", help="the library (.so, .dylib, .o, .tar or raw blob)")
+    e.add_argument("-o", "--output", required=True, metavar="DIR", help="folder to write (created)")
+    e.add_argument("--only", metavar="TYPE_KEY", default=None,
+                   help="only the modules of this type key (e.g. examplejson, GraphExecutorFactory)")
+    e.set_defaults(func=run_extract)
+    return e
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+#: subcommand name -> function adding its parser
+SUBCOMMANDS: dict[str, Callable] = {"serve": add_serve_parser, "inspect": add_inspect_parser,
+                                    "extract": add_extract_parser}
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rpcsrv")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="rpcsrv", description="A TVM RPC server for boards without the TVM runtime, and tools "
+                                          "to read the libraries it runs.")
+    p.add_argument("--version", action="version", version=f"rpcsrv {_version()}")
+    p.add_argument("-v", "--verbose", action="store_true", default=False,
+                   help="log each session (also accepted after the subcommand)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
+    for add in SUBCOMMANDS.values():
+        child = add(sub)
+        child.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                           help="log each session")
     return p
 
 
@@ -102,7 +279,16 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return args.func(args)
+    try:
+        return int(args.func(args) or 0)
+    except CLIError as exc:
+        print(f"rpcsrv: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # the reader went away (``rpcsrv inspect x.so | head``): no traceback, none at exit either
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print("rpcsrv: error: output closed early (broken pipe)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

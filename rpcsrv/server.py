@@ -17,14 +17,15 @@ from typing import Any, Optional
 
 import trio
 
+from .accounts import MemoryAccount
+from .farmlog import CountingTransport, SessionRecord
 from .globals import REGISTRY, Registry
+from .limits import Limits
 from .protocol import (NEED_DATA, CallFuncChunk, CallFuncStart, Connection, ConnectionClosed,
                        CopyToRemoteStart, Dialect,
-                       HandshakeRequest, Role, Shutdown)
-from .protocol.connection import DEFAULT_MAX_PACKET
-from .farmlog import CountingTransport, SessionRecord
+                       HandshakeRequest, Role, Shutdown, pack_return)
 from .native.host import NativeSession
-from .session import Limits, Session
+from .session import INIT_DONE, Answer, CopyData, Failed, Returned, Session
 from .workspace import Workspace
 
 log = logging.getLogger("rpcsrv.server")
@@ -40,7 +41,6 @@ class ServerConfig:
     key: str = ""
     workdir: Optional[Path] = None
     dialect: Optional[Dialect] = None  # None: detect per connection
-    max_packet: int = DEFAULT_MAX_PACKET
     limits: Limits = field(default_factory=Limits)
     registry: Registry = field(default_factory=lambda: REGISTRY)
     # deployment hooks (rpcsrv/registration.py, rpcsrv/cli.py): a tracker registration admits only its
@@ -49,18 +49,54 @@ class ServerConfig:
     idle_timeout: float = 0.0  # close a session that sends no request for this long (0: never)
     draining: bool = False
     sessions: set = field(default_factory=set)
+    state: Optional["ServerState"] = None  # made on first use (inside trio): see shared_state
     native: str = "isolated"  # native host code: "isolated" (worker process), "inprocess" or "off"
+
+
+class ServerState:
+    """What all connections share: the server-wide memory account, the worker-thread limiter, and
+    the counts the connection and session limits are checked against."""
+
+    def __init__(self, limits: Limits):
+        self.limits = limits
+        self.account = MemoryAccount(limits.max_total_memory, name="server")
+        self.limiter = trio.CapacityLimiter(limits.max_threads)
+        self.connections = 0
+        self.sessions = 0
+
+
+def shared_state(cfg: ServerConfig) -> ServerState:
+    if cfg.state is None:
+        cfg.state = ServerState(cfg.limits)
+    return cfg.state
+
+
+def encode(conn: Connection, answer: Answer) -> list:
+    """The bytes of a session's answer, in the connection's dialect."""
+    if isinstance(answer, Returned):
+        if answer is INIT_DONE:
+            return conn.send_init_reply()
+        if answer.call:
+            return conn.send_return(pack_return(answer.value, conn.wire_dialect))
+        return conn.send_return([answer.value])
+    if isinstance(answer, CopyData):
+        return conn.send_copy_ack(answer.data)
+    if isinstance(answer, Failed):
+        return conn.send_exception(answer.message)
+    raise TypeError(f"not an answer: {answer!r}")
 
 
 async def serve_connection(stream: trio.SocketStream, cfg: ServerConfig, answered: bool = False) -> None:
     """Serve one client from handshake to close (``answered``: a proxy already answered its handshake)."""
+    state, limits = shared_state(cfg), cfg.limits
     try:
         peer = "%s:%s" % stream.socket.getpeername()[:2]
     except (OSError, AttributeError, TypeError):
         peer = "?"
-    conn = Connection(Role.SERVER, dialect=cfg.dialect, max_packet=cfg.max_packet)
+    conn = Connection(Role.SERVER, dialect=cfg.dialect, max_packet=limits.max_packet, max_ndim=limits.max_ndim)
     session: Optional[Session] = None
-    io = CountingTransport(stream.socket)
+    counted = False
+    io = CountingTransport(stream.socket, idle_timeout=limits.idle_timeout)
     record: Optional[SessionRecord] = None
     admitted = False
     scope: Optional[trio.CancelScope] = None
@@ -78,18 +114,28 @@ async def serve_connection(stream: trio.SocketStream, cfg: ServerConfig, answere
         answer = conn.accept(cfg.key)
         if not answered:
             await io.send_all([answer])
+        if state.sessions >= limits.max_sessions:
+            await _refuse_session(io, conn, peer, f"the server already serves {state.sessions} sessions, "
+                                                  f"its limit (--max-sessions); try again later")
+            return
+        state.sessions += 1
+        counted = True
         timeout = _timeout(request.options.get("timeout"))
         record = SessionRecord(peer=peer, key=cfg.key, start=time.monotonic(), io=io)
-        session = Session(conn, Workspace.create(cfg.workdir, max_bytes=cfg.limits.max_workspace),
-                          cfg.registry, cfg.limits, peer)
-        session.native = NativeSession(cfg.native, cfg.limits.max_memory, timeout)
+        account = MemoryAccount(limits.max_memory, parent=state.account, name="session")
+        session = Session(conn, Workspace.create(cfg.workdir, max_bytes=limits.max_workspace),
+                          cfg.registry, limits, peer, account=account, limiter=state.limiter)
+        session.native = NativeSession(cfg.native, limits.max_memory, timeout)
         log.info("%s: session started in %s", peer, session.workspace.root)
         with trio.move_on_after(timeout) as scope:
             cfg.sessions.add(scope)
             with trio.CancelScope() as idle:
                 await _session_loop(io, conn, session, peer, record, idle if cfg.idle_timeout > 0 else None,
                                     cfg.idle_timeout)
-        if idle.cancelled_caught:
+        if scope.cancelled_caught and io.broken:  # never write after half a packet: the client
+            record.end = "timeout" if not cfg.draining else "shutdown"  # would read garbage
+            log.info("%s: session ended in the middle of an answer", peer)
+        elif idle.cancelled_caught and not io.broken:
             record.end = "idle"
             await io.send_all(conn.send_exception(f"RPCSessionIdleError: no request for {cfg.idle_timeout:g}s; "
                                                   "the board closed the session"))
@@ -109,6 +155,8 @@ async def serve_connection(stream: trio.SocketStream, cfg: ServerConfig, answere
             record.end = "lost"
     finally:
         io.close()
+        if counted:
+            state.sessions -= 1
         if session is not None:
             session.close()
             log.info("%s: session closed", peer)
@@ -170,7 +218,17 @@ async def _session_loop(io: CountingTransport, conn: Connection, session: Sessio
             continue
         if record is not None:
             record.calls += 1
-        await io.send_all(await session.handle(ev))
+        await io.send_all(encode(conn, await session.handle(ev)))
+
+
+async def _refuse_session(io: CountingTransport, conn: Connection, peer: str, reason: str) -> None:
+    """Over the session limit: answer the client's first request (kInitServer) with the reason, so a
+    TVM client shows it to its user, then close."""
+    log.warning("%s: refused: %s", peer, reason)
+    with trio.move_on_after(5):
+        ev = await _next(io, conn)
+        if not isinstance(ev, ConnectionClosed):
+            await io.send_all(conn.send_exception(f"rpcsrv: {reason}"))
 
 
 async def open_listener(cfg: ServerConfig) -> trio.SocketListener:
@@ -200,7 +258,15 @@ async def serve(cfg: ServerConfig, task_status=trio.TASK_STATUS_IGNORED) -> None
     log.info("rpcsrv listening on %s:%d", cfg.host, port)
     task_status.started(port)
 
+    state = shared_state(cfg)
+
     async def handler(stream: trio.SocketStream) -> None:
+        if state.connections >= cfg.limits.max_connections:
+            log.warning("refused a connection: %d open, the limit (--max-connections)", state.connections)
+            with trio.CancelScope(shield=True):
+                await stream.aclose()  # closed at once: the client sees the connection end
+            return
+        state.connections += 1
         try:
             stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
@@ -209,5 +275,7 @@ async def serve(cfg: ServerConfig, task_status=trio.TASK_STATUS_IGNORED) -> None
             await serve_connection(stream, cfg)
         except Exception:  # one broken connection must never take the server down
             log.exception("connection handler failed")
+        finally:
+            state.connections -= 1
 
     await trio.serve_listeners(handler, [listener])

@@ -1,138 +1,145 @@
-"""One client's session: its handles, device memory and workspace, and the answers to its requests.
+"""One client's session: the answers to its requests, from what it holds.
 
-A session is the server side of one connection.  It turns protocol events into answers and owns
-everything the client can name:
+A session is the server side of one connection.  It turns protocol events into :class:`Answer` values
+(a value, an error, or the bytes of a copy); the server encodes them in the connection's dialect.
+What the client can name lives in the session's :class:`~rpcsrv.handles.HandleTable`, and every byte
+the client makes the server hold is charged to the session's :class:`~rpcsrv.accounts.MemoryAccount`
+(a child of the server-wide one) before it is allocated.
 
-* data handles → host buffers (``DevAllocData``; tensors the server returns);
-* object handles → packed functions, modules and NDArrays it handed out.
-
-Handles are capabilities: they are random-looking 64-bit values valid in this session only; an unknown
-handle is an error answer, never a crash.  Every error a request causes becomes an RPC exception with a
-message; the session goes on.  Heavy calls (module functions: inference, loading) run in a worker
-thread via ``trio.to_thread`` so other sessions keep being served.
+Every error a request causes becomes an RPC exception with a message; the session goes on.  Heavy
+calls (module functions: inference, loading) run in a worker thread via ``trio.to_thread``, under the
+server's thread limiter, so other sessions keep being served.  ``close`` releases everything.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import secrets
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import numpy as np
 import trio
 
+from .accounts import BudgetError, MemoryAccount, RPCUserError
+from .executor.memory import ALLOCATION_HOOK
 from .executor.runtime import RuntimeModule
+from .handles import HandleTable, NDArrayRef, PackedFunction
+from .limits import Limits
 from .native.host import NativeSession
 from .protocol import (BadPacket, CallFunc, CallFuncEnd, CallFuncStart, Connection, CopyFromRemote,
                        CopyToRemote, DataType, Device,
-                       DeviceAttrKind, Dialect, FunctionHandle, Handle, InitServer, ModuleHandle,
-                       ObjectHandle, OpaqueHandle, RemoteTensor, RPCCode, Syscall, TensorHeader,
-                       pack_return)
+                       Dialect, FunctionHandle, InitServer, ModuleHandle,
+                       ObjectHandle, OpaqueHandle, RemoteTensor, Syscall, TensorHeader)
 from .protocol.codes import PROTOCOL_VERSION
 from .protocol.dtypes import HOST_DEVICE_TYPES, DLDataTypeCode
 from .streaming import StreamedCall
+from .syscalls import SyscallsMixin
 from .workspace import Workspace
 
 log = logging.getLogger("rpcsrv.session")
 
+__all__ = ["Answer", "BudgetError", "CopyData", "Failed", "Limits", "NDArrayRef", "PackedFunction",
+           "RPCUserError", "Returned", "Session"]
 
-class RPCUserError(RuntimeError):
-    """An error answered to the client as an RPC exception (bad handle, bad argument, ...)."""
 
+# ---------------------------------------------------------------------- answers (the server encodes them)
 
-@dataclass
-class Limits:
-    """Per-session budgets (bytes)."""
-
-    max_memory: int = 4 << 30
-    max_workspace: int = 4 << 30
+class Answer:
+    """What the session answers one request with; the server turns it into bytes."""
 
 
 @dataclass
-class NDArrayRef:
-    """An NDArray the server handed out: its array and the data handle that names its memory."""
+class Returned(Answer):
+    """A value.  ``call``: a function's result (sent with its type code, ``EncodeReturn``); otherwise
+    a syscall, init or copy answer (sent as the value alone)."""
 
-    array: np.ndarray
-    data_handle: int
+    value: Any
+    call: bool = False
 
 
 @dataclass
-class PackedFunction:
-    """A function handed out to the client; ``blocking`` ones run in a worker thread.
+class Failed(Answer):
+    """An error, sent as an RPC exception with ``message``."""
 
-    ``stream``: for a function whose last argument is bytes and which returns nothing (an upload), a
-    factory ``stream(*other_args, nbytes)`` of a sink (``write(piece)``, ``commit()``, ``abort()``)
-    that takes those bytes piece by piece as they arrive, so a large call never sits in memory whole.
-    """
-
-    fn: Callable[..., Any]
-    name: str
-    blocking: bool = True
-    stream: Optional[Callable[..., Any]] = None
+    message: str
 
 
-class Session:
+@dataclass
+class CopyData(Answer):
+    """The bytes of a kCopyFromRemote answer (sent from the tensor's memory, no copy)."""
+
+    data: memoryview
+
+
+class Session(SyscallsMixin):
     def __init__(self, conn: Connection, workspace: Workspace, registry, limits: Limits | None = None,
-                 peer: str = "?"):
-        self.conn = conn
-        self.workspace = workspace
+                 peer: str = "?", account: Optional[MemoryAccount] = None,
+                 limiter: Optional[trio.CapacityLimiter] = None):
+        self.conn = conn  # read for the peer's dialect only
         self.registry = registry
         self.limits = limits or Limits()
         self.peer = peer
-        self.buffers: dict[int, np.ndarray] = {}
-        self.allocated: dict[int, int] = {}
+        self.account = account or MemoryAccount(self.limits.max_memory)
+        self.handles = HandleTable(self.account, self.limits.max_handles)
+        self.workspace = workspace
+        workspace.account = self.account
+        self.limiter = limiter
         self.globals: dict[str, int] = {}  # global function name -> its handle
-        self.refs: dict[int, int] = {}  # handle -> times handed out, when more than once
-        self.objects: dict[int, Any] = {}
-        self.memory_used = 0
-        self._next = 0x7E0000000000 + (secrets.randbits(24) << 12)
         self.initialized = False
+        self.closed = False
         self._stream: Optional[StreamedCall] = None  # the streamed call in progress (see open_stream)
+        self._close_hooks: list[Callable[[], None]] = []
         self.errors = 0  # requests answered with an exception (for the per-session log line)
         self.native = NativeSession("isolated", self.limits.max_memory)  # the server sets its policy
 
-    # ------------------------------------------------------------------ handles
-    def _new_handle(self) -> int:
-        self._next += 0x40
-        return self._next
+    # ------------------------------------------------------------------ compatibility views
+    @property
+    def objects(self) -> dict[int, Any]:
+        return self.handles.objects
 
+    @property
+    def buffers(self) -> dict[int, np.ndarray]:
+        return self.handles.buffers
+
+    @property
+    def memory_used(self) -> int:
+        """Bytes this session's account holds (arrays, storage, files, handle entries)."""
+        return self.account.used
+
+    def on_close(self, hook: Callable[[], None]) -> None:
+        """Run ``hook()`` when the session closes (e.g. a native worker to stop)."""
+        self._close_hooks.append(hook)
+
+    # ------------------------------------------------------------------ handles and memory
     def put_object(self, obj: Any) -> int:
-        h = self._new_handle()
-        self.objects[h] = obj
-        return h
+        return self.handles.put_object(obj)
 
     def get_object(self, handle: int, kind: type | tuple, what: str) -> Any:
-        obj = self.objects.get(handle)
-        if obj is None or not isinstance(obj, kind):
-            raise RPCUserError(f"unknown {what} handle 0x{handle:x} (not issued by this session, or freed)")
-        return obj
+        return self.handles.get_object(handle, kind, what)
 
     def alloc(self, nbytes: int) -> int:
-        if nbytes < 0 or self.memory_used + nbytes > self.limits.max_memory:
-            raise RPCUserError(f"allocating {nbytes} bytes exceeds this session's memory budget "
-                               f"({self.memory_used} of {self.limits.max_memory} bytes in use)")
-        h = self._new_handle()
-        self.buffers[h] = self.native.zeros(nbytes)  # shared with the native worker once there is one
-        self.allocated[h] = nbytes
-        self.memory_used += nbytes
-        return h
+        """A zeroed host buffer of ``nbytes`` (charged before it exists; released when it dies)."""
+        if nbytes < 0:
+            raise RPCUserError(f"cannot allocate {nbytes} bytes")
+        self.account.charge(nbytes, "device memory")
+        try:
+            buf = self.native.zeros(nbytes)  # shared with the native worker once there is one
+            handle = self.handles.put_buffer(buf)
+        except BaseException:
+            self.account.release(nbytes)
+            raise
+        weakref.finalize(buf, self.account.release, nbytes)
+        return handle
 
     def free(self, handle: int) -> None:
-        nbytes = self.allocated.pop(handle, None)
-        if nbytes is None:
-            raise RPCUserError(f"unknown data handle 0x{handle:x} (not allocated by this session, or freed)")
-        self.native.release(self.buffers.pop(handle))
-        self.memory_used -= nbytes
+        self.native.release(self.handles.free_buffer(handle))
 
     def tensor_view(self, t: TensorHeader) -> np.ndarray:
         """A numpy view of the remote tensor ``t`` (bounds- and device-checked)."""
         if t.device.device_type not in HOST_DEVICE_TYPES:
             raise RPCUserError(f"device {t.device} is not available on this board (cpu and ext_dev only)")
-        buf = self.buffers.get(t.data)
-        if buf is None:
-            raise RPCUserError(f"unknown data handle 0x{t.data:x} in tensor argument")
+        buf = self.handles.get_buffer(t.data, "tensor argument")
         try:
             dtype = t.dtype.numpy()
         except ValueError as exc:
@@ -150,13 +157,19 @@ class Session:
         return dt
 
     def export_array(self, arr: np.ndarray) -> RemoteTensor:
-        """Hand an array to the client as an NDArray (its memory gets a data handle)."""
+        """Hand an array to the client as an NDArray (its memory gets a data handle).  Its bytes are
+        charged to the session until the array dies (refused, and dropped, when over budget)."""
         arr = np.asarray(arr, order="C")
         raw = arr.reshape(-1).view(np.uint8) if arr.size else np.zeros(0, np.uint8)
-        data = self._new_handle()
-        self.buffers[data] = raw
+        self.account.charge_object(raw, raw.nbytes, "returned array")
+        data = self.handles.put_buffer(raw)
+        try:
+            ref = self.handles.put_object(NDArrayRef(arr, data))
+        except BaseException:
+            self.handles.free_buffer(data)
+            raise
         header = TensorHeader(data, Device(1, 0), self._dtype_for_client(arr.dtype), tuple(arr.shape), 0)
-        return RemoteTensor(header, self.put_object(NDArrayRef(arr, data)))
+        return RemoteTensor(header, ref)
 
     # ------------------------------------------------------------------ values
     def to_local(self, v: Any) -> Any:
@@ -198,11 +211,11 @@ class Session:
         raise RPCUserError(f"function returned a {type(v).__name__}, which cannot travel over RPC")
 
     # ------------------------------------------------------------------ requests
-    async def handle(self, event) -> list:
-        """The answer (list of buffers) to one request event."""
+    async def handle(self, event) -> Answer:
+        """The answer to one request event (a value or an error; the server encodes it)."""
         try:
             if isinstance(event, CallFunc) and self.initialized:  # the common case first
-                return self.conn.send_return(pack_return(await self._call(event), self._dialect))
+                return Returned(await self._call(event), call=True)
             if isinstance(event, InitServer):
                 return self._init(event)
             if not self.initialized:
@@ -212,14 +225,14 @@ class Session:
                 if stream is None:
                     raise RPCUserError("no streamed call in progress")
                 await stream.finish()
-                return self.conn.send_return(pack_return(None, self._dialect))
+                return Returned(None, call=True)
             if isinstance(event, Syscall):
-                return self.conn.send_return([self.to_wire_syscall(self._syscall(event))])
+                return Returned(self._syscall(event))
             if isinstance(event, CopyToRemote):
                 self._copy_to(event)
-                return self.conn.send_return([None])
+                return Returned(None)
             if isinstance(event, CopyFromRemote):
-                return self.conn.send_copy_ack(self._copy_from(event))
+                return CopyData(self._copy_from(event))
             if isinstance(event, BadPacket):
                 raise RPCUserError(f"bad packet (RPC code {event.code}): {event.error}")
             raise RPCUserError(f"unexpected request {type(event).__name__}")
@@ -228,13 +241,9 @@ class Session:
             if not isinstance(exc, (RPCUserError, ValueError, TypeError, KeyError, IndexError,
                                     FileNotFoundError, PermissionError, RuntimeError)):
                 log.exception("internal error serving %s", self.peer)
-            return self.conn.send_exception(_message(exc))
+            return Failed(_message(exc))
 
-    @property
-    def _dialect(self) -> Dialect:
-        return self.conn.wire_dialect
-
-    def _init(self, ev: InitServer) -> list:
+    def _init(self, ev: InitServer) -> Answer:
         if self.initialized:
             raise RPCUserError("the session is already initialized")
         if ev.version != PROTOCOL_VERSION:
@@ -243,15 +252,26 @@ class Session:
         if ev.args and ev.args[0] not in ("rpc.LocalSession",):
             raise RPCUserError(f"session constructor {ev.args[0]!r} is not available on this board")
         self.initialized = True
-        return self.conn.send_init_reply()
+        return INIT_DONE
+
+    def _charge_storage(self, owner: object, nbytes: int, what: str) -> None:
+        """The executor allocation hook: storage is charged before it exists, released when it dies."""
+        self.account.charge_object(owner, nbytes, what)
+
+    def _run_charged(self, fn: Callable[[], Any]) -> Any:
+        token = ALLOCATION_HOOK.set(self._charge_storage)
+        try:
+            return fn()
+        finally:
+            ALLOCATION_HOOK.reset(token)
 
     async def _call(self, ev: CallFunc) -> Any:
         func = self.get_object(ev.handle, PackedFunction, "function")
         args = [self.to_local(a) for a in ev.args]
         if func.blocking:
-            result = await trio.to_thread.run_sync(lambda: func.fn(*args))
+            result = await trio.to_thread.run_sync(self._run_charged, lambda: func.fn(*args), limiter=self.limiter)
         else:
-            result = func.fn(*args)
+            result = self._run_charged(lambda: func.fn(*args))
         return self.to_wire(result)
 
     # ------------------------------------------------------------------ streamed calls (uploads)
@@ -262,7 +282,8 @@ class Session:
             return False
         self._abort_stream()
         try:
-            self._stream = StreamedCall(fn.stream(*[self.to_local(a) for a in ev.args], ev.nbytes))
+            self._stream = StreamedCall(fn.stream(*[self.to_local(a) for a in ev.args], ev.nbytes),
+                                        limiter=self.limiter)
         except Exception as exc:  # answered once the bytes are in (see StreamedCall)
             self._stream = StreamedCall(error=exc)
         return True
@@ -277,142 +298,26 @@ class Session:
             self._stream.abort()
         self._stream = None
 
-    def to_wire_syscall(self, v: Any) -> Any:
-        return v
-
-    def _global(self, name: str) -> int:
-        """Handle of global function ``name`` (0: none).  Like TVM, asking twice gives the same
-        handle, counted: it stays valid until freed as many times as it was handed out."""
-        handle = self.globals.get(name)
-        if handle is not None:
-            self.refs[handle] = self.refs.get(handle, 1) + 1
-            return handle
-        fn = self.registry.get(name, self)
-        if fn is None:
-            return 0
-        handle = self.put_object(fn)
-        self.globals[name] = handle
-        return handle
-
-    def _syscall(self, ev: Syscall) -> Any:
-        a = ev.args
-        code = ev.code
-        if code == RPCCode.GET_GLOBAL_FUNC:
-            return OpaqueHandle(self._global(_arg(a, 0, str, "function name")))
-        if code == RPCCode.FREE_HANDLE:
-            handle = _arg(a, 0, Handle, "handle").value
-            if handle not in self.objects:
-                raise RPCUserError(f"cannot free unknown handle 0x{handle:x}")
-            if self.refs.get(handle, 1) > 1:  # a global handed out more than once
-                self.refs[handle] -= 1
-                return None
-            obj = self.objects.pop(handle)
-            self.refs.pop(handle, None)
-            if isinstance(obj, PackedFunction) and self.globals.get(obj.name) == handle:
-                del self.globals[obj.name]
-            if isinstance(obj, NDArrayRef):
-                self.buffers.pop(obj.data_handle, None)
-            return None
-        if code in (RPCCode.DEV_SET_DEVICE, RPCCode.DEV_STREAM_SYNC, RPCCode.DEV_FREE_STREAM,
-                    RPCCode.DEV_SET_STREAM):
-            self._device(a)
-            return None
-        if code in (RPCCode.DEV_CREATE_STREAM, RPCCode.DEV_GET_CURRENT_STREAM):
-            self._device(a)
-            return OpaqueHandle(0)  # host devices have no streams: TVM's CPU API returns null too
-        if code == RPCCode.DEV_GET_ATTR:
-            return self._dev_attr(_arg(a, 0, Device, "device"), _arg(a, 1, int, "attribute kind"))
-        if code == RPCCode.DEV_ALLOC_DATA:
-            self._device(a)
-            return OpaqueHandle(self.alloc(_arg(a, 1, int, "nbytes")))
-        if code == RPCCode.DEV_ALLOC_DATA_WITH_SCOPE:
-            t = _arg(a, 0, TensorHeader, "tensor")
-            scope = a[1] if len(a) > 1 else None
-            if scope not in (None, "global"):
-                raise RPCUserError(f"memory scope {scope!r} is not supported on this board")
-            self._device([t.device])
-            return OpaqueHandle(self.alloc(t.nbytes))
-        if code == RPCCode.DEV_FREE_DATA:
-            self._device(a)
-            self.free(_arg(a, 1, Handle, "data pointer").value)
-            return None
-        if code == RPCCode.COPY_AMONG_REMOTE:
-            src = self.tensor_view(_arg(a, 0, TensorHeader, "source tensor"))
-            dst = self.tensor_view(_arg(a, 1, TensorHeader, "target tensor"))
-            if src.nbytes != dst.nbytes:
-                raise RPCUserError(f"copy between tensors of {src.nbytes} and {dst.nbytes} bytes")
-            dst.reshape(-1).view(np.uint8)[:] = src.reshape(-1).view(np.uint8)
-            return None
-        raise RPCUserError(f"syscall {code.name} is not supported")
-
-    def _device(self, args: list) -> Device:
-        dev = _arg(args, 0, Device, "device")
-        if dev.device_type not in HOST_DEVICE_TYPES:
-            raise RPCUserError(f"device {dev} is not available on this board (cpu and ext_dev only)")
-        return dev
-
-    def _dev_attr(self, dev: Device, kind: int) -> Any:
-        exists = dev.device_type in HOST_DEVICE_TYPES
-        if kind == DeviceAttrKind.EXIST:
-            return int(exists)
-        if not exists:
-            raise RPCUserError(f"device {dev} is not available on this board")
-        if kind in (DeviceAttrKind.TOTAL_GLOBAL_MEMORY, DeviceAttrKind.AVAILABLE_GLOBAL_MEMORY):
-            try:
-                return os.sysconf("SC_PAGE_SIZE") * os.sysconf(
-                    "SC_PHYS_PAGES" if kind == DeviceAttrKind.TOTAL_GLOBAL_MEMORY else "SC_AVPHYS_PAGES")
-            except (ValueError, OSError):
-                return None
-        if kind == DeviceAttrKind.DEVICE_NAME:
-            return "rpcsrv-cpu"
-        return None  # TVM's CPU device API leaves other attributes unset
-
-    def copy_target(self, ev) -> tuple[Optional[memoryview], str]:
-        """Where a streamed kCopyToRemote body goes (or None and the reason to refuse it)."""
-        try:
-            return memoryview(self._copy_target(ev.tensor, ev.nbytes)), ""
-        except RPCUserError as exc:
-            return None, str(exc)
-
-    def _copy_to(self, ev: CopyToRemote) -> None:
-        if ev.in_place:
-            return  # already received into the buffer named by copy_target
-        dst = self._copy_target(ev.tensor, ev.nbytes)
-        dst[:] = np.frombuffer(ev.data, dtype=np.uint8)
-
-    def _copy_from(self, ev: CopyFromRemote) -> memoryview:
-        return memoryview(self._copy_target(ev.tensor, ev.nbytes))
-
-    def _copy_target(self, t: TensorHeader, nbytes: int) -> np.ndarray:
-        if t.device.device_type not in HOST_DEVICE_TYPES:
-            raise RPCUserError(f"device {t.device} is not available on this board")
-        buf = self.buffers.get(t.data)
-        if buf is None:
-            raise RPCUserError(f"unknown data handle 0x{t.data:x} in copy")
-        if t.byte_offset + nbytes > buf.nbytes:
-            raise RPCUserError(f"copy of {nbytes} bytes at offset {t.byte_offset} exceeds the "
-                               f"{buf.nbytes}-byte buffer")
-        return buf[t.byte_offset:t.byte_offset + nbytes]
-
     def close(self) -> None:
-        """Drop everything the session holds (buffers, modules, workspace)."""
+        """Drop everything the session holds (buffers, modules, workspace) and its memory account."""
+        if self.closed:
+            return
+        self.closed = True
         self._abort_stream()
-        self.buffers.clear()
-        self.objects.clear()
+        for hook in self._close_hooks:
+            try:
+                hook()
+            except Exception:  # a failing hook must not keep the rest from being released
+                log.exception("session close hook failed for %s", self.peer)
+        self.globals.clear()
+        self.handles.clear()
         self.native.close()
         self.workspace.cleanup()
+        self.account.close()
 
 
-def _arg(args: list, i: int, kind, what: str):
-    if i >= len(args):
-        raise RPCUserError(f"missing argument {i} ({what})")
-    v = args[i]
-    if kind is int and isinstance(v, bool):
-        return int(v)
-    if not isinstance(v, kind):
-        raise RPCUserError(f"argument {i} ({what}) must be {getattr(kind, '__name__', kind)}, "
-                           f"got {type(v).__name__}")
-    return v
+#: the kInitServer answer (void in a known dialect, zero values in auto mode: the connection knows)
+INIT_DONE = Returned(None)
 
 
 def _message(exc: BaseException) -> str:

@@ -21,9 +21,13 @@ import trio
 
 
 class StreamedCall:
-    def __init__(self, sink: Any = None, error: Optional[Exception] = None):
+    """``limiter``: the server's worker-thread limiter; each write holds one of its tokens."""
+
+    def __init__(self, sink: Any = None, error: Optional[Exception] = None,
+                 limiter: Optional[trio.CapacityLimiter] = None):
         self.sink = sink
         self.error = error
+        self.limiter = limiter
         self._buffers = [bytearray(), bytearray()]
         self._turn = 0
         self._done: Optional[trio.Event] = None  # set when the write in flight has finished
@@ -39,12 +43,20 @@ class StreamedCall:
         await self._drain()
         if self.error is not None:
             return
+        limiter = self.limiter
+        if limiter is not None:
+            await limiter.acquire_on_behalf_of(self)  # at most one write in flight: self is unique
         done = self._done = trio.Event()
         token = trio.lowlevel.current_trio_token()
 
+        def finished() -> None:  # back on the event loop
+            if limiter is not None:
+                limiter.release_on_behalf_of(self)
+            done.set()
+
         def deliver(result: outcome.Outcome) -> None:  # in the worker thread
             self._result = result
-            token.run_sync_soon(done.set)
+            token.run_sync_soon(finished)
 
         trio.lowlevel.start_thread_soon(lambda: self.sink.write(buf), deliver)
 

@@ -6,10 +6,19 @@ round trip of ~300 us against ~70 us when polling briefly first), so after each 
 polls the socket for a short while — yielding to other tasks at every try — before it parks in
 ``wait_readable``.  Large bodies are received straight into the memory the protocol names
 (``recv_into``) and sent from the caller's buffers without joining them.
+
+Failure rules (issue 11):
+
+* idle: a wait for the peer (to send, or to take what we send) longer than ``idle_timeout`` raises
+  :class:`IdleTimeout` (an ``OSError``), and the server drops the connection;
+* cancellation mid-packet: a send cancelled after part of a packet went out marks the transport
+  ``broken``, and every later send raises ``trio.BrokenResourceError``: the peer would read garbage
+  after a half packet, so the only clean end is closing the connection.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import time
@@ -19,12 +28,25 @@ import trio
 SPIN_SECONDS = 300e-6
 
 
+class IdleTimeout(OSError):
+    """The peer neither sent nor received anything for the idle timeout."""
+
+
 class Transport:
-    def __init__(self, trio_socket, spin: float = SPIN_SECONDS):
+    def __init__(self, trio_socket, spin: float = SPIN_SECONDS, idle_timeout: float = math.inf):
         # a private duplicate of the descriptor, driven non-blocking with trio's readiness waits
         self.sock = socket.socket(fileno=os.dup(trio_socket.fileno()))
         self.sock.setblocking(False)
         self.spin = spin
+        self.idle_timeout = idle_timeout
+        self.broken = False  # a send was cancelled in the middle of a packet
+
+    async def _wait(self, wait) -> None:
+        """Park until the socket is ready; only here does the idle clock run (never on the fast path)."""
+        with trio.move_on_after(self.idle_timeout) as scope:
+            await wait(self.sock)
+        if scope.cancelled_caught:
+            raise IdleTimeout(f"no progress for {self.idle_timeout:g} s")
 
     async def _io(self, op, wait):
         deadline = time.perf_counter() + self.spin
@@ -36,7 +58,7 @@ class Transport:
             if time.perf_counter() < deadline:
                 await trio.lowlevel.checkpoint()
             else:
-                await wait(self.sock)
+                await self._wait(wait)
 
     async def recv(self, n: int) -> bytes:
         try:  # the next request is often there already: no closure, no loop
@@ -48,32 +70,45 @@ class Transport:
         return await self._io(lambda: self.sock.recv_into(region), trio.lowlevel.wait_readable)
 
     async def send_all(self, parts: list) -> None:
-        """Send every buffer in ``parts`` (small ones joined into one write)."""
+        """Send every buffer in ``parts`` (one packet, small ones joined into one write).
+
+        Cancellation is honoured only where the packet is whole (before its first byte or after its
+        last); a cancel or failure after a first byte went out marks the transport ``broken``."""
+        if self.broken:
+            raise trio.BrokenResourceError("an earlier send stopped in the middle of a packet")
         if len(parts) > 1 and sum(map(len, parts)) <= 1 << 16:
             parts = [b"".join(parts)]
         if len(parts) == 1 and type(parts[0]) in (bytes, bytearray):
+            await trio.lowlevel.checkpoint_if_cancelled()
             try:  # a small answer usually goes out in one send
                 n = self.sock.send(parts[0])
             except (BlockingIOError, InterruptedError):
                 n = 0
             if n == len(parts[0]):
-                await trio.lowlevel.checkpoint_if_cancelled()
                 return
             parts = [memoryview(parts[0])[n:]]
-        for part in parts:
-            if not len(part):
-                continue
-            view = memoryview(part)
-            if view.format != "B" or view.ndim != 1:
-                view = view.cast("B")
-            while view:
-                try:
-                    n = self.sock.send(view)
-                except (BlockingIOError, InterruptedError):
-                    await trio.lowlevel.wait_writable(self.sock)
-                    continue
-                view = view[n:]
+        else:
             await trio.lowlevel.checkpoint_if_cancelled()
+            n = 0
+        sent = n
+        try:
+            for part in parts:
+                if not len(part):
+                    continue
+                view = memoryview(part)
+                if view.format != "B" or view.ndim != 1:
+                    view = view.cast("B")
+                while view:
+                    try:
+                        n = self.sock.send(view)
+                    except (BlockingIOError, InterruptedError):
+                        await self._wait(trio.lowlevel.wait_writable)
+                        continue
+                    view = view[n:]
+                    sent += n
+        except BaseException:
+            self.broken = self.broken or sent > 0
+            raise
 
     def close(self) -> None:
         try:

@@ -2,7 +2,9 @@
 
 Every path a client names is resolved inside the workspace; absolute paths, ``..`` that climbs out,
 and symlinks that point out are refused with a clear error.  A byte budget bounds what a session
-may store.
+may store, and every file written is also charged to the session's memory account (when one is set:
+a workspace on tmpfs is memory) before its first byte is written, and released when it is removed,
+replaced, abandoned half-written, or the workspace is cleaned up.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ class WorkspaceError(PermissionError):
 
 
 class Workspace:
-    def __init__(self, root: Path, max_bytes: int = 1 << 30):
+    def __init__(self, root: Path, max_bytes: int = 1 << 30, account=None):
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
+        self.account = account  # a rpcsrv.accounts.MemoryAccount, or None
+        self._charged: dict[Path, int] = {}  # bytes charged per file written through this workspace
         self._resolved: dict[str, Path] = {}  # nothing here creates symlinks, so results stay valid
 
     @classmethod
@@ -70,8 +74,27 @@ class Workspace:
         if self.used_bytes() - old + nbytes > self.max_bytes:
             raise WorkspaceError(f"writing {nbytes} bytes to {name!r} exceeds the workspace budget "
                                  f"of {self.max_bytes} bytes")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        return FileSink(target, nbytes)
+        if self.account is not None:
+            self.account.charge(nbytes, f"workspace file {name!r}")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            return FileSink(target, nbytes, self)
+        except BaseException:
+            self._release(nbytes)
+            raise
+
+    def _release(self, nbytes: int) -> None:
+        if self.account is not None and nbytes:
+            self.account.release(nbytes)
+
+    def _committed(self, target: Path, nbytes: int) -> None:
+        self._release(self._charged.pop(target, 0))  # the file it replaced
+        self._charged[target] = nbytes
+
+    def _forget(self, target: Path) -> None:
+        """Release the charges of ``target`` and of every file under it (it is being removed)."""
+        for path in [p for p in self._charged if p == target or target in p.parents]:
+            self._release(self._charged.pop(path))
 
     def read(self, name: str) -> bytes:
         target = self.path(name)
@@ -89,6 +112,7 @@ class Workspace:
             target.unlink()
         else:
             raise FileNotFoundError(f"no file {name!r} in the session workspace")
+        self._forget(target)
 
     def listdir(self, name: str = ".") -> list[str]:
         target = self.path(name or ".")
@@ -98,16 +122,18 @@ class Workspace:
 
     def cleanup(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+        self._forget(self.root)
 
 
 class FileSink:
     """A file being written in pieces: a ``.part`` file beside the target, renamed over it once
     complete, so a half-received upload never replaces a good file."""
 
-    def __init__(self, target: Path, nbytes: int):
+    def __init__(self, target: Path, nbytes: int, workspace: Workspace | None = None):
         self.target = target
         self.nbytes = nbytes
         self.received = 0
+        self._workspace = workspace  # told when the file is in place or abandoned (its charge)
         self._tmp = target.with_name(target.name + ".part")
         self._file = open(self._tmp, "wb")
 
@@ -124,12 +150,18 @@ class FileSink:
             self.abort()
             raise WorkspaceError(f"{self.target.name}: {self.received} of {self.nbytes} bytes arrived")
         os.replace(self._tmp, self.target)
+        if self._workspace is not None:
+            self._workspace._committed(self.target, self.nbytes)
+            self._workspace = None
         return self.target
 
     def abort(self) -> None:
-        """Drop the partial file."""
+        """Drop the partial file (and its charge)."""
         self._file.close()
         try:
             os.unlink(self._tmp)
         except FileNotFoundError:
             pass
+        if self._workspace is not None:
+            self._workspace._release(self.nbytes)
+            self._workspace = None

@@ -149,5 +149,8 @@ def graph_json(graph: Graph, functions: list[Function], params: dict[str, np.nda
         "attrs": {"dltype": ["list_str", dtypes], "storage_id": ["list_int", sids],
                   "shape": ["list_shape", shapes]},
         "node_row_ptr": row_ptr,
+        # TVM's graph JSON reader stops at "metadata" (it must stay the last key): the ONNX names of
+        # the outputs (heads), for ``byoc run``'s npz and ``rpcsrv inspect``
+        "metadata": {"output_names": list(graph.outputs)},
     }
     return json.dumps(doc, indent=2)

@@ -18,6 +18,7 @@ from rpcsrv.loader import (
 from rpcsrv.loader.opset import OPS, onnx_op_to_kernel
 
 from .codegen import examplejson_text, graph_json
+from .hostgen import host_reason, host_source
 from .errors import CompileError, UnsupportedNodesError
 from .onnx_import import Graph, import_onnx
 from .partition import COMPILER, Op, Partition, partition
@@ -48,6 +49,8 @@ class CompiledModel:
     output_names: list[str]
     module_name: str = "default"
     graph: Graph | None = field(default=None, repr=False)
+    host_code: str = ""  # C source of the host functions (partial offload), compiled into the .so
+    host_functions: list[str] = field(default_factory=list)  # their symbols, in execution order
 
     def module_tree(self) -> GraphExecutorFactoryModule:
         """TVM's module tree: factory → host library → const loader → ExampleJSON modules."""
@@ -60,16 +63,25 @@ class CompiledModel:
                                           imports=[host])
 
     def export_library(self, path, fmt: str | None = None, layout: str = "classic",
-                       cc: str | None = None) -> str:
-        """Write the library (``.so``/``.tar``/raw blob, see ``client.export``); returns the path."""
+                       cc: str | None = None, executor: str = "graph") -> str:
+        """Write the library (``.so``/``.tar``/raw blob, see ``client.export``); returns the path.
+
+        ``executor="relax"``: a Relax VM executable (TVM >= 0.21 clients), always the tvm-ffi layout."""
         from ..export import export_library
 
-        return export_library(self.module_tree(), path, fmt=fmt, layout=layout, cc=cc)
+        if executor == "relax":
+            from .relax_vm import relax_module_tree
+
+            return export_library(relax_module_tree(self), path, fmt=fmt, layout="ffi", cc=cc)
+        return export_library(self.module_tree(), path, fmt=fmt, layout=layout, cc=cc, host_source=self.host_code)
 
     def summary(self) -> str:
         """Human-readable: the subgraphs, their ops and constants."""
         lines = [f"{len(self.subgraphs)} ExampleJSON subgraph(s); inputs {', '.join(self.input_names)}; "
                  f"outputs {', '.join(self.output_names)}"]
+        if self.host_functions:
+            lines.append(f"{len(self.host_functions)} host function(s) (C, run by the board's CPU): "
+                         f"{', '.join(self.host_functions)}")
         for sg in self.subgraphs:
             nbytes = sum(a.nbytes for a in sg.constants.values())
             lines.append(f"  {sg.symbol}: {len(sg.ops)} op(s) [{', '.join(sg.ops)}], "
@@ -133,8 +145,8 @@ def _unsupported_error(part: Partition, graph: Graph, partial: "CompiledModel",
     listed = "\n".join(_describe(op, graph) for op in part.unsupported)
     subgraphs = "; ".join(f"{sg.symbol} ({', '.join(sg.ops)})" for sg in partial.subgraphs) or "none"
     advice = _advice(part.unsupported, chosen)
-    message = (f"{len(part.unsupported)} node(s) cannot run on the {COMPILER} accelerator and there is "
-               f"no host fallback yet:\n{listed}\n"
+    message = (f"{len(part.unsupported)} node(s) cannot run on the {COMPILER} accelerator and have no "
+               f"host fallback:\n{listed}\n"
                f"The supported part forms {len(partial.subgraphs)} subgraph(s): {subgraphs}.\n"
                f"What to do: " + ";\n  ".join(advice) + ".")
     nodes = [(op.name, "+".join(n.op_type for n in op.nodes),
@@ -144,25 +156,31 @@ def _unsupported_error(part: Partition, graph: Graph, partial: "CompiledModel",
 
 
 def build(graph: Graph, part: Partition, module_name: str = "default") -> CompiledModel:
-    """Codegen for a partition: ExampleJSON per function, graph JSON, params."""
+    """Codegen for a partition: ExampleJSON per function, C per host function, graph JSON, params."""
     subgraphs = []
+    host = [fn for fn in part.functions if fn.kind == "host"]
     for fn in part.functions:
+        if fn.kind == "host":
+            continue
         code, names = examplejson_text(fn, graph)
         consts = {name: np.asarray(graph.constants[t], order="C") for name, t in zip(names, fn.constants)}
         subgraphs.append(Subgraph(fn.symbol, code, consts, fn.inputs, fn.outputs,
                                   [op.kernel for op in fn.ops], [op.pattern for op in fn.ops if op.pattern]))
     # constants the model returns directly are the only params: everything else is offloaded
-    params = {t: np.asarray(graph.constants[t], order="C") for t in dict.fromkeys(graph.outputs)
-              if t in graph.constants}
-    # with unsupported nodes there is no complete graph to describe (partial result, for messages)
-    text = "" if part.unsupported else graph_json(graph, part.functions, params)
+    # (and the constants host functions read: TVM passes those as params too)
+    wanted = list(graph.outputs) + [t for fn in host for t in fn.inputs]
+    params = {t: np.asarray(graph.constants[t], order="C") for t in dict.fromkeys(wanted) if t in graph.constants}
+    # with unsupported nodes left over there is no complete graph to describe (partial result, for messages)
+    complete = all(any(op in fn.ops for fn in host) for op in part.unsupported)
+    text = graph_json(graph, part.functions, params) if complete else ""
+    code = host_source([(fn.symbol, fn.ops[0]) for fn in host], graph) if host and complete else ""
     return CompiledModel(text, params, subgraphs, list(graph.inputs), list(graph.outputs),
-                         module_name, graph)
+                         module_name, graph, code, [fn.symbol for fn in host])
 
 
 def compile_onnx(model_or_path, input_shapes: dict | None = None, ops=None, *,
                  module_name: str = "default", bind_inputs: dict | None = None,
-                 fold_batchnorm: bool = True) -> CompiledModel:
+                 fold_batchnorm: bool = True, host_fallback: bool = True) -> CompiledModel:
     """Compile an ONNX model (``ModelProto``, path or bytes) for the ExampleJSON accelerator.
 
     ``input_shapes``: ``{input name: shape}`` for inputs with dynamic dimensions.  ``ops``: restrict
@@ -179,12 +197,18 @@ def compile_onnx(model_or_path, input_shapes: dict | None = None, ops=None, *,
     graph = import_onnx(model_or_path, input_shapes, bind_inputs)
     if fold_batchnorm:
         fold_conv_batchnorm(graph)
-    part = partition(graph, chosen, module_name)
+    part = partition(graph, chosen, module_name, host=host_fallback)
+    if host_fallback:
+        for op in part.unsupported:
+            why = host_reason(op, graph)
+            op.reason = f"{op.reason}; on the host: {why}" if why else ""
+        part.unsupported = [op for op in part.unsupported if op.reason]
+        part.functions = [fn for fn in part.functions if fn.kind != "host" or not fn.ops[0].reason]
     compiled = build(graph, part, module_name)
     if part.unsupported:
         raise _unsupported_error(part, graph, compiled, chosen)
     missing = [o for o in graph.outputs if o not in graph.inputs and o not in compiled.params
-               and not any(o in sg.outputs for sg in compiled.subgraphs)]
+               and not any(o in fn.outputs for fn in part.functions)]
     if missing:
         raise CompileError(f"model output(s) {', '.join(missing)} are computed by no subgraph")
     return compiled

@@ -92,7 +92,31 @@ def load_model(model_or_path) -> onnx.ModelProto:
         raise CompileError(f"{where} is not a valid ONNX file (truncated or not ONNX?): {exc}") from None
     if not model.HasField("graph") or not model.graph.node and not model.graph.output:
         raise CompileError(f"{where} holds no ONNX graph (truncated or not an ONNX model file?)")
+    if isinstance(model_or_path, (str, os.PathLike)):
+        _load_external_data(model, os.path.dirname(os.path.abspath(where)), where)
     return model
+
+
+def _load_external_data(model: onnx.ModelProto, folder: str, where: str) -> None:
+    """Tensors stored in files beside the model (ONNX external data) are read relative to the
+    model's own folder, wherever the compiler runs from."""
+    from onnx.external_data_helper import load_external_data_for_model, uses_external_data
+
+    every = list(model.graph.initializer) + [a.t for n in model.graph.node for a in n.attribute
+                                             if a.type == onnx.AttributeProto.TENSOR]
+    tensors = [t for t in every if uses_external_data(t)]
+    if not tensors:
+        return
+    for t in tensors:
+        location = next((e.value for e in t.external_data if e.key == "location"), "")
+        path = os.path.normpath(os.path.join(folder, location))
+        if not location or not os.path.isfile(path):
+            raise CompileError(f"{where}: tensor {t.name!r} keeps its data in {location!r}, which is not "
+                               f"in the model's folder {folder!r}")
+    try:
+        load_external_data_for_model(model, folder)
+    except Exception as exc:  # onnx checks the paths stay inside the folder, and the lengths
+        raise CompileError(f"{where}: cannot read external data: {exc}") from None
 
 
 def _opset(model: onnx.ModelProto) -> int:

@@ -14,7 +14,9 @@
 4. **Partition** (``PartitionGraph``): each region becomes a function with an external symbol
    ``tvmgen_<module>_examplejson_main_<k>``, numbered in execution order; its parameters are the
    tensors it reads from outside (constants stay inside, for the const loader), its results the
-   tensors used after it or returned by the model.
+   tensors used after it or returned by the model.  With ``host=True`` every op left out becomes a
+   host function of its own (``tvmgen_<module>_fused_<kernel>_<k>``, kind ``"host"``), ordered with
+   the regions, as TVM leaves what the accelerator lacks to the host codegen.
 """
 
 from __future__ import annotations
@@ -49,13 +51,15 @@ class Op:
 
 @dataclass
 class Function:
-    """One partitioned region: an external function of the ExampleJSON codegen."""
+    """One partitioned region: an external function of the ExampleJSON codegen, or (``kind ==
+    "host"``) one op left on the host CPU, compiled to C by ``hostgen``."""
 
     symbol: str
     ops: list[Op]
-    inputs: list[str]  # non-constant tensors read from outside, in first-use order
+    inputs: list[str]  # tensors read from outside, in first-use order (constants too for host functions)
     outputs: list[str]
     constants: list[str] = field(default_factory=list)  # constant tensors used inside
+    kind: str = COMPILER
 
 
 @dataclass
@@ -285,20 +289,33 @@ def merge_regions(ops: list[Op]) -> list[list[int]]:
     return [list(_bits(mask)) for mask in members.values()]
 
 
-def partition(graph: Graph, ops: frozenset, module_name: str = "default") -> Partition:
-    """Run the four passes; functions are numbered in execution order."""
+def partition(graph: Graph, ops: frozenset, module_name: str = "default", host: bool = False) -> Partition:
+    """Run the four passes; functions are numbered in execution order (see the module doc for ``host``)."""
+    from .hostgen import data_inputs
+
     all_ops = merge_composites(graph, ops)
     for op in all_ops:
         op.reason = annotate(op, ops, graph)
-    regions = _execution_order(merge_regions(all_ops), all_ops)
+    regions = merge_regions(all_ops)
+    host_ops = {j for j, op in enumerate(all_ops) if op.reason} if host else set()
+    regions = _execution_order(regions + [[j] for j in sorted(host_ops)], all_ops)
     outputs = set(graph.outputs)
     readers: dict[str, set[int]] = {}
     for j, op in enumerate(all_ops):
         for t in op.inputs:
             readers.setdefault(t, set()).add(j)
-    functions = []
+    functions: list[Function] = []
+    counts = {COMPILER: 0, "host": 0}
     for region in regions:
         inside = set(region)
+        if region[0] in host_ops:
+            op = all_ops[region[0]]
+            outs = [o for o in op.outputs if o and (o in outputs or readers.get(o))]
+            if outs:
+                functions.append(Function(f"tvmgen_{module_name}_fused_{op.kernel}_{counts['host']}", [op],
+                                          data_inputs(op, graph), list(op.outputs), [], "host"))
+                counts["host"] += 1
+            continue
         produced = {o for j in region for o in all_ops[j].outputs if o}
         inputs, consts = [], []
         for j in region:
@@ -312,7 +329,8 @@ def partition(graph: Graph, ops: frozenset, module_name: str = "default") -> Par
                 if o and (o in outputs or readers.get(o, set()) - inside)]
         if not outs:
             continue  # dead code: TVM's dead-code pass drops it too
-        symbol = f"tvmgen_{module_name}_{COMPILER}_main_{len(functions)}"
+        symbol = f"tvmgen_{module_name}_{COMPILER}_main_{counts[COMPILER]}"
+        counts[COMPILER] += 1
         functions.append(Function(symbol, [all_ops[j] for j in region], inputs, outs, consts))
     return Partition(functions, [op for op in all_ops if op.reason])
 

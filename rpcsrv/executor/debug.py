@@ -217,6 +217,9 @@ class GraphExecutorDebugModule(GraphExecutorModule):
             row = {"Argument Shapes": {"string": _shape_string(args)}, "Count": {"count": 1},
                    "Device": {"string": device}, "Duration (us)": _us(seconds), "Name": {"string": node.func_name},
                    "Percent": {"percent": seconds / total * 100 if total > 0 else 0.0}}
+            for key, value in node.attrs.items():  # TVM reports the node's layout attributes too
+                if "layout" in key:
+                    row[key] = {"string": str(value)}
             if "hash" in node.attrs:
                 row["Hash"] = {"string": str(node.attrs["hash"])}
             rows.append(row)

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..protocol.dtypes import HOST_DEVICE_TYPES, Device
 from .graph_json import Graph, parse_graph_json
+from .memory import before_allocation
 from .runtime import ExecutorError, RuntimeModule
 
 #: how executors get their storage pools (zero-filled uint8 arrays); the native worker points this
@@ -94,6 +95,7 @@ class GraphExecutorModule(RuntimeModule):
             nbytes = int(np.prod(g.shape[eid], dtype=np.int64)) * g.dtypes[eid].itemsize
             sid = g.storage_id[eid]
             sizes[sid] = max(sizes.get(sid, 0), nbytes)
+        before_allocation(self, sum(sizes.values()), "graph executor storage")  # budget check first
         # zero-filled (TVM leaves memory uninitialised; zeros make reruns reproducible)
         self.pool = {sid: STORAGE_ALLOCATOR(size) for sid, size in sizes.items()}
         self.data_entry = [self._view(self.pool[g.storage_id[eid]], eid) for eid in range(g.num_entries)]

@@ -22,6 +22,7 @@ nothing.
 
 from __future__ import annotations
 
+import contextvars
 import ctypes
 import ctypes.util
 import threading
@@ -63,3 +64,15 @@ def tune_allocator() -> bool:
                 and bool(fn(M_MMAP_THRESHOLD, MMAP_THRESHOLD))
             _state["done"] = ok
         return _state["done"]
+
+
+# Accounting hook (issue 11): the server sets ALLOCATION_HOOK around a session's calls; executors
+# report storage they are about to allocate, so an over-budget graph is refused before allocation.
+ALLOCATION_HOOK: contextvars.ContextVar = contextvars.ContextVar("rpcsrv_allocation_hook", default=None)
+
+
+def before_allocation(owner: object, nbytes: int, what: str) -> None:
+    """Report ``nbytes`` that ``owner`` is about to allocate (raises when over budget)."""
+    hook = ALLOCATION_HOOK.get()
+    if hook is not None:
+        hook(owner, nbytes, what)

@@ -1,6 +1,6 @@
 """The runtime object model the server hands out as module and function handles.
 
-This is the contract between the executor and the server (see ARCHITECTURE.md):
+This is the contract between the executor and the server (see docs/architecture.md):
 
 * A *packed function* is any Python callable.  It takes positional arguments of these kinds
   and returns one of them (or None):

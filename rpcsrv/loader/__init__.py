@@ -14,10 +14,11 @@ from .modules import (
     ConstLoaderModule, ExampleJSONModule, GraphExecutorFactoryModule, HostLibraryModule, ModuleNode,
     UnknownModule,
 )
+from .vm_executable import VMExecutableModule  # also registers the relax.VMExecutable payload
 
 __all__ = [
     "BLOB_SYMBOL", "FFI_BLOB_SYMBOL", "ConstLoaderModule", "ExampleJSONModule",
     "GraphExecutorFactoryModule", "HostLibraryModule", "LoadedLibrary", "LoaderError", "ModuleNode",
     "UnknownModule", "build_blob", "load_library", "load_ndarray", "load_param_dict", "parse_blob",
-    "save_ndarray", "save_param_dict", "symbol_content",
+    "save_ndarray", "save_param_dict", "symbol_content", "VMExecutableModule",
 ]

@@ -68,12 +68,17 @@ class ViewStream(io.RawIOBase):
 
 
 class BytesReader(ViewStream):
-    """ViewStream whose reads return bytes (for parsers that expect ``bytes``: tarfile, pyelftools)."""
+    """A read-only file over a memoryview for parsers that expect a file of ``bytes`` (tarfile, gzip,
+    pyelftools): reads return bytes, and a short read moves to the end as a file's does (a reader
+    that tries again then sees the end, not the same bytes a second time)."""
 
     def read(self, size: int = -1):
-        return bytes(super().read(size))
+        end = len(self.view) if size is None or size < 0 else min(len(self.view), self.pos + size)
+        out = bytes(self.view[self.pos:end])
+        self.pos = max(self.pos, end)
+        return out
 
     def readinto(self, b) -> int:
-        chunk = ViewStream.read(self, len(b))
+        chunk = self.read(len(b))
         b[:len(chunk)] = chunk
         return len(chunk)

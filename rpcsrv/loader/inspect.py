@@ -16,7 +16,8 @@ import numpy as np
 
 from ..protocol.dtypes import dtype_str
 from .library import load_library
-from .vm_executable import VMExecutableModule, format_vm, summarize_vm
+from .vm_executable import VMExecutableModule
+from .vm_text import format_vm, summarize_vm
 from .modules import (
     ConstLoaderModule, ExampleJSONModule, GraphExecutorFactoryModule, HostLibraryModule,
     UnknownModule,
@@ -45,7 +46,9 @@ def summarize_graph(graph_json: str, params: dict) -> dict:
 
         info["inputs"] = [entry(nid, 0, nodes[nid]["name"]) for nid in g.get("arg_nodes", [])
                           if nodes[nid]["name"] not in params]
-        info["outputs"] = [entry(h[0], h[1], f"output {i} ({nodes[h[0]]['name']})")
+        names = (g.get("metadata") or {}).get("output_names") or []  # the model's names, when kept
+        info["outputs"] = [entry(h[0], h[1], names[i] if i < len(names) and isinstance(names[i], str)
+                                 else f"output {i} ({nodes[h[0]]['name']})")
                            for i, h in enumerate(g.get("heads", []))]
         info["ops"] = [{"name": n["name"], "func_name": n.get("attrs", {}).get("func_name"),
                         "inputs": len(n.get("inputs", []))}
@@ -111,13 +114,29 @@ def inspect_library(source) -> dict:
     lib = load_library(source)
     modules = lib.modules()
     index = {id(m): i for i, m in enumerate(modules)}
+    infos = [_module_info(m, index) for m in modules]
     return {
         "path": lib.path, "container": lib.container, "arch": lib.arch, "member": lib.member,
         "symbol": lib.symbol, "layout": lib.layout,
         "blob": {"offset": lib.blob_offset, "size": lib.blob_size},
         "host_symbols": list(lib.symbols),
-        "modules": [_module_info(m, index) for m in modules],
+        "modules": infos,
+        "functions": _function_kinds(infos, lib.symbols),
     }
+
+
+def _function_kinds(infos: list[dict], host_symbols: list[str]) -> dict:
+    """Each graph ``func_name``: ExampleJSON subgraph, host code (a native symbol), builtin or missing."""
+    subgraphs = {sg["name"] for m in infos for sg in m.get("subgraphs", [])}
+    host = set(host_symbols)
+    kinds = {}
+    for m in infos:
+        for op in m.get("graph", {}).get("ops", []):
+            name = op["func_name"]
+            kinds[name] = ("ExampleJSON subgraph" if name in subgraphs
+                           else "host code" if name in host or f"__tvm_ffi_{name}" in host
+                           else "builtin" if name in ("__nop", "__copy") else "missing")
+    return kinds
 
 
 def _shape(info: dict) -> str:
@@ -129,6 +148,8 @@ def format_inspection(info: dict, disasm: bool = False) -> str:
     in_c = (info.get("member") or "").endswith(".c")
     out = [f"{info.get('path') or '<bytes>'}: {info['container']} ({info['arch']})"
            + (f", member {info['member']}" if info.get("member") else ""),
+           "no module blob: a plain host library (TVM's LibraryModule), its functions run natively"
+           if info["layout"] == "none" else
            f"blob: {info['layout']} layout, {info['blob']['size']} bytes at offset "
            f"{info['blob']['offset']}" + (" of the decoded C array" if in_c else "")
            + (f" (symbol {info['symbol']})" if info.get("symbol") else "")]
@@ -173,4 +194,7 @@ def format_inspection(info: dict, disasm: bool = False) -> str:
             out.extend(format_vm(head, m["vm"], disasm))
         elif "payload_bytes" in m:
             out.append(f"{head}: {m['payload_bytes']} bytes, {m['note']}")
+    if info.get("functions"):
+        out.append("functions the graph calls:")
+        out.extend(f"  {name}: {kind}" for name, kind in info["functions"].items())
     return "\n".join(out)

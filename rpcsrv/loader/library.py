@@ -66,7 +66,7 @@ def load_library(source: str | os.PathLike | bytes) -> LoadedLibrary:
     except NoSymbol as exc:  # no blob: the library is one host module (TVM's LibraryModule)
         root = HostLibraryModule(list(exc.functions), type_key="library", path=path)
         container = {b"\x7fELF": "elf"}.get(bytes(data[:4]), "macho")
-        return LoadedLibrary(path, container, "", "none", root, list(exc.functions))
+        return LoadedLibrary(path, container, exc.arch, "none", root, list(exc.functions))
     except LoaderError as exc:
         raise LoaderError(f"{path}: {exc}") if path is not None else exc from None
     try:

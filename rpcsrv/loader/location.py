@@ -72,6 +72,7 @@ class NoSymbol(LoaderError):
     """The container is fine but holds neither blob symbol; ``functions`` are its functions."""
 
     functions: list[str] = []
+    arch: str = ""
 
 
 def no_symbol(container: str, arch: str, functions: list[str] | None = None) -> NoSymbol:
@@ -79,4 +80,5 @@ def no_symbol(container: str, arch: str, functions: list[str] | None = None) -> 
     exc = NoSymbol(f"{container} ({arch}): no symbol {BLOB_SYMBOL} or {FFI_BLOB_SYMBOL} found "
                    f"(expected a library written by TVM's export_library or our exporter)")
     exc.functions = list(functions or [])
+    exc.arch = arch
     return exc

@@ -18,46 +18,15 @@ Type keys (TVM's ``type_key()`` / ``kind()``):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from .formats import ConstLoaderPayload, ExampleJSONPayload, GraphExecutorFactoryPayload
+from .node import ModuleNode, PayloadCodec, walk_imports  # noqa: F401  (declared in the leaf node.py; re-exported)
+from .vm_executable import PAYLOAD as _VM_EXECUTABLE
 
 LIB_KEY = "_lib"
 IMPORT_TREE_KEY = "_import_tree"
-
-
-def walk_imports(root: Any) -> Iterator[Any]:
-    """``root``, then its ``imports`` depth-first, each module once: TVM's lookup order.
-
-    The one walk of the project: loader nodes and runtime modules (``rpcsrv.executor.runtime``)
-    both have an ``imports`` list and both use this.
-    """
-    seen: set[int] = set()
-    stack = [root]
-    while stack:
-        mod = stack.pop()
-        if id(mod) in seen:
-            continue
-        seen.add(id(mod))
-        yield mod
-        stack.extend(reversed(mod.imports))
-
-
-@dataclass(eq=False, repr=False)
-class ModuleNode:
-    """One module of the tree: its type key and the modules it imports (in order)."""
-
-    type_key: str = field(default="module", kw_only=True)
-    imports: list["ModuleNode"] = field(default_factory=list, kw_only=True)
-
-    def walk(self) -> Iterator["ModuleNode"]:
-        """This module, then its imports depth-first, each module once."""
-        return walk_imports(self)
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.type_key!r} imports={len(self.imports)}>"
 
 
 @dataclass(eq=False, repr=False)
@@ -108,15 +77,6 @@ class UnknownModule(ModuleNode):
     payload: bytes = b""
 
 
-@dataclass(frozen=True)
-class PayloadCodec:
-    """How one type key's payload is declared, decoded into a node and encoded back."""
-
-    fmt: Any
-    decode: Callable[[Any, str], ModuleNode]
-    encode: Callable[[ModuleNode], Any]
-
-
 def _decode_factory(v, key: str) -> ModuleNode:
     if len(set(v.names)) != len(v.names):
         raise ValueError("duplicate parameter names")
@@ -153,8 +113,6 @@ PAYLOADS: dict[str, PayloadCodec] = {
     "const_loader": _CONSTS,
     "metadata": _CONSTS,
 }
-
-from .vm_executable import PAYLOAD as _VM_EXECUTABLE  # noqa: E402  (it imports ModuleNode from here)
 
 PAYLOADS["relax.VMExecutable"] = _VM_EXECUTABLE
 

@@ -4,9 +4,12 @@
 
 * ``isolated`` (default): the library's whole module tree lives in the session's worker process
   (``proxy.py``); a crash or hang ends that worker, the session gets an error and goes on.
+  (A library whose graphs call only ExampleJSON subgraphs stays in the server process, see
+  :func:`graphs_call_host_code`.)
 * ``inprocess``: native functions run in the server process (trusted boards; no IPC per call,
   but a crash takes the server down).
-* ``off`` (``--no-native``): a library with native functions is refused at ``load_module``.
+* ``off`` (``--no-native``): a plain host library is refused at ``load_module``; in a library with a
+  blob, the host functions refuse to run (so does a graph that calls one, when it is created).
 
 Before any worker starts, the library's machine and runtime symbols are checked here, so a
 cross-built library fails at ``load_module`` naming its architecture and the functions it needed.
@@ -14,14 +17,15 @@ cross-built library fails at ``load_module`` naming its architecture and the fun
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
-from typing import Optional
+from typing import Any, Optional
 
 from ..executor import RuntimeModule, build_runtime
 from ..loader import load_library
-from ..loader.modules import HostLibraryModule
+from ..loader.modules import GraphExecutorFactoryModule, HostLibraryModule
 from .library import NativeError, inspect_native
 from .machine import board
 from .runtime import has_native_code, link_roots, native_options
@@ -75,14 +79,16 @@ class NativeSession:
         """``tvm.rpc.server.load_module`` under this session's policy."""
         loaded = load_library(path)
         libraries = [n for n in loaded.root.walk() if isinstance(n, HostLibraryModule) and has_native_code(n)]
-        if not libraries:
+        if not libraries or not graphs_call_host_code(loaded.root, libraries):
             return build_runtime(loaded.root)
         for node in libraries:
             check_loadable(node)
         if self.mode == "off":
-            names = sorted({f for n in libraries for f in inspect_native(n.path).public_functions()})
-            raise NativeError(f"{os.path.basename(path)}: this server does not run native code (--no-native); "
-                              f"the library has native functions: {', '.join(names)}")
+            if isinstance(loaded.root, HostLibraryModule):  # nothing but native code
+                names = sorted({f for n in libraries for f in inspect_native(n.path).public_functions()})
+                raise NativeError(f"{os.path.basename(path)}: this server does not run native code "
+                                  f"(--no-native); the library has native functions: {', '.join(names)}")
+            return build_runtime(loaded.root)  # its host functions refuse to run, with the reason
         if self.mode == "inprocess":
             return link_roots(build_runtime(loaded.root, native_options()))
         if self.worker is None or not self.worker.alive:
@@ -100,6 +106,27 @@ class NativeSession:
             self.worker = None
         if self.arena is not None:
             self.arena.close()
+
+
+def graphs_call_host_code(root: Any, libraries: list[HostLibraryModule]) -> bool:
+    """Whether native code is needed: the tree has no graph executor factory (a plain host library,
+    a Relax VM library, ...) or one of its graphs calls a host function by ``func_name``.  A BYOC
+    library whose graphs call only ExampleJSON subgraphs runs in the server process: its host
+    symbols (TVM's helpers, our exporter's placeholder) are listed but not loaded."""
+    factories = [n for n in root.walk() if isinstance(n, GraphExecutorFactoryModule)]
+    if not factories:
+        return True
+    symbols = {s for lib in libraries for s in lib.symbols}
+    for factory in factories:
+        try:
+            nodes = json.loads(factory.graph_json).get("nodes", [])
+        except (ValueError, AttributeError):
+            return True  # let the executor report the bad graph
+        for node in nodes:
+            name = (node.get("attrs") or {}).get("func_name") if isinstance(node, dict) else None
+            if name and (name in symbols or f"__tvm_ffi_{name}" in symbols):
+                return True
+    return False
 
 
 def check_loadable(node: HostLibraryModule) -> None:

@@ -127,9 +127,9 @@ def _send(sock: socket.socket, obj: Any, fds: list[int] = ()) -> None:
     header = len(data).to_bytes(8, "little")
     if fds:
         socket.send_fds(sock, [header], list(fds))
+        sock.sendall(data)
     else:
-        sock.sendall(header)
-    sock.sendall(data)
+        sock.sendall(header + data)  # one write: one wake-up of the other side
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:

@@ -3,7 +3,8 @@
 from .codec import ProtocolError, Reader, Writer, decode_packed_seq, detect_dialect, encode_packed_seq
 from .codes import (PROTOCOL_VERSION, RPC_CODE_MISMATCH, RPC_CODE_SUCCESS, RPC_MAGIC, RPC_SESS_MASK,
                     RPC_TRACKER_MAGIC, DeviceAttrKind, Dialect, RPCCode, TypeCode, TypeIndex)
-from .connection import Connection, Role, decode_values, encode_values
+from .connection import Connection, decode_values, encode_values
+from .states import LocalProtocolError, Role, State
 from .events import (NEED_DATA, BadPacket, CallFunc, CallFuncChunk, CallFuncEnd, CallFuncStart,
                      ConnectionClosed, CopyAck, CopyFromRemote,
                      CopyToRemote, CopyToRemoteStart, Event, HandshakeDone, HandshakeRefused,

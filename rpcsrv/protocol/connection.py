@@ -10,6 +10,11 @@ Wire shape (``rpc_endpoint.cc``, ``python/tvm/rpc/server.py``):
   ``int32 RPC_CODE_MISMATCH`` and closes;
 * then packets: ``int64 nbytes`` followed by ``nbytes`` bytes starting with ``int32 RPCCode``.
 
+Why one file of ~500 lines: receiving is one state machine over the phases of a packet (length,
+prefix, whole body growing as it arrives, copy target, streamed pieces, discard); its pieces share
+the buffer and region bookkeeping, and split across files they would only be harder to follow.  The
+protocol states and transitions are data in ``states.py``, sending is ``outgoing.py``.
+
 Dialect: the two dialects are byte-identical until the first packed sequence that carries an argument,
 so a server in auto mode detects the dialect there (:func:`detect_dialect`).  The kInitServer answer
 comes before that point; in auto mode it is a Return with zero values, which both dialects' clients
@@ -18,12 +23,11 @@ parse and ignore (TVM's own server sends a void in its own dialect).
 
 from __future__ import annotations
 
-import enum
 import struct
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .codec import (ProtocolError, Reader, Writer, decode_packed_seq, detect_dialect, encode_packed_seq,
+from .codec import (MAX_NDIM, ProtocolError, Reader, Writer, decode_packed_seq, detect_dialect, encode_packed_seq,
                     split_trailing_bytes)
 from .codes import (RPC_CODE_MISMATCH, RPC_CODE_SUCCESS, RPC_MAGIC, SYSCALL_START,
                     Dialect, RPCCode)
@@ -32,6 +36,8 @@ from .events import (NEED_DATA, BadPacket, CallFunc, CallFuncChunk, CallFuncEnd,
                      CopyToRemote, CopyToRemoteStart, Event, HandshakeDone, HandshakeRefused,
                      HandshakeRequest, InitServer, RemoteError, Return, Shutdown, Syscall)
 from .outgoing import PacketWriter
+from .states import (ALWAYS_TRACKED, CLIENT_RECEIVES, SENDS, SERVER_RECEIVES, TRANSITIONS_GET, LocalProtocolError,
+                     Role, State, advance)
 
 DEFAULT_MAX_PACKET = 1 << 32  # 4 GiB: larger packets are refused before any allocation
 MAX_KEY_LEN = 4096
@@ -39,11 +45,6 @@ MAX_KEY_LEN = 4096
 _I32 = struct.Struct("<i")
 _I64 = struct.Struct("<q")
 _U64 = struct.Struct("<Q")
-
-
-class Role(enum.Enum):
-    SERVER = "server"
-    CLIENT = "client"
 
 
 # ----------------------------------------------------------------------------- connection
@@ -73,9 +74,11 @@ class Connection(PacketWriter):
     role: Role
     dialect: Optional[Dialect] = None
     max_packet: int = DEFAULT_MAX_PACKET
+    max_ndim: int = MAX_NDIM
     _buf: bytearray = field(default_factory=bytearray)
     _pos: int = 0
-    _state: str = "handshake"
+    strict: bool = True  # check states and transitions (False: a plain codec, for tools and tests)
+    _state: State = State.HANDSHAKE
     # current packet: phase is None (awaiting length), "prefix", "packet", "grow", "target", "discard",
     # "await", "chunks", "end"
     _phase: Optional[str] = None
@@ -205,9 +208,10 @@ class Connection(PacketWriter):
         scratch = bytearray(min(CHUNK, self._total - len(prefix)))
         self._phase, self._region_buf, self._filled = "grow", memoryview(scratch), 0
 
-    def expect_copy_ack(self, target: memoryview) -> None:
-        """(client) Receive the next kCopyAck body straight into ``target`` (its exact size)."""
-        self._ack_target = target.cast("B") if target.format != "B" else target
+    def expect_copy_ack(self, target: Optional[memoryview]) -> None:
+        """(client) Receive the next kCopyAck body straight into ``target`` (its exact size); None
+        forgets a target named before."""
+        self._ack_target = target.cast("B") if target is not None and target.format != "B" else target
 
     def _avail(self) -> int:
         return len(self._buf) - self._pos
@@ -233,17 +237,55 @@ class Connection(PacketWriter):
             self._filled += n
 
     def _fail(self, error: str) -> ConnectionClosed:
-        self._state = "closed"
+        self._state = State.CLOSED
         self._closed_event = ConnectionClosed(clean=False, error=error)
         return self._closed_event
 
+    @property
+    def state(self) -> State:
+        """Where this end is in the protocol (see :mod:`rpcsrv.protocol.states`)."""
+        return self._state
+
+    def _go(self, action: str) -> None:
+        """Move on a local action (what this end sends); LocalProtocolError when not allowed."""
+        if self.strict:
+            if action not in SENDS[self.role]:
+                raise LocalProtocolError(f"a {self.role.value} does not send a {action}")
+            self._state = advance(self.role, self._state, action)
+        elif action in ALWAYS_TRACKED:  # a codec: follows the handshake, never refuses
+            self._state = TRANSITIONS_GET((self.role, self._state, action), self._state)
+
     def next_event(self) -> Event:
-        """The next complete event, :data:`NEED_DATA`, or :class:`ConnectionClosed`."""
+        """The next complete event, :data:`NEED_DATA`, or :class:`ConnectionClosed`.
+
+        Raises LocalProtocolError on a server that still owes the answer to the last request."""
+        if self._state is State.ANSWERING and self.strict:
+            raise LocalProtocolError("the server must answer the last request before reading the next")
+        ev = self._next_event()
+        if ev is NEED_DATA:
+            return ev
+        action = (SERVER_RECEIVES if self.role is Role.SERVER else CLIENT_RECEIVES).get(type(ev))
+        if action is None:
+            return ev
+        if not self.strict:
+            if action in ALWAYS_TRACKED:
+                self._state = TRANSITIONS_GET((self.role, self._state, action), self._state)
+            return ev
+        if action == "answer" and self._state is State.IDLE and isinstance(ev, RemoteError):
+            action = "notice"  # an exception the server sent unasked (timeout, shutdown)
+        new = TRANSITIONS_GET((self.role, self._state, action))
+        if new is None:
+            peer = "client" if self.role is Role.SERVER else "server"
+            return self._fail(f"the {peer} sent {type(ev).__name__} in state {self._state.value!r}")
+        self._state = new
+        return ev
+
+    def _next_event(self) -> Event:
         if self._closed_event is not None:
             return self._closed_event
-        if self._state == "handshake":
+        if self._state is State.HANDSHAKE:
             return self._next_handshake()
-        if self._state == "await_accept":
+        if self._state is State.AWAIT_ACCEPT:
             return NEED_DATA
         while True:
             if self._phase is None:
@@ -324,7 +366,7 @@ class Connection(PacketWriter):
             self._phase, self._region_buf, self._filled = "target", target, len(prefix) - 4
             return None
         if code == RPCCode.COPY_TO_REMOTE and self.role is Role.SERVER:
-            r = Reader(prefix)
+            r = Reader(prefix, max_ndim=self.max_ndim)
             r.pos = 4
             try:
                 tensor = r.tensor()
@@ -355,7 +397,7 @@ class Connection(PacketWriter):
             self._closed_event = ConnectionClosed(clean=True)
         else:
             self._closed_event = ConnectionClosed(clean=False, error="peer closed in the middle of a packet")
-        self._state = "closed"
+        self._state = State.CLOSED
         return self._closed_event
 
     def _next_handshake(self) -> Event:
@@ -380,28 +422,40 @@ class Connection(PacketWriter):
         except UnicodeDecodeError:
             return self._fail("key is not UTF-8")
         if self.role is Role.SERVER:
-            self._state = "await_accept"
             return HandshakeRequest(key)
-        self._state = "packets"
         return HandshakeDone(key)
 
     def _fail_refused(self, code: int) -> Event:
-        self._state = "closed"
         self._closed_event = ConnectionClosed(clean=False, error=f"server refused the handshake (code {code})")
         return HandshakeRefused(code)
 
     def _seq(self, packet, offset: int) -> list:
-        r = Reader(packet, offset)
+        r = Reader(packet, offset, max_ndim=self.max_ndim)
         if self.dialect is None:
             self.dialect = detect_dialect(packet, offset)
-        values = decode_packed_seq(r, self.wire_dialect)
+        try:
+            values = decode_packed_seq(r, self.wire_dialect)
+        except ProtocolError:
+            self._other_dialect(packet, offset)
+            raise
         if r.remaining:
+            self._other_dialect(packet, offset)
             raise ProtocolError(f"{r.remaining} unexpected bytes after the arguments at offset {r.pos}")
         return values
 
+    def _other_dialect(self, packet, offset: int) -> None:
+        """A sequence that fails in the fixed dialect but parses in the other one: name the mismatch,
+        and answer from now on in the peer's dialect so that it can read the error."""
+        other = detect_dialect(packet, offset)
+        if other is not None and self.dialect is not None and other is not self.dialect:
+            fixed, self.dialect = self.dialect, other
+            era = {Dialect.CLASSIC: "classic TVM (0.7-0.20)", Dialect.FFI: "tvm-ffi (TVM >= 0.21)"}
+            raise ProtocolError(f"dialect mismatch: the peer speaks {era[other]}, but this end is fixed to "
+                                f"{era[fixed]} (rpcsrv serve --dialect {fixed.value}; use --dialect auto)")
+
     def _parse_packet(self, packet: bytearray) -> Event:
         mv = memoryview(packet)
-        r = Reader(mv)
+        r = Reader(mv, max_ndim=self.max_ndim)
         code = r.i32("RPC code")
         try:
             if code == RPCCode.CALL_FUNC:
@@ -437,20 +491,23 @@ class Connection(PacketWriter):
     # -- output
     def accept(self, server_key: str = "") -> bytes:
         """(server) Accept the handshake, answering ``server:<server_key>``."""
-        self._state = "packets"
+        self._go("accept")
         key = f"server:{server_key}".encode()
         return _I32.pack(RPC_CODE_SUCCESS) + _I32.pack(len(key)) + key
 
     def refuse(self) -> bytes:
         """(server) Refuse the handshake (key mismatch); the caller then closes."""
-        self._state = "closed"
+        self._go("refuse")
         self._closed_event = ConnectionClosed(clean=True)
         return _I32.pack(RPC_CODE_MISMATCH)
 
     def start(self, key: str = "") -> bytes:
         """(client) The opening bytes: magic and ``client:<key>``."""
+        self._go("hello")
         header = f"client:{key}".encode()
         return _I32.pack(RPC_MAGIC) + _I32.pack(len(header)) + header
+
+
 
 def encode_values(values: list, dialect: Dialect) -> bytes:
     """A packed sequence as one bytes object (for tests and tools)."""

@@ -31,12 +31,13 @@ class ProtocolError(ValueError):
 class Reader:
     """Bounds-checked little-endian reader over a packet."""
 
-    __slots__ = ("buf", "pos", "end")
+    __slots__ = ("buf", "pos", "end", "max_ndim")
 
-    def __init__(self, buf, pos: int = 0, end: int | None = None):
+    def __init__(self, buf, pos: int = 0, end: int | None = None, max_ndim: int = MAX_NDIM):
         self.buf = memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf
         self.pos = pos
         self.end = len(self.buf) if end is None else end
+        self.max_ndim = max_ndim
 
     @property
     def remaining(self) -> int:
@@ -92,8 +93,9 @@ class Reader:
     def device(self) -> Device:
         return Device(*self.unpack(DEVICE, "DLDevice"))
 
-    def tensor(self, max_ndim: int = MAX_NDIM) -> TensorHeader:
+    def tensor(self) -> TensorHeader:
         data, dev_type, dev_id, ndim, code, bits, lanes = self.unpack(TENSOR_HEAD, "DLTensor")
+        max_ndim = self.max_ndim
         if not 0 <= ndim <= max_ndim:
             raise ProtocolError(f"DLTensor ndim {ndim} at offset {self.pos - 8} is outside 0..{max_ndim}")
         dev, dt = Device(dev_type, dev_id), DataType(code, bits, lanes)

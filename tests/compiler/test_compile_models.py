@@ -91,7 +91,7 @@ def test_conv_then_add_bias_then_relu_fuses(tmp_path):
 
 def test_partial_ops_give_several_subgraphs_and_the_error():
     with pytest.raises(UnsupportedNodesError) as info:
-        compile_onnx(chain_model(), ops=["add", "mul"])
+        compile_onnx(chain_model(), ops=["add", "mul"], host_fallback=False)
     err = info.value
     assert [n[:2] for n in err.nodes] == [("relu", "Relu"), ("sigmoid", "Sigmoid")]
     assert err.nodes[0][2] == [(4, 4)] and err.nodes[0][3] == [(4, 4)]
@@ -113,7 +113,7 @@ def test_regions_do_not_merge_across_an_outside_node():
              helper.make_node("Mul", ["a", "s"], ["out"], name="mul")]
     model = make_model(nodes, [("x", [3]), ("y", [3])], [("out", [3])])
     with pytest.raises(UnsupportedNodesError) as info:
-        compile_onnx(model, ops="add,mul")
+        compile_onnx(model, ops="add,mul", host_fallback=False)
     part = info.value.partial.subgraphs
     assert [sg.ops for sg in part] == [["add"], ["mul"]]
     assert part[0].outputs == ["a"] and part[1].inputs == ["a", "s"]

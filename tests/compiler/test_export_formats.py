@@ -11,9 +11,12 @@ import subprocess
 import tarfile
 
 import numpy as np
+import onnx
 import pytest
 
 from client import CompileError
+from client.cli import main
+from client.demo_models import seed_model
 from client.export import export_library, output_kind, symbol_bytes
 from conftest import need_program
 from rpcsrv.loader import (
@@ -118,3 +121,16 @@ def test_macho_through_clang(suffix, tmp_path):
     lib = check(path, "macho" if suffix == "dylib" else "tar")
     assert lib.arch == "ARM64" and lib.symbol == BLOB_SYMBOL
 
+
+def test_byoc_compile_refuses_an_unknown_suffix(tmp_path, capsys):
+    """``byoc compile -o model.zip``: one line naming the names it knows, status 2, nothing written;
+    ``-o model.tar.gz`` writes the gzip tar."""
+    src = tmp_path / "seed.onnx"
+    onnx.save(seed_model(), src)
+    assert main(["compile", str(src), "-o", str(tmp_path / "model.zip"), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("byoc: error: cannot tell the library format") and "Traceback" not in err
+    assert not (tmp_path / "model.zip").exists()
+    need_program("cc")
+    assert main(["compile", str(src), "-o", str(tmp_path / "model.tar.gz"), "-q"]) == 0
+    assert load_library(tmp_path / "model.tar.gz").container == "tar.gz"

@@ -193,3 +193,15 @@ def test_time_calls_honours_min_repeat_ms():
     calls = []
     times = time_calls(lambda: calls.append(1), number=1, repeat=2, min_repeat_ms=5)
     assert len(times) == 2 and len(calls) > 3  # the warm-up call, then rounds grown to 5 ms
+
+
+def test_profile_reports_hash_and_layout_attributes():
+    g = GraphBuilder()
+    x = g.input("x", (64, 64))
+    y = g.input("y", (64, 64))
+    out = g.op("tail_2", [x, y], [((64, 64), "float32")])
+    doc = json.loads(g.json([out]))
+    doc["nodes"][out]["attrs"].update(hash="2ab7ece23a515b38", data_layout="NCHW")
+    dbg = GraphExecutorDebugModule(json.dumps(doc), Lib(imports=[ExampleJSONRuntime(CHAIN)]), [Device(1, 0)])
+    (call,) = json.loads(dbg.profile_rpc())["calls"]
+    assert call["Hash"] == {"string": "2ab7ece23a515b38"} and call["data_layout"] == {"string": "NCHW"}

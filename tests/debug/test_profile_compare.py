@@ -153,3 +153,16 @@ def test_profile_dump_root_writes_tvms_debug_files(server, chain, tmp_path, caps
     assert [(e["name"], e["ph"]) for e in events[6:]] == [("mm_0", "B"), ("mm_0", "E"), ("ew_1", "B"),
                                                           ("ew_1", "E"), ("tail_2", "B"), ("tail_2", "E")]
     assert all(a["ts"] <= b["ts"] for a, b in zip(events, events[1:]))
+
+
+def test_plot_without_matplotlib_is_a_clear_error(monkeypatch, tmp_path):
+    import sys
+
+    from client.profile import plot_report
+    from client.run import UserError
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    report = {"nodes": [], "total_node_seconds": 0.0, "number": 1, "repeat": 1}
+    with pytest.raises(UserError, match=r"--plot needs matplotlib: pip install 'rpcsrv\[plot\]'"):
+        plot_report(report, str(tmp_path / "p.png"))
+    assert not (tmp_path / "p.json").exists()

@@ -176,7 +176,7 @@ def test_attr_kinds_are_known():
     ('g\n input 0 2 2\n matmul 1 inputs: 0 0 shape: 2 2 attrs: {"activation": "softmx"}\n', "activation 'softmx'"),
 ])
 def test_a_library_the_board_would_refuse_fails_when_loaded(text, message):
-    from rpcsrv.executor import ExampleJSONError, ExampleJSONModule
+    from rpcsrv.executor import ExampleJSONError, ExampleJSONRuntime
 
     with pytest.raises(ExampleJSONError, match=message):
-        ExampleJSONModule(text)
+        ExampleJSONRuntime(text)

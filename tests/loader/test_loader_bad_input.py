@@ -97,6 +97,20 @@ def test_raw_blob_whose_length_spells_gzip():
     assert lib.container == "raw" and lib.root.params["w"].size == 0x088B1F - base
 
 
+def test_truncated_compressed_tar_says_so():
+    """A gzip tar cut inside an object member: the decompressor's end-of-data is the error, not the
+    garbage a reader would see if it were handed the stream's last bytes again."""
+    member = b"\x7fELF" + np.random.default_rng(0).bytes(20000)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        info = tarfile.TarInfo("lib0.o")
+        info.size = len(member)
+        tar.addfile(info, io.BytesIO(member))
+    data = buf.getvalue()
+    with pytest.raises(LoaderError, match="malformed gz-compressed tar .*ended before the end-of-stream"):
+        load_library(data[:len(data) // 2])
+
+
 def test_compressed_tar_bomb_is_refused():
     """A 20 MB object member packed into a small bzip2 tar: refused before it is decompressed."""
     member = b"\x7fELF" + bytes(20 << 20)

@@ -58,8 +58,17 @@ def matmul(n, m, k, out):
     c = te.compute((n, m), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
     tvm.compile(te.create_prim_func([a, b, c]), target="llvm").export_library(out)
 
+def parallel_workspace(n, out):
+    a = te.placeholder((n,), name="A")
+    b = te.compute((n,), lambda i: a[i] * 2.0, name="B")  # an intermediate buffer: a workspace
+    c = te.compute((n,), lambda i: b[i] + b[n - 1 - i], name="C")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([a, c]).with_attr("global_symbol", "par_ws"))
+    block = sch.get_sblock("C") if hasattr(sch, "get_sblock") else sch.get_block("C")
+    sch.parallel(sch.get_loops(block)[0])
+    tvm.compile(sch.mod, target="llvm").export_library(out)
+
 for job in eval(sys.argv[1]):
-    {"kernel": kernel, "matmul": matmul}[job[0]](*job[1:])
+    {"kernel": kernel, "matmul": matmul, "par_ws": parallel_workspace}[job[0]](*job[1:])
 """
 
 
@@ -85,6 +94,14 @@ def kernel_inputs(name: str, n: int = 16, seed: int = 0) -> list[np.ndarray]:
     if dtype.startswith("int"):
         return [rng.integers(-1000, 1000, n).astype(dtype) for _ in range(nbuf - 1)]
     return [rng.standard_normal(n).astype(dtype) for _ in range(nbuf - 1)]
+
+
+def parallel_workspace_kernel(out_dir: Path, n: int = 4096) -> Path:
+    """``par_ws(A, C)``: C[i] = 2A[i] + 2A[n-1-i] with a parallel loop and an intermediate buffer, so the
+    compiled code calls the runtime's parallel launch and workspace through its context pointers."""
+    path = out_dir / "par_ws.so"
+    _build([("par_ws", n, str(path))])
+    return path
 
 
 def matmul_candidates(out_dir: Path, sizes: list[tuple[int, int, int]]) -> list[Path]:

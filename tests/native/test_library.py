@@ -9,9 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from native_helpers import KERNELS, build_c, kernel_inputs, tvm_kernels
+from native_helpers import KERNELS, build_c, kernel_inputs, parallel_workspace_kernel, tvm_kernels
 from rpcsrv.loader import load_library
-from rpcsrv.native import NativeError, NativeLibraryRuntime, load_native_module, open_library
+from rpcsrv.native import NativeError, NativeLibraryRuntime, inspect_native, load_native_module, open_library
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +100,18 @@ def test_tvm_compiled_kernels(kernels, name):
     np.testing.assert_array_equal(out, KERNELS[name][2](*ins)[0])
     with pytest.raises(NativeError, match=f"{name}: .*(dtype|ndim|shape)"):
         fn(*ins, np.zeros(16, np.int8))
+
+
+def test_tvm_kernel_with_parallel_loop_and_workspace(tmp_path):
+    path = parallel_workspace_kernel(tmp_path)
+    info = inspect_native(str(path))
+    assert {"__TVMBackendParallelLaunch", "__TVMBackendAllocWorkspace"} <= set(info.hooks)
+    fn = load_native_module(str(path)).get_function("par_ws")
+    a = np.random.default_rng(5).standard_normal(4096).astype(np.float32)
+    c = np.zeros_like(a)
+    fn(a, c)
+    np.testing.assert_array_equal(c, a * 2 + (a * 2)[::-1])
+    assert fn.library.shim.rpcsrv_workspace_outstanding() == 0
 
 
 @pytest.mark.toolchain

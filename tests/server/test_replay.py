@@ -91,10 +91,10 @@ async def replay(path, dialect: Dialect, fixed: bool, key: str = "", elided=None
         cfg = ServerConfig(port=0, key=key, dialect=dialect if fixed else None)
         port = await nursery.start(serve, cfg)
         stream = await trio.open_tcp_stream("127.0.0.1", port)
-        reader = Connection(Role.SERVER, dialect=dialect)  # decodes recorded client packets
-        writer = Connection(Role.CLIENT, dialect=dialect)  # re-encodes them
-        ours_dec = Connection(Role.CLIENT, dialect=dialect)
-        rec_dec = Connection(Role.CLIENT, dialect=dialect)
+        reader = Connection(Role.SERVER, strict=False, dialect=dialect)  # decodes recorded client packets
+        writer = Connection(Role.CLIENT, strict=False, dialect=dialect)  # re-encodes them
+        ours_dec = Connection(Role.CLIENT, strict=False, dialect=dialect)
+        rec_dec = Connection(Role.CLIENT, strict=False, dialect=dialect)
         handles, buf, workspace = HandleMap(), bytearray(), None
         for i, (direction, kind, data) in enumerate(items):
             if direction != "c2s":
@@ -137,8 +137,10 @@ async def replay(path, dialect: Dialect, fixed: bool, key: str = "", elided=None
             if answer is None:
                 break
             got = await _read_packet(stream, buf)
-            if struct.unpack_from("<i", data, 8)[0] == 2 and not fixed:
-                assert got == struct.pack("<qii", 8, 4, 0)  # dialect-neutral init answer
+            if struct.unpack_from("<i", data, 8)[0] == 2:
+                # dialect-neutral init answer, also with a fixed dialect (so that a client of the
+                # other dialect gets as far as its first call, where the mismatch is named)
+                assert got == struct.pack("<qii", 8, 4, 0)
                 continue
             rec_dec.receive_data(answer)
             ours_dec.receive_data(got)
@@ -182,7 +184,7 @@ async def test_replay_matches_tvm_server(folder, name, dialect, fixed):
 
 async def test_replay_keyed_session():
     assert await replay(need_shared("classic-sessions", "keyed.jsonl"), Dialect.CLASSIC, True,
-                        key="board-a") >= 5
+                        key="board-a") >= 4  # (the init answer is checked, not counted)
 
 
 async def test_replay_wrong_key_is_refused():
@@ -203,7 +205,7 @@ async def test_replay_classic_graph_executor_session(tmp_path):
     from test_tvm_graph import seed_tree
 
     so = compile_library(build_blob(seed_tree()), BLOB_SYMBOL, "host", tmp_path / "ej_seed_full.so")
-    writer = Connection(Role.CLIENT, dialect=Dialect.CLASSIC)
+    writer = Connection(Role.CLIENT, strict=False, dialect=Dialect.CLASSIC)
 
     def upload(head: bytes) -> bytes:
         (handle,) = struct.unpack_from("<Q", head, 12)

@@ -15,8 +15,9 @@ from rpcsrv.loader import LoaderError, build_blob, load_library
 from rpcsrv.loader.formats import parse
 from rpcsrv.loader.vm_executable import (
     KIND_PACKED, KIND_VM, MAGIC_V2, OP_CALL, ShapeTuple, VMExecutableModule, VMExecutablePayload,
-    decode_instructions, disassemble, encode, format_arg,
+    decode_instructions, encode,
 )
+from rpcsrv.loader.vm_text import disassemble, format_arg
 import vm_fixtures
 import vm_models
 
@@ -138,3 +139,28 @@ def test_instruction_arguments_decode(vm_libs):
         texts += [format_arg(exe, k, v) for ins in calls for k, v in ins.args]
     assert "%vm" in texts and "%void" in texts and any(t.startswith("c[") for t in texts)
     assert any(re.fullmatch(r"i-?\d+", t) for t in texts)
+
+
+def test_assembler_output_round_trips_and_disassembles():
+    from rpcsrv.loader.vm_assembler import Assembler
+    from rpcsrv.loader.vm_executable import decode
+
+    asm = Assembler()
+    f = asm.function("main", ["x"])
+    s, t = f.new_reg(), f.new_reg()
+    f.call("vm.builtin.alloc_storage", Assembler.VM, asm.const(ShapeTuple([24])), asm.imm(0), asm.const("global"),
+           dst=s)
+    f.call("vm.builtin.alloc_tensor", asm.reg(s), asm.imm(0), asm.const(ShapeTuple([2, 3])),
+           asm.const(np.arange(6, dtype=np.float32)), dst=t)
+    out = f.new_reg()
+    f.call("vm.builtin.make_tuple", asm.reg(0), asm.reg(t), dst=out)
+    f.ret(out)
+    f.end()
+    exe = asm.build()
+    value, _ = parse(VMExecutablePayload, VMExecutablePayload.build(encode(exe)))
+    back = decode(value, "relax.VMExecutable")
+    assert back.functions == exe.functions and back.function("main").register_file_size == 4
+    assert back.constants[0] == ShapeTuple([24]) and back.constants[1] == "global"
+    np.testing.assert_array_equal(back.constants[3], np.arange(6, dtype=np.float32))
+    text = "\n".join(disassemble(back))
+    assert "call  vm.builtin.make_tuple" in text and "in: %0, %2" in text and "ret   %3" in text

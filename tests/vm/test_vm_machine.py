@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rpcsrv.executor import load_module
+from rpcsrv.native import load_native_module as load_module  # kernels run in this process
 from rpcsrv.executor.vm import VMError, VirtualMachine
 import vm_fixtures
 import vm_models
@@ -165,3 +165,10 @@ def test_out_of_range_register_is_refused_at_load(vm_libs):
     with pytest.raises(VMError, match="outside its 2 registers"):
         VMExecutableRuntime(VMExecutableModule(funcs, exe.constants, exe.instr_offset, exe.instr_data),
                             kernels=lambda name: (lambda *a: None))
+
+
+def test_without_native_code_the_kernels_are_named_at_load(vm_libs):
+    from rpcsrv.executor import load_module as load_without_native
+
+    with pytest.raises(VMError, match=r"kernel\(s\) .*matmul.* native code is not enabled"):
+        load_without_native(str(vm_libs["mlp"]))

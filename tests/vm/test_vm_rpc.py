@@ -122,8 +122,16 @@ def test_bad_libraries_are_refused_at_load_and_the_session_lives(tvm, remote, vm
         at = bytes(data).find((0xD225DE2F4214151E).to_bytes(8, "little"), start)
         data[at] ^= 0xFF
 
+    def unknown_opcode(data):
+        from rpcsrv.loader.vm_executable import VMExecutablePayload, encode
+
+        payload = VMExecutablePayload.build(encode(lib.root))
+        at = bytes(data).find(payload) + len(payload) - 8 * len(lib.root.instr_data)
+        at += 8 * int(lib.root.instr_offset[1])
+        data[at:at + 8] = (42).to_bytes(8, "little")
+
     for edit, message in [(rename_builtin, "vm.builtin.null_valuX"), (truncate, r"offset|past the end|truncated"),
-                          (break_magic, "magic")]:
+                          (break_magic, "magic"), (unknown_opcode, r"instruction 1 .*unknown opcode 42")]:
         name = _upload_patched(tvm, remote, tmp_path, vm_libs["mlp"], edit, f"bad-{edit.__name__}.so")
         with pytest.raises(Exception, match=message):
             remote.load_module(name)

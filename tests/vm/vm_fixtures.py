@@ -16,6 +16,7 @@ import vm_models
 @pytest.fixture(scope="module")
 def tvm():
     need_module("onnx", "the test models are written as ONNX graphs")
+    need_module("onnxruntime", "onnxruntime is the numeric reference next to TVM's own VM")
     return need_module("tvm", "libraries are compiled with `pip install apache-tvm`")
 
 

@@ -57,6 +57,11 @@ def _kind(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
+def _same_dtype(a: DataType, b: DataType) -> bool:
+    """Equal dtypes; booleans match in both spellings (tvm-ffi's bool8, TVM <= 0.20's uint1)."""
+    return a == b or (a.is_bool and b.is_bool)
+
+
 def _heap(heap: Any) -> np.ndarray | None:
     return heap.array if isinstance(heap, Tensor) else None
 
@@ -131,7 +136,7 @@ def check_tensor_info(value: Any, ndim: int, *rest: Any) -> None:
         _fail(err_ctx, f"expected a tensor, got {_kind(value)}", "TypeError")
     if ndim != -1 and value.array.ndim != ndim:
         _fail(err_ctx, f"expected a tensor of {ndim} dimensions, got shape {list(value.array.shape)}")
-    if dtype is not None and dtype_of(value) != dtype:
+    if dtype is not None and not _same_dtype(dtype_of(value), dtype):
         _fail(err_ctx, f"expected a tensor of dtype {dtype}, got {dtype_of(value)}")
 
 

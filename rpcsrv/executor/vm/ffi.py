@@ -52,7 +52,8 @@ def _dl_dtype(dtype: np.dtype) -> tuple[int, int, int]:
     code = _DL_DTYPES.get(dtype)
     if code is None:
         dt = DataType.from_numpy(dtype)
-        code = _DL_DTYPES[dtype] = (int(dt.code), 8 if dt.is_bool else dt.bits, dt.lanes)
+        # tvm-ffi kernels take booleans as kDLBool (6) of 8 bits, not TVM <= 0.20's uint1
+        code = _DL_DTYPES[dtype] = (6, 8, 1) if dt.is_bool else (int(dt.code), dt.bits, dt.lanes)
     return code
 
 
@@ -119,9 +120,17 @@ class NativeKernel:
             words.extend(encode_value(v, keep))
         return self.call_words(words, len(args))
 
+    @staticmethod
+    def argv(words: list[int]):
+        """The argument array for [type index, value, ...] ``words``."""
+        return (ctypes.c_int64 * max(len(words), 2))(*words)
+
     def call_words(self, words: list[int], nargs: int) -> Any:
         """Call with the argument array given as [type index, value, ...] words."""
-        argv = (ctypes.c_int64 * max(len(words), 2))(*words)
+        return self.call_argv(self.argv(words), nargs)
+
+    def call_argv(self, argv, nargs: int) -> Any:
+        """Call with an argument array from ``argv``."""
         result = _Result()
         if self.fn(None, argv, nargs, result) != 0:
             raise self.fail()

@@ -1,19 +1,17 @@
 """The ``relax.VMExecutable`` entry of the module-kind table, and where its kernels come from.
 
 Kernels are the ``__tvm_ffi_<name>`` functions of the host library (``_lib``) the executable
-imports.  When the tree was built with native code on (``rpcsrv.native.native_options``, e.g. in
-the native worker), that library is already a module of the tree and its functions are used.
-Otherwise (the default build) the library file named by the loader's ``HostLibraryModule`` is
-opened with ``rpcsrv.native.open_library`` when the executable is loaded, so a VM can run its
-kernels; a library that cannot run here (another machine, no runtime shim) is refused then, with
-``rpcsrv.native``'s reason.
+imports.  The tree is built with native code on (``rpcsrv.native.native_options``: the session's
+native worker, ``rpcsrv serve --native inprocess``, ``rpcsrv.native.load_native_module``), so that
+library is a module of the tree and its functions are the kernels.  The executor never opens native
+code by itself: built without native code, the executable is refused when loaded, naming the
+kernels it cannot run (``VMExecutableRuntime``).
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from ...loader.modules import HostLibraryModule
 from ..runtime import RuntimeModule
 from .ffi import NativeKernel
 from .machine import VMExecutableRuntime
@@ -37,26 +35,19 @@ def _kernels(get_function: Callable[[str], Any]) -> Callable[[str], Any]:
     return lookup
 
 
-def _native_library(node: Any, imports: list[RuntimeModule]) -> Optional[Any]:
-    """The opened native library the executable's kernels live in, if any."""
+def _native_library(imports: list[RuntimeModule]) -> Optional[Any]:
+    """The opened native library (``rpcsrv.native``) the executable's kernels live in, if any."""
     for mod in imports:
         for sub in mod.walk():
             library = getattr(sub, "library", None)
             if library is not None and hasattr(library, "get_function"):
                 return library
-    for child in node.imports:
-        for sub in child.walk():
-            if (isinstance(sub, HostLibraryModule) and sub.path
-                    and any(s.startswith(FFI_PREFIX) for s in sub.symbols)):
-                from ...native import open_library  # native code is only loaded for such libraries
-
-                return open_library(sub.path)
     return None
 
 
 def vm_executable_runtime(node: Any, imports: list[RuntimeModule], _options: Any = None) -> RuntimeModule:
     """The runtime module of the loader's ``VMExecutableModule`` ``node`` (imports already built)."""
-    library = _native_library(node, imports)
+    library = _native_library(imports)
     runtime = VMExecutableRuntime(node, imports, _kernels(library.get_function) if library else None)
     if library is not None and getattr(library, "root", False) is None:
         library.root = runtime  # lookups from compiled code search the tree from here (TVM's context)

@@ -17,6 +17,9 @@ functions by name, ``save_function``, ``invoke_closure``, the stateful ``set_inp
 Each VM function is compiled once into a list of steps; a call step holds the callee and its
 arguments as (is-register, value) pairs, so running an instruction is one list comprehension and
 one call.  Native kernels get their arguments as DLTensor addresses (``ffi.py``).
+
+(A little over 400 lines: the executable's module and the machine with its remote interface are
+TVM's two classes, kept side by side; the load-time checks are in ``checks.py``.)
 """
 
 from __future__ import annotations
@@ -27,15 +30,18 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ...loader.vm_executable import (
-    ARG_CONST, ARG_FUNC, ARG_IMMEDIATE, ARG_REGISTER, BEGIN_SPECIAL_REG, KIND_PACKED, KIND_VM, KIND_VMTIR, OP_CALL,
-    OP_GOTO, OP_IF, OP_RET, VM_REGISTER, VOID_REGISTER, VMExecutableModule, decode_instructions, describe_constant,
-    disassemble,
+    ARG_CONST, ARG_IMMEDIATE, ARG_REGISTER, BEGIN_SPECIAL_REG, KIND_PACKED, KIND_VM, OP_CALL, OP_GOTO, OP_IF,
+    OP_RET, VM_REGISTER, VOID_REGISTER, VMExecutableModule, decode_instructions,
 )
+from ...loader.vm_text import describe_constant, disassemble
 from ..runtime import RuntimeModule
 from ...protocol.dtypes import DataType
 from .builtins import BUILTINS, VMError, is_builtin_name, read_if_cond
+from .checks import check_function
 from .ffi import T_DLTENSOR, NativeKernel, encode_value
-from .values import Closure, InputStaging, ShapeTuple, Storage, StoragePool, Tensor, as_tensor
+from .values import (
+    Closure, InputStaging, ShapeTuple, Storage, StoragePool, Tensor, as_tensor, export, host_function,
+)
 
 NAIVE_ALLOCATOR, POOLED_ALLOCATOR = 1, 2
 #: compiled step kinds besides the opcodes (``VirtualMachine.run``)
@@ -64,8 +70,13 @@ class VMExecutableRuntime(RuntimeModule):
         except ValueError as exc:
             raise VMError(f"relax.VMExecutable: {exc}") from None
         for index, f in enumerate(exe.functions):
-            _check_function(exe, self.code, index)
+            check_function(exe, self.code, index)
         missing = [f.name for f in exe.functions if f.kind == KIND_PACKED and self.resolve(f.name) is None]
+        native = [name for name in missing if self._native_symbol(name)]
+        if native:
+            raise VMError(f"relax.VMExecutable: kernel(s) {', '.join(native)} are native code of the library, "
+                          f"and native code is not enabled for this module tree (rpcsrv serve --no-native, or "
+                          f"built without rpcsrv.native)")
         if missing:
             raise VMError(f"relax.VMExecutable: function(s) {', '.join(missing)} called by the code are neither "
                           f"VM builtins available on this board nor functions of the library")
@@ -86,15 +97,19 @@ class VMExecutableRuntime(RuntimeModule):
         if self.kernels is not None:
             fn = self.kernels(name)
             if fn is not None:
-                return fn
+                return fn if isinstance(fn, NativeKernel) else host_function(fn)
         for mod in self.imports:
             for sub in mod.walk():
-                if getattr(sub, "symbols", None) is not None:
+                if getattr(sub, "symbols", None) is not None or getattr(sub, "library", None) is not None:
                     continue  # a host library: its kernels come through ``kernels``
                 fn = sub.get_function(name)
                 if fn is not None:
-                    return fn
+                    return host_function(fn)
         return None
+
+    def _native_symbol(self, name: str) -> bool:
+        return any(f"__tvm_ffi_{name}" in (getattr(sub, "symbols", None) or ())
+                   for mod in self.imports for sub in mod.walk())
 
     def get_function(self, name: str):
         if name == "vm_load_executable":
@@ -112,51 +127,6 @@ class VMExecutableRuntime(RuntimeModule):
         names = ", ".join(f.name for f in self.exe.functions)
         return (f"Relax VM executable statistics:\n  Constant pool (# {len(self.constants)}): [{consts}]\n"
                 f"  Globals (#{len(self.exe.functions)}): [{names}]\n")
-
-
-def _check_function(exe: VMExecutableModule, code: list, index: int) -> None:
-    """Raise VMError when function ``index`` could index outside its registers, the constants,
-    the function table or its own code."""
-    f = exe.functions[index]
-    where = f"relax.VMExecutable: function {f.name!r}"
-    if f.kind == KIND_PACKED:
-        return
-    if f.kind == KIND_VMTIR:
-        raise VMError(f"{where} is a VM TIR function (compiled with exec_mode='compiled'); this board runs "
-                      f"bytecode functions only (compile with the default exec_mode='bytecode')")
-    if f.kind != KIND_VM:
-        raise VMError(f"{where} has unknown kind {f.kind} (expected 0 packed, 1 bytecode or 2 TIR)")
-    if not 0 <= f.start_instr < f.end_instr <= len(code):
-        raise VMError(f"{where}: instructions {f.start_instr}..{f.end_instr} are outside the code "
-                      f"(0..{len(code)})")
-    if not 0 <= f.num_args <= f.register_file_size or f.register_file_size > 1 << 20:
-        raise VMError(f"{where}: {f.num_args} arguments do not fit its {f.register_file_size} registers")
-    nregs, nconst, nfunc = f.register_file_size, len(exe.constants), len(exe.functions)
-
-    def reg_ok(r: int, write: bool = False) -> bool:
-        return 0 <= r < nregs or r == VOID_REGISTER or (r == VM_REGISTER and not write)
-
-    for pc in range(f.start_instr, f.end_instr):
-        ins, at = code[pc], f"{where}, instruction {pc}"
-        if ins.op == OP_CALL:
-            if not 0 <= ins.func < nfunc:
-                raise VMError(f"{at}: calls function index {ins.func}, the table has {nfunc}")
-            if not reg_ok(ins.dst, write=True):
-                raise VMError(f"{at}: result register {ins.dst} outside its {nregs} registers")
-            for kind, value in ins.args:
-                ok = {ARG_REGISTER: lambda v: reg_ok(v), ARG_IMMEDIATE: lambda v: True,
-                      ARG_CONST: lambda v: 0 <= v < nconst, ARG_FUNC: lambda v: 0 <= v < nfunc}.get(kind)
-                if ok is None:
-                    raise VMError(f"{at}: argument of unknown kind {kind}")
-                if not ok(value):
-                    raise VMError(f"{at}: argument {value} of kind {kind} out of range")
-        elif ins.op in (OP_GOTO, OP_IF):
-            if not f.start_instr <= pc + ins.offset < f.end_instr or (ins.op == OP_IF and ins.offset <= 1):
-                raise VMError(f"{at}: jump by {ins.offset} leaves the function")
-            if ins.op == OP_IF and not reg_ok(ins.reg):
-                raise VMError(f"{at}: condition register {ins.reg} outside its {nregs} registers")
-        elif ins.op == OP_RET and not reg_ok(ins.reg):
-            raise VMError(f"{at}: result register {ins.reg} outside its {nregs} registers")
 
 
 class VirtualMachine(RuntimeModule):
@@ -178,6 +148,7 @@ class VirtualMachine(RuntimeModule):
         self.saved: dict[str, Closure] = {}
         self._keep: list = []  # DLTensors of constant kernel arguments
         self.staging = InputStaging()
+        self.instrument: Optional[Callable[..., Any]] = None  # set_instrument
 
     # ------------------------------------------------------------------ set-up
     def initialize(self, *args: Any) -> None:
@@ -226,6 +197,8 @@ class VirtualMachine(RuntimeModule):
         fn, name = self.funcs[ins.func], self.exe.functions[ins.func].name
         dst = ins.dst if ins.dst < BEGIN_SPECIAL_REG else -1
         spec = tuple(self._arg(kind, value) for kind, value in ins.args)
+        if self.instrument is not None:  # every call goes through the instrument, no fast paths
+            return (OP_CALL, InstrumentedCall(fn, name, self), spec, dst, name)
         if fn is BUILTINS["vm.builtin.null_value"] and not spec:
             return (S_NULL, dst)
         if fn in FOLDABLE and not any(is_reg for is_reg, _ in spec):
@@ -244,7 +217,8 @@ class VirtualMachine(RuntimeModule):
                     words.extend((T_DLTENSOR, 0))
                 else:
                     words.extend(encode_value(v, self._keep))
-            return (S_KERNEL, fn, words, tuple(regs), len(spec), dst, name)
+            # the argument array is made once; each run writes the registers' words into it
+            return (S_KERNEL, fn, fn.argv(words), tuple(regs), len(spec), dst, name)
         return (OP_CALL, fn, spec, dst, name)
 
     def _arg(self, kind: int, value: int) -> tuple[bool, Any]:
@@ -264,8 +238,8 @@ class VirtualMachine(RuntimeModule):
     def run(self, index: int, args: tuple) -> Any:
         """Run bytecode function ``index`` on register values ``args``.
 
-        Steps: ``S_KERNEL`` (a native kernel: argument words with the registers' DLTensor
-        addresses filled in), ``S_ALLOC_TENSOR`` (a tensor in a storage, constant offset, shape and
+        Steps: ``S_KERNEL`` (a native kernel: its argument array, made once, gets the registers'
+        DLTensor addresses), ``S_ALLOC_TENSOR`` (a tensor in a storage, constant offset, shape and
         dtype), ``S_NULL`` (clear a register), ``OP_CALL`` (any other packed function or closure),
         ``OP_RET``, ``OP_GOTO``, ``OP_IF``.
         """
@@ -276,20 +250,22 @@ class VirtualMachine(RuntimeModule):
         prog = self._program(index)
         regs: list[Any] = [None] * f.register_file_size
         regs[:len(args)] = args
+        hold: list = []  # DLTensors made for non-tensor arguments during this run
         pc = 0
         try:
             while True:
                 step = prog[pc]
                 code = step[0]
                 if code == S_KERNEL:
-                    words = step[2][:]
+                    argv = step[2]
                     for at, r in step[3]:
                         v = regs[r]
                         if type(v) is Tensor:
-                            words[at + 1] = v.dla or v.make_dl()
+                            argv[at] = T_DLTENSOR
+                            argv[at + 1] = v.dla or v.make_dl()
                         else:
-                            words[at], words[at + 1] = encode_value(v, [])
-                    ret = step[1].call_words(words, step[4])
+                            argv[at], argv[at + 1] = encode_value(v, hold)
+                    ret = step[1].call_argv(argv, step[4])
                     if step[5] >= 0:
                         regs[step[5]] = ret
                 elif code == S_ALLOC_TENSOR:
@@ -367,7 +343,8 @@ class VirtualMachine(RuntimeModule):
             "save_function": self.save_function,
             "invoke_closure": lambda clo, *args: export(self.invoke(clo, tuple(as_tensor(a) for a in args))),
             "invoke_stateful": self.invoke_stateful,
-            "set_instrument": self._no_instrument,
+            "set_instrument": self.set_instrument,
+            "rpcsrv_profile": self.profile_call,
             "get_output_arity": self.get_output_arity,
             "get_output": self.get_output,
             "set_input": self.set_input,
@@ -443,44 +420,61 @@ class VirtualMachine(RuntimeModule):
                           "Please specify another index argument.")
         return export(out)
 
-    @staticmethod
-    def _no_instrument(*_args: Any) -> None:
-        raise VMError("set_instrument: instrumenting VM calls is not available on this board")
+    def profile_call(self, name: str, *args: Any) -> str:
+        """rpcsrv's ``rpcsrv_profile(name, *args)``: one call of VM function ``name`` with every call
+        instruction timed (:class:`rpcsrv.executor.profiler.VMProfiler` as the instrument, then the
+        previous instrument again); the JSON report (``profiler.py``).  A function of the VM module,
+        so it runs wherever the VM does (a native worker too)."""
+        from ..profiler import VMProfiler
+
+        prof, previous = VMProfiler(), self.instrument
+        self.set_instrument(prof)
+        try:
+            prof.time(lambda: self.call(name, *args))
+        finally:
+            self.set_instrument(previous)
+        return prof.report()
+
+    def set_instrument(self, instrument: Any) -> None:
+        """TVM's ``set_instrument``: ``instrument(func, func_symbol, before_run, ret_value, *args)`` is
+        called before and after every call instruction (None: no instrument); returning 1 before a
+        call skips it.  Over RPC the instrument must be a function of the board; ``rpcsrv_profile``
+        uses this with rpcsrv's own profiler.  The functions are compiled again either way."""
+        if instrument is not None and not callable(instrument):
+            raise VMError(f"set_instrument expects a function or None, got a {type(instrument).__name__}")
+        self.instrument = instrument
+        self.programs = {}
 
     @staticmethod
     def _no_param_module(*_args: Any) -> None:
         raise VMError("set_input_with_param_module: parameter modules are not available on this board")
 
 
+class InstrumentedCall:
+    """One call instruction under ``set_instrument`` (TVM's ``RunInstrCall``): the instrument sees the
+    function, its name, ``before_run``, the return value (after) and the arguments, dtypes as strings;
+    1 returned before the call skips it."""
+
+    __slots__ = ("fn", "name", "vm")
+
+    def __init__(self, fn: Any, name: str, vm: "VirtualMachine"):
+        self.fn, self.name, self.vm = fn, name, vm
+
+    def __call__(self, *values: Any) -> Any:
+        instrument, fn = self.vm.instrument, self.fn
+        seen = [str(v) if isinstance(v, DataType) else v for v in values]
+        if instrument is not None and instrument(fn, self.name, True, None, *seen) == 1:
+            return None
+        ret = fn.impl(self.vm, *values, *fn.bound) if type(fn) is Closure else fn(*values)
+        if instrument is not None:
+            instrument(fn, self.name, False, ret, *seen)
+        return ret
+
+
 def _step_name(step: tuple) -> str:
     if step[0] in (S_KERNEL, S_ALLOC_TENSOR, OP_CALL, S_CONST):
         return step[-1]
     return {OP_RET: "ret", OP_GOTO: "goto", OP_IF: "if", S_NULL: "vm.builtin.null_value"}.get(step[0], "?")
-
-
-#: tensors up to this size leave the VM as copies, so their pooled buffer (and the DLTensors cut
-#: from it) serve the next run too; larger ones leave as they are and their buffer leaves the pool
-COPY_OUT_BYTES = 64 << 10
-
-
-def export(value: Any) -> Any:
-    """A register value as it leaves the VM: tensors become numpy arrays the caller owns (a copy,
-    or the tensor itself with its buffer taken out of the pool), tuples become lists of those."""
-    if isinstance(value, Tensor):
-        owner = value.owner
-        while isinstance(owner, Tensor):
-            owner = owner.owner
-        if owner is None or not hasattr(owner, "escape"):
-            return value.array
-        if value.array.nbytes <= COPY_OUT_BYTES:
-            return value.array.copy()
-        owner.escape()
-        return value.array
-    if isinstance(value, list):
-        return [export(v) for v in value]
-    if isinstance(value, ShapeTuple):
-        return tuple(value)
-    return value
 
 
 __all__ = ["VMExecutableRuntime", "VirtualMachine", "VMError", "NativeKernel", "export"]

@@ -257,3 +257,47 @@ class Closure:
 
     def __repr__(self) -> str:
         return f"Closure({self.name!r}, {len(self.bound)} bound)"
+
+
+def host_function(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A function of another module (an ExampleJSON subgraph, a classic native function) as the VM
+    calls it: tensors go in as numpy arrays over the same memory (destination-passing outputs are
+    written in place), a returned array comes back as a tensor."""
+    def call(*args: Any) -> Any:
+        return as_tensor(fn(*[export_view(a) for a in args]))
+    call.__name__ = getattr(fn, "__name__", "function")
+    return call
+
+
+def export_view(value: Any) -> Any:
+    """A register value for a function outside the VM, without copying: tensors as their arrays."""
+    if isinstance(value, Tensor):
+        return value.array
+    if isinstance(value, list):
+        return [export_view(v) for v in value]
+    return value
+
+
+#: tensors up to this size leave the VM as copies, so their pooled buffer (and the DLTensors cut
+#: from it) serve the next run too; larger ones leave as they are and their buffer leaves the pool
+COPY_OUT_BYTES = 64 << 10
+
+
+def export(value: Any) -> Any:
+    """A register value as it leaves the VM: tensors become numpy arrays the caller owns (a copy,
+    or the tensor itself with its buffer taken out of the pool), tuples become lists of those."""
+    if isinstance(value, Tensor):
+        owner = value.owner
+        while isinstance(owner, Tensor):
+            owner = owner.owner
+        if owner is None or not hasattr(owner, "escape"):
+            return value.array
+        if value.array.nbytes <= COPY_OUT_BYTES:
+            return value.array.copy()
+        owner.escape()
+        return value.array
+    if isinstance(value, list):
+        return [export(v) for v in value]
+    if isinstance(value, ShapeTuple):
+        return tuple(value)
+    return value

@@ -1,0 +1,89 @@
+"""The RPC connection's states and transitions, as data (like h11's ``_state.py``).
+
+TVM's RPC is strictly request/answer after the handshake: the client sends one request, the server
+answers it, and only then may the client send the next.  One side's state moves on what it sends and
+what it receives; the table below lists every allowed (role, state, action) and where it leads.
+Anything else is refused:
+
+* a local call in the wrong state (an answer with no request, a second request before the answer,
+  ``accept`` twice, ``next_event`` while the server owes an answer) raises :class:`LocalProtocolError`;
+* a peer's packet in the wrong state (an answer the client never asked for, a request while the
+  server is still answering) ends the connection (``ConnectionClosed`` with the reason).
+
+Actions: ``hello`` (client's opening bytes), ``handshake`` (server: a key arrived), ``accept`` /
+``refuse`` (server), ``accepted`` / ``refused`` (client: the server's reply), ``request`` (client
+sends one, server receives one), ``answer`` (server sends one, client receives one), ``notice`` (an
+exception the server sends unasked: a session timeout or shutdown), ``close`` (either side's end).
+"""
+
+from __future__ import annotations
+
+import enum
+
+from .events import (BadPacket, CallFunc, CallFuncEnd, ConnectionClosed, CopyAck, CopyFromRemote, CopyToRemote,
+                          HandshakeDone, HandshakeRefused, HandshakeRequest, InitServer, RemoteError, Return, Shutdown,
+                          Syscall)
+
+
+class Role(enum.Enum):
+    SERVER = "server"
+    CLIENT = "client"
+
+
+class State(enum.Enum):
+    HANDSHAKE = "handshake"  # nothing exchanged but the opening bytes
+    AWAIT_ACCEPT = "await accept"  # (server) the client's key is in: accept() or refuse()
+    IDLE = "idle"  # between requests
+    ANSWERING = "answering"  # (server) a request is in: its answer is owed
+    AWAITING = "awaiting"  # (client) a request is out: its answer is awaited
+    CLOSED = "closed"
+
+
+class LocalProtocolError(RuntimeError):
+    """This side used the connection in a state where that is not allowed (a bug in the caller)."""
+
+
+S, C = Role.SERVER, Role.CLIENT
+TRANSITIONS: dict[tuple[Role, State, str], State] = {
+    (S, State.HANDSHAKE, "handshake"): State.AWAIT_ACCEPT,
+    (S, State.AWAIT_ACCEPT, "accept"): State.IDLE,
+    (S, State.AWAIT_ACCEPT, "refuse"): State.CLOSED,
+    (S, State.IDLE, "request"): State.ANSWERING,
+    (S, State.ANSWERING, "answer"): State.IDLE,
+    (S, State.IDLE, "notice"): State.IDLE,
+    (S, State.ANSWERING, "notice"): State.IDLE,
+    (C, State.HANDSHAKE, "hello"): State.HANDSHAKE,
+    (C, State.HANDSHAKE, "accepted"): State.IDLE,
+    (C, State.HANDSHAKE, "refused"): State.CLOSED,
+    (C, State.IDLE, "request"): State.AWAITING,
+    (C, State.AWAITING, "answer"): State.IDLE,
+    (C, State.IDLE, "notice"): State.IDLE,  # the server's unasked exception (timeout, shutdown)
+}
+_USED = {S: (State.HANDSHAKE, State.AWAIT_ACCEPT, State.IDLE, State.ANSWERING, State.CLOSED),
+         C: (State.HANDSHAKE, State.IDLE, State.AWAITING, State.CLOSED)}
+for _role, _states in _USED.items():
+    for _state in _states:
+        TRANSITIONS[(_role, _state, "close")] = State.CLOSED
+
+
+def advance(role: Role, state: State, action: str) -> State:
+    """The state after ``action``; LocalProtocolError when the table does not allow it."""
+    try:
+        return TRANSITIONS[(role, state, action)]
+    except KeyError:
+        raise LocalProtocolError(f"a {role.value} cannot {action} in state {state.value!r}") from None
+
+
+# what each received event means for the state machine (None: part of a request still arriving)
+ALWAYS_TRACKED = frozenset({"hello", "handshake", "accept", "refuse", "accepted", "refused", "close"})
+SERVER_RECEIVES = {HandshakeRequest: "handshake", CallFunc: "request", Syscall: "request", InitServer: "request",
+                   CopyToRemote: "request", CopyFromRemote: "request", CallFuncEnd: "request",
+                   BadPacket: "request", Shutdown: "close", ConnectionClosed: "close",
+                   Return: "answer", RemoteError: "answer", CopyAck: "answer"}  # answers: never valid here
+CLIENT_RECEIVES = {HandshakeDone: "accepted", HandshakeRefused: "refused", Return: "answer",
+                   RemoteError: "answer", CopyAck: "answer", BadPacket: "answer", ConnectionClosed: "close",
+                   CallFunc: "request", Syscall: "request", InitServer: "request", CopyToRemote: "request",
+                   CopyFromRemote: "request", Shutdown: "close"}  # requests: never valid here
+SENDS = {S: frozenset({"accept", "refuse", "answer", "notice", "close"}),
+          C: frozenset({"hello", "request", "close"})}
+TRANSITIONS_GET = TRANSITIONS.get
