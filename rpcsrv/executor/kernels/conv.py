@@ -6,7 +6,8 @@ weight matrix with one BLAS call, which leaves the result directly in NCHW order
 in the product as an extra weight column when C*K is small against Q (a stem conv), else it is one
 broadcast add; a fused relu runs in place.  Depthwise convolutions (one input channel per group)
 instead accumulate ``kernel_size`` broadcast multiply-adds, which beats a per-group loop of tiny
-matrix products.  Float16 is computed in float32.
+matrix products.  3x3 stride-1 float32 convs with enough channels and outputs run as Winograd
+F(2x2, 3x3) (``winograd``: 2.25x fewer flops).  Float16 is computed in float32.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import math
 
 import numpy as np
 
+from . import winograd
 from .im2col import columns
 from .registry import apply_activation, bad, register
 from .windows import pad_spatial, resolve_pads, spatial_attr, windows
@@ -42,7 +44,12 @@ def conv(x, w, b=None, *, auto_pad: str = "NOTSET", dilations=None, group: int =
     ct = np.dtype(np.float32) if dtype == np.float16 else dtype
     x, w = x.astype(ct, copy=False), w.astype(ct, copy=False)
     bias = None if b is None else np.asarray(b).astype(ct, copy=False).reshape(m)
-    if cg > 1 or group == 1:  # ungrouped, or grouped with several channels per group: one (batched) GEMM
+    if winograd.usable(x, w, strides, dilations, group):
+        y = winograd.winograd_conv(x, w, begin, end)
+        if bias is not None:
+            y += bias.reshape(m, 1, 1)
+        y = apply_activation(y, activation, activation_attrs, "conv")
+    elif cg > 1 or group == 1:  # ungrouped, or grouped with several channels per group: one (batched) GEMM
         y = _gemm_conv(x, w, bias, kernel, strides, dilations, begin, end, out, activation, activation_attrs,
                        group)
     else:
