@@ -20,6 +20,7 @@ for context).
     python bench/executor_bench.py [--threads 1] [--repeat 20] [--models resnet,encoder]
                                    [--compiler client,adapter] [--size half,full]
                                    [--blas-core env|auto|NAME]
+    python bench/executor_bench.py --zoo [zoo_bench.py's options]   (the light model zoo, issue 16)
 
 Prints one JSON line per model, size and compiler: median latencies, ratios, the largest output
 difference, the time spent in kernels by op (the rest of a run is executor overhead) and the
@@ -61,6 +62,12 @@ def _blas_environment(core: str) -> None:
     elif core != "env":
         os.environ["OPENBLAS_CORETYPE"] = core
 
+
+if __name__ == "__main__" and "--zoo" in sys.argv:  # the light model zoo and an encoder: bench/zoo_bench.py
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import zoo_bench
+
+    sys.exit(zoo_bench.main([a for a in sys.argv[1:] if a != "--zoo"]))
 
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, _from_argv("--threads", "1"))  # must precede numpy's BLAS start-up

@@ -12,7 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCHES = {"rpc": "rpc_bench.py", "loader": "loader_bench.py", "executor": "executor_bench.py"}
+BENCHES = {"rpc": "rpc_bench.py", "loader": "loader_bench.py", "executor": "executor_bench.py",
+           "concurrency": "concurrency_bench.py"}
 
 
 def bench_dir() -> Path:
@@ -20,12 +21,16 @@ def bench_dir() -> Path:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("bench", help="run the benchmarks in bench/ (rpc, loader, executor)",
+    p = sub.add_parser("bench", help="run the benchmarks in bench/ (rpc, loader, executor, concurrency)",
                        description="Run the benchmarks of a source checkout's bench/ folder and print their "
                                    "figures: rpc (against TVM's own RPC server, needs apache-tvm), loader "
-                                   "(against a plain file read), executor (against onnxruntime).")
+                                   "(against a plain file read), executor (against onnxruntime; --zoo: real model "
+                                   "topologies), concurrency (K sessions running a model over RPC).")
     p.add_argument("which", nargs="*", choices=[*BENCHES, "all"], default=["all"],
                    help="which benchmarks (default: all)")
+    p.add_argument("--zoo", action="store_true",
+                   help="executor: the light model zoo and an encoder against onnxruntime (bench/zoo_bench.py)")
+    p.add_argument("--repeat", type=int, help="executor --zoo: interleaved runs per engine")
     p.set_defaults(func=main)
 
 
@@ -40,5 +45,8 @@ def main(args: argparse.Namespace) -> int:
     for name in names:
         script = folder / BENCHES[name]
         print(f"== {name}: {script.name}", flush=True)
-        status |= subprocess.call([sys.executable, str(script)])
+        extra = []
+        if name == "executor" and args.zoo:
+            extra = ["--zoo"] + (["--repeat", str(args.repeat)] if args.repeat else [])
+        status |= subprocess.call([sys.executable, str(script), *extra])
     return status

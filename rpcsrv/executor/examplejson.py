@@ -176,7 +176,9 @@ class ExampleJSONRuntime(RuntimeModule):
             if arr.shape != node.shape or arr.dtype != node.dtype:
                 raise ExecutorError(f"{symbol} {node.describe()}: constant {node.name!r} from {source} is "
                                     f"{arr.dtype} {list(arr.shape)}, declared {node.dtype} {list(node.shape)}")
-            self.constants[symbol][node.id] = arr
+            # aligned and contiguous once at load: numpy's matmul takes its BLAS path only for aligned
+            # data, and a constant sliced from a blob at an odd offset is not (issue 16: 100x on GEMV)
+            self.constants[symbol][node.id] = np.require(arr, requirements="AC")
 
     def _init_in_order(self, symbol: str, arrays: Sequence[Any]) -> int:
         names = self.const_names(symbol)

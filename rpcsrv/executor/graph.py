@@ -17,6 +17,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from ..protocol.dtypes import HOST_DEVICE_TYPES, Device
+from . import compute
 from .graph_json import Graph, parse_graph_json
 from .memory import before_allocation
 from .runtime import ExecutorError, RuntimeModule
@@ -194,8 +195,11 @@ class GraphExecutorModule(RuntimeModule):
         np.copyto(dst, value)
 
     def run(self) -> None:
-        for fn, args in self.op_execs:
-            fn(*args)
+        """Run every op once, as one job of the compute policy (``compute``: a slot among the
+        cores' and the BLAS threads that fit them)."""
+        with compute.job():
+            for fn, args in self.op_execs:
+                fn(*args)
 
     def run_from_inputs(self, device_type: Any, device_id: Any, *pairs: Any) -> list[np.ndarray]:
         """Set ``key, value`` pairs, run, and return copies of all outputs (TVM's convenience call)."""

@@ -1,0 +1,104 @@
+"""The compute policy: how many model runs compute at once, and with how many BLAS threads each.
+
+Every session runs its calls in a worker thread of its own, and numpy's BLAS (OpenBLAS) would start
+as many threads per product as the machine has cores: K sessions then ask for K x cores threads on
+``cores`` cores, and the board does less work in total the more sessions compute (issue 16).  So a
+model run (``GraphExecutorModule.run``) is a *job*:
+
+* at most ``CORES`` jobs compute at once (a semaphore; the others wait in their worker thread, so
+  small calls of other sessions, which are not jobs, still find the interpreter free);
+* the BLAS library's thread count is set when a job starts, to ``max(1, CORES // running jobs)``:
+  one job alone uses every core, several share them, and (jobs) x (BLAS threads) never exceeds the
+  cores.  OpenBLAS's thread count is process-wide, so this is one setting for all jobs, changed
+  (through threadpoolctl's controller, a cheap call) only when it differs from the current one.
+
+``fixed_threads(n)`` pins the BLAS threads per job (benchmarks compare 1 and 2 threads with it);
+``None`` leaves the policy in charge.  The environment variable ``RPCSRV_BLAS_THREADS`` pins it for
+the whole process (a deployment's choice; the concurrency benchmark's single-thread reference).
+Without threadpoolctl the policy only limits concurrency.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from typing import Iterator, Optional
+
+#: cores this process may run on
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+class _Blas:
+    """Get/set the BLAS libraries' thread count (threadpoolctl's controllers, found once)."""
+
+    def __init__(self) -> None:
+        self._libs: Optional[list] = None
+        self.current: Optional[int] = None
+
+    def libs(self) -> list:
+        if self._libs is None:
+            try:
+                import numpy  # noqa: F401  (its BLAS must be loaded before threadpoolctl looks)
+                from threadpoolctl import ThreadpoolController
+            except ImportError:
+                self._libs = []
+            else:
+                self._libs = list(ThreadpoolController().select(user_api="blas").lib_controllers)
+        return self._libs
+
+    def set(self, n: int) -> None:
+        if n != self.current:
+            for lib in self.libs():
+                lib.set_num_threads(n)
+            self.current = n
+
+
+class ComputePolicy:
+    """A pool of ``cores`` job slots and the BLAS thread count that goes with the jobs running."""
+
+    def __init__(self, cores: int = CORES):
+        self.cores = max(1, cores)
+        self._slots = threading.BoundedSemaphore(self.cores)
+        self._lock = threading.Lock()
+        pinned = os.environ.get("RPCSRV_BLAS_THREADS", "")
+        self._fixed: Optional[int] = max(1, int(pinned)) if pinned.isdigit() else None
+        self.running = 0
+        self.blas = _Blas()
+
+    def threads_for(self, running: int) -> int:
+        """BLAS threads per job while ``running`` jobs compute."""
+        if self._fixed is not None:
+            return self._fixed
+        return max(1, self.cores // max(1, running))
+
+    @contextlib.contextmanager
+    def job(self) -> Iterator[int]:
+        """Hold a job slot while computing; yields the BLAS threads set for it."""
+        with self._slots:
+            with self._lock:
+                self.running += 1
+                threads = self.threads_for(self.running)
+                self.blas.set(threads)
+            try:
+                yield threads
+            finally:
+                with self._lock:
+                    self.running -= 1
+
+    @contextlib.contextmanager
+    def fixed_threads(self, n: Optional[int]) -> Iterator[None]:
+        """Pin the BLAS threads per job to ``n`` (``None``: the policy) inside the block."""
+        before, self._fixed = self._fixed, n
+        self.blas.current = None  # threadpoolctl limits set around the block may have changed it
+        try:
+            yield
+        finally:
+            self._fixed = before
+            self.blas.current = None
+
+
+#: the process's policy, used by the graph executor's ``run``
+POLICY = ComputePolicy()
+job = POLICY.job
+fixed_threads = POLICY.fixed_threads

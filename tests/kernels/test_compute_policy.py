@@ -1,0 +1,67 @@
+"""The compute policy (rpcsrv.executor.compute): job slots sized to the cores, BLAS threads that fit them."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from rpcsrv.executor.compute import ComputePolicy
+
+
+def blas_threads() -> int:
+    from threadpoolctl import threadpool_info
+
+    return [i for i in threadpool_info() if i["user_api"] == "blas"][0]["num_threads"]
+
+
+def test_threads_per_job_fit_the_cores():
+    p = ComputePolicy(cores=4)
+    assert [p.threads_for(k) for k in (1, 2, 3, 4)] == [4, 2, 1, 1]
+    with p.fixed_threads(3):
+        assert p.threads_for(1) == p.threads_for(4) == 3
+    assert p.threads_for(1) == 4
+
+
+def test_a_job_sets_the_blas_threads():
+    pytest.importorskip("threadpoolctl")
+    before = blas_threads()
+    p = ComputePolicy(cores=2)
+    try:
+        with p.job() as n:
+            assert n == 2 and blas_threads() == 2
+        with p.fixed_threads(1), p.job() as n:
+            assert n == 1 and blas_threads() == 1
+            np.ones((64, 64), np.float32) @ np.ones((64, 64), np.float32)
+    finally:
+        p.blas.set(before)
+
+
+def test_at_most_cores_jobs_compute_at_once_and_share_the_cores():
+    p = ComputePolicy(cores=2)
+    inside, most, seen, lock = [0], [0], [], threading.Lock()
+
+    def work():
+        with p.job():
+            with lock:
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+            with p._lock:  # the process-wide BLAS setting against the jobs running now
+                seen.append((p.running, p.blas.current))
+            time.sleep(0.05)
+            with lock:
+                inside[0] -= 1
+
+    threads = [threading.Thread(target=work) for _ in range(5)]
+    before = blas_threads()
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+    finally:
+        p.blas.set(before)
+    assert most[0] == 2 and p.running == 0
+    assert seen and all(k * n <= 2 for k, n in seen)  # (jobs running) x (BLAS threads) never exceeds the cores

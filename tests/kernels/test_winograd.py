@@ -1,0 +1,53 @@
+"""Winograd F(2x2, 3x3) against a direct float64 convolution on random data: its float32 error stays within
+a bound close to im2col's, for every channel count and geometry ``usable`` lets through."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rpcsrv.executor.kernels import winograd
+from rpcsrv.executor.kernels.conv import conv
+from test_conv_paths import direct_conv
+
+#: largest error, relative to the largest output, allowed for float32 Winograd F(2x2, 3x3)
+BOUND = 2e-5
+
+
+@pytest.mark.parametrize("c,m,h,w,pads", [
+    (48, 48, 14, 14, (1, 1, 1, 1)), (64, 64, 28, 28, (1, 1, 1, 1)), (128, 64, 15, 17, (1, 1, 1, 1)),
+    (256, 48, 14, 14, (0, 0, 0, 0)), (64, 80, 16, 13, (2, 0, 1, 1)), (winograd.MAX_CHANNELS, 48, 14, 14, (1, 1, 1, 1)),
+])
+def test_winograd_error_is_bounded_against_direct_convolution(c, m, h, w, pads):
+    rng = np.random.default_rng(c * m + h)
+    x = rng.standard_normal((1, c, h, w)).astype(np.float32)
+    wt = (rng.standard_normal((m, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32)
+    want = direct_conv(np.pad(x, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3]))), wt, None, 1, 0, 1, 1)
+    got = winograd.winograd_conv(x, wt, pads[:2], pads[2:])
+    assert got.shape == want.shape and got.dtype == np.float32
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert err < BOUND, f"Winograd error {err:.2e} above {BOUND:.0e}: disable it for this geometry"
+    # and no worse than a few times the im2col path's own float32 error
+    winograd.ENABLED = False
+    try:
+        ref = conv(x, wt, pads=list(pads))
+    finally:
+        winograd.ENABLED = True
+    assert err <= 8 * max(np.abs(ref - want).max() / np.abs(want).max(), 1e-7)
+
+
+def test_conv_routes_usable_layers_through_winograd(monkeypatch):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 64, 14, 14)).astype(np.float32)
+    w = rng.standard_normal((64, 64, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(64).astype(np.float32)
+    assert winograd.usable(x, w, [1, 1], [1, 1], 1)
+    assert not winograd.usable(x, w, [2, 2], [1, 1], 1) and not winograd.usable(x[:, :, :7, :7], w, [1, 1], [1, 1], 1)
+    calls = []
+    real = winograd.winograd_conv
+    monkeypatch.setattr(winograd, "winograd_conv", lambda *a: calls.append(1) or real(*a))
+    got = conv(x, w, b, pads=[1] * 4, activation="relu")
+    want = np.maximum(direct_conv(x, w, b, 1, 1, 1, 1), 0)
+    assert calls and got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    assert winograd.transformed_weights(w) is winograd.transformed_weights(w)  # transformed once
