@@ -92,12 +92,12 @@ class NativeSession:
         if self.mode == "inprocess":
             return link_roots(build_runtime(loaded.root, native_options()))
         if self.worker is None or not self.worker.alive:
-            from .proxy import Worker
+            from .proxy import take_worker
 
             if self.worker is not None:
                 self.worker.close()
             self._open_arena()
-            self.worker = Worker(self.arena, self._deadline)
+            self.worker = take_worker(self.arena, self._deadline)
         return self.worker.load(os.path.abspath(path))
 
     def close(self) -> None:

@@ -6,7 +6,8 @@ made from the session's worker threads (module functions are blocking calls), ne
 loop.  Each request waits at most until the session's deadline: a crash (closed socket) or a
 missed deadline (the worker is killed) becomes a :class:`NativeError` naming what happened; the
 worker is gone, later requests on its proxies fail clearly, and the next ``load_module`` starts a
-fresh worker.
+fresh worker.  :func:`take_worker` hands out a warm spare (the server keeps one; an idle spare costs
+one Python process) and starts the next in the background.
 
 :class:`WorkerModule` and :class:`WorkerFunction` are the session's handles on the worker's
 objects; they are ``RuntimeModule``/callables like any other, so the server hands them out
@@ -192,6 +193,14 @@ class Worker:
                 np.copyto(mine, theirs)
         return self.from_wire(result)
 
+    def attach(self, arena: Optional[Arena], deadline: Callable[[], Optional[float]]) -> None:
+        """Give a spare worker its session: the session's arena (mapped there) and deadline."""
+        with self.lock:
+            _send(self.sock, ("attach", arena.capacity if arena else 0), [arena.fd] if arena else [])
+            if not self._wait(time.monotonic() + START_TIMEOUT) or _recv(self.sock)[0] != "ok":
+                raise NativeError("the spare native worker did not take its session")
+        self.arena, self.deadline = arena, deadline
+
     def call_global(self, name: str, args: tuple) -> Any:
         """Global function ``name`` run in the worker (its module arguments live there)."""
         return self.call(("global", name), args, name)
@@ -199,6 +208,40 @@ class Worker:
     def load(self, path: str) -> "WorkerModule":
         result, _ = self.request(("load", path), "load_module")
         return self.from_wire(result)
+
+
+_pool_lock = threading.Lock()
+_spare: Optional[Worker] = None
+
+
+def take_worker(arena: Optional[Arena], deadline: Callable[[], Optional[float]]) -> Worker:
+    """A worker for a session: the warm spare if there is one (Python and numpy already started,
+    about a second saved on a small board), else a new one; a new spare starts in the background."""
+    global _spare
+    with _pool_lock:
+        worker, _spare = _spare, None
+    try:
+        if worker is not None and worker.alive and worker.proc.poll() is None:
+            worker.attach(arena, deadline)
+        else:
+            worker = Worker(arena, deadline)
+    except (NativeError, OSError):
+        worker = Worker(arena, deadline)
+    threading.Thread(target=_refill, name="rpcsrv-spare-worker", daemon=True).start()
+    return worker
+
+
+def _refill() -> None:
+    global _spare
+    try:
+        worker = Worker(None)
+    except Exception:  # no spare this time; the next session starts its own
+        return
+    with _pool_lock:
+        if _spare is None:
+            _spare = worker
+            return
+    worker.close()
 
 
 class _Proxy:

@@ -165,6 +165,15 @@ def _recv(sock: socket.socket) -> Any:
     return pickle.loads(_recv_exact(sock, n))
 
 
+def _recv_with_fds(sock: socket.socket) -> tuple[Any, list[int]]:
+    """A message and the descriptors sent with its header (``attach`` carries the session's arena)."""
+    head, fds, _flags, _addr = socket.recv_fds(sock, 8, 4)
+    if not head:
+        raise EOFError
+    head += _recv_exact(sock, 8 - len(head)) if len(head) < 8 else b""
+    return pickle.loads(_recv_exact(sock, int.from_bytes(head, "little"))), list(fds)
+
+
 def main(argv: list[str]) -> int:
     from .shm import Arena
 
@@ -175,15 +184,21 @@ def main(argv: list[str]) -> int:
     from ..executor import graph
 
     graph.STORAGE_ALLOCATOR = own.zeros  # executor storage lives where the session can map it
+    from . import runtime  # noqa: F401  (the executor and the native layer, imported before "ready")
+
     state = WorkerState(session_arena, own)
     _send(sock, ("ready", os.getpid(), WORKER_ARENA), [own.fd])
     while True:
         try:
-            req = _recv(sock)
+            req, fds = _recv_with_fds(sock)
         except (EOFError, OSError):
             return 0
         try:
-            answer = state.handle(req)
+            if req[0] == "attach":  # a spare worker joins a session: map its arena
+                state.arenas["session"] = Arena(req[1], fd=fds[0]) if fds else None
+                answer = ("ok", None, [])
+            else:
+                answer = state.handle(req)
         except Exception as exc:
             text = str(exc) or type(exc).__name__
             if type(exc).__name__ not in ("NativeError", "ExecutorError", "RuntimeError"):
