@@ -168,6 +168,8 @@ class Worker:
             raise NativeError(f"{type(v).__name__} objects of the server cannot be passed to native modules")
         if isinstance(v, (list, tuple)):
             return [self.to_wire(x, copied) for x in v]
+        if isinstance(v, (memoryview, bytearray)):  # bytes arguments (load_params) arrive as views
+            return bytes(v)
         return v
 
     def from_wire(self, v: Any) -> Any:
