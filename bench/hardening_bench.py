@@ -161,8 +161,8 @@ def _busy_library(path: Path) -> Path:
     return path
 
 
-def latency(busy: int, calls: int) -> None:
-    proc, port = start_server()
+def latency(busy: int, calls: int, server_args: list[str]) -> None:
+    proc, port = start_server(*server_args)
     try:
         lib = _busy_library(Path(tempfile.mkdtemp()) / "busy.blob")
         ctx = multiprocessing.get_context("spawn")
@@ -183,7 +183,7 @@ def latency(busy: int, calls: int) -> None:
         stop.set()
         for w in workers:
             w.join(60)
-        print(f"latency: small calls of an idle session while {busy} sessions run inference: "
+        print(f"latency {' '.join(server_args)}: small calls of an idle session while {busy} sessions run inference: "
               f"p50 {pct(times, 50):.2f} ms, p99 {pct(times, 99):.2f} ms, max {max(times) * 1e3:.2f} ms "
               f"({calls} calls)")
     finally:
@@ -197,6 +197,7 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=1000)
     ap.add_argument("--busy", type=int, default=16)
     ap.add_argument("--calls", type=int, default=1000)
+    ap.add_argument("--server-args", default="", help="extra rpcsrv serve flags, e.g. '--max-threads 2'")
     args = ap.parse_args()
     for part in args.parts:
         if part == "claims":
@@ -204,7 +205,7 @@ def main() -> None:
         elif part == "soak":
             soak(args.cycles, args.sessions)
         elif part == "latency":
-            latency(args.busy, args.calls)
+            latency(args.busy, args.calls, args.server_args.split())
         else:
             ap.error(f"unknown part {part!r}")
 

@@ -31,8 +31,8 @@ class Row:
     """One board tensor against its ONNX counterpart."""
 
     graph_node: str  # the graph executor node (subgraph symbol)
-    step: int  # ExampleJSON node ID inside the subgraph
-    kernel: str  # ExampleJSON op
+    step: int  # ExampleJSON node ID inside the subgraph (for a host function: its output index)
+    kernel: str  # ExampleJSON op, or "(host function)"
     tensor: str  # ONNX tensor name ("" when it has no ONNX counterpart)
     onnx_node: str  # the ONNX node producing it (name or op type)
     onnx_op: str
@@ -59,8 +59,9 @@ def step_tensors(fn, graph) -> dict[int, str]:
 
 
 def pair_subgraphs(lib_path: str, onnx_path: str, input_shapes: dict, ops=None):
-    """Compile ``onnx_path`` again; returns ``(graph, {symbol: {ExampleJSON ID: tensor}})`` after
-    checking that the library holds exactly that ExampleJSON text (else the pairing would lie)."""
+    """Compile ``onnx_path`` again; returns ``(graph, {symbol: {ExampleJSON ID: tensor}}, {symbol:
+    output tensors})`` (the last for every function, host functions too) after checking that the
+    library holds exactly that ExampleJSON text (else the pairing would lie)."""
     from rpcsrv.loader import LoaderError, load_library
 
     from .compiler import CompileError, compile_onnx, resolve_ops
@@ -70,19 +71,21 @@ def pair_subgraphs(lib_path: str, onnx_path: str, input_shapes: dict, ops=None):
     try:
         compiled = compile_onnx(onnx_path, input_shapes=input_shapes, ops=ops)
         graph = compiled.graph  # after compile_onnx's simplifications: partitioning it again is repeatable
-        part = partition(graph, resolve_ops(ops), compiled.module_name)
+        part = partition(graph, resolve_ops(ops), compiled.module_name, host=bool(compiled.host_functions))
     except CompileError as exc:
         raise UserError(f"{onnx_path}: {exc}") from None
     try:
         codes = {node.code for node in load_library(lib_path).root.walk() if hasattr(node, "code")}
     except LoaderError as exc:
         raise UserError(f"{lib_path}: {exc}") from None
-    ours = {examplejson_text(fn, graph)[0] for fn in part.functions}
+    regions = [fn for fn in part.functions if fn.kind != "host"]
+    ours = {examplejson_text(fn, graph)[0] for fn in regions}
     if ours != {sg.code for sg in compiled.subgraphs} or ours != codes:
         raise UserError(f"{lib_path} was not compiled from {onnx_path} with these options: its ExampleJSON "
                         f"subgraphs differ from what byoc compile makes of the model now (pass the --ops "
                         f"used for byoc compile)")
-    return graph, {fn.symbol: step_tensors(fn, graph) for fn in part.functions}
+    return (graph, {fn.symbol: step_tensors(fn, graph) for fn in regions},
+            {fn.symbol: list(fn.outputs) for fn in part.functions})
 
 
 # ---------------------------------------------------------------------------------------- the two sides
@@ -102,15 +105,22 @@ def onnx_intermediates(onnx_path: str, inputs: dict[str, np.ndarray], names: lis
     return {o.name: v for o, v in zip(sess.get_outputs(), outs)}
 
 
-def board_steps(dbg: DebugSession) -> list[tuple[str, dict, np.ndarray]]:
-    """Every ExampleJSON kernel output of every graph node, in execution order."""
+def board_steps(dbg: DebugSession) -> list[tuple[str, str, int, str, np.ndarray]]:
+    """In execution order, ``(graph node, kind, index, op, value)``: every ExampleJSON kernel output
+    (kind ``"step"``, index = its ExampleJSON ID) of each node; for a node whose kernels the board
+    cannot see (a host function), each of the node's outputs (kind ``"output"``, index = output)."""
     out = []
     for nid, node in enumerate(dbg.info.nodes):
         if node["op"] != "tvm_op":
             continue
         steps = json.loads(dbg.module["rpcsrv_execute_node_steps"](nid))
-        get = dbg.module["rpcsrv_get_step_output"]
-        out.extend((node["name"], step, get(k).numpy()) for k, step in enumerate(steps))
+        if steps:
+            get = dbg.module["rpcsrv_get_step_output"]
+            out.extend((node["name"], "step", s["id"], s["op"], get(k).numpy()) for k, s in enumerate(steps))
+            continue
+        get = dbg.module["get_node_output"]
+        for k in range(dbg.info.row_ptr[nid + 1] - dbg.info.row_ptr[nid]):
+            out.append((node["name"], "output", k, node["attrs"]["func_name"], get(nid, k).numpy()))
     return out
 
 
@@ -132,20 +142,29 @@ def errors(board: np.ndarray, ref: np.ndarray, rtol: float, atol: float) -> tupl
 def compare_library(lib_path: str, onnx_path: str, host: str, port: int, inputs: dict, key: str = "",
                     rtol: float = 1e-4, atol: float = 1e-5, ops=None) -> list[Row]:
     shapes = {name: tuple(np.asarray(v).shape) for name, v in inputs.items()}
-    graph, pairs = pair_subgraphs(lib_path, onnx_path, shapes, ops)
+    graph, pairs, outputs = pair_subgraphs(lib_path, onnx_path, shapes, ops)
     producer = {t: n for n in graph.nodes for t in n.outputs if t}
     with DebugSession(lib_path, host, port, key, inputs) as dbg:
         steps = board_steps(dbg)
-    names = [pairs.get(sym, {}).get(step["id"], "") for sym, step, _ in steps]
+
+    def tensor_of(symbol: str, kind: str, index: int) -> str:
+        if kind == "step":
+            return pairs.get(symbol, {}).get(index, "")
+        outs = outputs.get(symbol, [])
+        return outs[index] if index < len(outs) else ""
+
+    names = [tensor_of(sym, kind, index) for sym, kind, index, _, _ in steps]
     ref = onnx_intermediates(onnx_path, inputs, [n for n in names if n and n in producer])
     rows = []
-    for (symbol, step, value), tensor in zip(steps, names):
+    for (symbol, kind, index, op, value), tensor in zip(steps, names):
         node = producer.get(tensor)
-        row = Row(symbol, step["id"], step["op"], tensor if node else "", (node.name or node.op_type) if node else "",
-                  node.op_type if node else "", tuple(value.shape))
+        row = Row(symbol, index, op if kind == "step" else "(host function)", tensor if node else "",
+                  (node.name or node.op_type) if node else "", node.op_type if node else "", tuple(value.shape))
         if node is not None and tensor in ref:
             row.max_abs, row.max_rel, row.ok = errors(value, ref[tensor], rtol, atol)
         rows.append(row)
+    if not any(r.ok is not None for r in rows):
+        raise UserError("no board tensor could be paired with an ONNX tensor: nothing was compared")
     return rows
 
 
@@ -154,19 +173,23 @@ def first_bad(rows: list[Row]) -> Optional[Row]:
     return next((r for r in rows if r.ok is False), None)
 
 
+def _where(r: Row) -> str:
+    return f"host output {r.step}" if r.kernel == "(host function)" else f"{r.kernel} #{r.step}"
+
+
 def format_rows(rows: list[Row], rtol: float, atol: float) -> str:
     lines = [f"{'#':>3} {'ONNX node':<28} {'op':<14} {'kernel':<18} {'max abs':>10} {'max rel':>10}  "]
     for k, r in enumerate(rows):
         status = "-" if r.ok is None else ("ok" if r.ok else "DIFFERS")
         lines.append(f"{k:>3} {(r.onnx_node or '(no ONNX tensor)')[:28]:<28} {r.onnx_op[:14]:<14} "
-                     f"{(r.kernel + ' #' + str(r.step))[:18]:<18} {r.max_abs:10.3g} {r.max_rel:10.3g}  {status}")
+                     f"{_where(r)[:18]:<18} {r.max_abs:10.3g} {r.max_rel:10.3g}  {status}")
     bad = first_bad(rows)
     if bad is None:
         lines.append(f"all {sum(r.ok is not None for r in rows)} compared tensors agree "
                      f"(atol {atol:g}, rtol {rtol:g})")
     else:
         lines.append(f"first difference: ONNX node {bad.onnx_node!r} ({bad.onnx_op}, tensor {bad.tensor!r}), "
-                     f"kernel {bad.kernel} #{bad.step} in {bad.graph_node}: max abs {bad.max_abs:.3g}, "
+                     f"{_where(bad)} in {bad.graph_node}: max abs {bad.max_abs:.3g}, "
                      f"max rel {bad.max_rel:.3g} (atol {atol:g}, rtol {rtol:g})")
     return "\n".join(lines)
 

@@ -3,13 +3,14 @@
     byoc profile model.so --host 127.0.0.1 --port 9090 --input x=x.npy [--repeat 5] [--number 10]
                  [--plot profile.png] [--json]
 
-Uploads the library and creates TVM's debug graph executor on the board the classic way
-(``tvm.graph_executor_debug.create(graph_json, lib, dev)`` + ``load_params``), then asks it for
-``rpcsrv_profile_steps``: seconds per graph node and per ExampleJSON kernel inside each subgraph,
-for each repeat.  The report gives each node's mean time and spread, its share of the total, its
-function, input and output shapes and the kernels inside it.  ``--plot`` draws the slowest nodes and
-kernels as horizontal bars with matplotlib (``pip install rpcsrv[plot]``) and writes the report as
-JSON beside the image (``profile.json`` for ``profile.png``).  ``--dump-root DIR`` also writes the
+Uploads the library and creates TVM's debug graph executor on the board with the factory's
+``lib["debug_create"]("default", dev)`` (params set; it runs where the library runs, in the board's
+native worker too), then asks it for ``rpcsrv_profile_steps``: seconds per graph node and per
+ExampleJSON kernel inside each subgraph, for each repeat. The report gives each node's mean time and
+spread, its share of the total, its function, input and output shapes and the kernels inside it.
+``--plot`` draws the slowest nodes and kernels as horizontal bars with matplotlib (``pip install
+rpcsrv[plot]``) and writes the report as JSON beside the image (``profile.json`` for
+``profile.png``). ``--dump-root DIR`` also writes the
 files TVM's debug executor writes (graph dump, every node's output as a param dict, Chrome trace).
 
 A Relax library (``relax.VMExecutable``, apache-tvm >= 0.21) is profiled through the VM's
@@ -32,12 +33,10 @@ import numpy as np
 from . import rpc
 from .run import UserError, parse_inputs
 
-DEBUG_CREATE = "tvm.graph_executor_debug.create"
-
 
 # ---------------------------------------------------------------------------------------- the library
-def read_library(lib_path: str) -> tuple[str, dict[str, np.ndarray]]:
-    """The graph JSON and params of a library compiled by ``byoc compile`` (read locally)."""
+def read_library(lib_path: str) -> tuple[str, dict[str, np.ndarray], str]:
+    """The graph JSON, params and module name of a library compiled by ``byoc compile`` (read here)."""
     from rpcsrv.loader import LoaderError, load_library
 
     if not Path(lib_path).is_file():
@@ -48,7 +47,7 @@ def read_library(lib_path: str) -> tuple[str, dict[str, np.ndarray]]:
         raise UserError(f"{lib_path}: {exc}") from None
     for node in loaded.root.walk():
         if hasattr(node, "graph_json"):
-            return node.graph_json, dict(node.params)
+            return node.graph_json, dict(node.params), getattr(node, "module_name", "default")
     raise UserError(f"{lib_path} holds no graph executor factory (is it a model compiled by byoc compile?)")
 
 
@@ -95,7 +94,7 @@ class DebugSession:
 
     def __init__(self, lib_path: str, host: str, port: int, key: str = "",
                  inputs: Optional[dict[str, np.ndarray]] = None):
-        self.graph_json, self.params = read_library(lib_path)
+        self.graph_json, self.params, module_name = read_library(lib_path)
         self.info = GraphInfo(self.graph_json)
         inputs = dict(inputs or {})
         names = self.info.input_names(self.params)
@@ -115,11 +114,7 @@ class DebugSession:
         self.sess.upload(path.read_bytes(), path.name)
         self.lib = self.sess.load_module(path.name)
         self.dev = self.sess.cpu(0)
-        self.module = self.sess.get_function(DEBUG_CREATE)(self.graph_json, self.lib, 1, 0)
-        if self.params:
-            from rpcsrv.loader import save_param_dict
-
-            self.module["load_params"](bytearray(save_param_dict(self.params)))
+        self.module = self.lib.get_function("debug_create", True)(module_name, self.dev)
         for name, value in inputs.items():
             self.module["set_input"](name, self.sess.array(np.asarray(value)))
 

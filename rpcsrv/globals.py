@@ -104,7 +104,12 @@ def _import_module(sess: Session, parent, child) -> None:
 def _create_executor(debug: bool):
     def create(sess: Session, *args) -> RuntimeModule:
         from .executor import debug as debug_executor, graph  # lazily: numpy kernels
+        from .native.proxy import WorkerModule
 
+        worker_lib = next((a for a in args if isinstance(a, WorkerModule)), None)
+        if worker_lib is not None:  # the library's native code lives in a worker: build the executor there
+            name = "tvm.graph_executor_debug.create" if debug else "tvm.graph_executor.create"
+            return worker_lib.worker.call_global(name, args)
         return (debug_executor.create_graph_executor_debug if debug else graph.create_graph_executor)(*args)
     return create
 

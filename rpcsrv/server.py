@@ -26,6 +26,7 @@ from .protocol import (NEED_DATA, CallFuncChunk, CallFuncStart, Connection, Conn
                        HandshakeRequest, Role, Shutdown, pack_return)
 from .native.host import NativeSession
 from .session import INIT_DONE, Answer, CopyData, Failed, Returned, Session
+from .transport import IdleTimeout
 from .workspace import Workspace
 
 log = logging.getLogger("rpcsrv.server")
@@ -46,7 +47,7 @@ class ServerConfig:
     # deployment hooks (rpcsrv/registration.py, rpcsrv/cli.py): a tracker registration admits only its
     # match keys; ``draining`` + ``sessions`` let SIGTERM close running sessions with a message
     gate: Optional[Any] = None
-    idle_timeout: float = 0.0  # close a session that sends no request for this long (0: never)
+    idle_timeout: float = 0.0  # unused: the idle limit is limits.idle_timeout (kept for callers that set it)
     draining: bool = False
     sessions: set = field(default_factory=set)
     state: Optional["ServerState"] = None  # made on first use (inside trio): see shared_state
@@ -127,18 +128,22 @@ async def serve_connection(stream: trio.SocketStream, cfg: ServerConfig, answere
                           cfg.registry, limits, peer, account=account, limiter=state.limiter)
         session.native = NativeSession(cfg.native, limits.max_memory, timeout)
         log.info("%s: session started in %s", peer, session.workspace.root)
+        idle: Optional[IdleTimeout] = None
         with trio.move_on_after(timeout) as scope:
             cfg.sessions.add(scope)
-            with trio.CancelScope() as idle:
-                await _session_loop(io, conn, session, peer, record, idle if cfg.idle_timeout > 0 else None,
-                                    cfg.idle_timeout)
+            try:  # the idle clock runs in the transport, only while it waits for the client
+                await _session_loop(io, conn, session, peer, record)
+            except IdleTimeout as exc:
+                idle = exc
         if scope.cancelled_caught and io.broken:  # never write after half a packet: the client
             record.end = "timeout" if not cfg.draining else "shutdown"  # would read garbage
             log.info("%s: session ended in the middle of an answer", peer)
-        elif idle.cancelled_caught and not io.broken:
+        elif idle is not None:
             record.end = "idle"
-            await io.send_all(conn.send_exception(f"RPCSessionIdleError: no request for {cfg.idle_timeout:g}s; "
-                                                  "the board closed the session"))
+            log.info("%s: %s waiting for the client; closing", peer, idle)
+            if idle.reading and not io.broken:  # a client that does not read would not read this either
+                await io.send_all(conn.send_exception(f"RPCSessionIdleError: no request for {limits.idle_timeout:g}s; "
+                                                      "the board closed the session"))
         elif scope.cancelled_caught and cfg.draining:
             record.end = "shutdown"
             await io.send_all(conn.send_exception("RPCServerShutdown: the board is shutting down; "
@@ -192,15 +197,9 @@ async def _next(io: CountingTransport, conn: Connection):
 
 
 async def _session_loop(io: CountingTransport, conn: Connection, session: Session, peer: str,
-                        record: Optional[SessionRecord] = None, idle: Optional[trio.CancelScope] = None,
-                        idle_seconds: float = 0.0) -> None:
+                        record: Optional[SessionRecord] = None) -> None:
     while True:
-        if idle is not None:  # the idle clock runs only while waiting for the client
-            idle.deadline = trio.current_time() + idle_seconds
-            ev = await _next(io, conn)
-            idle.deadline = float("inf")
-        else:
-            ev = await _next(io, conn)
+        ev = await _next(io, conn)
         if isinstance(ev, ConnectionClosed):
             if not ev.clean:
                 log.info("%s: closing: %s", peer, ev.error)

@@ -29,7 +29,12 @@ SPIN_SECONDS = 300e-6
 
 
 class IdleTimeout(OSError):
-    """The peer neither sent nor received anything for the idle timeout."""
+    """The peer neither sent nor received anything for the idle timeout; ``reading``: we were waiting
+    for its bytes (else for it to take ours)."""
+
+    def __init__(self, message: str, reading: bool):
+        super().__init__(message)
+        self.reading = reading
 
 
 class Transport:
@@ -46,7 +51,7 @@ class Transport:
         with trio.move_on_after(self.idle_timeout) as scope:
             await wait(self.sock)
         if scope.cancelled_caught:
-            raise IdleTimeout(f"no progress for {self.idle_timeout:g} s")
+            raise IdleTimeout(f"no progress for {self.idle_timeout:g} s", reading=wait is trio.lowlevel.wait_readable)
 
     async def _io(self, op, wait):
         deadline = time.perf_counter() + self.spin

@@ -69,7 +69,7 @@ class ServerProcess:
         import tempfile
 
         # the log goes to a file: a pipe nobody reads would block the server once it fills
-        self.log = tempfile.TemporaryFile("w+")
+        self.log = tempfile.TemporaryFile("a+")  # O_APPEND: the child never writes at the offset we read from
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True)
         line = self.proc.stdout.readline()
         m = re.search(r":(\d+)", line)

@@ -146,12 +146,14 @@ def _shape(info: dict) -> str:
 def format_inspection(info: dict, disasm: bool = False) -> str:
     """Human-readable text for an ``inspect_library`` summary."""
     in_c = (info.get("member") or "").endswith(".c")
+    packed = info["container"].startswith("tar.")  # a compressed tar: offsets in the decompressed member
     out = [f"{info.get('path') or '<bytes>'}: {info['container']} ({info['arch']})"
            + (f", member {info['member']}" if info.get("member") else ""),
            "no module blob: a plain host library (TVM's LibraryModule), its functions run natively"
            if info["layout"] == "none" else
            f"blob: {info['layout']} layout, {info['blob']['size']} bytes at offset "
-           f"{info['blob']['offset']}" + (" of the decoded C array" if in_c else "")
+           f"{info['blob']['offset']}" + (" of the decoded C array" if in_c else
+                                          " of the decompressed member" if packed else "")
            + (f" (symbol {info['symbol']})" if info.get("symbol") else "")]
     out.append("module tree:")
     for m in info["modules"]:

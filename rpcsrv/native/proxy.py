@@ -192,6 +192,10 @@ class Worker:
                 np.copyto(mine, theirs)
         return self.from_wire(result)
 
+    def call_global(self, name: str, args: tuple) -> Any:
+        """Global function ``name`` run in the worker (its module arguments live there)."""
+        return self.call(("global", name), args, name)
+
     def load(self, path: str) -> "WorkerModule":
         result, _ = self.request(("load", path), "load_module")
         return self.from_wire(result)

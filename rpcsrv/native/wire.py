@@ -2,7 +2,8 @@
 
 One request at a time over a Unix socket pair, each a pickled tuple (both ends are rpcsrv itself,
 never a client, so pickle is safe here).  Requests: ``("load", path)``, ``("get", obj, name,
-query_imports)``, ``("call", obj, args)``, ``("timer", obj, params, f_preproc)``, ``("free", ids)``,
+query_imports)``, ``("call", obj, args)``, ``("global", name, args)`` (executor creation over a
+worker's module), ``("timer", obj, params, f_preproc)``, ``("free", ids)``,
 ``("stats",)``.  Answers: ``("ok", value, outs)`` or ``("err", message)``.
 
 Values cross as themselves (ints, floats, str, bytes, Device, DataType, None), except:

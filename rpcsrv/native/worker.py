@@ -110,6 +110,13 @@ class WorkerState:
             if preproc and f_pre is None:
                 raise ValueError(f"Cannot find {preproc} in the global function")
             return ("ok", self.put("fn", time_evaluator(fn, *params, f_preproc=f_pre), "time_evaluator"), [])
+        if op == "global":  # a global function whose module argument lives here (executor creation)
+            _, name, args = req
+            fn = _worker_globals().get(name)
+            if fn is None:
+                raise ValueError(f"{name} cannot run in the native worker")
+            local = [self.to_local(a, copied) for a in args]
+            return ("ok", self.to_wire(fn(*local)), copied)
         if op == "free":
             for i in req[1]:
                 self.objects.pop(i, None)
@@ -120,6 +127,16 @@ class WorkerState:
             return ("ok", {"objects": len(self.objects),
                            "workspace_outstanding": int(load_shim().rpcsrv_workspace_outstanding())}, [])
         raise ValueError(f"unknown worker request {op!r}")
+
+
+def _worker_globals() -> dict:
+    """Global functions that take a module of this worker and build on it here."""
+    from ..executor import debug, graph
+
+    return {"tvm.graph_executor.create": graph.create_graph_executor,
+            "tvm.graph_runtime.create": graph.create_graph_executor,
+            "tvm.graph_executor_debug.create": debug.create_graph_executor_debug,
+            "tvm.graph_runtime_debug.create": debug.create_graph_executor_debug}
 
 
 def _send(sock: socket.socket, obj: Any, fds: list[int] = ()) -> None:

@@ -138,3 +138,7 @@ class Dialect(enum.Enum):
 
     CLASSIC = "classic"
     FFI = "ffi"
+
+    # members are singletons compared by identity: hash them the C way (Enum's own __hash__ is Python
+    # code, and dialect-keyed tables are looked up for every packet)
+    __hash__ = object.__hash__

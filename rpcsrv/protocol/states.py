@@ -29,6 +29,8 @@ class Role(enum.Enum):
     SERVER = "server"
     CLIENT = "client"
 
+    __hash__ = object.__hash__  # identity hash in C: (role, state, action) keys are looked up per packet
+
 
 class State(enum.Enum):
     HANDSHAKE = "handshake"  # nothing exchanged but the opening bytes
@@ -37,6 +39,8 @@ class State(enum.Enum):
     ANSWERING = "answering"  # (server) a request is in: its answer is owed
     AWAITING = "awaiting"  # (client) a request is out: its answer is awaited
     CLOSED = "closed"
+
+    __hash__ = object.__hash__
 
 
 class LocalProtocolError(RuntimeError):

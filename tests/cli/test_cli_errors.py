@@ -235,3 +235,34 @@ def test_bench_shows_why_a_server_did_not_start():
     with pytest.raises(RuntimeError) as info:
         rpc_bench.start(cmd, r":(\d+)", timeout=30)
     assert "exit status 3" in str(info.value) and "No module named cloudpickle" in str(info.value)
+
+
+def test_run_board_refusal_is_one_line(tmp_path, inputs):
+    """What the board refuses (here: an upload over its workspace limit) comes back as one line."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from conftest import ServerProcess
+
+    big = numpy_helper.from_array(np.ones((10, 10), np.float32), "c")
+    filler = numpy_helper.from_array(np.ones((600, 1000), np.float32), "unused_out")
+    graph = helper.make_graph([helper.make_node("Add", ["input0", "c"], ["y"])], "big",
+                              [helper.make_tensor_value_info("input0", TensorProto.FLOAT, [10, 10])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [10, 10]),
+                               helper.make_tensor_value_info("unused_out", TensorProto.FLOAT, [600, 1000])],
+                              [big, filler])
+    lib = tmp_path / "big.blob"
+    compile_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])).export_library(str(lib))
+    assert lib.stat().st_size > 2 << 20
+    srv = ServerProcess("--max-workspace-mb", "1", workdir=tmp_path / "work")
+    try:
+        err = one_error_line(cli("client.cli", "run", lib, "--port", srv.port, "--no-progress",
+                                 "--input", f"input0={inputs['input0']}"), "byoc")
+        assert "the board reported" in err and "workspace" in err
+    finally:
+        srv.stop()
+
+
+def test_run_takes_all_inputs_from_one_npz(server, seed_lib, inputs):
+    proc = cli("client.cli", "run", seed_lib, "--port", server.port, "--no-progress", "--input", inputs["npz"])
+    assert proc.returncode == 0, proc.stderr
+    assert "out: shape (10, 10)" in proc.stdout

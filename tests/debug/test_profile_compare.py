@@ -34,12 +34,16 @@ def cnn(tmp_path_factory):
     onnx.save(small_cnn(), d / "cnn.onnx")
     np.save(d / "x.npy", cnn_input())
 
-    def build(perturb: str = "") -> str:
-        out = d / f"cnn{'_' + perturb if perturb else ''}.so"
+    def build(perturb: str = "", ops=None) -> str:
+        out = d / f"cnn{'_' + perturb if perturb else ''}{'_mixed' if ops else ''}.so"
         if not out.exists():
-            compile_onnx(small_cnn(perturb)).export_library(str(out))
+            compile_onnx(small_cnn(perturb), ops=ops).export_library(str(out))
         return str(out)
     return d, build
+
+
+#: the accelerator without Mul and Add: those two nodes become C host functions in the library
+MIXED = "conv,relu,global_average_pool,flatten,gemm"
 
 
 def _port(server) -> list[str]:
@@ -166,3 +170,31 @@ def test_plot_without_matplotlib_is_a_clear_error(monkeypatch, tmp_path):
     with pytest.raises(UserError, match=r"--plot needs matplotlib: pip install 'rpcsrv\[plot\]'"):
         plot_report(report, str(tmp_path / "p.png"))
     assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.parametrize("perturb,node,where", [("d", "shift", "host output 0"), ("w2", "conv2", "conv #5")])
+def test_compare_with_host_functions_in_the_library(server, cnn, capsys, perturb, node, where):
+    """Partial offload: Mul and Add run as native host functions (in the board's worker); their
+    outputs are compared node by node, the ExampleJSON regions kernel by kernel."""
+    need_module("onnxruntime")
+    d, build = cnn
+    args = [str(d / "cnn.onnx"), *_port(server), "--input", f"x={d / 'x.npy'}", "--ops", MIXED]
+    assert byoc(["compare", build(ops=MIXED), *args]) == 0
+    out = capsys.readouterr().out
+    assert "all 7 compared tensors agree" in out and out.count("host output 0") == 2
+    assert byoc(["compare", build(perturb, ops=MIXED), *args]) == 1
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith(f"first difference: ONNX node {node!r}") and f"{where} in " in last
+
+
+def test_profile_with_host_functions_in_the_library(server, cnn, capsys):
+    d, build = cnn
+    assert byoc(["profile", build(ops=MIXED), *_port(server), "--input", f"x={d / 'x.npy'}", "--repeat", "2",
+                 "--json"]) == 0
+    nodes = {n["name"]: n for n in json.loads(capsys.readouterr().out)["nodes"]}
+    assert set(nodes) == {"tvmgen_default_examplejson_main_0", "tvmgen_default_fused_mul_0",
+                          "tvmgen_default_fused_add_1", "tvmgen_default_examplejson_main_1"}
+    assert nodes["tvmgen_default_fused_mul_0"]["kernels"] == []  # native code: timed as a whole
+    assert [k["op"] for k in nodes["tvmgen_default_examplejson_main_1"]["kernels"]] == [
+        "global_average_pool", "flatten", "gemm"]  # the debug executor runs where the library does
+    assert all(n["seconds"]["mean"] > 0 for n in nodes.values())

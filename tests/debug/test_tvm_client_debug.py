@@ -127,3 +127,37 @@ def test_sum_of_node_times_is_close_to_a_plain_run(tvm, remote):
         if low <= ratios[-1] <= high:
             break
     assert low <= ratios[-1] <= high, f"sum of node times / plain run: {ratios} (load {os.getloadavg()[0]:.1f})"
+
+
+def test_classic_flow_on_a_library_with_host_functions_and_params(tvm, server, tmp_path):
+    """``relay.build``'s older flow on a partially offloaded byoc library: the graph JSON and params
+    kept by the user, the library uploaded alone (its host code runs in the board's native worker),
+    ``tvm.graph_executor.create`` + ``load_params`` from the real client; same output as the
+    factory's ``lib["default"]``, and without the params it differs."""
+    need_module("onnx")
+    from client.compiler import compile_onnx
+    from onnx_models import cnn_input, small_cnn
+
+    compiled = compile_onnx(small_cnn(), ops="conv,relu,global_average_pool,flatten,gemm")
+    assert compiled.host_functions and sorted(compiled.params) == ["c", "d"]  # host constants are params
+    so = compiled.export_library(str(tmp_path / "mixed.so"))
+    sess = tvm.rpc.connect(server.host, server.port)
+    sess.upload(so)
+    lib, dev = sess.load_module("mixed.so"), sess.cpu(0)
+    x = tvm.runtime.tensor(cnn_input(), dev)
+    factory = lib["default"](dev)
+    factory["set_input"]("x", x)
+    factory["run"]()
+    want = factory["get_output"](0).numpy()
+    for name in ("tvm.graph_executor.create", "tvm.graph_executor_debug.create"):
+        gmod = sess.get_function(name)(compiled.graph_json, lib, 1, 0)
+        gmod["set_input"]("x", x)
+        gmod["run"]()
+        assert not np.allclose(gmod["get_output"](0).numpy(), want)  # params not loaded yet
+        params = {k: tvm.runtime.tensor(v) for k, v in compiled.params.items()}
+        gmod["load_params"](tvm.runtime.save_param_dict(params))
+        gmod["run"]()
+        np.testing.assert_array_equal(gmod["get_output"](0).numpy(), want)
+    times = _run_individual(bytes(gmod["run_individual"](1, 2, 0, 100, 0, 1)), 2)
+    assert len(times) == len(json.loads(compiled.graph_json)["nodes"])
+    assert all(t > 0 for row in times[-4:] for t in row)  # two ExampleJSON regions, two host functions

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "vm"))
 
 import vm_fixtures  # noqa: E402
 import vm_models  # noqa: E402
-from rpcsrv.executor import load_module  # noqa: E402
+from rpcsrv.native import load_native_module as load_module  # noqa: E402  (kernels run in this process)
 
 tvm, vm_libs = vm_fixtures.tvm, vm_fixtures.vm_libs  # the shared fixtures
 

@@ -23,6 +23,7 @@ from rpcsrv.loader import (
     BLOB_SYMBOL, FFI_BLOB_SYMBOL, ConstLoaderModule, ExampleJSONModule, GraphExecutorFactoryModule,
     HostLibraryModule, build_blob, load_library,
 )
+from rpcsrv.loader.inspect import format_inspection, inspect_library
 
 SYMBOLS = {"classic": BLOB_SYMBOL, "ffi": FFI_BLOB_SYMBOL}
 GRAPH = json.dumps({"nodes": [{"op": "null", "name": "x", "inputs": []},
@@ -124,6 +125,8 @@ def test_tvm_tar_is_gzip(blobs, tmp_path, layout, devc):
     assert (lib.container, lib.member, lib.layout) == ("tar.gz", f"devc.{devc}", layout)
     assert "tvmgen_default_fused_mul" in lib.symbols
     check_tree(lib.root)
+    where = "of the decoded C array" if devc == "c" else "of the decompressed member"
+    assert where in format_inspection(inspect_library(path))
 
 
 @pytest.mark.parametrize("compression", ["gz", "bz2", "xz"])
@@ -137,6 +140,8 @@ def test_compressed_tar_of_any_kind(blobs, tmp_path, compression):
     lib = load_library(path)
     assert (lib.container, lib.member) == (f"tar.{compression}", "devc.c")
     check_tree(lib.root)
+    text = format_inspection(inspect_library(path))
+    assert text.startswith(f"{path}: tar.{compression} (") and "of the decoded C array" in text
 
 
 @pytest.mark.parametrize("layout", ["classic", "ffi"])

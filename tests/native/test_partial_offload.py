@@ -108,3 +108,28 @@ def test_node_without_host_code_is_named(tmp_path):
     model = make_model(nodes, [("x", [3, 3])], [("d", [])])
     with pytest.raises(UnsupportedNodesError, match="'det' \\(Det\\).*Det has no host implementation"):
         compile_onnx(model, ops="add")
+
+
+@pytest.mark.parametrize("create", ["tvm.graph_executor.create", "tvm.graph_executor_debug.create"])
+def test_executor_created_over_a_library_in_the_worker(server, tmp_path, create):
+    """``tvm.graph_executor.create(graph_json, lib, dev)`` over a library whose host code runs in the
+    session's worker: the executor is built there too (its node calls stay in one process)."""
+    need_module("onnxruntime")
+    tvm = need_module("tvm", "the real TVM client")
+    model = guide_model()
+    compiled = compile_onnx(model, ops="add")
+    path = Path(compiled.export_library(tmp_path / "guide.so"))
+    sess = tvm.rpc.connect(server.host, server.port)
+    sess.upload(str(path))
+    lib = sess.load_module(path.name)
+    dev = sess.cpu(0)
+    ex = sess.get_function(create)(compiled.graph_json, lib, 1, 0)
+    rng = np.random.default_rng(6)
+    feed = {f"input{i}": rng.standard_normal((10, 10)).astype("float32") for i in range(4)}
+    for name, value in feed.items():
+        ex["set_input"](name, tvm.runtime.tensor(value, dev))
+    ex["run"]()
+    np.testing.assert_allclose(ex["get_output"](0).numpy(), reference(model, feed)[0], rtol=1e-6, atol=1e-6)
+    if "debug" in create:
+        blob = bytes(ex["run_individual"](2, 1, 0))  # TVM's layout: a count, then float64 times
+        assert len(blob) % 8 == 0 and np.frombuffer(blob, "<f8")[-3:].min() > 0  # the three op nodes ran
