@@ -9,7 +9,9 @@ model run (``GraphExecutorModule.run``) is a *job*:
   small calls of other sessions, which are not jobs, still find the interpreter free);
 * the BLAS library's thread count is set when a job starts, to ``max(1, CORES // running jobs)``:
   one job alone uses every core, several share them, and (jobs) x (BLAS threads) never exceeds the
-  cores.  OpenBLAS's thread count is process-wide, so this is one setting for all jobs, changed
+  cores; and a job takes more than one BLAS thread only for cores no other process is running on
+  (``/proc/loadavg``'s count of runnable threads, read at the job's start).  OpenBLAS's thread count
+  is process-wide, so this is one setting for all jobs, changed
   (through threadpoolctl's controller, a cheap call) only when it differs from the current one.
 
 ``fixed_threads(n)`` pins the BLAS threads per job (benchmarks compare 1 and 2 threads with it);
@@ -67,10 +69,26 @@ class ComputePolicy:
         self.blas = _Blas()
 
     def threads_for(self, running: int) -> int:
-        """BLAS threads per job while ``running`` jobs compute."""
+        """BLAS threads per job while ``running`` jobs compute: the cores shared among the jobs, and only
+        the cores no other process is using (BLAS threads that wait for a busy core stall every product
+        they split: measured 3-25x slower than one thread on a loaded 2-core machine)."""
         if self._fixed is not None:
             return self._fixed
-        return max(1, self.cores // max(1, running))
+        share = self.cores // max(1, running)
+        if share > 1:
+            share = min(share, max(1, self.cores - self.others_running(running)))
+        return max(1, share)
+
+    def others_running(self, running: int) -> int:
+        """Runnable threads of other processes now (``/proc/loadavg``'s running count, less this job's
+        caller, the other jobs and their BLAS workers, which may still be spinning); 0 if unknown."""
+        try:
+            with open("/proc/loadavg") as f:
+                runnable = int(f.read().split()[3].split("/")[0])
+        except (OSError, ValueError, IndexError):
+            return 0
+        ours = running * max(1, self.blas.current or 1)
+        return max(0, runnable - ours)
 
     @contextlib.contextmanager
     def job(self) -> Iterator[int]:

@@ -17,18 +17,29 @@ def blas_threads() -> int:
     return [i for i in threadpool_info() if i["user_api"] == "blas"][0]["num_threads"]
 
 
-def test_threads_per_job_fit_the_cores():
+def test_threads_per_job_fit_the_cores(monkeypatch):
     p = ComputePolicy(cores=4)
+    monkeypatch.setattr(p, "others_running", lambda running: 0)
     assert [p.threads_for(k) for k in (1, 2, 3, 4)] == [4, 2, 1, 1]
     with p.fixed_threads(3):
         assert p.threads_for(1) == p.threads_for(4) == 3
     assert p.threads_for(1) == 4
 
 
-def test_a_job_sets_the_blas_threads():
+def test_busy_cores_are_left_to_the_processes_using_them(monkeypatch):
+    p = ComputePolicy(cores=4)
+    monkeypatch.setattr(p, "others_running", lambda running: 3)
+    assert p.threads_for(1) == 1
+    monkeypatch.setattr(p, "others_running", lambda running: 1)
+    assert p.threads_for(1) == 3 and p.threads_for(2) == 2
+    assert ComputePolicy(cores=2).others_running(1) >= 0  # reads /proc/loadavg (0 where it is missing)
+
+
+def test_a_job_sets_the_blas_threads(monkeypatch):
     pytest.importorskip("threadpoolctl")
     before = blas_threads()
     p = ComputePolicy(cores=2)
+    monkeypatch.setattr(p, "others_running", lambda running: 0)
     try:
         with p.job() as n:
             assert n == 2 and blas_threads() == 2

@@ -16,7 +16,8 @@ BOUND = 2e-5
 
 @pytest.mark.parametrize("c,m,h,w,pads", [
     (48, 48, 14, 14, (1, 1, 1, 1)), (64, 64, 28, 28, (1, 1, 1, 1)), (128, 64, 15, 17, (1, 1, 1, 1)),
-    (256, 48, 14, 14, (0, 0, 0, 0)), (64, 80, 16, 13, (2, 0, 1, 1)), (winograd.MAX_CHANNELS, 48, 14, 14, (1, 1, 1, 1)),
+    (256, 48, 14, 14, (0, 0, 0, 0)), (128, 32, 56, 56, (1, 1, 1, 1)), (64, 80, 16, 13, (2, 0, 1, 1)),
+    (winograd.MAX_CHANNELS, 48, 14, 14, (1, 1, 1, 1)),
 ])
 def test_winograd_error_is_bounded_against_direct_convolution(c, m, h, w, pads):
     rng = np.random.default_rng(c * m + h)
@@ -43,6 +44,7 @@ def test_conv_routes_usable_layers_through_winograd(monkeypatch):
     b = rng.standard_normal(64).astype(np.float32)
     assert winograd.usable(x, w, [1, 1], [1, 1], 1)
     assert not winograd.usable(x, w, [2, 2], [1, 1], 1) and not winograd.usable(x[:, :, :7, :7], w, [1, 1], [1, 1], 1)
+    assert not winograd.usable(x, w[:32], [1, 1], [1, 1], 1)  # few output channels: only on large images
     calls = []
     real = winograd.winograd_conv
     monkeypatch.setattr(winograd, "winograd_conv", lambda *a: calls.append(1) or real(*a))
