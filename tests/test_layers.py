@@ -21,11 +21,8 @@ ALLOWED = {
     "rpcsrv.native": {"rpcsrv.executor", "rpcsrv.loader", "rpcsrv.protocol"},
     "client": {"rpcsrv.loader", "rpcsrv.protocol"},
 }
-#: known breaches, each to be removed: the Relax VM's runtime factory opens the native library itself
-#: (a lazy import; it should come through ``BuildOptions``, as host libraries do)
-KNOWN = {
-    ("rpcsrv.executor.vm.loading", "rpcsrv.native"),
-}
+#: known breaches, each to be removed (none at the time of writing): (importer, layer it may not import)
+KNOWN: set[tuple[str, str]] = set()
 PACKAGES = ("rpcsrv.protocol", "rpcsrv.loader", "rpcsrv.executor", "rpcsrv.native")
 
 
