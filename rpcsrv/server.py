@@ -21,7 +21,7 @@ from .accounts import MemoryAccount
 from .farmlog import CountingTransport, SessionRecord
 from .globals import REGISTRY, Registry
 from .limits import Limits
-from .protocol import (NEED_DATA, CallFuncChunk, CallFuncStart, Connection, ConnectionClosed,
+from .protocol import (CallFuncChunk, CallFuncStart, Connection, ConnectionClosed,
                        CopyToRemoteStart, Dialect,
                        HandshakeRequest, Role, Shutdown, pack_return)
 from .native.host import NativeSession
@@ -183,10 +183,8 @@ def _timeout(text: Optional[str]) -> float:
 
 
 async def _next(io: CountingTransport, conn: Connection):
-    """The next event, reading as the connection's shared receive loop asks (``Connection.reads``)."""
-    ev = conn.next_event()
-    if ev is not NEED_DATA:  # already buffered: no generator
-        return ev
+    """The next event, reading as the connection's shared receive loop asks (``Connection.reads``:
+    it looks at what is buffered first, so no separate check here)."""
     steps = conn.reads()
     try:
         want = next(steps)
