@@ -198,8 +198,8 @@ def run_inspect(args: argparse.Namespace) -> int:
     try:
         info = inspect_library(args.file)
     except (LoaderError, OSError) as exc:
-        raise CLIError(f"{args.file}: {exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}") \
-            from None
+        text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise CLIError(text if text.startswith(f"{args.file}:") else f"{args.file}: {text}") from None
     print(json.dumps(info, indent=2) if args.json else format_inspection(info, disasm=args.disasm))
     return 0
 
