@@ -7,6 +7,8 @@ does.  onnxruntime runs the same model in the same process.  For each thread cou
 BLAS threads through threadpoolctl, onnxruntime's ``intra_op_num_threads``) both engines run
 interleaved, ``--repeat`` times each, and the medians are compared; the geometric mean of the ratios
 closes each table.  ``auto`` runs rpcsrv with the server's own policy (``rpcsrv.executor.compute``).
+onnxruntime's worker threads do not spin between runs here (they would hold the cores rpcsrv runs on
+next: with spinning, 2-thread rpcsrv runs measured 5-20x slower in this interleaving).
 
 Also reported: the BLAS library and kernel (threadpoolctl), the first run after loading against the
 steady state, and the peak resident memory each engine adds while loading and running (the process's
@@ -160,6 +162,9 @@ class Engines:
             opts = self.ort.SessionOptions()
             opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
             opts.log_severity_level = 3
+            # interleaved with rpcsrv: onnxruntime's workers must not spin on the cores after their run
+            # (they would take the cores rpcsrv's BLAS threads run on next; OpenBLAS's sleep when idle)
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
             self.sessions[threads] = self.ort.InferenceSession(self.serialized, opts,
                                                                providers=["CPUExecutionProvider"])
             self.sessions[threads].run(None, self.feeds)
