@@ -20,6 +20,8 @@ import os
 import sys
 from typing import Callable
 
+from rpcsrv.clikit import Parser, broken_pipe, package_version
+
 from .compiler import CompileError, parse_shape
 from .export import FORMATS, LAYOUTS
 
@@ -96,39 +98,10 @@ COMMON_HELP = {
 }
 
 
-class HelpFormatter(argparse.HelpFormatter):
-    """Shows each flag's default (when it has a meaningful one) after its help text."""
-
-    def _get_help_string(self, action):
-        text = action.help or ""
-        default = action.default
-        if "%(default)" in text or "default" in text or action.option_strings == [] \
-                or default in (None, False, [], "", argparse.SUPPRESS):
-            return text
-        return f"{text} (default: %(default)s)"
-
-
-class Parser(argparse.ArgumentParser):
-    """Every ``byoc`` parser: defaults shown in --help, and ``-v`` accepted after the subcommand too."""
-
-    def __init__(self, *args, **kwargs):
-        kwargs.setdefault("formatter_class", HelpFormatter)
-        super().__init__(*args, **kwargs)
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("rpcsrv")
-    except PackageNotFoundError:
-        return "unknown (not installed)"
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="byoc", description="Compile ONNX models into TVM BYOC libraries without TVM, "
                                              "and run them on an rpcsrv board.")
-    parser.add_argument("--version", action="version", version=f"byoc (rpcsrv) {_version()}")
+    parser.add_argument("--version", action="version", version=f"byoc (rpcsrv) {package_version()}")
     parser.add_argument("-v", "--verbose", action="store_true", default=False,
                         help="more output (also accepted after the subcommand)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
@@ -174,10 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except BrokenPipeError:
-        # the reader went away (``byoc ... | head``): no traceback, and none at exit either
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        print("byoc: error: output closed early (broken pipe)", file=sys.stderr)
-        return 2
+        return broken_pipe("byoc")
     except _user_errors() as exc:
         text = str(exc) if not isinstance(exc, OSError) or not exc.strerror else \
             f"{exc.strerror}" + (f": {exc.filename!r}" if exc.filename else "")

@@ -18,6 +18,8 @@ from typing import Callable
 
 import trio
 
+from .clikit import Parser, broken_pipe, package_version
+
 try:
     _Group = BaseExceptionGroup  # noqa: F821 - a builtin from Python 3.11
 except NameError:  # Python 3.10: the backport trio depends on
@@ -26,23 +28,6 @@ except NameError:  # Python 3.10: the backport trio depends on
 
 class CLIError(Exception):
     """A problem with what the user asked for: printed as one line, exit status 2."""
-
-
-class HelpFormatter(argparse.HelpFormatter):
-    """Shows each flag's default (when it has a meaningful one) after its help text."""
-
-    def _get_help_string(self, action):
-        text = action.help or ""
-        if "default" in text or not action.option_strings \
-                or action.default in (None, False, [], "", argparse.SUPPRESS):
-            return text
-        return f"{text} (default: %(default)s)"
-
-
-class Parser(argparse.ArgumentParser):
-    def __init__(self, *args, **kwargs):
-        kwargs.setdefault("formatter_class", HelpFormatter)
-        super().__init__(*args, **kwargs)
 
 
 def _first_oserror(exc: BaseException) -> OSError | None:
@@ -252,19 +237,10 @@ SUBCOMMANDS: dict[str, Callable] = {"serve": add_serve_parser, "inspect": add_in
                                     "extract": add_extract_parser}
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("rpcsrv")
-    except PackageNotFoundError:
-        return "unknown (not installed)"
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="rpcsrv", description="A TVM RPC server for boards without the TVM runtime, and tools "
                                           "to read the libraries it runs.")
-    p.add_argument("--version", action="version", version=f"rpcsrv {_version()}")
+    p.add_argument("--version", action="version", version=f"rpcsrv {package_version()}")
     p.add_argument("-v", "--verbose", action="store_true", default=False,
                    help="log each session (also accepted after the subcommand)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
@@ -285,10 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rpcsrv: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:
-        # the reader went away (``rpcsrv inspect x.so | head``): no traceback, none at exit either
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        print("rpcsrv: error: output closed early (broken pipe)", file=sys.stderr)
-        return 2
+        return broken_pipe("rpcsrv")
 
 
 if __name__ == "__main__":
