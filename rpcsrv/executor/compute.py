@@ -25,7 +25,11 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from typing import Iterator, Optional
+
+#: how long a reading of the machine's runnable threads is used (seconds)
+LOADAVG_TTL = 0.05
 
 #: cores this process may run on
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -67,6 +71,7 @@ class ComputePolicy:
         self._fixed: Optional[int] = max(1, int(pinned)) if pinned.isdigit() else None
         self.running = 0
         self.blas = _Blas()
+        self._runnable, self._runnable_at = 0, float("-inf")  # last /proc/loadavg reading and its time
 
     def threads_for(self, running: int) -> int:
         """BLAS threads per job while ``running`` jobs compute: the cores shared among the jobs, and only
@@ -81,14 +86,22 @@ class ComputePolicy:
 
     def others_running(self, running: int) -> int:
         """Runnable threads of other processes now (``/proc/loadavg``'s running count, less this job's
-        caller, the other jobs and their BLAS workers, which may still be spinning); 0 if unknown."""
-        try:
-            with open("/proc/loadavg") as f:
-                runnable = int(f.read().split()[3].split("/")[0])
-        except (OSError, ValueError, IndexError):
+        caller, the other jobs and their BLAS workers, which may still be spinning); 0 if unknown.
+
+        The count is read at most every ``LOADAVG_TTL`` seconds: reading the file costs ~20 us, as much
+        as a small model's whole run, and the machine's load does not change faster than that matters."""
+        now = time.monotonic()
+        if now - self._runnable_at > LOADAVG_TTL:
+            try:
+                with open("/proc/loadavg") as f:
+                    self._runnable = int(f.read().split()[3].split("/")[0])
+            except (OSError, ValueError, IndexError):
+                self._runnable = 0
+            self._runnable_at = now
+        if not self._runnable:
             return 0
         ours = running * max(1, self.blas.current or 1)
-        return max(0, runnable - ours)
+        return max(0, self._runnable - ours)
 
     @contextlib.contextmanager
     def job(self) -> Iterator[int]:
