@@ -1,5 +1,8 @@
 """Executor benchmark: rpcsrv's graph executor + ExampleJSON kernels against onnxruntime.
 
+(A little over 400 lines: a script run by hand; the two model builders, the whole-model adapter and
+the interleaved timing loop read best in one place.)
+
 Two models are built here with ``onnx.helper`` (random weights, fixed seed):
 
 * ``resnet``  — a ResNet-18-style CNN: conv stem, max pool, four stages of two basic residual blocks

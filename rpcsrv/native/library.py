@@ -15,6 +15,9 @@ launch/barrier, errors, function lookup and calls) and the module context (``__t
 A call converts numpy arrays to DLTensors over their memory (so the function writes them in
 place), ints, floats, bools, None, strings, devices, dtypes, and (tvm-ffi) tuples of ints as
 shapes.  A non-zero return raises :class:`NativeError` with the message the function set.
+
+(A little over 400 lines: loading, the hook filling and both calling conventions share the ctypes
+state of one open library, and splitting them would pass that state between files.)
 """
 
 from __future__ import annotations
