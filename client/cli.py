@@ -20,7 +20,7 @@ import os
 import sys
 from typing import Callable
 
-from rpcsrv.clikit import Parser, broken_pipe, package_version
+from rpcsrv.clikit import broken_pipe, command_parser, package_version, verbose_after
 
 from .compiler import CompileError, parse_shape
 from .export import FORMATS, LAYOUTS
@@ -99,13 +99,8 @@ COMMON_HELP = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="byoc", description="Compile ONNX models into TVM BYOC libraries without TVM, "
-                                             "and run them on an rpcsrv board.")
-    parser.add_argument("--version", action="version", version=f"byoc (rpcsrv) {package_version()}")
-    parser.add_argument("-v", "--verbose", action="store_true", default=False,
-                        help="more output (also accepted after the subcommand)")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    sub.required = True
+    parser, sub = command_parser("byoc", "Compile ONNX models into TVM BYOC libraries without TVM, and run them "
+                                         "on an rpcsrv board.", f"byoc (rpcsrv) {package_version()}", "more output")
     for add in SUBCOMMANDS.values():
         add(sub)
     for name in PLUGIN_MODULES:
@@ -124,10 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
         for action in child._actions:  # the board flags every subcommand shares, said once here
             if not action.help and action.dest in COMMON_HELP:
                 action.help = COMMON_HELP[action.dest]
-    for child in sub.choices.values():  # ``byoc run -v`` as well as ``byoc -v run``
-        if "-v" not in child._option_string_actions:
-            child.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
-                               help="more output")
+    verbose_after(sub, "more output")
     return parser
 
 

@@ -18,7 +18,7 @@ from typing import Callable
 
 import trio
 
-from .clikit import Parser, broken_pipe, package_version
+from .clikit import broken_pipe, command_parser, package_version, verbose_after
 
 try:
     _Group = BaseExceptionGroup  # noqa: F821 - a builtin from Python 3.11
@@ -92,9 +92,6 @@ def run_serve(args: argparse.Namespace) -> int:
     from .registration import parse_hostport
 
     configure(args.verbose, args.log_json)
-    # one idle limit: between requests the session says why it closes (RPCSessionIdleError);
-    # mid-packet the transport drops the connection (rpcsrv/limits.py)
-    cfg.idle_timeout = cfg.limits.idle_timeout
     try:
         opts = BoardOptions(tracker=parse_hostport(args.tracker, "--tracker") if args.tracker else None,
                             custom_addr=args.custom_addr,
@@ -238,16 +235,11 @@ SUBCOMMANDS: dict[str, Callable] = {"serve": add_serve_parser, "inspect": add_in
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="rpcsrv", description="A TVM RPC server for boards without the TVM runtime, and tools "
-                                          "to read the libraries it runs.")
-    p.add_argument("--version", action="version", version=f"rpcsrv {package_version()}")
-    p.add_argument("-v", "--verbose", action="store_true", default=False,
-                   help="log each session (also accepted after the subcommand)")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
+    p, sub = command_parser("rpcsrv", "A TVM RPC server for boards without the TVM runtime, and tools to read "
+                                      "the libraries it runs.", f"rpcsrv {package_version()}", "log each session")
     for add in SUBCOMMANDS.values():
-        child = add(sub)
-        child.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
-                           help="log each session")
+        add(sub)
+    verbose_after(sub, "log each session")
     return p
 
 

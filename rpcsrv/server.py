@@ -47,7 +47,6 @@ class ServerConfig:
     # deployment hooks (rpcsrv/registration.py, rpcsrv/cli.py): a tracker registration admits only its
     # match keys; ``draining`` + ``sessions`` let SIGTERM close running sessions with a message
     gate: Optional[Any] = None
-    idle_timeout: float = 0.0  # unused: the idle limit is limits.idle_timeout (kept for callers that set it)
     draining: bool = False
     sessions: set = field(default_factory=set)
     state: Optional["ServerState"] = None  # made on first use (inside trio): see shared_state
@@ -125,8 +124,8 @@ async def serve_connection(stream: trio.SocketStream, cfg: ServerConfig, answere
         record = SessionRecord(peer=peer, key=cfg.key, start=time.monotonic(), io=io)
         account = MemoryAccount(limits.max_memory, parent=state.account, name="session")
         session = Session(conn, Workspace.create(cfg.workdir, max_bytes=limits.max_workspace),
-                          cfg.registry, limits, peer, account=account, limiter=state.limiter)
-        session.native = NativeSession(cfg.native, limits.max_memory, timeout)
+                          cfg.registry, limits, peer, account=account, limiter=state.limiter,
+                          native=NativeSession(cfg.native, limits.max_memory, timeout))
         log.info("%s: session started in %s", peer, session.workspace.root)
         idle: Optional[IdleTimeout] = None
         with trio.move_on_after(timeout) as scope:

@@ -75,7 +75,7 @@ class CopyData(Answer):
 class Session(SyscallsMixin):
     def __init__(self, conn: Connection, workspace: Workspace, registry, limits: Limits | None = None,
                  peer: str = "?", account: Optional[MemoryAccount] = None,
-                 limiter: Optional[trio.CapacityLimiter] = None):
+                 limiter: Optional[trio.CapacityLimiter] = None, native: Optional[NativeSession] = None):
         self.conn = conn  # read for the peer's dialect only
         self.registry = registry
         self.limits = limits or Limits()
@@ -91,7 +91,7 @@ class Session(SyscallsMixin):
         self._stream: Optional[StreamedCall] = None  # the streamed call in progress (see open_stream)
         self._close_hooks: list[Callable[[], None]] = []
         self.errors = 0  # requests answered with an exception (for the per-session log line)
-        self.native = NativeSession("isolated", self.limits.max_memory)  # the server sets its policy
+        self.native = native or NativeSession("isolated", self.limits.max_memory)  # the board's native policy
 
     # ------------------------------------------------------------------ compatibility views
     @property

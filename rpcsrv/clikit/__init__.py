@@ -31,6 +31,24 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
+def command_parser(prog: str, description: str, version: str, verbose_help: str):
+    """A command's top parser and its subparsers: ``--version``, and ``-v`` (see :func:`verbose_after`)."""
+    parser = Parser(prog=prog, description=description)
+    parser.add_argument("--version", action="version", version=version)
+    parser.add_argument("-v", "--verbose", action="store_true", default=False,
+                        help=f"{verbose_help} (also accepted after the subcommand)")
+    return parser, parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
+
+
+def verbose_after(sub, verbose_help: str) -> None:
+    """``prog SUBCOMMAND -v`` as well as ``prog -v SUBCOMMAND``, for every subcommand of ``sub`` that
+    has no ``-v`` of its own (absent there, the top parser's value stays)."""
+    for child in sub.choices.values():
+        if "-v" not in child._option_string_actions:
+            child.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                               help=verbose_help)
+
+
 def package_version() -> str:
     """The installed rpcsrv distribution's version (both commands ship in it)."""
     from importlib.metadata import PackageNotFoundError, version
