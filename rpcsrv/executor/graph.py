@@ -111,15 +111,12 @@ class GraphExecutorModule(RuntimeModule):
     def _setup_op_execs(self) -> None:
         g = self.graph
         self.op_execs = []
-        for nid, node in enumerate(g.nodes):
-            if node.op != "tvm_op":
-                continue
+        for nid in op_exec_node_ids(g):  # the same list the debug executor maps its nodes with
+            node = g.nodes[nid]
             args = [self.data_entry[g.entry_id(src, idx)] for src, idx in node.inputs]
             args += [self.data_entry[g.entry_id(nid, k)] for k in range(node.num_outputs)]
             if node.flatten_data:
                 args = [a.reshape(-1) for a in args]
-            if node.func_name == "__nop":
-                continue
             if node.func_name == "__copy":
                 self.op_execs.append((np.copyto, args[:2]))
             else:
