@@ -51,10 +51,9 @@ class SubgraphFunction:
         self.inputs = graph.inputs
         self.outputs = [graph.nodes[i] for i in graph.outputs]
         # ops that share op, inputs and attrs (the outputs of one multi-output op) run once per call
-        keys = []
-        for node in graph.ops:
-            kattrs = {k: v for k, v in node.attrs.items() if k not in RUNTIME_ATTRS}
-            keys.append((node.op, node.inputs, json.dumps(kattrs, sort_keys=True)))
+        kernel_attrs = [{k: v for k, v in node.attrs.items() if k not in RUNTIME_ATTRS} for node in graph.ops]
+        keys = [(node.op, node.inputs, json.dumps(kattrs, sort_keys=True))
+                for node, kattrs in zip(graph.ops, kernel_attrs)]
         last_of_key = {key: k for k, key in enumerate(keys)}
         # an intermediate is dropped after its last use, so peak memory stays near the live set
         last_use: dict[int, int] = {}
@@ -68,8 +67,7 @@ class SubgraphFunction:
             if nid not in keep:
                 drops.setdefault(k, []).append(nid)
         self.steps = []
-        for k, (node, key) in enumerate(zip(graph.ops, keys)):
-            kattrs = {a: v for a, v in node.attrs.items() if a not in RUNTIME_ATTRS}
+        for k, (node, key, kattrs) in enumerate(zip(graph.ops, keys, kernel_attrs)):
             shared = keys.count(key) > 1
             self.steps.append((node, kernels[node.op], kattrs, key if shared else None,
                                last_of_key[key] == k, node.attrs.get("output_index", 0),
