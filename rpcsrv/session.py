@@ -89,7 +89,6 @@ class Session(SyscallsMixin):
         self.initialized = False
         self.closed = False
         self._stream: Optional[StreamedCall] = None  # the streamed call in progress (see open_stream)
-        self._close_hooks: list[Callable[[], None]] = []
         self.errors = 0  # requests answered with an exception (for the per-session log line)
         self.native = native or NativeSession("isolated", self.limits.max_memory)  # the board's native policy
 
@@ -106,10 +105,6 @@ class Session(SyscallsMixin):
     def memory_used(self) -> int:
         """Bytes this session's account holds (arrays, storage, files, handle entries)."""
         return self.account.used
-
-    def on_close(self, hook: Callable[[], None]) -> None:
-        """Run ``hook()`` when the session closes (e.g. a native worker to stop)."""
-        self._close_hooks.append(hook)
 
     # ------------------------------------------------------------------ handles and memory
     def put_object(self, obj: Any) -> int:
@@ -304,11 +299,6 @@ class Session(SyscallsMixin):
             return
         self.closed = True
         self._abort_stream()
-        for hook in self._close_hooks:
-            try:
-                hook()
-            except Exception:  # a failing hook must not keep the rest from being released
-                log.exception("session close hook failed for %s", self.peer)
         self.globals.clear()
         self.handles.clear()
         self.native.close()
@@ -316,7 +306,7 @@ class Session(SyscallsMixin):
         self.account.close()
 
 
-#: the kInitServer answer (void in a known dialect, zero values in auto mode: the connection knows)
+#: the kInitServer answer (the connection sends it as zero values, which clients of both dialects accept)
 INIT_DONE = Returned(None)
 
 
