@@ -20,7 +20,6 @@ its next requests are refused until memory is released.
 
 from __future__ import annotations
 
-import gc
 import threading
 import weakref
 from typing import Optional
@@ -32,6 +31,15 @@ Budget = Optional[tuple[int, tuple[tuple[str, int, int], ...]]]
 
 class OverBudget(Exception):
     """An allocation refused in the worker: ``args`` are ``(what, nbytes, name, used, limit)``."""
+
+
+def refusal_in(exc: Optional[BaseException]) -> Optional[OverBudget]:
+    """The OverBudget that caused ``exc`` (itself, or one an executor wrapped in its own error)."""
+    for _ in range(16):  # a bounded walk down the cause/context chain
+        if exc is None or isinstance(exc, OverBudget):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 class WorkerBudget:
@@ -52,22 +60,13 @@ class WorkerBudget:
         """The allocation hook: count ``nbytes`` for ``owner`` until it dies, or raise OverBudget."""
         if nbytes < 0:
             raise ValueError(f"{what}: negative size {nbytes}")
-        refused = self._take(nbytes, what)
-        if refused is not None:  # what unreachable executors hold (reference cycles) may make room
-            gc.collect()
-            refused = self._take(nbytes, what)
-            if refused is not None:
-                raise refused
-        weakref.finalize(owner, self._release, nbytes)
-
-    def _take(self, nbytes: int, what: str) -> Optional[OverBudget]:
         with self._lock:
             grown = self.held - self._charged
             for name, used, limit in self._accounts:
                 if used + grown + nbytes > limit:
-                    return OverBudget(what, nbytes, name, used + grown, limit)
+                    raise OverBudget(what, nbytes, name, used + grown, limit)
             self.held += nbytes
-            return None
+        weakref.finalize(owner, self._release, nbytes)
 
     def _release(self, nbytes: int) -> None:
         with self._lock:

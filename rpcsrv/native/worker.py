@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from .budget import OverBudget, WorkerBudget
+from .budget import WorkerBudget, refusal_in
 from .wire import Copied, Ref, Shared
 
 WORKER_ARENA = 4 << 30 if sys.maxsize > 2 ** 32 else 256 << 20
@@ -184,6 +184,19 @@ def _recv_with_fds(sock: socket.socket) -> tuple[Any, list[int]]:
     return pickle.loads(_recv_exact(sock, int.from_bytes(head, "little"))), list(fds)
 
 
+def _error_answer(exc: Exception) -> tuple:
+    """The answer to a request that raised ``exc`` (without ``held``, which the loop adds)."""
+    refused = refusal_in(exc)
+    if refused is not None:  # refused before allocating: the session words it as its account does
+        return ("budget", refused.args, None)
+    text = str(exc) or type(exc).__name__
+    if type(exc).__name__ not in ("NativeError", "ExecutorError", "RuntimeError"):
+        text = f"{type(exc).__name__}: {text}"
+    if os.environ.get("RPCSRV_WORKER_TRACE"):
+        traceback.print_exc()
+    return ("err", text, None)
+
+
 def main(argv: list[str]) -> int:
     from .shm import Arena
 
@@ -212,15 +225,8 @@ def main(argv: list[str]) -> int:
                 answer = ("ok", None, [])
             else:
                 answer = ("ok", *state.handle(req))
-        except OverBudget as exc:  # refused before allocating: the session words it as its account does
-            answer = ("budget", exc.args, None)
         except Exception as exc:
-            text = str(exc) or type(exc).__name__
-            if type(exc).__name__ not in ("NativeError", "ExecutorError", "RuntimeError"):
-                text = f"{type(exc).__name__}: {text}"
-            if os.environ.get("RPCSRV_WORKER_TRACE"):
-                traceback.print_exc()
-            answer = ("err", text, None)
+            answer = _error_answer(exc)
         try:
             _send(sock, answer + (state.budget.held,))
         except (OSError, pickle.PicklingError) as exc:

@@ -29,6 +29,7 @@ from rpcsrv.native.proxy import WORKER_COST
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "executor"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "loader"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "vm"))
 from exec_helpers import GraphBuilder  # noqa: E402
 from loader_fixtures import c_source  # noqa: E402
 
@@ -92,6 +93,11 @@ def isolated(tmp_path_factory):
     yield from _server(tmp_path_factory, "isolated")
 
 
+@pytest.fixture(scope="module")
+def inprocess(tmp_path_factory):
+    yield from _server(tmp_path_factory, "inprocess")
+
+
 @pytest.fixture(scope="module", params=["isolated", "inprocess", "off"])
 def any_mode(request, tmp_path_factory):
     yield from _server(tmp_path_factory, request.param)
@@ -140,6 +146,37 @@ def test_storage_over_the_session_budget_is_refused_and_the_session_goes_on(any_
     assert any_mode.alive()
 
 
+@pytest.fixture(scope="module")
+def dynbatch(tmp_path_factory):
+    """The Relax VM test model with a symbolic batch (x: N x 16 -> ... -> N x 8), built by apache-tvm."""
+    import vm_models
+
+    need_module("onnx", "the test model is written as an ONNX graph")
+    folder = tmp_path_factory.getbasetemp() / "vm-libs"  # shared with tests/vm (vm_fixtures)
+    folder.mkdir(exist_ok=True)
+    return vm_models.build("dynbatch", folder)
+
+
+@pytest.mark.parametrize("server", ["isolated", "inprocess"])
+def test_vm_storage_over_the_budget_is_refused(request, server, dynbatch):
+    """A Relax VM's storage (``alloc_storage``, sized at run time from the batch) is charged too: a
+    batch of 256K rows needs more than the session has left; a batch of 4 then runs."""
+    from tvm import relax
+
+    srv = request.getfixturevalue(server)
+    sess = rpc.connect(srv.host, srv.port)
+    sess.upload(str(dynbatch))
+    vm = relax.VirtualMachine(sess.load_module(dynbatch.name), sess.cpu())
+    sess.remove(dynbatch.name)
+    x = tvm.runtime.tensor(np.ones((1 << 18, 16), "float32"), sess.cpu())  # 16 MiB
+    with pytest.raises(Exception, match=r"VM storage needs \d+ bytes, beyond the session memory budget"):
+        vm["main"](x)
+    del x
+    out = vm["main"](tvm.runtime.tensor(np.ones((4, 16), "float32"), sess.cpu())).numpy()
+    assert out.shape == (4, 8)
+    np.testing.assert_allclose(out.sum(axis=1), 1, rtol=1e-5)  # softmax rows
+
+
 def test_worker_and_its_storage_are_charged_and_released(isolated, libs):
     sess = rpc.connect(isolated.host, isolated.port)
     start = used(sess)
@@ -174,3 +211,42 @@ def test_two_sessions_that_fit_alone_exceed_the_server_budget_together(isolated,
             time.sleep(0.1)
     else:
         pytest.fail("the server account did not get back what the first session held")
+
+
+def test_what_the_worker_really_holds_is_charged_and_given_back(libs):
+    """Below the RPC layer: the session's ``NativeSession`` with a real account tree.  The worker's
+    arena (its own bookkeeping, and the pages the memfd really holds) never exceeds what the account
+    was charged for it; closing the worker, or its crash, gives everything back."""
+    import os
+    import signal
+
+    from rpcsrv.accounts import MemoryAccount
+    from rpcsrv.native.host import NativeSession
+    from rpcsrv.protocol import Device
+
+    server = MemoryAccount(TOTAL_MB * MB, name="server")
+    for end in ("close", "crash"):
+        account = MemoryAccount(SESSION_MB * MB, parent=server)
+        native = NativeSession("isolated", SESSION_MB * MB)
+        native.account = account
+        lib = native.load(str(libs[FITS]))
+        ex = lib.get_function("default")(Device(1, 0))
+        x = np.arange(FITS, dtype="float32")
+        ex.get_function("set_input")("x", x)
+        ex.get_function("run")()  # every storage page is written: the memfd really holds them
+        stats, _ = native.worker.request(("stats",), "stats")
+        real = os.fstat(native.worker.worker_arena.fd).st_blocks * 512
+        assert 8 * FITS <= stats["arena_used"] <= stats["held"] == native.worker.charged
+        assert real <= stats["held"]
+        assert account.used == server.used == WORKER_COST + stats["held"]
+        with pytest.raises(Exception, match="graph executor storage needs .* beyond the session memory budget"):
+            native.load(str(libs[BIG])).get_function("default")(Device(1, 0))
+        assert account.used == WORKER_COST + stats["held"]  # the refused one took nothing
+        if end == "crash":
+            os.kill(native.worker.pid, signal.SIGKILL)
+            with pytest.raises(Exception, match="native code crashed"):
+                ex.get_function("run")()
+        else:
+            native.close()
+        assert account.used == server.used == 0
+        native.close()
