@@ -6,13 +6,15 @@ is charged, and where (tests in ``tests/server/test_budgets.py`` name each path)
 
 * device arrays (``DevAllocData``): ``Session.alloc``;
 * arrays returned to the client (NDArray handles): ``Session.export_array``;
-* executor storage sized from a client's graph JSON: the allocation hook of
+* executor storage sized from a client's graph JSON, and Relax VM storage: the allocation hook of
   :mod:`rpcsrv.executor.memory`, which the session sets around its worker-thread calls;
 * workspace files (uploads, written files): :class:`rpcsrv.workspace.Workspace`;
 * handle table entries: a fixed cost per entry (:data:`HANDLE_COST`) in :class:`rpcsrv.handles.HandleTable`;
 * native workers (``--native isolated``): a fixed cost per worker process, and what the worker holds
   for the session (its executors' storage, ...), checked in the worker against the room the session
   sends with each request and charged here after it (:mod:`rpcsrv.native.budget`).
+
+Tests of the native worker's share: ``tests/native/test_worker_budget.py``.
 
 Charges that belong to a numpy buffer are released when the buffer itself dies (``weakref.finalize``),
 not when its handle is freed: a buffer freed by the client but still bound into an executor (e.g. by
