@@ -159,7 +159,8 @@ def _send(sock: socket.socket, obj: Any, fds: list[int] = ()) -> None:
         sock.sendall(header + data)  # one write: one wake-up of the other side
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv_exact(sock: socket.socket, n: int) -> bytearray:
+    """``n`` bytes (returned as received: a copied array argument is not copied once more here)."""
     buf = bytearray(n)
     view, got = memoryview(buf), 0
     while got < n:
@@ -167,7 +168,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
         if not k:
             raise EOFError
         got += k
-    return bytes(buf)
+    return buf
 
 
 def _recv(sock: socket.socket) -> Any:

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from conftest import ServerProcess, need_module
-from native_helpers import FIXTURES, need_program
+from native_helpers import FIXTURES, build_c, need_program
 from rpcsrv.loader import (BLOB_SYMBOL, ConstLoaderModule, ExampleJSONModule, GraphExecutorFactoryModule,
                            HostLibraryModule, build_blob)
 from rpcsrv.native.proxy import WORKER_COST
@@ -177,6 +177,26 @@ def test_vm_storage_over_the_budget_is_refused(request, server, dynbatch):
     np.testing.assert_allclose(out.sum(axis=1), 1, rtol=1e-5)  # softmax rows
 
 
+def test_arguments_copied_to_the_worker_are_charged_while_the_call_runs(isolated, tmp_path):
+    """Arrays allocated before the session's worker started live outside the shared arena, so a call
+    copies them to the worker and back: those copies count while the call runs (refused here: 24 MiB
+    held + the worker + 3 x 24 MiB in flight).  The same arrays allocated after it cross as handles."""
+    lib_path = build_c("c_target_kernels", tmp_path)
+    sess = rpc.connect(isolated.host, isolated.port)
+    dev = sess.cpu(0)
+    n = 3 * MB  # floats: 12 MiB per array
+    x = np.arange(n, dtype="float32")
+    a, b = tvm.runtime.tensor(x, dev), tvm.runtime.empty((n,), "float32", dev)  # before the worker
+    add_one = load(sess, lib_path)["add_one"]
+    with pytest.raises(Exception, match=rf"arguments copied to the native worker needs {3 * 8 * n} bytes, "
+                                        rf"beyond the session memory budget"):
+        add_one(a, b)
+    del a, b
+    a, b = tvm.runtime.tensor(x, dev), tvm.runtime.empty((n,), "float32", dev)  # in the shared arena
+    add_one(a, b)
+    np.testing.assert_array_equal(b.numpy(), x + 1)
+
+
 def test_worker_and_its_storage_are_charged_and_released(isolated, libs):
     sess = rpc.connect(isolated.host, isolated.port)
     start = used(sess)
@@ -231,7 +251,8 @@ def test_what_the_worker_really_holds_is_charged_and_given_back(libs):
         native.account = account
         lib = native.load(str(libs[FITS]))
         ex = lib.get_function("default")(Device(1, 0))
-        x = np.arange(FITS, dtype="float32")
+        x = native.zeros(4 * FITS).view("float32")  # a session buffer: in the arena both sides map
+        x[:] = np.arange(FITS)
         ex.get_function("set_input")("x", x)
         ex.get_function("run")()  # every storage page is written: the memfd really holds them
         stats, _ = native.worker.request(("stats",), "stats")
