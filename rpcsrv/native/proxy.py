@@ -228,8 +228,10 @@ class Worker:
     def call(self, req_head: tuple, args: tuple, what: str) -> Any:
         copied: list = []
         wire_args = [self.to_wire(a, copied) for a in args]
-        # arrays outside the shared arenas cross as copies: charged while the request runs
-        transient = COPY_COST * sum(a.nbytes for a in copied) if self.account is not None else 0
+        # arrays outside the shared arenas (and bytes, e.g. load_params) cross as copies: charged while
+        # the request runs
+        transient = 0 if self.account is None else COPY_COST * (
+            sum(a.nbytes for a in copied) + sum(len(w) for w in wire_args if isinstance(w, bytes)))
         if transient:
             self.account.charge(transient, "arguments copied to the native worker")
         try:

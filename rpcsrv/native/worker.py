@@ -69,6 +69,7 @@ class WorkerState:
                     off = arena.offset_of(v)
                     if off is not None:
                         return Shared(region, off, v.dtype.str, v.shape, v.strides)
+            self.budget.check(v.nbytes, "returned array")  # the session charges it when it arrives
             return Copied(np.ascontiguousarray(v))
         if isinstance(v, np.generic):
             return v.item()

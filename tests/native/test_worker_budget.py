@@ -271,3 +271,40 @@ def test_what_the_worker_really_holds_is_charged_and_given_back(libs):
             native.close()
         assert account.used == server.used == 0
         native.close()
+
+
+def test_worker_budget_checks_against_every_account_and_counts_what_is_unreported():
+    """The worker's hook (no process): each account of the chain is checked with what the worker grew
+    since the session last charged it; a refusal keeps its numbers through an executor's own error;
+    a returned array outside the arenas is checked before it is copied out."""
+    from rpcsrv.native.budget import OverBudget, WorkerBudget, refusal_in
+    from rpcsrv.native.worker import WorkerState
+
+    budget = WorkerBudget()
+    budget.grant((0, (("session", 10, 100), ("server", 50, 120))))
+    first, second = np.zeros(1), np.zeros(1)
+    budget.charge(first, 60, "graph executor storage")
+    assert budget.held == 60
+    with pytest.raises(OverBudget) as info:
+        budget.charge(second, 40, "VM storage")  # 10 + 60 unreported + 40 > 100
+    assert info.value.args == ("VM storage", 40, "session", 70, 100)
+    budget.grant((60, (("session", 70, 100), ("server", 110, 120))))  # the session charged the 60
+    with pytest.raises(OverBudget, match="server"):
+        budget.charge(second, 20, "VM storage")
+    del first
+    gc.collect()
+    assert budget.held == 0  # released with its owner
+    try:
+        try:
+            budget.charge(second, 200, "VM storage")
+        except OverBudget:
+            raise RuntimeError("main: instruction 10 (vm.builtin.alloc_storage): OverBudget") from None
+    except RuntimeError as wrapped:
+        assert refusal_in(wrapped).args[0] == "VM storage"
+    assert refusal_in(ValueError("unrelated")) is None
+
+    state = WorkerState(None, None)
+    state.budget.grant((0, (("session", 0, 1000),)))
+    with pytest.raises(OverBudget, match="returned array"):
+        state.to_wire(np.zeros(2000, np.uint8))
+    assert state.to_wire(np.zeros(100, np.uint8)).array.nbytes == 100
