@@ -14,6 +14,9 @@ model run (``GraphExecutorModule.run``) is a *job*:
   is process-wide, so this is one setting for all jobs, changed
   (through threadpoolctl's controller, a cheap call) only when it differs from the current one.
 
+A job inside a job (a VM function that runs a graph executor, a profiler around a call) is part of
+the outer one: ``job()`` is reentrant per thread and takes no second slot.
+
 ``fixed_threads(n)`` pins the BLAS threads per job (benchmarks compare 1 and 2 threads with it);
 ``None`` leaves the policy in charge.  The environment variable ``RPCSRV_BLAS_THREADS`` pins it for
 the whole process (a deployment's choice; the concurrency benchmark's single-thread reference).
@@ -72,6 +75,7 @@ class ComputePolicy:
         self.running = 0
         self.blas = _Blas()
         self._runnable, self._runnable_at = 0, float("-inf")  # last /proc/loadavg reading and its time
+        self._depth = threading.local()  # jobs this thread is inside (a nested job takes no slot)
 
     def threads_for(self, running: int) -> int:
         """BLAS threads per job while ``running`` jobs compute: the cores shared among the jobs, and only
@@ -105,15 +109,26 @@ class ComputePolicy:
 
     @contextlib.contextmanager
     def job(self) -> Iterator[int]:
-        """Hold a job slot while computing; yields the BLAS threads set for it."""
+        """Hold a job slot while computing; yields the BLAS threads set for it.  Inside a job of the
+        same thread, the outer job's slot and threads stand."""
+        depth = getattr(self._depth, "n", 0)
+        if depth:
+            self._depth.n = depth + 1
+            try:
+                yield max(1, self.blas.current or 1)
+            finally:
+                self._depth.n = depth
+            return
         with self._slots:
             with self._lock:
                 self.running += 1
                 threads = self.threads_for(self.running)
                 self.blas.set(threads)
+            self._depth.n = 1
             try:
                 yield threads
             finally:
+                self._depth.n = 0
                 with self._lock:
                     self.running -= 1
 
