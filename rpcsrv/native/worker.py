@@ -174,6 +174,15 @@ def _recv_with_fds(sock: socket.socket) -> tuple[Any, list[int]]:
     return pickle.loads(_recv_exact(sock, int.from_bytes(head, "little"))), list(fds)
 
 
+def _slot(sock: socket.socket) -> int:
+    """Ask the server for a compute slot (while a request is being handled) and wait: its BLAS threads."""
+    _send(sock, ("slot",))
+    answer = _recv(sock)
+    if answer[0] != "slot":
+        raise RuntimeError(f"the server answered {answer[0]!r} to a compute slot request")
+    return int(answer[1])
+
+
 def main(argv: list[str]) -> int:
     from .shm import Arena
 
@@ -186,6 +195,10 @@ def main(argv: list[str]) -> int:
     graph.STORAGE_ALLOCATOR = own.zeros  # executor storage lives where the session can map it
     from . import runtime  # noqa: F401  (the executor and the native layer, imported before "ready")
 
+    from ..executor import compute
+
+    # a model run here takes its slot (and BLAS threads) from the server's compute policy
+    compute.POLICY.set_remote(lambda: _slot(sock), lambda: _send(sock, ("slot-done",)))
     state = WorkerState(session_arena, own)
     _send(sock, ("ready", os.getpid(), WORKER_ARENA), [own.fd])
     while True:
