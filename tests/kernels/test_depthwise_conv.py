@@ -5,13 +5,15 @@ batches, odd sizes, 1-D, bias, fused relu, float16/float64, and the prepared-wei
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import onnx
 import pytest
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
-from rpcsrv.executor.kernels import depthwise
+from rpcsrv.executor.kernels import depthwise, prepared
 from rpcsrv.executor.kernels.conv import conv
 
 
@@ -117,12 +119,10 @@ def test_conv_routes_depthwise_layers_and_reuses_prepared_weights(monkeypatch):
     np.testing.assert_allclose(y3, onnx_conv(x[:, :, :9, :11], w, b1, group=16, pads=[1] * 4), rtol=1e-5,
                                atol=1e-5)
     assert len(calls) == 4
-    assert len(depthwise._cache[id(w)][1]) <= depthwise._MAX_GEOMETRIES
-    for side in range(3, 3 + 2 * depthwise._MAX_GEOMETRIES):  # many geometries: the entry stays bounded
+    assert 1 <= prepared.entries(w) <= prepared.MAX_PER_ARRAY
+    for side in range(3, 3 + 2 * prepared.MAX_PER_ARRAY):  # many geometries: the entry stays bounded
         conv(x[:, :, :side, :side], w, None, group=16, pads=[1] * 4)
-    assert len(depthwise._cache[id(w)][1]) <= depthwise._MAX_GEOMETRIES
+        assert prepared.entries(w) <= prepared.MAX_PER_ARRAY
     del w
-    import gc
-
     gc.collect()
-    assert all(ref() is not None for ref, _ in depthwise._cache.values())  # dropped with its weights
+    assert all(ref() is not None for ref, _ in prepared._cache.values())  # dropped with its weights

@@ -21,6 +21,7 @@ import numpy as np
 from . import winograd
 from .depthwise import depthwise_conv
 from .im2col import columns
+from .prepared import prepared
 from .registry import apply_activation, bad, register
 from .windows import pad_spatial, resolve_pads, spatial_attr, windows
 
@@ -84,11 +85,22 @@ def _gemm_conv(x, w, bias, kernel, strides, dilations, begin, end, out, activati
     if group == 1:
         wmat = w.reshape(m, rows)
         if along:
-            wmat = np.concatenate([wmat, bias.reshape(m, 1)], axis=1)
+            wmat = prepared(w, "gemm+bias", bias, lambda: np.concatenate([wmat, bias.reshape(m, 1)], axis=1))
         y = wmat @ cols[0] if n == 1 else np.matmul(wmat, cols)
     else:
-        q = cols.shape[-1]
-        y = np.matmul(w.reshape(group, m // group, rows), cols.reshape(n, group, rows, q)).reshape(n, m, q)
+        q, mg = cols.shape[-1], m // group
+        wmat, cols = w.reshape(group, mg, rows), cols.reshape(n, group, rows, q)
+        if bias is not None and x.shape[1] <= m and np.may_share_memory(cols, x):
+            # columns that are the input itself (1x1): a copy with a ones row per group, so that the bias
+            # rides in the product, costs less than adding it to the output (rows of q < 4096 values, numpy's
+            # slow loops): 2-5 us per ShuffleNet layer, 40 us when the conv widens 24 -> 112 channels
+            ones = np.empty((n, group, rows + 1, q), x.dtype)
+            ones[:, :, :rows] = cols
+            ones[:, :, rows] = 1
+            wb = wmat
+            wmat = prepared(w, "grouped+bias", bias, lambda: np.concatenate([wb, bias.reshape(group, mg, 1)], axis=2))
+            cols, along = ones, True
+        y = np.matmul(wmat, cols).reshape(n, m, q)
         y = y[0] if n == 1 else y
     if bias is not None and not along:
         y += bias.reshape(m, 1)

@@ -31,19 +31,13 @@ each variant per ShuffleNet layer against a plain copy of its input.
 
 from __future__ import annotations
 
-import threading
-import weakref
-
 import numpy as np
+
+from .prepared import prepared
 
 #: column strides for which the layout copy splits columns into phases; other strides compute every
 #: column and keep every sw-th (see ``bench/depthwise_bench.py`` for the measured choice)
 COLUMN_PHASES = frozenset({2, 3, 4})
-
-_cache: dict[int, tuple[weakref.ref, dict]] = {}
-_lock = threading.Lock()
-#: prepared weight vectors kept per weight array (one per input geometry it met)
-_MAX_GEOMETRIES = 4
 
 
 def depthwise_conv(x: np.ndarray, w: np.ndarray, bias, strides, dilations, begin, end, out) -> np.ndarray:
@@ -84,7 +78,7 @@ def _conv2d(x, w, bias, strides, dilations, begin, end, out):
     buf = flat[:n * image].reshape(n, sh, cs, hq, c, qw)
     _fill(buf, x, begin, sh, cs)
 
-    wvec, bvec = _prepared(w, bias, qw, rows)
+    wvec, bvec = prepared(w, ("depthwise", qw, rows), bias, lambda: _vectors(w, bias, qw, rows))
     it = flat.itemsize
     shape = (n, oh_r // rows, rows * cq)
     y = np.empty(shape, x.dtype)
@@ -127,32 +121,9 @@ def _fill(buf: np.ndarray, x: np.ndarray, begin, sh: int, cs: int) -> None:
             buf[:, a, r, q0:q0 + nh, :, p0:p0 + nw] = xt[:, h0::sh, :, w0::cs][:, :nh, :, :nw]
 
 
-def _prepared(w: np.ndarray, bias, qw: int, rows: int):
+def _vectors(w: np.ndarray, bias, qw: int, rows: int):
     """(T, rows * C * QW) per-tap weight vectors and the (rows * C * QW) bias vector (or None) for
-    weights w (C, 1, KH, KW): channel c's value repeated QW times, the whole repeated ``rows`` times.
-
-    Cached per weight array (by identity, dropped with the array) and geometry; the bias, often a
-    fresh view of the same constant, is recognised by value.
-    """
-    hit = _cache.get(id(w))
-    if hit is not None and hit[0]() is w:
-        entry = hit[1].get((qw, rows))
-        if entry is not None and (entry[0] is None if bias is None else
-                                  entry[0] is not None and np.array_equal(entry[0], bias)):
-            return entry[1], entry[2]
+    weights w (C, 1, KH, KW): channel c's value repeated QW times, the whole repeated ``rows`` times."""
     c = w.shape[0]
     wvec = np.tile(np.repeat(w.reshape(c, -1).T, qw, axis=1), (1, rows))
-    bvec = None if bias is None else np.tile(np.repeat(bias, qw), rows)
-    try:
-        ref = weakref.ref(w, lambda _r, k=id(w): _cache.pop(k, None))
-    except TypeError:  # not weak-referenceable: not cached
-        return wvec, bvec
-    with _lock:
-        hit = _cache.get(id(w))
-        if hit is None or hit[0]() is not w:
-            hit = (ref, {})
-            _cache[id(w)] = hit
-        if len(hit[1]) >= _MAX_GEOMETRIES:
-            hit[1].clear()
-        hit[1][(qw, rows)] = (None if bias is None else bias.copy(), wvec, bvec)
-    return wvec, bvec
+    return wvec, None if bias is None else np.tile(np.repeat(bias, qw), rows)
