@@ -9,7 +9,12 @@ other shapes, times, with 1 BLAS thread, best of ``--repeat`` interleaved rounds
 * ``rows-fullcols``: the same computing every column at stride 2 and keeping every other one;
 * ``conv``: the whole ``conv`` kernel with bias and fused relu (what the executor calls).
 
-    python bench/depthwise_bench.py [--repeat 30]
+Each variant allocates its buffers per call, as the executor's kernels do.  Called alone in a loop, glibc
+gives the freed megabytes back to the system after every call and the next call page-faults them in
+again (2-3x slower than inside a model run, where other tensors keep the heap in use), so the bench raises
+glibc's trim and mmap thresholds for its own process first (``--cold-heap`` leaves them).
+
+    python bench/depthwise_bench.py [--repeat 30] [--cold-heap]
 """
 
 from __future__ import annotations
@@ -52,10 +57,26 @@ def rows_variant(x, w, stride, phases=True):
         depthwise.COLUMN_PHASES = saved
 
 
+def warm_heap() -> None:
+    """Keep freed memory in this process's heap (glibc ``mallopt``; nothing happens elsewhere)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        libc.mallopt(-1, 256 << 20)  # M_TRIM_THRESHOLD
+        libc.mallopt(-3, 64 << 20)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        print("(not glibc: heap thresholds left as they are)")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--cold-heap", action="store_true", help="leave glibc's heap trimming as it is")
     args = ap.parse_args(argv)
+    if not args.cold_heap:
+        warm_heap()
     from threadpoolctl import threadpool_limits
 
     rng = np.random.default_rng(0)

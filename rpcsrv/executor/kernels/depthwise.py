@@ -44,7 +44,8 @@ def depthwise_conv(x: np.ndarray, w: np.ndarray, bias, strides, dilations, begin
     """Depthwise conv of x (N, C, [H,] W) with w (C * mult, 1, [KH,] KW): (N, C * mult, [OH,] OW), a fresh
     C-contiguous array (bias added; the caller applies any activation).
 
-    ``begin``/``end``/``out`` are the resolved pads and output sizes (``windows.resolve_pads``).
+    ``begin``/``end``/``out`` are the resolved pads and output sizes (``windows.resolve_pads``).  The result
+    may be a view of a slightly larger buffer (the products' scratch space).
     """
     if x.ndim == 3:  # 1-D: one row of a 2-D conv
         y = depthwise_conv(x[:, :, None, :], w[:, :, None, :], bias, [1, strides[0]], [1, dilations[0]],
@@ -82,7 +83,9 @@ def _conv2d(x, w, bias, strides, dilations, begin, end, out):
     it = flat.itemsize
     shape = (n, oh_r // rows, rows * cq)
     y = np.empty(shape, x.dtype)
-    tmp = np.empty(shape, x.dtype)
+    # the products' scratch, later the result (never larger): one allocation less per call
+    scratch = np.empty(max(n * oh_r * cq, n * c * oh * ow), x.dtype)
+    tmp = scratch[:y.size].reshape(shape)
     for k, (a, ui, r, uj) in enumerate(taps):
         start = ((a * cs + r) * hq + ui) * cq + uj
         src = np.ndarray(shape, x.dtype, flat, start * it, (image * it, rows * cq * it, it))
@@ -94,9 +97,9 @@ def _conv2d(x, w, bias, strides, dilations, begin, end, out):
     if bvec is not None:
         y += bvec
     # (N, rows, C, QW) -> (N, C, OH, OW): the only copy out, cropping the extra rows and columns
-    res = np.empty((n, c, oh, ow), x.dtype)
+    res = scratch[:n * c * oh * ow].reshape(n, c, oh, ow)
     grid = y.reshape(n, oh_r, c, qw)[:, :oh, :, 0:(ow - 1) * step + 1:step]
-    res[...] = grid.transpose(0, 2, 1, 3)
+    np.copyto(res, grid.transpose(0, 2, 1, 3))
     return res
 
 
