@@ -126,3 +126,24 @@ def test_conv_routes_depthwise_layers_and_reuses_prepared_weights(monkeypatch):
     del w
     gc.collect()
     assert all(ref() is not None for ref, _ in prepared._cache.values())  # dropped with its weights
+
+
+@pytest.mark.parametrize("n,c,m,group,side", [
+    (1, 8, 24, 1, 7), (2, 8, 24, 1, 5), (1, 24, 8, 1, 7),  # ungrouped 1x1: widening (bias in the GEMM), narrowing
+    (1, 24, 112, 4, 9), (2, 12, 12, 4, 6), (1, 16, 8, 4, 5),  # grouped 1x1 (ShuffleNet's), the same
+])
+@pytest.mark.parametrize("activation", [None, "relu"])
+def test_pointwise_conv_bias_in_the_product(n, c, m, group, side, activation):
+    """1x1 convs whose columns are the input itself: the bias rides in the GEMM through a ones row per
+    group when the conv does not narrow, else it is added after; both against onnx.reference."""
+    rng = np.random.default_rng(c * m + group)
+    x = rng.standard_normal((n, c, side, side)).astype(np.float32)
+    w = rng.standard_normal((m, c // group, 1, 1)).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32)
+    want = onnx_conv(x, w, b, group=group)
+    want = np.maximum(want, 0) if activation else want
+    for _ in range(2):  # the second call uses the cached weights-with-bias
+        got = conv(x, w, b, group=group, activation=activation)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    got = conv(x, w, b + 1, group=group)  # same weights, another bias
+    np.testing.assert_allclose(got, onnx_conv(x, w, b + 1, group=group), rtol=1e-5, atol=1e-5 * np.abs(want).max())

@@ -78,28 +78,27 @@ def _gemm_conv(x, w, bias, kernel, strides, dilations, begin, end, out, activati
     (their extra positions are computed and dropped; see ``im2col``).
     """
     n, m = x.shape[0], w.shape[0]
-    rows = w[0].size
+    rows, mg = w[0].size, m // group
     # the bias as one more weight column beats a pass over the result when C*K < Q
     ones = group == 1 and bias is not None and rows < math.prod(out)
     cols, grid, along = columns(x, kernel, strides, dilations, begin, end, out, ones_row=ones, out_channels=m)
+    q = cols.shape[-1]
+    wmat, cols = w.reshape(group, mg, rows), cols.reshape(n, group, cols.shape[1] // group, q)
+    if bias is not None and not along and x.shape[1] <= m and np.may_share_memory(cols, x):
+        # columns that are the input itself (1x1): a copy with a ones row per group, so that the bias rides
+        # in the product, costs less than a bias pass over the output when there are at least as many output
+        # channels as input ones (rows of q < 4096 values run numpy's slow loops): 2-5 us per ShuffleNet
+        # layer, 40 us where it widens 24 -> 112 channels at 56x56, 80-130 us on ResNet's widening 1x1s
+        ones = np.empty((n, group, rows + 1, q), x.dtype)
+        ones[:, :, :rows] = cols
+        ones[:, :, rows] = 1
+        cols, along = ones, True
+    if along:
+        wb = wmat
+        wmat = prepared(w, "gemm+bias", bias, lambda: np.concatenate([wb, bias.reshape(group, mg, 1)], axis=2))
     if group == 1:
-        wmat = w.reshape(m, rows)
-        if along:
-            wmat = prepared(w, "gemm+bias", bias, lambda: np.concatenate([wmat, bias.reshape(m, 1)], axis=1))
-        y = wmat @ cols[0] if n == 1 else np.matmul(wmat, cols)
+        y = wmat[0] @ cols[0, 0] if n == 1 else np.matmul(wmat[0], cols[:, 0])
     else:
-        q, mg = cols.shape[-1], m // group
-        wmat, cols = w.reshape(group, mg, rows), cols.reshape(n, group, rows, q)
-        if bias is not None and x.shape[1] <= m and np.may_share_memory(cols, x):
-            # columns that are the input itself (1x1): a copy with a ones row per group, so that the bias
-            # rides in the product, costs less than adding it to the output (rows of q < 4096 values, numpy's
-            # slow loops): 2-5 us per ShuffleNet layer, 40 us when the conv widens 24 -> 112 channels
-            ones = np.empty((n, group, rows + 1, q), x.dtype)
-            ones[:, :, :rows] = cols
-            ones[:, :, rows] = 1
-            wb = wmat
-            wmat = prepared(w, "grouped+bias", bias, lambda: np.concatenate([wb, bias.reshape(group, mg, 1)], axis=2))
-            cols, along = ones, True
         y = np.matmul(wmat, cols).reshape(n, m, q)
         y = y[0] if n == 1 else y
     if bias is not None and not along:
