@@ -103,7 +103,7 @@ op("global_max_pool", "x")
 _INFERENCE = "the board runs inference only, without batch statistics"
 op("batch_normalization", "x scale b mean var", epsilon=f(1e-5), momentum=f(0.9),
    training_mode=i(0, (0,), _INFERENCE), spatial=i(1, (1,), "per-activation statistics are not implemented"),
-   is_test=i(1, (1,), _INFERENCE))
+   is_test=i(1, (1,), _INFERENCE), **FUSED)
 op("instance_normalization", "x scale b", epsilon=f(1e-5))
 op("layer_normalization", "x scale b?", "y mean? inv_std_dev?", axis=i(-1), epsilon=f(1e-5), stash_type=i(1))
 op("group_normalization", "x scale b", epsilon=f(1e-5), num_groups=i(REQUIRED), stash_type=i(1))
