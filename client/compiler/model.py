@@ -188,8 +188,9 @@ def compile_onnx(model_or_path, input_shapes: dict | None = None, ops=None, *,
     default: every kernel of the board.  ``bind_inputs``: ``{input name: array}`` to make inputs
     constants (e.g. a Reshape target shape).  ``fold_batchnorm``: compose per-channel affine chains
     (BatchNormalization, Mul, Add by constants) into one BatchNormalization and fold it into the Conv
-    before it where only rounding can differ (``simplify``; TVM and onnxruntime fold it too).  Raises ``CompileError`` for anything wrong with the input,
-    ``UnsupportedNodesError`` when some nodes cannot be offloaded.
+    before it where only rounding can differ (``simplify``; TVM and onnxruntime fold it too).
+    Raises ``CompileError`` for anything wrong with the input, ``UnsupportedNodesError`` when some
+    nodes cannot be offloaded.
     """
     if not module_name.isidentifier():
         raise CompileError(f"module name {module_name!r} must be an identifier")
