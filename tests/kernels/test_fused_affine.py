@@ -1,6 +1,6 @@
-"""The batch_normalization kernel with a fused activation (the compiler's batch_norm_relu composite):
-the same values as BatchNormalization then Relu in float64, in every rank and float dtype, NaN kept,
-the input untouched."""
+"""Kernels with a fused activation: batch_normalization (the compiler's batch_norm_relu composite) gives
+the same values as BatchNormalization then Relu in float64, in every rank and float dtype, NaN kept, the
+input untouched; add and sum (add_relu, sum_relu) likewise."""
 
 from __future__ import annotations
 
@@ -61,3 +61,22 @@ def test_unit_statistics_compute_scale_and_shift_exactly():
     want = x * s.reshape(-1, 1, 1)
     want += b.reshape(-1, 1, 1)
     np.testing.assert_array_equal(y, want)
+
+
+@pytest.mark.parametrize("shapes", [[(2, 3, 4), (2, 3, 4)], [(2, 3, 4), (3, 1)], [(), ()], [(1, 4)],
+                                    [(4,), (2, 1), (1,)]])
+def test_add_and_sum_with_relu_leave_their_inputs_alone(shapes):
+    """The Add/Sum+Relu composites (residual connections): relu of the sum, on a buffer of their own
+    even when the sum is one input or a broadcast of it."""
+    xs = [RNG.standard_normal(s).astype("float32") for s in shapes]
+    before = [x.copy() for x in xs]
+    want = np.maximum(sum(x.astype(np.float64) for x in xs), 0)
+    got = KERNELS["sum"](*xs, activation="relu")
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert got.dtype == np.float32 and got.shape == np.broadcast_shapes(*shapes)
+    if len(xs) == 2:
+        added = KERNELS["add"](*xs, activation="relu")
+        np.testing.assert_allclose(added, want, rtol=1e-6)
+        assert np.asarray(KERNELS["add"](*xs)).shape == want.shape
+    for x, b in zip(xs, before):
+        np.testing.assert_array_equal(x, b)
