@@ -21,6 +21,7 @@ unchanged.  Dropping a proxy frees the worker's object with the next request.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -34,6 +35,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from ..executor import compute
 from ..executor.runtime import RuntimeModule
 from .library import NativeError
 from .shm import Arena
@@ -163,12 +165,7 @@ class Worker:
                     if self._settle(_recv(self.sock))[0] != "ok":
                         raise EOFError
                 _send(self.sock, (self._budget(), req))
-                deadline = self.deadline()
-                if not self._wait(deadline):
-                    self.kill("stopped at the session deadline")
-                    raise NativeError(f"{what}: native code was still running at the session deadline; "
-                                      f"its worker was stopped")
-                answer = self._settle(_recv(self.sock))
+                answer = self._settle(self._answer(what))
             except (EOFError, OSError, ConnectionError):
                 text = self._exit_text()
                 self.kill(f"crashed: {text}")
@@ -179,6 +176,26 @@ class Worker:
         if answer[0] == "budget":  # refused in the worker before allocating
             raise self.account.refusal(*answer[1])
         return answer[1], answer[2]
+
+    def _answer(self, what: str) -> tuple:
+        """The answer to the request just sent.  Meanwhile the worker may ask for a compute slot
+        (``("slot",)``, a model run starting there): it is held in the server's compute policy
+        (``rpcsrv.executor.compute``) until ``("slot-done",)`` or the answer, so the worker's runs
+        share the cores' slots with every other session's."""
+        with contextlib.ExitStack() as held:
+            while True:
+                if not self._wait(self.deadline()):
+                    self.kill("stopped at the session deadline")
+                    raise NativeError(f"{what}: native code was still running at the session deadline; "
+                                      f"its worker was stopped")
+                answer = _recv(self.sock)
+                if answer[0] == "slot":
+                    held.close()
+                    _send(self.sock, ("slot", held.enter_context(compute.job())))
+                elif answer[0] == "slot-done":
+                    held.close()
+                else:
+                    return answer
 
     def forget(self, oid: int) -> None:
         self._garbage.append(oid)

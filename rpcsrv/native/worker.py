@@ -199,6 +199,15 @@ def _error_answer(exc: Exception) -> tuple:
     return ("err", text, None)
 
 
+def _slot(sock: socket.socket) -> int:
+    """Ask the server for a compute slot (while a request is being handled) and wait: its BLAS threads."""
+    _send(sock, ("slot",))
+    answer = _recv(sock)
+    if answer[0] != "slot":
+        raise RuntimeError(f"the server answered {answer[0]!r} to a compute slot request")
+    return int(answer[1])
+
+
 def main(argv: list[str]) -> int:
     from .shm import Arena
 
@@ -212,6 +221,10 @@ def main(argv: list[str]) -> int:
     from ..executor.memory import ALLOCATION_HOOK
     from . import runtime  # noqa: F401  (the executor and the native layer, imported before "ready")
 
+    from ..executor import compute
+
+    # a model run here takes its slot (and BLAS threads) from the server's compute policy
+    compute.POLICY.set_remote(lambda: _slot(sock), lambda: _send(sock, ("slot-done",)))
     state = WorkerState(session_arena, own)
     ALLOCATION_HOOK.set(state.budget.charge)  # executors check their storage against the session's budget
     _send(sock, ("ready", os.getpid(), WORKER_ARENA), [own.fd])
