@@ -5,7 +5,10 @@ The library is what TVM's ``export_library`` links for a classic graph (the blob
 functions in one .so, gcc): ``x (n floats) -> add_one -> y``, so the graph executor, created with
 ``lib["default"](dev)`` by the real apache-tvm client, calls native code and therefore lives in the
 session's worker with ``--native isolated``; its storage is 2 x 4n bytes.  The same refusals hold with
-``--native inprocess`` (the session's own accounting) and ``--native off``.
+``--native inprocess`` (the session's own accounting) and ``--native off``.  Also named here: a Relax
+VM's storage (``alloc_storage``) in both modes, arguments copied to the worker while a call runs, the
+worker's own cost, its release when an executor is freed or the worker ends or crashes, and two
+sessions that fit alone but not together in the server's budget.
 
 Budgets here: 96 MiB per session, 128 MiB for the server; a worker costs ``WORKER_COST`` (32 MiB).
 """
