@@ -5,7 +5,8 @@ The library is what TVM's ``export_library`` links for a classic graph (the blob
 functions in one .so, gcc): ``x (n floats) -> add_one -> y``, so the graph executor, created with
 ``lib["default"](dev)`` by the real apache-tvm client, calls native code and therefore lives in the
 session's worker with ``--native isolated``; its storage is 2 x 4n bytes.  The same refusals hold with
-``--native inprocess`` (the session's own accounting) and ``--native off``.  Also named here: a Relax
+``--native inprocess`` (the session's own accounting), ``--native off``, and ``--isolate all`` (the
+ExampleJSON graph in the worker too).  Also named here: a Relax
 VM's storage (``alloc_storage``) in both modes, arguments copied to the worker while a call runs, the
 worker's own cost, its release when an executor is freed or the worker ends or crashes, and two
 sessions that fit alone but not together in the server's budget.
@@ -84,7 +85,8 @@ def libs(tmp_path_factory):
 
 
 def _server(tmp_path_factory, mode: str):
-    srv = ServerProcess("--native", mode, "--max-memory-mb", str(SESSION_MB),
+    native = ["--native", "isolated", "--isolate", "all"] if mode == "isolate-all" else ["--native", mode]
+    srv = ServerProcess(*native, "--max-memory-mb", str(SESSION_MB),
                         "--max-total-memory-mb", str(TOTAL_MB), workdir=tmp_path_factory.mktemp(f"budget-{mode}"))
     yield srv
     assert srv.alive(), "the server died during the tests"
@@ -101,7 +103,7 @@ def inprocess(tmp_path_factory):
     yield from _server(tmp_path_factory, "inprocess")
 
 
-@pytest.fixture(scope="module", params=["isolated", "inprocess", "off"])
+@pytest.fixture(scope="module", params=["isolated", "inprocess", "off", "isolate-all"])
 def any_mode(request, tmp_path_factory):
     yield from _server(tmp_path_factory, request.param)
 
