@@ -142,6 +142,8 @@ def test_storage_over_the_session_budget_is_refused_and_the_session_goes_on(any_
     sess = rpc.connect(any_mode.host, any_mode.port)
     lib = load(sess, libs[BIG if kind == "native" else "ej"])
     before = used(sess)
+    in_worker = mode == "isolate-all" or (mode == "isolated" and kind == "native")
+    assert (before >= WORKER_COST) == in_worker  # the library loaded in a worker, which is charged
     refusal = "native code is disabled" if kind == "native" and mode == "off" else OVER_SESSION
     with pytest.raises(Exception, match=refusal):
         lib["default"](sess.cpu(0))
