@@ -174,6 +174,8 @@ class Worker:
         if answer[0] == "err":
             raise NativeError(answer[1])
         if answer[0] == "budget":  # refused in the worker before allocating
+            if self.account is None:  # (never: no account, no budget sent)
+                raise NativeError(f"{what}: refused by the native worker's memory budget: {answer[1]}")
             raise self.account.refusal(*answer[1])
         return answer[1], answer[2]
 
