@@ -21,7 +21,6 @@ import numpy as np
 from . import winograd
 from .depthwise import depthwise_conv
 from .im2col import columns
-from .prepared import prepared
 from .registry import apply_activation, bad, register
 from .windows import pad_spatial, resolve_pads, spatial_attr, windows
 
@@ -84,18 +83,18 @@ def _gemm_conv(x, w, bias, kernel, strides, dilations, begin, end, out, activati
     cols, grid, along = columns(x, kernel, strides, dilations, begin, end, out, ones_row=ones, out_channels=m)
     q = cols.shape[-1]
     wmat, cols = w.reshape(group, mg, rows), cols.reshape(n, group, cols.shape[1] // group, q)
-    if bias is not None and not along and x.shape[1] <= m and np.may_share_memory(cols, x):
-        # columns that are the input itself (1x1): a copy with a ones row per group, so that the bias rides
-        # in the product, costs less than a bias pass over the output when there are at least as many output
-        # channels as input ones (rows of q < 4096 values run numpy's slow loops): 2-5 us per ShuffleNet
-        # layer, 40 us where it widens 24 -> 112 channels at 56x56, 80-130 us on ResNet's widening 1x1s
+    if bias is not None and not along and 2 * m * q > x.shape[1] * q + m * rows and np.may_share_memory(cols, x):
+        # columns that are the input itself (1x1): a copy of the input with a ones row per group and of the
+        # weights with the bias column, so that the bias rides in the product, cost less than a bias pass
+        # over the output when that is larger than both (its rows of q < 4096 values run numpy's slow
+        # loops, at about twice the cost per value): 2-5 us per ShuffleNet layer, 40 us where it widens
+        # 24 -> 112 channels at 56x56, 80-130 us on ResNet's widening 1x1s
         ones = np.empty((n, group, rows + 1, q), x.dtype)
         ones[:, :, :rows] = cols
         ones[:, :, rows] = 1
         cols, along = ones, True
-    if along:
-        wb = wmat
-        wmat = prepared(w, "gemm+bias", bias, lambda: np.concatenate([wb, bias.reshape(group, mg, 1)], axis=2))
+    if along:  # per call: caching it would cost a comparison pass over the weights (see ``prepared``)
+        wmat = np.concatenate([wmat, bias.reshape(group, mg, 1)], axis=2)
     if group == 1:
         y = wmat[0] @ cols[0, 0] if n == 1 else np.matmul(wmat[0], cols[:, 0])
     else:

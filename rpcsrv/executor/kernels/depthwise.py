@@ -53,6 +53,8 @@ def depthwise_conv(x: np.ndarray, w: np.ndarray, bias, strides, dilations, begin
         return y.reshape(y.shape[:2] + (out[0],))
     n, c = x.shape[:2]
     m = w.shape[0]
+    if n == 0:
+        return np.empty((0, m) + tuple(out), x.dtype)
     if m != c:  # channel multiplier: each input channel feeds m // c consecutive output channels
         x = np.repeat(x, m // c, axis=1)
     return _conv2d(x, w, bias, strides, dilations, begin, end, out)

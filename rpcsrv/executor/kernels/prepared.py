@@ -1,11 +1,17 @@
-"""Weights prepared once for a kernel (rearranged, repeated, joined with their bias), cached per weight array.
+"""Weights prepared for a kernel (rearranged, repeated), cached per weight array.
 
-Model weights are constants bound at load and live as long as their executor, so a kernel can keep a
-rearranged copy next to them instead of rebuilding it on every call.  Entries are keyed by the weight
-array's identity and dropped with it (a weak reference), and by a tag the kernel chooses (the geometry
-the preparation depends on); at most ``MAX_PER_ARRAY`` tags are kept per array, so the cache cannot
-grow without bound.  The bias, often a fresh view of the same constant on every call, is recognised
-by value (a copy is kept).  Winograd keeps its own cache (``winograd.transformed_weights``).
+Model weights are mostly constants bound at load that live as long as their executor, so a kernel can
+keep a rearranged copy next to them instead of rebuilding it on every call.  Entries are keyed by the
+weight array's identity and dropped with it (a weak reference), and by a tag the kernel chooses (the
+geometry the preparation depends on); at most ``MAX_PER_ARRAY`` tags are kept per array, so the cache
+cannot grow without bound.
+
+Identity is not enough: a weight that is a subgraph *input* is a storage buffer that ``set_input``
+overwrites in place between runs, and the bias is often a fresh view of the same constant on every
+call.  So an entry keeps copies of the weights and bias it was built from and is used only while they
+still hold the same values: one comparison pass over the weights per call.  That pays for small weights
+turned into large prepared arrays (the depthwise weight vectors: ~5 KB of weights, ~300 KB prepared),
+not for a preparation that is itself one pass over the weights.
 """
 
 from __future__ import annotations
@@ -23,13 +29,13 @@ _lock = threading.Lock()
 
 
 def prepared(w: np.ndarray, tag: Any, bias: Optional[np.ndarray], build: Callable[[], Any]) -> Any:
-    """``build()``'s result for weights ``w``, ``tag`` and ``bias``, computed once while ``w`` lives."""
+    """``build()``'s result for weights ``w``, ``tag`` and ``bias``: computed again only when ``w`` or
+    ``bias`` changed values (or ``w`` is another array)."""
     hit = _cache.get(id(w))
     if hit is not None and hit[0]() is w:
         entry = hit[1].get(tag)
-        if entry is not None and (entry[0] is None if bias is None
-                                  else entry[0] is not None and np.array_equal(entry[0], bias)):
-            return entry[1]
+        if entry is not None and _same(entry[0], w) and _same(entry[1], bias):
+            return entry[2]
     value = build()
     try:
         ref = weakref.ref(w, lambda _r, key=id(w): _drop(key, _r))
@@ -42,8 +48,14 @@ def prepared(w: np.ndarray, tag: Any, bias: Optional[np.ndarray], build: Callabl
             _cache[id(w)] = hit
         if len(hit[1]) >= MAX_PER_ARRAY:
             hit[1].clear()
-        hit[1][tag] = (None if bias is None else np.array(bias, copy=True), value)
+        hit[1][tag] = (np.array(w, copy=True), None if bias is None else np.array(bias, copy=True), value)
     return value
+
+
+def _same(kept: Optional[np.ndarray], now: Optional[np.ndarray]) -> bool:
+    if kept is None or now is None:
+        return kept is now
+    return kept.shape == now.shape and kept.dtype == now.dtype and np.array_equal(kept, now)
 
 
 def _drop(key: int, ref: weakref.ref) -> None:
