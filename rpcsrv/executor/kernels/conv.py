@@ -14,6 +14,7 @@ Float16 is computed in float32.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -30,19 +31,12 @@ def conv(x, w, b=None, *, auto_pad: str = "NOTSET", dilations=None, group: int =
          pads=None, strides=None, activation=None, activation_attrs=None):
     """ONNX Conv; ``kernel_shape`` is optional and must match the weights when given."""
     x, w = np.asarray(x), np.asarray(w)
-    if x.ndim < 3 or w.ndim != x.ndim:
-        raise bad("conv", f"need X (N, C, spatial...) and W of the same rank, got {x.shape} and {w.shape}")
     k = x.ndim - 2
-    n, c = x.shape[:2]
-    m, cg = w.shape[:2]
-    kernel = list(w.shape[2:])
-    if kernel_shape is not None and [int(v) for v in kernel_shape] != kernel:
-        raise bad("conv", f"kernel_shape {kernel_shape} does not match weights {w.shape}")
-    if group < 1 or c % group or m % group or cg * group != c:
-        raise bad("conv", f"group={group} does not fit C={c}, W {w.shape}")
-    strides = spatial_attr(strides, k, 1, "strides", "conv")
-    dilations = spatial_attr(dilations, k, 1, "dilations", "conv")
-    begin, end, out = resolve_pads("conv", x.shape[2:], kernel, strides, dilations, pads, auto_pad)
+    n = x.shape[0] if x.ndim else 0
+    m, cg = w.shape[:2] if w.ndim >= 2 else (0, 0)
+    kernel = w.shape[2:]
+    strides, dilations, begin, end, out = _geometry(x.shape, w.shape, group, _tup(kernel_shape), _tup(pads),
+                                                    _tup(strides), _tup(dilations), auto_pad)
     dtype = x.dtype
     ct = np.dtype(np.float32) if dtype == np.float16 else dtype
     x, w = x.astype(ct, copy=False), w.astype(ct, copy=False)
@@ -66,6 +60,29 @@ def conv(x, w, b=None, *, auto_pad: str = "NOTSET", dilations=None, group: int =
             y += bias.reshape((m,) + (1,) * k)
         y = apply_activation(y, activation, activation_attrs, "conv")
     return y.astype(dtype, copy=False)
+
+
+def _tup(values):
+    """A list attribute as a hashable tuple (None stays None)."""
+    return None if values is None else tuple(values)
+
+
+@functools.lru_cache(maxsize=512)
+def _geometry(xshape, wshape, group, kernel_shape, pads, strides, dilations, auto_pad):
+    """The checked attributes and resolved pads of one conv geometry, (strides, dilations, begin, end,
+    out) as tuples: computed once per geometry (a model has a few dozen), not on every call."""
+    if len(xshape) < 3 or len(wshape) != len(xshape):
+        raise bad("conv", f"need X (N, C, spatial...) and W of the same rank, got {xshape} and {wshape}")
+    k = len(xshape) - 2
+    c, (m, cg), kernel = xshape[1], wshape[:2], list(wshape[2:])
+    if kernel_shape is not None and [int(v) for v in kernel_shape] != kernel:
+        raise bad("conv", f"kernel_shape {list(kernel_shape)} does not match weights {wshape}")
+    if group < 1 or c % group or m % group or cg * group != c:
+        raise bad("conv", f"group={group} does not fit C={c}, W {wshape}")
+    strides = spatial_attr(strides, k, 1, "strides", "conv")
+    dilations = spatial_attr(dilations, k, 1, "dilations", "conv")
+    begin, end, out = resolve_pads("conv", xshape[2:], kernel, strides, dilations, pads, auto_pad)
+    return tuple(strides), tuple(dilations), tuple(begin), tuple(end), tuple(out)
 
 
 def _gemm_conv(x, w, bias, kernel, strides, dilations, begin, end, out, activation, activation_attrs, group=1):

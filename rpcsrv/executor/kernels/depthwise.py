@@ -31,6 +31,8 @@ each variant per ShuffleNet layer against a plain copy of its input.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .prepared import prepared
@@ -61,25 +63,15 @@ def depthwise_conv(x: np.ndarray, w: np.ndarray, bias, strides, dilations, begin
 
 
 def _conv2d(x, w, bias, strides, dilations, begin, end, out):
-    n, c, h, wd = x.shape
-    kh, kw = w.shape[2:]
-    (sh, sw), (dh, dw), (oh, ow) = strides, dilations, out
-    cs = sw if sw in COLUMN_PHASES else 1  # column phases in the layout
-    step = sw // cs  # output columns sit every ``step`` computed columns
-    ph, pw = h + begin[0] + end[0], wd + begin[1] + end[1]
-    qw = -(-pw // cs)
+    n, c = x.shape[:2]
+    oh, ow = out
+    sh, cs, step, qw, rows, oh_r, hq, starts, slack = _plan(x.shape[1:], w.shape[2:], tuple(strides),
+                                                             tuple(dilations), tuple(begin), tuple(end),
+                                                             tuple(out), np.getbufsize(), COLUMN_PHASES)
     cq = c * qw
-    rows = max(1, min(oh, -(-(np.getbufsize() // 2 + 1) // cq)))  # output rows per weight vector
-    oh_r = -(-oh // rows) * rows
-    # taps: (row phase, row offset, column phase, column offset) in the layout
-    taps = [((i * dh) % sh, (i * dh) // sh, (j * dw) % cs, (j * dw) // cs) for i in range(kh) for j in range(kw)]
-    hq = max(-(-ph // sh), oh_r + max(t[1] for t in taps))
-    slack = max(t[3] for t in taps)  # the last tap's run may end past the last plane: zeros
-    plane = hq * cq
-    image = sh * cs * plane
+    image = sh * cs * hq * cq
     flat = np.zeros(n * image + slack, x.dtype)
-    buf = flat[:n * image].reshape(n, sh, cs, hq, c, qw)
-    _fill(buf, x, begin, sh, cs)
+    _fill(flat[:n * image].reshape(n, sh, cs, hq, c, qw), x, begin, sh, cs)
 
     wvec, bvec = prepared(w, ("depthwise", qw, rows), bias, lambda: _vectors(w, bias, qw, rows))
     it = flat.itemsize
@@ -88,8 +80,7 @@ def _conv2d(x, w, bias, strides, dilations, begin, end, out):
     # the products' scratch, later the result (never larger): one allocation less per call
     scratch = np.empty(max(n * oh_r * cq, n * c * oh * ow), x.dtype)
     tmp = scratch[:y.size].reshape(shape)
-    for k, (a, ui, r, uj) in enumerate(taps):
-        start = ((a * cs + r) * hq + ui) * cq + uj
+    for k, start in enumerate(starts):
         src = np.ndarray(shape, x.dtype, flat, start * it, (image * it, rows * cq * it, it))
         if k == 0:
             np.multiply(src, wvec[0], out=y)
@@ -103,6 +94,28 @@ def _conv2d(x, w, bias, strides, dilations, begin, end, out):
     grid = y.reshape(n, oh_r, c, qw)[:, :oh, :, 0:(ow - 1) * step + 1:step]
     np.copyto(res, grid.transpose(0, 2, 1, 3))
     return res
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(chw, kernel, strides, dilations, begin, end, out, bufsize, column_phases):
+    """The layout of one geometry (computed once per geometry): row phases ``sh``, column phases ``cs``,
+    output column step, phase width ``QW``, output rows per weight vector and the rounded output rows,
+    rows per phase ``HQ``, each tap's start in an image's layout, and the zeros after the last image."""
+    c, h, wd = chw
+    kh, kw = kernel
+    (sh, sw), (dh, dw), (oh, _) = strides, dilations, out
+    cs = sw if sw in column_phases else 1  # column phases in the layout
+    ph, pw = h + begin[0] + end[0], wd + begin[1] + end[1]
+    qw = -(-pw // cs)
+    cq = c * qw
+    rows = max(1, min(oh, -(-(bufsize // 2 + 1) // cq)))  # output rows per weight vector: > bufsize / 2 values
+    oh_r = -(-oh // rows) * rows
+    # taps: (row phase, row offset, column phase, column offset) in the layout
+    taps = [((i * dh) % sh, (i * dh) // sh, (j * dw) % cs, (j * dw) // cs) for i in range(kh) for j in range(kw)]
+    hq = max(-(-ph // sh), oh_r + max(t[1] for t in taps))
+    starts = tuple(((a * cs + r) * hq + ui) * cq + uj for a, ui, r, uj in taps)
+    slack = max(t[3] for t in taps)  # the last tap's run may end past the last plane: zeros
+    return sh, cs, sw // cs, qw, rows, oh_r, hq, starts, slack
 
 
 def _fill(buf: np.ndarray, x: np.ndarray, begin, sh: int, cs: int) -> None:
