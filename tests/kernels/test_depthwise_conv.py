@@ -173,3 +173,16 @@ def test_weights_overwritten_in_place_are_not_served_stale():
     wp[...] = rng.standard_normal(wp.shape)
     np.testing.assert_allclose(conv(x, wp, b.repeat(2), group=4), onnx_conv(x, wp, b.repeat(2), group=4),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_depthwise_bench_smoke(capsys):
+    """bench/depthwise_bench.py runs (one round, no timing asserts) and checks its variants agree."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import depthwise_bench
+
+    assert depthwise_bench.main(["--repeat", "1", "--cold-heap"]) == 0
+    out = capsys.readouterr().out
+    assert "| 136 | 28x28 | 1 |" in out and "ShuffleNet's 16 depthwise layers" in out
