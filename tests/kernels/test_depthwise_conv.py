@@ -186,3 +186,19 @@ def test_depthwise_bench_smoke(capsys):
     assert depthwise_bench.main(["--repeat", "1", "--cold-heap"]) == 0
     out = capsys.readouterr().out
     assert "| 136 | 28x28 | 1 |" in out and "ShuffleNet's 16 depthwise layers" in out
+
+
+@pytest.mark.parametrize("view", ["reversed columns", "transposed", "channel shuffle"])
+def test_depthwise_reads_any_input_view(view):
+    """The layout copy takes whole rows as single elements when the input's rows are contiguous, and
+    falls back to a plain copy when they are not: both give the reference result."""
+    rng = np.random.default_rng(5)
+    base = rng.standard_normal((1, 8, 9, 10)).astype(np.float32)
+    x = {"reversed columns": base[..., ::-1],
+         "transposed": base.transpose(0, 1, 3, 2),
+         "channel shuffle": base.reshape(1, 2, 4, 9, 10).transpose(0, 2, 1, 3, 4).reshape(1, 8, 9, 10)}[view]
+    w = rng.standard_normal((8, 1, 3, 3)).astype(np.float32)
+    for stride in (1, 2):
+        want = onnx_conv(np.ascontiguousarray(x), w, group=8, pads=[1] * 4, strides=[stride] * 2)
+        np.testing.assert_allclose(conv(x, w, group=8, pads=[1] * 4, strides=[stride] * 2), want, rtol=1e-5,
+                                   atol=1e-5)

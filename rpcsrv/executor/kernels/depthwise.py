@@ -93,9 +93,22 @@ def _conv2d(x, w, bias, strides, dilations, begin, end, out):
         y += bvec
     # (N, rows, C, QW) -> (N, C, OH, OW): the only copy out, cropping the extra rows and columns
     res = scratch[:n * c * oh * ow].reshape(n, c, oh, ow)
-    grid = y.reshape(n, oh_r, c, qw)[:, :oh, :, 0:(ow - 1) * step + 1:step]
-    np.copyto(res, grid.transpose(0, 2, 1, 3))
+    grid = y.reshape(n, oh_r, c, qw)[:, :oh, :, 0:(ow - 1) * step + 1:step].transpose(0, 2, 1, 3)
+    if step == 1:
+        np.copyto(_as_rows(res), _as_rows(grid))
+    else:
+        np.copyto(res, grid)
     return res
+
+
+def _as_rows(a: np.ndarray) -> np.ndarray:
+    """``a`` (..., L), its last axis contiguous, as an (...) array of L-value opaque elements.
+
+    Copying between the NCHW and rows layouts moves rows of W values (7-56 here), one numpy inner loop
+    per row; copied as single elements, each row is one memcpy in a loop over all of them: 1.5-2.2x
+    faster (ShuffleNet's layers, 9-12 us against 18-25 us per copy).
+    """
+    return a.view(np.dtype((np.void, a.shape[-1] * a.itemsize)))[..., 0]
 
 
 @functools.lru_cache(maxsize=256)
@@ -125,6 +138,7 @@ def _fill(buf: np.ndarray, x: np.ndarray, begin, sh: int, cs: int) -> None:
     (row hq * sh + a, column q * cs + r) = (input row + begin[0], input column + begin[1])."""
     n, c, h, wd = x.shape
     xt = x.transpose(0, 2, 1, 3)  # (N, H, C, W)
+    whole_rows = cs == 1 and x.strides[3] == x.itemsize  # rows copied as single elements (``_as_rows``)
     for a in range(sh):
         # padded rows hq * sh + a holding input rows h0, h0 + sh, ...
         q0 = -(-(begin[0] - a) // sh) if begin[0] > a else 0
@@ -138,7 +152,11 @@ def _fill(buf: np.ndarray, x: np.ndarray, begin, sh: int, cs: int) -> None:
             if w0 >= wd:
                 continue
             nw = (wd - 1 - w0) // cs + 1
-            buf[:, a, r, q0:q0 + nh, :, p0:p0 + nw] = xt[:, h0::sh, :, w0::cs][:, :nh, :, :nw]
+            dst, src = buf[:, a, r, q0:q0 + nh, :, p0:p0 + nw], xt[:, h0::sh, :, w0::cs][:, :nh, :, :nw]
+            if whole_rows:
+                np.copyto(_as_rows(dst), _as_rows(src))
+            else:
+                dst[...] = src
 
 
 def _vectors(w: np.ndarray, bias, qw: int, rows: int):
