@@ -39,9 +39,10 @@ import numpy as np
 from .prepared import prepared
 
 #: column strides for which the layout copy splits columns into phases; other strides compute every
-#: column and keep every sw-th.  Measured (1 thread, 3x3): phases win at stride 2 (ShuffleNet, 56x56: 0.47
-#: against 0.55 ms) and stride 3 (0-15%), lose at stride 4 (15-25%: the gather copies rows of W/4 values)
-COLUMN_PHASES = frozenset({2, 3})
+#: column and keep every sw-th.  Measured (1 thread, 3x3, best of 100): phases win at stride 2 on large
+#: images (ShuffleNet's 56x56: 0.43 against 0.51 ms; 28x28: 6%), tie at 14x14 and at stride 3, and lose
+#: at stride 4 (15-25%: the strided gather copies rows of W/4 values, the other copy whole rows)
+COLUMN_PHASES = frozenset({2})
 
 
 def depthwise_conv(x: np.ndarray, w: np.ndarray, bias, strides, dilations, begin, end, out) -> np.ndarray:
