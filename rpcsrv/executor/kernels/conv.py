@@ -3,8 +3,10 @@
 Conv is an im2col product: the input is copied once into a (N, C*K, Q) column matrix (see
 ``im2col``: no copy for 1x1 convs, contiguous row runs for stride 1) and multiplied by the (M, C*K)
 weight matrix with one BLAS call, which leaves the result directly in NCHW order.  The bias rides
-in the product as an extra weight column when C*K is small against Q (a stem conv), else it is one
-broadcast add; a fused relu runs in place.  Depthwise convolutions (one input channel per group) are
+in the product as an extra weight column when C*K is small against Q (a stem conv) or, for 1x1 convs
+that read their input in place, when copying the input with a ones row per group costs less than the
+add (``_gemm_conv``); else it is one broadcast add.  A fused relu runs in place.  Attributes are
+checked and pads resolved once per geometry (``_geometry``).  Depthwise convolutions (one input channel per group) are
 no GEMM: 1-D and 2-D ones run in ``depthwise`` (whole-array multiply-adds in a rows layout, 2-3x faster
 than over a window view), 3-D ones accumulate ``kernel_size`` broadcast multiply-adds over the window
 view (``_depthwise``); both beat a per-group loop of tiny matrix products.  3x3 stride-1 float32 convs
