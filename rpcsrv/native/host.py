@@ -3,7 +3,8 @@
 ``mode`` (``rpcsrv serve --native``):
 
 * ``isolated`` (default): the library's whole module tree lives in the session's worker process
-  (``proxy.py``); a crash or hang ends that worker, the session gets an error and goes on.
+  (``proxy.py``); a crash or hang ends that worker, the session gets an error and goes on.  The
+  worker, and what it holds for the session, are charged to the session's memory account.
   (A library whose graphs call only ExampleJSON subgraphs stays in the server process, see
   :func:`graphs_call_host_code`, unless ``isolate="all"`` (``--isolate all``): then every library
   loads in the worker, and sessions compute in processes of their own, in parallel without sharing
@@ -52,6 +53,7 @@ class NativeSession:
         self.max_memory = max_memory
         self.arena = None  # created with the first worker: buffers allocated after it are shared
         self.worker = None
+        self.account = None  # the session's MemoryAccount (set by the session): its worker is charged to it
 
     def _open_arena(self) -> None:
         if self.arena is not None or not sys.platform.startswith("linux"):
@@ -104,7 +106,7 @@ class NativeSession:
             if self.worker is not None:
                 self.worker.close()
             self._open_arena()
-            self.worker = take_worker(self.arena, self._deadline)
+            self.worker = take_worker(self.arena, self._deadline, self.account)
         return self.worker.load(os.path.abspath(path))
 
     def close(self) -> None:
