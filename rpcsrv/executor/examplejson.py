@@ -74,9 +74,9 @@ class SubgraphFunction:
                                tuple(drops.get(k, ()))))
 
     def prepare(self) -> None:
-        """Derive what kernels cache from the constants bound so far (``kernels.prepare``), so the
+        """Derive what kernels cache from the constants bound so far (``kernels.load_time``), so the
         first run after loading does not."""
-        from .kernels.prepare import prepare_constants
+        from .kernels.load_time import prepare_constants
 
         prepare_constants(self.graph.ops, self.graph.nodes, self.constants,
                           [step[2] for step in self.steps])
