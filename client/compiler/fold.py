@@ -71,6 +71,13 @@ def _shape_of(node: onnx.NodeProto, shape: tuple[int, ...]) -> np.ndarray:
     return np.array(shape[start:end], dtype=np.int64)
 
 
+def _single_node_graph(node: onnx.NodeProto) -> onnx.GraphProto:
+    """``node`` alone in a graph: ``ReferenceEvaluator`` honours ``opsets`` for a graph, while for a bare
+    node it takes the newest opset (so e.g. Unsqueeze-1's ``axes`` attribute was refused by Unsqueeze-13)."""
+    return helper.make_graph([node], "fold", [helper.make_empty_tensor_value_info(i) for i in node.input if i],
+                             [helper.make_empty_tensor_value_info(o) for o in node.output if o])
+
+
 def _evaluate(node: onnx.NodeProto, consts: dict, shapes: dict, opsets: dict) -> list | None:
     """The node's output values when they are known now, else None."""
     if node.domain not in ONNX_DOMAINS:
@@ -90,7 +97,7 @@ def _evaluate(node: onnx.NodeProto, consts: dict, shapes: dict, opsets: dict) ->
         return None
     try:
         with np.errstate(all="ignore"):
-            evaluator = ReferenceEvaluator(node, opsets=opsets)
+            evaluator = ReferenceEvaluator(_single_node_graph(node), opsets=opsets)
             values = evaluator.run(None, {i: consts[i] for i in node.input if i})
     except Exception:
         return None  # leave it to the board: the error shows up where it runs

@@ -1,10 +1,11 @@
 """BYOC partitioning, the way TVM's Relay passes do it, on the ONNX graph IR.
 
 1. **Merge composites** (TVM's ``MergeComposite``): a pattern table, tried in order, fuses chains
-   such as Conv(+Add bias) → Relu (``examplejson.conv2d_bias_relu``) or MatMul → Add(bias)
-   (``dense_bias``: a Gemm for 2-D operands, else a MatMul with a bias input) into one op whose
-   kernel applies the activation (``"activation": "relu"``).  A chain only fuses when the inner
-   tensors are used by nothing else.
+   such as Conv(+Add bias) → Relu (``examplejson.conv2d_bias_relu``), BatchNormalization → Relu
+   (``batch_norm_relu``, pre-activation networks), Add or Sum → Relu (``add_relu``, ``sum_relu``:
+   residual connections) or MatMul → Add(bias) (``dense_bias``: a Gemm for 2-D operands, else a
+   MatMul with a bias input) into one op whose kernel applies the activation (``"activation": "relu"``).
+   A chain only fuses when the inner tensors are used by nothing else.
 2. **Annotate** (``AnnotateTarget``): each op is supported when its kernel is in the chosen op set
    (the board's kernel table, optionally restricted with ``--ops``) and its attributes are ones the
    kernel knows; otherwise the reason is kept for the error message.
@@ -198,10 +199,11 @@ def merge_composites(graph: Graph, ops: frozenset) -> list[Op]:
                         [node, nxt], f"{COMPILER}.conv2d_bias", requires={"conv", "add"})
                 done.add(id(nxt))
                 nxt = next_node(nxt)
-        if node.op_type in ("Conv", "Gemm", "MatMul") and nxt is not None \
+        if node.op_type in ("Conv", "Gemm", "MatMul", "BatchNormalization", "Add", "Sum") and nxt is not None \
                 and _can_fuse_activation(op.kernel, nxt, ops) and op.requires <= ops:
             base = {"Conv": "conv2d_bias" if op.pattern or len(node.inputs) > 2 and node.inputs[2] else "conv2d",
-                    "Gemm": "dense_bias", "MatMul": "dense_bias" if op.pattern else "dense"}
+                    "Gemm": "dense_bias", "MatMul": "dense_bias" if op.pattern else "dense",
+                    "BatchNormalization": "batch_norm", "Add": "add", "Sum": "sum"}
             op = Op(f"{op.name}+{nxt.name}", op.kernel, op.inputs, list(nxt.outputs),
                     {**op.attrs, "activation": "relu"}, op.nodes + [nxt],
                     f"{COMPILER}.{base[node.op_type]}_relu", requires=op.requires | {"relu"})

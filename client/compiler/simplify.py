@@ -20,6 +20,16 @@ It is applied only when the folded conv computes what both nodes compute (up to 
 * the tensors are floating point of one dtype.
 
 New constants get new names, so weights shared with another node stay as they were.
+
+**Per-channel affine chains.**  Old exports (Caffe2's, the light model zoo's DenseNet) write a
+normalization as ``BatchNormalization`` → ``Mul(per-channel constant)`` → ``Add(per-channel constant)``.
+``fold_affine`` composes such a chain (any run of those three ops, each reading the last one's
+output) into one ``BatchNormalization`` with ``scale = s``, ``B = t``, ``mean = 0``, ``var = 1`` and
+``epsilon = 0``, which computes exactly ``x * s + t``; the partitioner then fuses a Relu after it, and
+``fold_conv_batchnorm`` folds it into a Conv before it.  A constant is per-channel when it broadcasts
+over the data as ``(1, C, 1, ...)`` (or is a scalar) without growing it.  The same conditions as above
+hold (inner tensors read once and not model outputs, constants, one floating dtype); a lone Mul or Add
+is rewritten only when a Conv before it then absorbs it.
 """
 
 from __future__ import annotations
@@ -108,3 +118,100 @@ def fold_conv_batchnorm(graph: Graph) -> int:
     if folded:
         graph.nodes = [n for n in graph.nodes if id(n) not in folded]
     return len(folded)
+
+
+def _channel_vector(graph: Graph, name: str, shape: tuple, dtype: str) -> np.ndarray | None:
+    """Constant ``name`` as a float64 vector of ``shape[1]`` entries when it broadcasts per channel
+    over a tensor of ``shape`` (rank >= 2) without growing it; None otherwise."""
+    c = graph.constants.get(name)
+    if c is None or len(shape) < 2 or c.ndim > len(shape) or c.dtype.name != dtype:
+        return None
+    padded = (1,) * (len(shape) - c.ndim) + tuple(c.shape)
+    if any(d != 1 for k, d in enumerate(padded) if k != 1) or padded[1] not in (1, shape[1]):
+        return None
+    return np.broadcast_to(c.reshape(-1).astype(np.float64), (shape[1],))
+
+
+def _affine_step(node: Node, graph: Graph, uses: dict) -> tuple[str, np.ndarray, np.ndarray] | None:
+    """``(x, s, t)`` when ``node`` computes ``x * s + t`` with per-channel constants ``s``, ``t``."""
+    if node.domain not in ONNX_DOMAINS or len(node.outputs) < 1 or not node.outputs[0]:
+        return None
+    out = graph.tensors.get(node.outputs[0])
+    if out is None or out.dtype not in _FLOATS:
+        return None
+    if node.op_type in ("Mul", "Add") and len(node.inputs) == 2 and len(node.outputs) == 1:
+        data = [i for i in node.inputs if i not in graph.constants]
+        if len(data) != 1 or node.inputs.count(data[0]) != 1:
+            return None
+        x = data[0]
+        info = graph.tensors.get(x)
+        if info is None or info.shape != out.shape or info.dtype != out.dtype:
+            return None
+        other = node.inputs[1] if node.inputs[0] == x else node.inputs[0]
+        c = _channel_vector(graph, other, out.shape, out.dtype)
+        if c is None:
+            return None
+        return (x, c, np.zeros_like(c)) if node.op_type == "Mul" else (x, np.ones_like(c), c)
+    if node.op_type == "BatchNormalization" and len(node.inputs) == 5 and _inference_bn(node, uses):
+        x = node.inputs[0]
+        info = graph.tensors.get(x)
+        if info is None or info.shape != out.shape or info.dtype != out.dtype or len(out.shape) < 2 or \
+                not all(t in graph.constants and graph.constants[t].shape == (out.shape[1],) and
+                        graph.constants[t].dtype.name == out.dtype for t in node.inputs[1:]):
+            return None
+        scale, shift, mean, var = (graph.constants[t].astype(np.float64) for t in node.inputs[1:])
+        s = scale / np.sqrt(var + float(node.attrs.get("epsilon", 1e-5)))
+        return x, s, shift - mean * s
+    return None
+
+
+def _affine_node(graph: Graph, chain: list[Node], x: str, s: np.ndarray, t: np.ndarray) -> Node:
+    """The one BatchNormalization computing ``x * s + t`` in place of ``chain``."""
+    dtype = np.dtype(graph.tensors[x].dtype)
+    base = chain[0].name
+    names = [_new_constant(graph, f"{base}_{k}", v.astype(dtype))
+             for k, v in (("scale", s), ("shift", t), ("mean", np.zeros_like(s)), ("var", np.ones_like(s)))]
+    for node in chain[:-1]:
+        graph.tensors.pop(node.outputs[0], None)
+    return Node("+".join(n.name for n in chain), "BatchNormalization", "", [x] + names,
+                [chain[-1].outputs[0]], {"epsilon": 0.0})
+
+
+def fold_affine(graph: Graph) -> int:
+    """Compose per-channel affine chains into one BatchNormalization each (see the module doc; ``graph``
+    changed in place).  Returns how many nodes were removed or rewritten."""
+    uses = _uses(graph)
+    producer = {o: n for n in graph.nodes for o in n.outputs if o}
+    readers: dict[str, list[Node]] = {}
+    for n in graph.nodes:
+        for i in set(n.inputs):
+            readers.setdefault(i, []).append(n)
+    replaced: dict[int, Node | None] = {}  # id(node) -> its replacement (None: removed)
+    count = 0
+    for node in graph.nodes:
+        step = None if id(node) in replaced else _affine_step(node, graph, uses)
+        if step is None:
+            continue
+        x, s, t = step
+        chain = [node]
+        while True:
+            y = chain[-1].outputs[0]
+            users = readers.get(y, [])
+            if uses.get(y) != 1 or len(users) != 1:
+                break
+            nxt = _affine_step(users[0], graph, uses)
+            if nxt is None or nxt[0] != y:
+                break
+            chain.append(users[0])
+            s, t = s * nxt[1], t * nxt[1] + nxt[2]
+        if len(chain) == 1:  # a lone Mul or Add pays only when it then folds into a Conv
+            before = producer.get(x)
+            if node.op_type == "BatchNormalization" or before is None or before.op_type != "Conv" \
+                    or uses.get(x) != 1:
+                continue
+        replaced[id(chain[0])] = _affine_node(graph, chain, x, s, t)
+        replaced.update({id(n): None for n in chain[1:]})
+        count += len(chain)
+    if replaced:
+        graph.nodes = [replaced.get(id(n), n) for n in graph.nodes if replaced.get(id(n), n) is not None]
+    return count

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .registry import bad, register
+from .registry import apply_activation, bad, register
 
 
 def _same_dtype(op: str, a: np.ndarray, b: np.ndarray) -> None:
@@ -32,7 +32,18 @@ def _arith(name: str, ufunc):
     return kernel
 
 
-_arith("add", np.add)
+@register("add")
+def add(a, b, *, activation=None, activation_attrs=None):
+    """ONNX Add: elementwise, broadcasting, result in the input dtype; ``activation``: the Add+Relu
+    composite (a residual connection), applied in place on the new sum."""
+    a, b = np.asarray(a), np.asarray(b)
+    _same_dtype("add", a, b)
+    y = np.add(a, b)
+    if activation is not None and not isinstance(y, np.ndarray):
+        y = np.asarray(y)  # (a 0-d sum is a numpy scalar)
+    return apply_activation(y, activation, activation_attrs, "add")
+
+
 _arith("sub", np.subtract)
 _arith("mul", np.multiply)
 
@@ -108,28 +119,43 @@ def bit_shift(x, y, *, direction: str):
     raise bad("bit_shift", f"direction must be 'LEFT' or 'RIGHT', got {direction!r}")
 
 
+def _reduce_inputs(name: str, ufunc, xs, mean: bool = False) -> np.ndarray:
+    if not xs or any(x is None for x in xs):
+        raise bad(name, "needs at least one input and no absent ones")
+    arrays = [np.asarray(x) for x in xs]
+    out = arrays[0]
+    for x in arrays[1:]:
+        _same_dtype(name, out, x)
+        out = ufunc(out, x)
+    if mean:
+        out = out / len(arrays)
+    shape = np.broadcast_shapes(*(a.shape for a in arrays))
+    if out.shape != shape or not isinstance(out, np.ndarray):  # (ufuncs of 0-d arrays give scalars)
+        out = np.broadcast_to(out, shape)
+    return out.astype(arrays[0].dtype, copy=False)
+
+
 def _variadic(name: str, ufunc, mean: bool = False):
     @register(name)
     def kernel(*xs):
-        if not xs or any(x is None for x in xs):
-            raise bad(name, "needs at least one input and no absent ones")
-        arrays = [np.asarray(x) for x in xs]
-        out = arrays[0]
-        for x in arrays[1:]:
-            _same_dtype(name, out, x)
-            out = ufunc(out, x)
-        if mean:
-            out = out / len(arrays)
-        return np.broadcast_to(out, np.broadcast_shapes(*(a.shape for a in arrays))).astype(
-            arrays[0].dtype, copy=False)
+        return _reduce_inputs(name, ufunc, xs, mean)
 
     kernel.__doc__ = f"ONNX {name}: elementwise over any number of broadcast inputs."
 
 
 _variadic("max", np.maximum)
 _variadic("min", np.minimum)
-_variadic("sum", np.add)
 _variadic("mean", np.add, mean=True)
+
+
+@register("sum")
+def sum_(*xs, activation=None, activation_attrs=None):
+    """ONNX Sum: elementwise over any number of broadcast inputs; ``activation``: the Sum+Relu composite
+    (old exports' residual connection)."""
+    y = _reduce_inputs("sum", np.add, xs)
+    if activation is not None and (len(xs) < 2 or not y.flags.owndata):
+        y = np.array(y)  # a view of an input (one input, or a broadcast): the activation needs its own buffer
+    return apply_activation(y, activation, activation_attrs, "sum")
 
 
 @register("where")

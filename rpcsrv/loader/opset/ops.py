@@ -48,7 +48,8 @@ BLOCK_MODE = s("DCR", ("DCR", "CRD"))
 FLOAT8_ONLY = dict(saturate=i(1), round_mode=s("up"))  # float8/float4 options: accepted, no effect
 
 # -- binary.py: elementwise with broadcasting, variadic
-for _name in ("add", "sub", "mul", "div"):
+op("add", "a b", dtypes="same", **FUSED)  # activation: the Add+Relu composite (ResNet's residual)
+for _name in ("sub", "mul", "div"):
     op(_name, "a b", dtypes="same")
 op("pow", "x y")
 op("mod", "a b", dtypes="same", fmod=i(0))
@@ -57,8 +58,9 @@ for _name in ("equal", "less", "greater", "less_or_equal", "greater_or_equal", "
     op(_name, "a b")
 op("bitwise_not", "x")
 op("bit_shift", "x y", direction=s(REQUIRED, ("LEFT", "RIGHT")))
-for _name in ("max", "min", "sum", "mean"):
+for _name in ("max", "min", "mean"):
     op(_name, "xs+", dtypes="same")
+op("sum", "xs+", dtypes="same", **FUSED)
 op("where", "condition x y", dtypes="same x y")
 op("prelu", "x slope")
 
@@ -103,7 +105,7 @@ op("global_max_pool", "x")
 _INFERENCE = "the board runs inference only, without batch statistics"
 op("batch_normalization", "x scale b mean var", epsilon=f(1e-5), momentum=f(0.9),
    training_mode=i(0, (0,), _INFERENCE), spatial=i(1, (1,), "per-activation statistics are not implemented"),
-   is_test=i(1, (1,), _INFERENCE))
+   is_test=i(1, (1,), _INFERENCE), **FUSED)
 op("instance_normalization", "x scale b", epsilon=f(1e-5))
 op("layer_normalization", "x scale b?", "y mean? inv_std_dev?", axis=i(-1), epsilon=f(1e-5), stash_type=i(1))
 op("group_normalization", "x scale b", epsilon=f(1e-5), num_groups=i(REQUIRED), stash_type=i(1))
