@@ -9,17 +9,16 @@ import numpy as np
 def small_cnn(perturb: str = "", scale: float = 1.05):
     """x[1,3,12,12] → conv1(+b1) → relu1 → conv2 → mul (by ``c``) → add (``d``) → pool → flatten → gemm.
 
-    ``perturb``: the name of one initializer to scale by ``scale`` (the injected error).  ``c`` and ``d``
-    vary per element, not per channel, so the compiler cannot fold the Mul and Add into conv2: they stay
-    nodes of their own for the debugging tools to find."""
+    ``perturb``: the name of one initializer to scale by ``scale`` (the injected error)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(11)
     consts = {
         "w1": rng.standard_normal((6, 3, 3, 3)) * 0.3, "b1": rng.standard_normal(6) * 0.1,
+        # c scales each pixel (not per channel, so the compiler keeps Mul and Add as nodes of their own)
         "w2": rng.standard_normal((8, 6, 3, 3)) * 0.2, "c": rng.standard_normal((1, 8, 12, 12)),
-        "d": rng.standard_normal((1, 8, 12, 12)) * 0.1, "wf": rng.standard_normal((10, 8)) * 0.3,
+        "d": rng.standard_normal((1, 8, 1, 1)) * 0.1, "wf": rng.standard_normal((10, 8)) * 0.3,
         "bf": rng.standard_normal(10) * 0.1,
     }
     if perturb:
