@@ -61,12 +61,21 @@ class WorkerBudget:
         if nbytes < 0:
             raise ValueError(f"{what}: negative size {nbytes}")
         with self._lock:
-            grown = self.held - self._charged
-            for name, used, limit in self._accounts:
-                if used + grown + nbytes > limit:
-                    raise OverBudget(what, nbytes, name, used + grown, limit)
+            self._check_locked(nbytes, what)
             self.held += nbytes
         weakref.finalize(owner, self._release, nbytes)
+
+    def check(self, nbytes: int, what: str) -> None:
+        """Raise OverBudget unless ``nbytes`` more would fit now (for a copy that the session charges
+        itself once it arrives: a returned array)."""
+        with self._lock:
+            self._check_locked(nbytes, what)
+
+    def _check_locked(self, nbytes: int, what: str) -> None:
+        grown = self.held - self._charged  # what the session has not counted yet
+        for name, used, limit in self._accounts:
+            if used + grown + nbytes > limit:
+                raise OverBudget(what, nbytes, name, used + grown, limit)
 
     def _release(self, nbytes: int) -> None:
         with self._lock:

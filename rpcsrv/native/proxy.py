@@ -46,6 +46,10 @@ START_TIMEOUT = 30.0
 #: what a native worker itself costs its session: a started worker holds ~25 MiB of private memory
 #: (Python, numpy, the executor; measured on x86-64 Linux), and the libraries and kernels it loads add more
 WORKER_COST = 32 << 20
+#: bytes held per byte of an array argument copied to the worker (one outside the shared arenas: a
+#: session buffer allocated before its worker started), while the call runs: the pickled request, the
+#: worker's received message and its unpickled array
+COPY_COST = 3
 
 
 class Worker:
@@ -241,7 +245,17 @@ class Worker:
     def call(self, req_head: tuple, args: tuple, what: str) -> Any:
         copied: list = []
         wire_args = [self.to_wire(a, copied) for a in args]
-        result, outs = self.request(req_head + (wire_args,), what)
+        # arrays outside the shared arenas (and bytes, e.g. load_params) cross as copies: charged while
+        # the request runs
+        transient = 0 if self.account is None else COPY_COST * (
+            sum(a.nbytes for a in copied) + sum(len(w) for w in wire_args if isinstance(w, bytes)))
+        if transient:
+            self.account.charge(transient, "arguments copied to the native worker")
+        try:
+            result, outs = self.request(req_head + (wire_args,), what)
+        finally:
+            if transient:
+                self.account.release(transient)
         for mine, theirs in zip(copied, outs):
             if mine.flags.writeable:
                 np.copyto(mine, theirs)

@@ -8,7 +8,8 @@ path)``, ``("get", obj, name, query_imports)``, ``("call", obj, args)``, ``("glo
 ids)``, ``("stats",)``, ``("attach", capacity)`` (with the session arena's descriptor).  Answers:
 ``("ok", value, outs, held)``, ``("err", message, None, held)`` or ``("budget", (what, nbytes,
 name, used, limit), None, held)`` (an allocation refused before it was made); ``held`` is what the
-worker holds for the session after the request, in bytes.
+worker holds for the session after the request, in bytes.  While a request runs, the worker may ask
+for a compute slot, ``("slot",)`` (answered ``("slot", threads)``), and give it back, ``("slot-done",)``.
 
 Values cross as themselves (ints, floats, str, bytes, Device, DataType, None), except:
 

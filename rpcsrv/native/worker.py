@@ -69,6 +69,7 @@ class WorkerState:
                     off = arena.offset_of(v)
                     if off is not None:
                         return Shared(region, off, v.dtype.str, v.shape, v.strides)
+            self.budget.check(v.nbytes, "returned array")  # the session charges it when it arrives
             return Copied(np.ascontiguousarray(v))
         if isinstance(v, np.generic):
             return v.item()
@@ -159,7 +160,8 @@ def _send(sock: socket.socket, obj: Any, fds: list[int] = ()) -> None:
         sock.sendall(header + data)  # one write: one wake-up of the other side
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv_exact(sock: socket.socket, n: int) -> bytearray:
+    """``n`` bytes (returned as received: a copied array argument is not copied once more here)."""
     buf = bytearray(n)
     view, got = memoryview(buf), 0
     while got < n:
@@ -167,7 +169,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
         if not k:
             raise EOFError
         got += k
-    return bytes(buf)
+    return buf
 
 
 def _recv(sock: socket.socket) -> Any:
@@ -184,15 +186,6 @@ def _recv_with_fds(sock: socket.socket) -> tuple[Any, list[int]]:
     return pickle.loads(_recv_exact(sock, int.from_bytes(head, "little"))), list(fds)
 
 
-def _slot(sock: socket.socket) -> int:
-    """Ask the server for a compute slot (while a request is being handled) and wait: its BLAS threads."""
-    _send(sock, ("slot",))
-    answer = _recv(sock)
-    if answer[0] != "slot":
-        raise RuntimeError(f"the server answered {answer[0]!r} to a compute slot request")
-    return int(answer[1])
-
-
 def _error_answer(exc: Exception) -> tuple:
     """The answer to a request that raised ``exc`` (without ``held``, which the loop adds)."""
     refused = refusal_in(exc)
@@ -204,6 +197,15 @@ def _error_answer(exc: Exception) -> tuple:
     if os.environ.get("RPCSRV_WORKER_TRACE"):
         traceback.print_exc()
     return ("err", text, None)
+
+
+def _slot(sock: socket.socket) -> int:
+    """Ask the server for a compute slot (while a request is being handled) and wait: its BLAS threads."""
+    _send(sock, ("slot",))
+    answer = _recv(sock)
+    if answer[0] != "slot":
+        raise RuntimeError(f"the server answered {answer[0]!r} to a compute slot request")
+    return int(answer[1])
 
 
 def main(argv: list[str]) -> int:

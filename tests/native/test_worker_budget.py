@@ -5,7 +5,10 @@ The library is what TVM's ``export_library`` links for a classic graph (the blob
 functions in one .so, gcc): ``x (n floats) -> add_one -> y``, so the graph executor, created with
 ``lib["default"](dev)`` by the real apache-tvm client, calls native code and therefore lives in the
 session's worker with ``--native isolated``; its storage is 2 x 4n bytes.  The same refusals hold with
-``--native inprocess`` (the session's own accounting) and ``--native off``.
+``--native inprocess`` (the session's own accounting) and ``--native off``.  Also named here: a Relax
+VM's storage (``alloc_storage``) in both modes, arguments copied to the worker while a call runs, the
+worker's own cost, its release when an executor is freed or the worker ends or crashes, and two
+sessions that fit alone but not together in the server's budget.
 
 Budgets here: 96 MiB per session, 128 MiB for the server; a worker costs ``WORKER_COST`` (32 MiB).
 """
@@ -22,7 +25,7 @@ import numpy as np
 import pytest
 
 from conftest import ServerProcess, need_module
-from native_helpers import FIXTURES, need_program
+from native_helpers import FIXTURES, build_c, need_program
 from rpcsrv.loader import (BLOB_SYMBOL, ConstLoaderModule, ExampleJSONModule, GraphExecutorFactoryModule,
                            HostLibraryModule, build_blob)
 from rpcsrv.native.proxy import WORKER_COST
@@ -177,6 +180,26 @@ def test_vm_storage_over_the_budget_is_refused(request, server, dynbatch):
     np.testing.assert_allclose(out.sum(axis=1), 1, rtol=1e-5)  # softmax rows
 
 
+def test_arguments_copied_to_the_worker_are_charged_while_the_call_runs(isolated, tmp_path):
+    """Arrays allocated before the session's worker started live outside the shared arena, so a call
+    copies them to the worker and back: those copies count while the call runs (refused here: 24 MiB
+    held + the worker + 3 x 24 MiB in flight).  The same arrays allocated after it cross as handles."""
+    lib_path = build_c("c_target_kernels", tmp_path)
+    sess = rpc.connect(isolated.host, isolated.port)
+    dev = sess.cpu(0)
+    n = 3 * MB  # floats: 12 MiB per array
+    x = np.arange(n, dtype="float32")
+    a, b = tvm.runtime.tensor(x, dev), tvm.runtime.empty((n,), "float32", dev)  # before the worker
+    add_one = load(sess, lib_path)["add_one"]
+    with pytest.raises(Exception, match=rf"arguments copied to the native worker needs {3 * 8 * n} bytes, "
+                                        rf"beyond the session memory budget"):
+        add_one(a, b)
+    del a, b
+    a, b = tvm.runtime.tensor(x, dev), tvm.runtime.empty((n,), "float32", dev)  # in the shared arena
+    add_one(a, b)
+    np.testing.assert_array_equal(b.numpy(), x + 1)
+
+
 def test_worker_and_its_storage_are_charged_and_released(isolated, libs):
     sess = rpc.connect(isolated.host, isolated.port)
     start = used(sess)
@@ -231,7 +254,8 @@ def test_what_the_worker_really_holds_is_charged_and_given_back(libs):
         native.account = account
         lib = native.load(str(libs[FITS]))
         ex = lib.get_function("default")(Device(1, 0))
-        x = np.arange(FITS, dtype="float32")
+        x = native.zeros(4 * FITS).view("float32")  # a session buffer: in the arena both sides map
+        x[:] = np.arange(FITS)
         ex.get_function("set_input")("x", x)
         ex.get_function("run")()  # every storage page is written: the memfd really holds them
         stats, _ = native.worker.request(("stats",), "stats")
@@ -250,3 +274,40 @@ def test_what_the_worker_really_holds_is_charged_and_given_back(libs):
             native.close()
         assert account.used == server.used == 0
         native.close()
+
+
+def test_worker_budget_checks_against_every_account_and_counts_what_is_unreported():
+    """The worker's hook (no process): each account of the chain is checked with what the worker grew
+    since the session last charged it; a refusal keeps its numbers through an executor's own error;
+    a returned array outside the arenas is checked before it is copied out."""
+    from rpcsrv.native.budget import OverBudget, WorkerBudget, refusal_in
+    from rpcsrv.native.worker import WorkerState
+
+    budget = WorkerBudget()
+    budget.grant((0, (("session", 10, 100), ("server", 50, 120))))
+    first, second = np.zeros(1), np.zeros(1)
+    budget.charge(first, 60, "graph executor storage")
+    assert budget.held == 60
+    with pytest.raises(OverBudget) as info:
+        budget.charge(second, 40, "VM storage")  # 10 + 60 unreported + 40 > 100
+    assert info.value.args == ("VM storage", 40, "session", 70, 100)
+    budget.grant((60, (("session", 70, 100), ("server", 110, 120))))  # the session charged the 60
+    with pytest.raises(OverBudget, match="server"):
+        budget.charge(second, 20, "VM storage")
+    del first
+    gc.collect()
+    assert budget.held == 0  # released with its owner
+    try:
+        try:
+            budget.charge(second, 200, "VM storage")
+        except OverBudget:
+            raise RuntimeError("main: instruction 10 (vm.builtin.alloc_storage): OverBudget") from None
+    except RuntimeError as wrapped:
+        assert refusal_in(wrapped).args[0] == "VM storage"
+    assert refusal_in(ValueError("unrelated")) is None
+
+    state = WorkerState(None, None)
+    state.budget.grant((0, (("session", 0, 1000),)))
+    with pytest.raises(OverBudget, match="returned array"):
+        state.to_wire(np.zeros(2000, np.uint8))
+    assert state.to_wire(np.zeros(100, np.uint8)).array.nbytes == 100
