@@ -22,7 +22,7 @@ from .hostgen import host_reason, host_source
 from .errors import CompileError, UnsupportedNodesError
 from .onnx_import import Graph, import_onnx
 from .partition import COMPILER, Op, Partition, partition
-from .simplify import fold_affine, fold_conv_batchnorm
+from .simplify import simplify_inference
 
 
 @dataclass
@@ -188,7 +188,8 @@ def compile_onnx(model_or_path, input_shapes: dict | None = None, ops=None, *,
     default: every kernel of the board.  ``bind_inputs``: ``{input name: array}`` to make inputs
     constants (e.g. a Reshape target shape).  ``fold_batchnorm``: compose per-channel affine chains
     (BatchNormalization, Mul, Add by constants) into one BatchNormalization and fold it into the Conv
-    before it where only rounding can differ (``simplify``; TVM and onnxruntime fold it too).
+    before it, or its scale through a Relu into the Conv after it, where only rounding can differ
+    (``simplify``; TVM and onnxruntime fold the first too).
     Raises ``CompileError`` for anything wrong with the input, ``UnsupportedNodesError`` when some
     nodes cannot be offloaded.
     """
@@ -197,8 +198,7 @@ def compile_onnx(model_or_path, input_shapes: dict | None = None, ops=None, *,
     chosen = resolve_ops(ops)
     graph = import_onnx(model_or_path, input_shapes, bind_inputs)
     if fold_batchnorm:
-        fold_affine(graph)
-        fold_conv_batchnorm(graph)
+        simplify_inference(graph)
     part = partition(graph, chosen, module_name, host=host_fallback)
     if host_fallback:
         for op in part.unsupported:

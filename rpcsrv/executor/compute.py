@@ -118,37 +118,36 @@ class ComputePolicy:
         """Hold a job slot while computing; yields the BLAS threads set for it.  Inside a job of the
         same thread, the outer job's slot and threads stand."""
         depth = getattr(self._depth, "n", 0)
-        if depth:
-            self._depth.n = depth + 1
-            try:
-                yield max(1, self.blas.current or 1)
-            finally:
-                self._depth.n = depth
-            return
+        threads = self._take() if not depth else max(1, self.blas.current or 1)
+        self._depth.n = depth + 1
+        try:
+            yield threads
+        finally:
+            self._depth.n = depth
+            if not depth:
+                self._give()
+
+    def _take(self) -> int:
+        """Wait for a slot (here, or granted by the remote policy) and set the BLAS threads for it."""
         if self._remote is not None:
-            acquire, release = self._remote
-            granted = acquire()  # the slot is taken even when the threads are pinned here
+            granted = self._remote[0]()  # the slot is taken even when the threads are pinned here
             threads = self._fixed or granted
             self.blas.set(threads)
-            self._depth.n = 1
-            try:
-                yield threads
-            finally:
-                self._depth.n = 0
-                release()
+            return threads
+        self._slots.acquire()
+        with self._lock:
+            self.running += 1
+            threads = self.threads_for(self.running)
+            self.blas.set(threads)
+        return threads
+
+    def _give(self) -> None:
+        if self._remote is not None:
+            self._remote[1]()
             return
-        with self._slots:
-            with self._lock:
-                self.running += 1
-                threads = self.threads_for(self.running)
-                self.blas.set(threads)
-            self._depth.n = 1
-            try:
-                yield threads
-            finally:
-                self._depth.n = 0
-                with self._lock:
-                    self.running -= 1
+        with self._lock:
+            self.running -= 1
+        self._slots.release()
 
     def set_remote(self, acquire: Callable[[], int], release: Callable[[], None]) -> None:
         """Take job slots from elsewhere: ``acquire()`` blocks until a slot is granted and returns the

@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from .concat_chain import chain_kernels
 from .examplejson_text import RUNTIME_ATTRS, ExampleJSONError, Kernel, Node, Subgraph, parse_examplejson
 from .runtime import ExecutorError, RuntimeModule
 
@@ -66,17 +67,19 @@ class SubgraphFunction:
         for nid, k in last_use.items():
             if nid not in keep:
                 drops.setdefault(k, []).append(nid)
+        # DenseNet's growing concats write into one buffer per chain (see concat_chain)
+        in_place = chain_kernels(graph, kernels["concat"]) if "concat" in kernels else {}
         self.steps = []
         for k, (node, key, kattrs) in enumerate(zip(graph.ops, keys, kernel_attrs)):
             shared = keys.count(key) > 1
-            self.steps.append((node, kernels[node.op], kattrs, key if shared else None,
+            self.steps.append((node, in_place.get(node.id, kernels[node.op]), kattrs, key if shared else None,
                                last_of_key[key] == k, node.attrs.get("output_index", 0),
                                tuple(drops.get(k, ()))))
 
     def prepare(self) -> None:
-        """Derive what kernels cache from the constants bound so far (``kernels.prepare``), so the
+        """Derive what kernels cache from the constants bound so far (``kernels.load_time``), so the
         first run after loading does not."""
-        from .kernels.prepare import prepare_constants
+        from .kernels.load_time import prepare_constants
 
         prepare_constants(self.graph.ops, self.graph.nodes, self.constants,
                           [step[2] for step in self.steps])

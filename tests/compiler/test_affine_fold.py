@@ -169,3 +169,40 @@ def test_opset9_unsqueeze_of_constants_is_folded_at_the_models_opset(tmp_path):
     assert graph.constants["mu"].shape == (C, 1, 1)
     compiled = check(model, tmp_path)
     assert compiled_ops(compiled) == ["batch_normalization"]
+
+
+def preact_conv_model(scale_sign=1.0, group=1, relu_also_output=False):
+    """x → BN → Relu → Conv 3x3 (padded) → out: a pre-activation layer; the BN's scale is ``scale_sign``
+    times positive values (one channel only when negative)."""
+    inits = {**bn_inits("n"), "w": vec(4, C // group, 3, 3)}
+    inits["n_s"] = np.abs(inits["n_s"]) + 0.1
+    inits["n_s"][2] *= scale_sign
+    nodes = [bn("x", "b", "n"), node("Relu", ["b"], "r"), node("Conv", ["r", "w"], "out", pads=[1, 1, 1, 1],
+                                                             group=group)]
+    outputs = [("out", [1, 4, 5, 4])] + ([("r", SHAPE)] if relu_also_output else [])
+    return make_model(nodes, [("x", SHAPE)], outputs, inits)
+
+
+def test_positive_scales_move_through_the_relu_into_the_conv(tmp_path):
+    compiled = check(preact_conv_model(), tmp_path)
+    (sg,) = compiled.subgraphs
+    assert sg.ops == ["add", "conv"] and sg.patterns == ["examplejson.add_relu"]
+    graph = import_onnx(preact_conv_model())
+    from client.compiler.simplify import simplify_inference
+
+    w = graph.constants["w"]
+    simplify_inference(graph)
+    (add, relu, conv) = graph.nodes
+    s, b, m, v = (graph.constants[f"n_{k}"].astype(np.float64) for k in "sbmv")
+    inv = s / np.sqrt(v + 1e-5)
+    np.testing.assert_allclose(graph.constants[add.inputs[1]].reshape(-1), (b - m * inv) / inv, rtol=1e-5)
+    np.testing.assert_allclose(graph.constants[conv.inputs[1]], w * inv[None, :, None, None], rtol=1e-6)
+    assert graph.constants["w"] is w  # the original weights keep their name and values
+
+
+@pytest.mark.parametrize("model", [preact_conv_model(scale_sign=-1.0), preact_conv_model(group=2),
+                                   preact_conv_model(relu_also_output=True)],
+                         ids=["a negative scale", "grouped conv", "relu output is a model output"])
+def test_scale_stays_when_it_cannot_move(model, tmp_path):
+    compiled = check(model, tmp_path)
+    assert compiled_ops(compiled) == ["batch_normalization", "conv"]

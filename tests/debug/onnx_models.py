@@ -16,7 +16,8 @@ def small_cnn(perturb: str = "", scale: float = 1.05):
     rng = np.random.default_rng(11)
     consts = {
         "w1": rng.standard_normal((6, 3, 3, 3)) * 0.3, "b1": rng.standard_normal(6) * 0.1,
-        "w2": rng.standard_normal((8, 6, 3, 3)) * 0.2, "c": rng.standard_normal((1, 8, 1, 1)),
+        # c scales each pixel (not per channel, so the compiler keeps Mul and Add as nodes of their own)
+        "w2": rng.standard_normal((8, 6, 3, 3)) * 0.2, "c": rng.standard_normal((1, 8, 12, 12)),
         "d": rng.standard_normal((1, 8, 1, 1)) * 0.1, "wf": rng.standard_normal((10, 8)) * 0.3,
         "bf": rng.standard_normal(10) * 0.1,
     }

@@ -101,6 +101,13 @@ def test_depthwise_fused_relu_and_other_dtypes():
     np.testing.assert_allclose(half.astype(np.float64), want16, rtol=2e-3, atol=2e-3)
 
 
+def test_depthwise_empty_batch():
+    for shape in [(0, 4, 5, 5), (0, 4, 9)]:
+        w = np.ones((8, 1) + (3,) * (len(shape) - 2), np.float32)
+        got = conv(np.ones(shape, np.float32), w, np.ones(8, np.float32), group=4, pads=[1] * (2 * len(shape) - 4))
+        assert got.shape == (0, 8) + shape[2:]
+
+
 def test_conv_routes_depthwise_layers_and_reuses_prepared_weights(monkeypatch):
     calls = []
     real = depthwise.depthwise_conv
@@ -147,3 +154,51 @@ def test_pointwise_conv_bias_in_the_product(n, c, m, group, side, activation):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     got = conv(x, w, b + 1, group=group)  # same weights, another bias
     np.testing.assert_allclose(got, onnx_conv(x, w, b + 1, group=group), rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_weights_overwritten_in_place_are_not_served_stale():
+    """A weight that is a subgraph input is a storage buffer that set_input overwrites in place: the same
+    array object with new values must give the new result (the prepared-weight cache compares values)."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((1, 8, 6, 6)).astype(np.float32)
+    w = rng.standard_normal((8, 1, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(8).astype(np.float32)
+    for changed in (w, b):  # the weights, then the bias
+        conv(x, w, b, group=8, pads=[1] * 4)
+        changed[...] = rng.standard_normal(changed.shape)
+        np.testing.assert_allclose(conv(x, w, b, group=8, pads=[1] * 4),
+                                   onnx_conv(x, w, b, group=8, pads=[1] * 4), rtol=1e-5, atol=1e-5)
+    wp = rng.standard_normal((16, 2, 1, 1)).astype(np.float32)  # grouped 1x1, bias in the product
+    conv(x, wp, b.repeat(2), group=4)
+    wp[...] = rng.standard_normal(wp.shape)
+    np.testing.assert_allclose(conv(x, wp, b.repeat(2), group=4), onnx_conv(x, wp, b.repeat(2), group=4),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_depthwise_bench_smoke(capsys):
+    """bench/depthwise_bench.py runs (one round, no timing asserts) and checks its variants agree."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import depthwise_bench
+
+    assert depthwise_bench.main(["--repeat", "1", "--cold-heap"]) == 0
+    out = capsys.readouterr().out
+    assert "| 136 | 28x28 | 1 |" in out and "ShuffleNet's 16 depthwise layers" in out
+
+
+@pytest.mark.parametrize("view", ["reversed columns", "transposed", "channel shuffle"])
+def test_depthwise_reads_any_input_view(view):
+    """The layout copy takes whole rows as single elements when the input's rows are contiguous, and
+    falls back to a plain copy when they are not: both give the reference result."""
+    rng = np.random.default_rng(5)
+    base = rng.standard_normal((1, 8, 9, 10)).astype(np.float32)
+    x = {"reversed columns": base[..., ::-1],
+         "transposed": base.transpose(0, 1, 3, 2),
+         "channel shuffle": base.reshape(1, 2, 4, 9, 10).transpose(0, 2, 1, 3, 4).reshape(1, 8, 9, 10)}[view]
+    w = rng.standard_normal((8, 1, 3, 3)).astype(np.float32)
+    for stride in (1, 2):
+        want = onnx_conv(np.ascontiguousarray(x), w, group=8, pads=[1] * 4, strides=[stride] * 2)
+        np.testing.assert_allclose(conv(x, w, group=8, pads=[1] * 4, strides=[stride] * 2), want, rtol=1e-5,
+                                   atol=1e-5)

@@ -19,8 +19,9 @@ the speed is the shape of those passes (numpy 2.x, measured on this project's ma
   chosen so that a row is long enough for the fast regime (the vector is prepared once per weight
   array and geometry, ``R * C * QW`` values per tap).
 * the output is computed over the padded row width (the extra columns read the neighbouring channel's
-  row and are cropped, like im2col's "flat" columns) and over ``R``-rounded rows, then copied once into
-  NCHW; bias and a fused relu run on the rows layout first (long rows again).
+  row and are cropped, like im2col's "flat" columns) and over ``R``-rounded rows; the bias is added in
+  the rows layout (long rows again), then the result is copied once into NCHW (where a fused relu, run
+  by the caller, is one contiguous pass).
 
 Strides split the input into phases (``sh * sw`` planes) in the layout copy, so each tap reads a
 stride-1 slice of one phase; ``COLUMN_PHASES`` chooses, per column stride, between splitting columns
@@ -31,13 +32,17 @@ each variant per ShuffleNet layer against a plain copy of its input.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .prepared import prepared
 
 #: column strides for which the layout copy splits columns into phases; other strides compute every
-#: column and keep every sw-th (see ``bench/depthwise_bench.py`` for the measured choice)
-COLUMN_PHASES = frozenset({2, 3, 4})
+#: column and keep every sw-th.  Measured (1 thread, 3x3, best of 100): phases win at stride 2 on large
+#: images (ShuffleNet's 56x56: 0.43 against 0.51 ms; 28x28: 6%), tie at 14x14 and at stride 3, and lose
+#: at stride 4 (15-25%: the strided gather copies rows of W/4 values, the other copy whole rows)
+COLUMN_PHASES = frozenset({2})
 
 
 def depthwise_conv(x: np.ndarray, w: np.ndarray, bias, strides, dilations, begin, end, out) -> np.ndarray:
@@ -53,31 +58,23 @@ def depthwise_conv(x: np.ndarray, w: np.ndarray, bias, strides, dilations, begin
         return y.reshape(y.shape[:2] + (out[0],))
     n, c = x.shape[:2]
     m = w.shape[0]
+    if n == 0:
+        return np.empty((0, m) + tuple(out), x.dtype)
     if m != c:  # channel multiplier: each input channel feeds m // c consecutive output channels
         x = np.repeat(x, m // c, axis=1)
     return _conv2d(x, w, bias, strides, dilations, begin, end, out)
 
 
 def _conv2d(x, w, bias, strides, dilations, begin, end, out):
-    n, c, h, wd = x.shape
-    kh, kw = w.shape[2:]
-    (sh, sw), (dh, dw), (oh, ow) = strides, dilations, out
-    cs = sw if sw in COLUMN_PHASES else 1  # column phases in the layout
-    step = sw // cs  # output columns sit every ``step`` computed columns
-    ph, pw = h + begin[0] + end[0], wd + begin[1] + end[1]
-    qw = -(-pw // cs)
+    n, c = x.shape[:2]
+    oh, ow = out
+    sh, cs, step, qw, rows, oh_r, hq, starts, slack = _plan(x.shape[1:], w.shape[2:], tuple(strides),
+                                                             tuple(dilations), tuple(begin), tuple(end),
+                                                             tuple(out), np.getbufsize(), COLUMN_PHASES)
     cq = c * qw
-    rows = max(1, min(oh, -(-(np.getbufsize() // 2 + 1) // cq)))  # output rows per weight vector
-    oh_r = -(-oh // rows) * rows
-    # taps: (row phase, row offset, column phase, column offset) in the layout
-    taps = [((i * dh) % sh, (i * dh) // sh, (j * dw) % cs, (j * dw) // cs) for i in range(kh) for j in range(kw)]
-    hq = max(-(-ph // sh), oh_r + max(t[1] for t in taps))
-    slack = max(t[3] for t in taps)  # the last tap's run may end past the last plane: zeros
-    plane = hq * cq
-    image = sh * cs * plane
+    image = sh * cs * hq * cq
     flat = np.zeros(n * image + slack, x.dtype)
-    buf = flat[:n * image].reshape(n, sh, cs, hq, c, qw)
-    _fill(buf, x, begin, sh, cs)
+    _fill(flat[:n * image].reshape(n, sh, cs, hq, c, qw), x, begin, sh, cs)
 
     wvec, bvec = prepared(w, ("depthwise", qw, rows), bias, lambda: _vectors(w, bias, qw, rows))
     it = flat.itemsize
@@ -86,8 +83,7 @@ def _conv2d(x, w, bias, strides, dilations, begin, end, out):
     # the products' scratch, later the result (never larger): one allocation less per call
     scratch = np.empty(max(n * oh_r * cq, n * c * oh * ow), x.dtype)
     tmp = scratch[:y.size].reshape(shape)
-    for k, (a, ui, r, uj) in enumerate(taps):
-        start = ((a * cs + r) * hq + ui) * cq + uj
+    for k, start in enumerate(starts):
         src = np.ndarray(shape, x.dtype, flat, start * it, (image * it, rows * cq * it, it))
         if k == 0:
             np.multiply(src, wvec[0], out=y)
@@ -98,9 +94,44 @@ def _conv2d(x, w, bias, strides, dilations, begin, end, out):
         y += bvec
     # (N, rows, C, QW) -> (N, C, OH, OW): the only copy out, cropping the extra rows and columns
     res = scratch[:n * c * oh * ow].reshape(n, c, oh, ow)
-    grid = y.reshape(n, oh_r, c, qw)[:, :oh, :, 0:(ow - 1) * step + 1:step]
-    np.copyto(res, grid.transpose(0, 2, 1, 3))
+    grid = y.reshape(n, oh_r, c, qw)[:, :oh, :, 0:(ow - 1) * step + 1:step].transpose(0, 2, 1, 3)
+    if step == 1:
+        np.copyto(_as_rows(res), _as_rows(grid))
+    else:
+        np.copyto(res, grid)
     return res
+
+
+def _as_rows(a: np.ndarray) -> np.ndarray:
+    """``a`` (..., L), its last axis contiguous, as an (...) array of L-value opaque elements.
+
+    Copying between the NCHW and rows layouts moves rows of W values (7-56 here), one numpy inner loop
+    per row; copied as single elements, each row is one memcpy in a loop over all of them: 1.5-2.2x
+    faster (ShuffleNet's layers, 9-12 us against 18-25 us per copy).
+    """
+    return a.view(np.dtype((np.void, a.shape[-1] * a.itemsize)))[..., 0]
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(chw, kernel, strides, dilations, begin, end, out, bufsize, column_phases):
+    """The layout of one geometry (computed once per geometry): row phases ``sh``, column phases ``cs``,
+    output column step, phase width ``QW``, output rows per weight vector and the rounded output rows,
+    rows per phase ``HQ``, each tap's start in an image's layout, and the zeros after the last image."""
+    c, h, wd = chw
+    kh, kw = kernel
+    (sh, sw), (dh, dw), (oh, _) = strides, dilations, out
+    cs = sw if sw in column_phases else 1  # column phases in the layout
+    ph, pw = h + begin[0] + end[0], wd + begin[1] + end[1]
+    qw = -(-pw // cs)
+    cq = c * qw
+    rows = max(1, min(oh, -(-(bufsize // 2 + 1) // cq)))  # output rows per weight vector: > bufsize / 2 values
+    oh_r = -(-oh // rows) * rows
+    # taps: (row phase, row offset, column phase, column offset) in the layout
+    taps = [((i * dh) % sh, (i * dh) // sh, (j * dw) % cs, (j * dw) // cs) for i in range(kh) for j in range(kw)]
+    hq = max(-(-ph // sh), oh_r + max(t[1] for t in taps))
+    starts = tuple(((a * cs + r) * hq + ui) * cq + uj for a, ui, r, uj in taps)
+    slack = max(t[3] for t in taps)  # the last tap's run may end past the last plane: zeros
+    return sh, cs, sw // cs, qw, rows, oh_r, hq, starts, slack
 
 
 def _fill(buf: np.ndarray, x: np.ndarray, begin, sh: int, cs: int) -> None:
@@ -108,6 +139,7 @@ def _fill(buf: np.ndarray, x: np.ndarray, begin, sh: int, cs: int) -> None:
     (row hq * sh + a, column q * cs + r) = (input row + begin[0], input column + begin[1])."""
     n, c, h, wd = x.shape
     xt = x.transpose(0, 2, 1, 3)  # (N, H, C, W)
+    whole_rows = cs == 1 and x.strides[3] == x.itemsize  # rows copied as single elements (``_as_rows``)
     for a in range(sh):
         # padded rows hq * sh + a holding input rows h0, h0 + sh, ...
         q0 = -(-(begin[0] - a) // sh) if begin[0] > a else 0
@@ -121,7 +153,11 @@ def _fill(buf: np.ndarray, x: np.ndarray, begin, sh: int, cs: int) -> None:
             if w0 >= wd:
                 continue
             nw = (wd - 1 - w0) // cs + 1
-            buf[:, a, r, q0:q0 + nh, :, p0:p0 + nw] = xt[:, h0::sh, :, w0::cs][:, :nh, :, :nw]
+            dst, src = buf[:, a, r, q0:q0 + nh, :, p0:p0 + nw], xt[:, h0::sh, :, w0::cs][:, :nh, :, :nw]
+            if whole_rows:
+                np.copyto(_as_rows(dst), _as_rows(src))
+            else:
+                dst[...] = src
 
 
 def _vectors(w: np.ndarray, bias, qw: int, rows: int):

@@ -1,4 +1,4 @@
-"""Kernels' derived weight data is prepared when constants are bound (``kernels.prepare``), not in the
+"""Kernels' derived weight data is prepared when constants are bound (``kernels.load_time``), not in the
 first run: a compiled model's Winograd layers find their transformed weights cached right after
 ``load_module``, and the results are what the lazy path computes."""
 
@@ -13,7 +13,7 @@ from onnx import helper
 from client import compile_onnx
 from rpcsrv.executor import load_module
 from rpcsrv.executor.kernels import winograd
-from rpcsrv.executor.kernels.prepare import prepare_constants
+from rpcsrv.executor.kernels.load_time import prepare_constants
 from rpcsrv.protocol.dtypes import Device
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "compiler"))
