@@ -38,11 +38,13 @@ import numpy as np
 
 from .prepared import prepared
 
-#: column strides for which the layout copy splits columns into phases; other strides compute every
-#: column and keep every sw-th.  Measured (1 thread, 3x3, best of 100): phases win at stride 2 on large
-#: images (ShuffleNet's 56x56: 0.43 against 0.51 ms; 28x28: 6%), tie at 14x14 and at stride 3, and lose
-#: at stride 4 (15-25%: the strided gather copies rows of W/4 values, the other copy whole rows)
+#: column strides for which the layout copy splits columns into phases, on inputs at least
+#: ``PHASE_MIN_WIDTH`` wide; other convs compute every column and keep every sw-th.  Measured (1 thread,
+#: 3x3, best of 100, rotating order): phases win at stride 2 on wide images (ShuffleNet's 56x56: 0.44
+#: against 0.51 ms; 64 channels at 56x56: 15%; 28x28: 4%) and lose on narrow ones (14x14: 14%: the
+#: strided gather copies rows of W/2 values, the other copy whole rows) and at strides 3 and 4
 COLUMN_PHASES = frozenset({2})
+PHASE_MIN_WIDTH = 20
 
 
 def depthwise_conv(x: np.ndarray, w: np.ndarray, bias, strides, dilations, begin, end, out) -> np.ndarray:
@@ -70,7 +72,8 @@ def _conv2d(x, w, bias, strides, dilations, begin, end, out):
     oh, ow = out
     sh, cs, step, qw, rows, oh_r, hq, starts, slack = _plan(x.shape[1:], w.shape[2:], tuple(strides),
                                                              tuple(dilations), tuple(begin), tuple(end),
-                                                             tuple(out), np.getbufsize(), COLUMN_PHASES)
+                                                             tuple(out), np.getbufsize(),
+                                                             (COLUMN_PHASES, PHASE_MIN_WIDTH))
     cq = c * qw
     image = sh * cs * hq * cq
     flat = np.zeros(n * image + slack, x.dtype)
@@ -113,14 +116,14 @@ def _as_rows(a: np.ndarray) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=256)
-def _plan(chw, kernel, strides, dilations, begin, end, out, bufsize, column_phases):
+def _plan(chw, kernel, strides, dilations, begin, end, out, bufsize, phases):
     """The layout of one geometry (computed once per geometry): row phases ``sh``, column phases ``cs``,
     output column step, phase width ``QW``, output rows per weight vector and the rounded output rows,
     rows per phase ``HQ``, each tap's start in an image's layout, and the zeros after the last image."""
     c, h, wd = chw
     kh, kw = kernel
     (sh, sw), (dh, dw), (oh, _) = strides, dilations, out
-    cs = sw if sw in column_phases else 1  # column phases in the layout
+    cs = sw if sw in phases[0] and wd >= phases[1] else 1  # column phases in the layout
     ph, pw = h + begin[0] + end[0], wd + begin[1] + end[1]
     qw = -(-pw // cs)
     cq = c * qw
