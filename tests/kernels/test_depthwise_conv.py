@@ -59,8 +59,10 @@ CASES = [  # (n, c, mult, spatial, kernel, strides, dilations, pads)
 @pytest.mark.parametrize("case", CASES, ids=[str(i) for i in range(len(CASES))])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("phases", ["column phases", "every column"])
-def test_depthwise_matches_onnx_reference(case, bias, phases, monkeypatch):
+@pytest.mark.parametrize("einsum", [True, False])
+def test_depthwise_matches_onnx_reference(case, bias, phases, einsum, monkeypatch):
     monkeypatch.setattr(depthwise, "PHASE_MIN_WIDTH", 0 if phases == "column phases" else 10**9)
+    monkeypatch.setattr(depthwise, "EINSUM", einsum)
     n, c, mult, spatial, kernel, strides, dilations, pads = case
     rng = np.random.default_rng(len(CASES) * bias + CASES.index(case))
     x = rng.standard_normal((n, c) + spatial).astype(np.float32)

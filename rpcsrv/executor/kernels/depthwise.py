@@ -23,6 +23,10 @@ the speed is the shape of those passes (numpy 2.x, measured on this project's ma
   the rows layout (long rows again), then the result is copied once into NCHW (where a fused relu, run
   by the caller, is one contiguous pass).
 
+Without phases (stride 1, or every column computed) all taps are summed by one ``einsum`` over a
+strided view instead (``_taps_einsum``): no product buffer, and each output is written once rather than
+twice per tap (1.2-1.35x faster per layer, the taps alone 1.7x).
+
 Strides split the input into phases (``sh * sw`` planes) in the layout copy, so each tap reads a
 stride-1 slice of one phase; ``COLUMN_PHASES`` chooses, per column stride, between splitting columns
 into phases (a strided gather in the copy) and computing every column and keeping every sw-th (twice
@@ -45,6 +49,8 @@ from .prepared import prepared
 #: strided gather copies rows of W/2 values, the other copy whole rows) and at strides 3 and 4
 COLUMN_PHASES = frozenset({2})
 PHASE_MIN_WIDTH = 20
+#: convs without phases sum their taps in one einsum (``_taps_einsum``); False: a product and a sum per tap
+EINSUM = True
 
 
 def depthwise_conv(x: np.ndarray, w: np.ndarray, bias, strides, dilations, begin, end, out) -> np.ndarray:
@@ -76,23 +82,25 @@ def _conv2d(x, w, bias, strides, dilations, begin, end, out):
                                                              (COLUMN_PHASES, PHASE_MIN_WIDTH))
     cq = c * qw
     image = sh * cs * hq * cq
-    flat = np.zeros(n * image + slack, x.dtype)
-    _fill(flat[:n * image].reshape(n, sh, cs, hq, c, qw), x, begin, sh, cs)
-
     wvec, bvec = prepared(w, ("depthwise", qw, rows), bias, lambda: _vectors(w, bias, qw, rows))
-    it = flat.itemsize
+    it = x.itemsize
     shape = (n, oh_r // rows, rows * cq)
     y = np.empty(shape, x.dtype)
     # the products' scratch, later the result (never larger): one allocation less per call
     scratch = np.empty(max(n * oh_r * cq, n * c * oh * ow), x.dtype)
-    tmp = scratch[:y.size].reshape(shape)
-    for k, start in enumerate(starts):
-        src = np.ndarray(shape, x.dtype, flat, start * it, (image * it, rows * cq * it, it))
-        if k == 0:
-            np.multiply(src, wvec[0], out=y)
-        else:
-            np.multiply(src, wvec[k], out=tmp)
-            y += tmp
+    if sh == 1 and cs == 1 and EINSUM:
+        _taps_einsum(x, w, begin, dilations, wvec, y, image, slack, qw, rows)
+    else:
+        flat = np.zeros(n * image + slack, x.dtype)
+        _fill(flat[:n * image].reshape(n, sh, cs, hq, c, qw), x, begin, sh, cs)
+        tmp = scratch[:y.size].reshape(shape)
+        for k, start in enumerate(starts):
+            src = np.ndarray(shape, x.dtype, flat, start * it, (image * it, rows * cq * it, it))
+            if k == 0:
+                np.multiply(src, wvec[0], out=y)
+            else:
+                np.multiply(src, wvec[k], out=tmp)
+                y += tmp
     if bvec is not None:
         y += bvec
     # (N, rows, C, QW) -> (N, C, OH, OW): the only copy out, cropping the extra rows and columns
@@ -103,6 +111,42 @@ def _conv2d(x, w, bias, strides, dilations, begin, end, out):
     else:
         np.copyto(res, grid)
     return res
+
+
+def _taps_einsum(x, w, begin, dilations, wvec, y, image, slack, qw, rows) -> None:
+    """All taps of a conv without row or column phases (stride 1, or columns all computed) as one
+    ``einsum`` into y: no product buffer, each output written once instead of twice per tap.
+
+    einsum walks its operands along their smallest stride; a tap's column offset (1 value) would tie
+    with the run's own stride and make the inner loop 3 values long, so the layout is copied once per
+    column offset, shifted: tap (i, j) then sits at row offset ``i * dh`` of copy j, both large strides.
+    Measured against a product and a sum per tap (1 thread): 28x28x136 1.7x faster for the taps alone,
+    1.35x with the two extra copies.
+    """
+    n, c = x.shape[:2]
+    kh, kw = w.shape[2:]
+    dh, dw = dilations
+    cq, size, it = c * qw, n * image, x.itemsize
+    pitch = _unaliased(size + slack, it)
+    shifted = np.empty(kw * pitch, x.dtype)
+    shifted[:size + slack] = 0
+    _fill(shifted[:size].reshape(n, 1, 1, image // cq, c, qw), x, begin, 1, 1)
+    for j in range(1, kw):
+        shifted[j * pitch:j * pitch + size] = shifted[j * dw:j * dw + size]
+    taps = np.ndarray((kh, kw) + y.shape, x.dtype, shifted, 0,
+                      (dh * cq * it, pitch * it, image * it, rows * cq * it, it))
+    np.einsum("ijnrl,ijl->nrl", taps, wvec.reshape(kh, kw, -1), out=y)
+
+
+def _unaliased(count: int, itemsize: int) -> int:
+    """``count`` rounded up so that copies ``count`` values apart sit half a 4 KiB page apart modulo 4 KiB.
+
+    Loads and stores whose addresses differ by a multiple of 4 KiB (give or take a few bytes) stall on
+    x86 ("4K aliasing"): the shifted copies of a 14x14x272 layout (an exact multiple of 4 KiB long) took
+    190 us to copy and slowed the einsum reading them by 20%, against 10 us unpadded elsewhere.
+    """
+    page = 4096 // itemsize
+    return count + (page // 2 - count % page) % page
 
 
 def _as_rows(a: np.ndarray) -> np.ndarray:
