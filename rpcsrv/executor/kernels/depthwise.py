@@ -45,7 +45,7 @@ from .prepared import prepared
 #: column strides for which the layout copy splits columns into phases, on inputs at least
 #: ``PHASE_MIN_WIDTH`` wide; other convs compute every column and keep every sw-th.  Measured (1 thread,
 #: 3x3, best of 100, rotating order): phases win at stride 2 on wide images (ShuffleNet's 56x56: 0.44
-#: against 0.51 ms; 64 channels at 56x56: 15%; 28x28: 4%) and lose on narrow ones (14x14: 14%: the
+#: against 0.51 ms; 64 channels at 56x56: 15%; 28x28: 4%) and lose on narrow ones (14x14: 4-14%: the
 #: strided gather copies rows of W/2 values, the other copy whole rows) and at strides 3 and 4
 COLUMN_PHASES = frozenset({2})
 PHASE_MIN_WIDTH = 20
