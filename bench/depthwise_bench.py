@@ -1,7 +1,7 @@
 """Depthwise conv per ShuffleNet layer shape (issue 16): each kernel variant against the layer's floor.
 
 For every depthwise Conv geometry of the light-zoo ShuffleNet (3x3, pad 1, stride 1 or 2) and a few
-other shapes, times, with 1 BLAS thread, best of ``--repeat`` interleaved rounds (their order rotating):
+other shapes, times, with 1 BLAS thread, best of ``--repeat`` interleaved rounds (their order shuffled):
 
 * ``copy``: a plain copy of the input (the floor: every variant reads the input and writes an output);
 * ``windows``: the former kernel, broadcast multiply-adds over a strided window view (NCHW);
@@ -109,8 +109,8 @@ def main(argv=None) -> int:
             for name in ("rows", "rows-phases", "rows-fullcols", "rows-products"):
                 np.testing.assert_allclose(fns[name](), want, rtol=1e-5, atol=1e-5)
             best = dict.fromkeys(names, float("inf"))
-            for k in range(args.repeat):
-                for name in names[k % len(names):] + names[:k % len(names)]:  # rotated: no variant always first
+            for _ in range(args.repeat):
+                for name in rng.permutation(names):  # shuffled: no variant always after the same one
                     t = time.perf_counter()
                     fns[name]()
                     best[name] = min(best[name], time.perf_counter() - t)
