@@ -76,10 +76,9 @@ def depthwise_conv(x: np.ndarray, w: np.ndarray, bias, strides, dilations, begin
 def _conv2d(x, w, bias, strides, dilations, begin, end, out):
     n, c = x.shape[:2]
     oh, ow = out
-    sh, cs, step, qw, rows, oh_r, hq, starts, slack = _plan(x.shape[1:], w.shape[2:], tuple(strides),
-                                                             tuple(dilations), tuple(begin), tuple(end),
-                                                             tuple(out), np.getbufsize(),
-                                                             (COLUMN_PHASES, PHASE_MIN_WIDTH))
+    sh, cs, step, qw, rows, oh_r, hq, starts, slack, rstep = _plan(
+        x.shape[1:], w.shape[2:], tuple(strides), tuple(dilations), tuple(begin), tuple(end), tuple(out),
+        np.getbufsize(), (COLUMN_PHASES, PHASE_MIN_WIDTH, EINSUM))
     cq = c * qw
     image = sh * cs * hq * cq
     wvec, bvec = prepared(w, ("depthwise", qw, rows), bias, lambda: _vectors(w, bias, qw, rows))
@@ -89,7 +88,7 @@ def _conv2d(x, w, bias, strides, dilations, begin, end, out):
     # the products' scratch, later the result (never larger): one allocation less per call
     scratch = np.empty(max(n * oh_r * cq, n * c * oh * ow), x.dtype)
     if sh == 1 and cs == 1 and EINSUM:
-        _taps_einsum(x, w, begin, dilations, wvec, y, image, slack, qw, rows)
+        _taps_einsum(x, w, begin, dilations, wvec, y, image, slack, qw, rows, rstep)
     else:
         flat = np.zeros(n * image + slack, x.dtype)
         _fill(flat[:n * image].reshape(n, sh, cs, hq, c, qw), x, begin, sh, cs)
@@ -113,7 +112,7 @@ def _conv2d(x, w, bias, strides, dilations, begin, end, out):
     return res
 
 
-def _taps_einsum(x, w, begin, dilations, wvec, y, image, slack, qw, rows) -> None:
+def _taps_einsum(x, w, begin, dilations, wvec, y, image, slack, qw, rows, rstep) -> None:
     """All taps of a conv without row or column phases (stride 1, or columns all computed) as one
     ``einsum`` into y: no product buffer, each output written once instead of twice per tap.
 
@@ -134,7 +133,7 @@ def _taps_einsum(x, w, begin, dilations, wvec, y, image, slack, qw, rows) -> Non
     for j in range(1, kw):
         shifted[j * pitch:j * pitch + size] = shifted[j * dw:j * dw + size]
     taps = np.ndarray((kh, kw) + y.shape, x.dtype, shifted, 0,
-                      (dh * cq * it, pitch * it, image * it, rows * cq * it, it))
+                      (dh * cq * it, pitch * it, image * it, rstep * rows * cq * it, it))
     np.einsum("ijnrl,ijl->nrl", taps, wvec.reshape(kh, kw, -1), out=y)
 
 
@@ -160,25 +159,32 @@ def _as_rows(a: np.ndarray) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=256)
-def _plan(chw, kernel, strides, dilations, begin, end, out, bufsize, phases):
+def _plan(chw, kernel, strides, dilations, begin, end, out, bufsize, choices):
     """The layout of one geometry (computed once per geometry): row phases ``sh``, column phases ``cs``,
     output column step, phase width ``QW``, output rows per weight vector and the rounded output rows,
-    rows per phase ``HQ``, each tap's start in an image's layout, and the zeros after the last image."""
+    rows per phase ``HQ``, each tap's start in an image's layout, the zeros after the last image, and the
+    layout rows from one output row to the next.  ``choices``: (COLUMN_PHASES, PHASE_MIN_WIDTH, EINSUM).
+
+    Without column phases, einsum reads strided rows directly (no row phases); its output rows are then
+    not adjacent in the layout, so each weight vector covers one row."""
     c, h, wd = chw
     kh, kw = kernel
     (sh, sw), (dh, dw), (oh, _) = strides, dilations, out
-    cs = sw if sw in phases[0] and wd >= phases[1] else 1  # column phases in the layout
+    cs = sw if sw in choices[0] and wd >= choices[1] else 1  # column phases in the layout
+    rstep = sh if cs == 1 and choices[2] else 1  # output row -> layout rows (einsum: strided rows)
+    sh //= rstep
     ph, pw = h + begin[0] + end[0], wd + begin[1] + end[1]
     qw = -(-pw // cs)
     cq = c * qw
     rows = max(1, min(oh, -(-(bufsize // 2 + 1) // cq)))  # output rows per weight vector: > bufsize / 2 values
+    rows = 1 if rstep > 1 else rows
     oh_r = -(-oh // rows) * rows
     # taps: (row phase, row offset, column phase, column offset) in the layout
     taps = [((i * dh) % sh, (i * dh) // sh, (j * dw) % cs, (j * dw) // cs) for i in range(kh) for j in range(kw)]
-    hq = max(-(-ph // sh), oh_r + max(t[1] for t in taps))
+    hq = max(-(-ph // sh), (oh_r - 1) * rstep + 1 + max(t[1] for t in taps))
     starts = tuple(((a * cs + r) * hq + ui) * cq + uj for a, ui, r, uj in taps)
     slack = max(t[3] for t in taps)  # the last tap's run may end past the last plane: zeros
-    return sh, cs, sw // cs, qw, rows, oh_r, hq, starts, slack
+    return sh, cs, sw // cs, qw, rows, oh_r, hq, starts, slack, rstep
 
 
 def _fill(buf: np.ndarray, x: np.ndarray, begin, sh: int, cs: int) -> None:
