@@ -23,9 +23,10 @@ the speed is the shape of those passes (numpy 2.x, measured on this project's ma
   the rows layout (long rows again), then the result is copied once into NCHW (where a fused relu, run
   by the caller, is one contiguous pass).
 
-Without phases (stride 1, or every column computed) all taps are summed by one ``einsum`` over a
-strided view instead (``_taps_einsum``): no product buffer, and each output is written once rather than
-twice per tap (1.2-1.35x faster per layer, the taps alone 1.7x).
+Without column phases (stride-1 columns, or every column computed) all taps are summed by one ``einsum``
+over a strided view instead (``_taps_einsum``; rows at any stride, read in place): no product buffer,
+and each output is written once rather than twice per tap (1.2-1.35x faster per layer, the taps alone
+1.7x).
 
 Strides split the input into phases (``sh * sw`` planes) in the layout copy, so each tap reads a
 stride-1 slice of one phase; ``COLUMN_PHASES`` chooses, per column stride, between splitting columns
@@ -113,8 +114,9 @@ def _conv2d(x, w, bias, strides, dilations, begin, end, out):
 
 
 def _taps_einsum(x, w, begin, dilations, wvec, y, image, slack, qw, rows, rstep) -> None:
-    """All taps of a conv without row or column phases (stride 1, or columns all computed) as one
-    ``einsum`` into y: no product buffer, each output written once instead of twice per tap.
+    """All taps of a conv without column phases (stride-1 columns, or all columns computed; rows ``rstep``
+    layout rows apart) as one ``einsum`` into y: no product buffer, each output written once instead of
+    twice per tap.
 
     einsum walks its operands along their smallest stride; a tap's column offset (1 value) would tie
     with the run's own stride and make the inner loop 3 values long, so the layout is copied once per
