@@ -1,12 +1,14 @@
 """Depthwise conv per ShuffleNet layer shape (issue 16): each kernel variant against the layer's floor.
 
 For every depthwise Conv geometry of the light-zoo ShuffleNet (3x3, pad 1, stride 1 or 2) and a few
-other shapes, times, with 1 BLAS thread, best of ``--repeat`` interleaved rounds:
+other shapes, times, with 1 BLAS thread, best of ``--repeat`` interleaved rounds (their order shuffled):
 
 * ``copy``: a plain copy of the input (the floor: every variant reads the input and writes an output);
 * ``windows``: the former kernel, broadcast multiply-adds over a strided window view (NCHW);
-* ``rows``: ``kernels.depthwise`` as configured (rows layout, column phases for stride 2);
-* ``rows-fullcols``: the same computing every column at stride 2 and keeping every other one;
+* ``rows``: ``kernels.depthwise`` as configured (rows layout; column phases for stride 2 on wide inputs);
+* ``rows-phases`` / ``rows-fullcols``: the same with the columns split into phases at stride 2, or
+  computed all and every other one kept (the same code as ``rows`` at stride 1);
+* ``rows-products``: the same with a product and a sum per tap instead of one einsum over all taps;
 * ``conv``: the whole ``conv`` kernel with bias and fused relu (what the executor calls).
 
 Each variant allocates its buffers per call, as the executor's kernels do.  Called alone in a loop, glibc
@@ -47,14 +49,17 @@ def windows_variant(x, w, stride):
     return conv_mod._depthwise(win, w, n, c, 1, 2, out[0] * out[1]).reshape(n, c, *out)
 
 
-def rows_variant(x, w, stride, phases=True):
-    saved = depthwise.COLUMN_PHASES
-    depthwise.COLUMN_PHASES = saved if phases else frozenset()
+def rows_variant(x, w, stride, phases=None, einsum=True):
+    """``kernels.depthwise``: as configured (``phases`` None), with column phases forced on or off."""
+    saved = depthwise.COLUMN_PHASES, depthwise.PHASE_MIN_WIDTH, depthwise.EINSUM
+    depthwise.EINSUM = einsum
+    if phases is not None:
+        depthwise.COLUMN_PHASES, depthwise.PHASE_MIN_WIDTH = (frozenset({stride}), 0) if phases else (frozenset(), 0)
     try:
         out = [(x.shape[2] + 2 - 3) // stride + 1] * 2
         return depthwise.depthwise_conv(x, w, None, [stride] * 2, [1, 1], [1, 1], [1, 1], out)
     finally:
-        depthwise.COLUMN_PHASES = saved
+        depthwise.COLUMN_PHASES, depthwise.PHASE_MIN_WIDTH, depthwise.EINSUM = saved
 
 
 def warm_heap() -> None:
@@ -80,7 +85,7 @@ def main(argv=None) -> int:
     from threadpoolctl import threadpool_limits
 
     rng = np.random.default_rng(0)
-    names = ["copy", "windows", "rows", "rows-fullcols", "conv"]
+    names = ["copy", "windows", "rows", "rows-phases", "rows-fullcols", "rows-products", "conv"]
     print(f"1 BLAS thread, best of {args.repeat}; ms per call; GF/s of the rows variant\n")
     print("| C | HxW | stride | " + " | ".join(names) + " | rows / windows | rows GF/s |")
     print("|---" * (len(names) + 5) + "|")
@@ -94,16 +99,18 @@ def main(argv=None) -> int:
                 "copy": lambda: x.copy(),
                 "windows": lambda: windows_variant(x, w, stride),
                 "rows": lambda: rows_variant(x, w, stride),
+                "rows-phases": lambda: rows_variant(x, w, stride, phases=True),
                 "rows-fullcols": lambda: rows_variant(x, w, stride, phases=False),
+                "rows-products": lambda: rows_variant(x, w, stride, einsum=False),
                 "conv": lambda: conv_mod.conv(x, w, b, group=c, pads=[1] * 4, strides=[stride] * 2,
                                               activation="relu"),
             }
             want = windows_variant(x, w, stride)
-            for name in ("rows", "rows-fullcols"):
+            for name in ("rows", "rows-phases", "rows-fullcols", "rows-products"):
                 np.testing.assert_allclose(fns[name](), want, rtol=1e-5, atol=1e-5)
             best = dict.fromkeys(names, float("inf"))
             for _ in range(args.repeat):
-                for name in names:
+                for name in rng.permutation(names):  # shuffled: no variant always after the same one
                     t = time.perf_counter()
                     fns[name]()
                     best[name] = min(best[name], time.perf_counter() - t)

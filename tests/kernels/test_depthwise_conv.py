@@ -49,7 +49,8 @@ CASES = [  # (n, c, mult, spatial, kernel, strides, dilations, pads)
     (1, 2, 1, (3, 3), (3, 3), (1, 1), (1, 1), (0, 0, 0, 0)),  # one output
     (1, 300, 1, (7, 7), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),  # long rows: one output row per weight row
     (1, 24, 1, (28, 28), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),  # short rows: several rows per weight row
-    (1, 40, 1, (29, 31), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1)),
+    (1, 40, 1, (29, 31), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1)),  # wide: column phases by default
+    (2, 5, 1, (21, 24), (3, 3), (2, 2), (2, 1), (0, 1, 2, 0)),
     (2, 6, 1, (17,), (3,), (1,), (1,), (1, 1)),  # 1-D
     (1, 4, 2, (20,), (5,), (2,), (2,), (3, 1)),  # 1-D: stride, dilation, multiplier, asymmetric pads
 ]
@@ -57,7 +58,11 @@ CASES = [  # (n, c, mult, spatial, kernel, strides, dilations, pads)
 
 @pytest.mark.parametrize("case", CASES, ids=[str(i) for i in range(len(CASES))])
 @pytest.mark.parametrize("bias", [False, True])
-def test_depthwise_matches_onnx_reference(case, bias):
+@pytest.mark.parametrize("phases", ["column phases", "every column"])
+@pytest.mark.parametrize("einsum", [True, False])
+def test_depthwise_matches_onnx_reference(case, bias, phases, einsum, monkeypatch):
+    monkeypatch.setattr(depthwise, "PHASE_MIN_WIDTH", 0 if phases == "column phases" else 10**9)
+    monkeypatch.setattr(depthwise, "EINSUM", einsum)
     n, c, mult, spatial, kernel, strides, dilations, pads = case
     rng = np.random.default_rng(len(CASES) * bias + CASES.index(case))
     x = rng.standard_normal((n, c) + spatial).astype(np.float32)

@@ -23,6 +23,11 @@ the speed is the shape of those passes (numpy 2.x, measured on this project's ma
   the rows layout (long rows again), then the result is copied once into NCHW (where a fused relu, run
   by the caller, is one contiguous pass).
 
+Without column phases (stride-1 columns, or every column computed) all taps are summed by one ``einsum``
+over a strided view instead (``_taps_einsum``; rows at any stride, read in place): no product buffer,
+and each output is written once rather than twice per tap (1.2-1.35x faster per layer, the taps alone
+1.7x).
+
 Strides split the input into phases (``sh * sw`` planes) in the layout copy, so each tap reads a
 stride-1 slice of one phase; ``COLUMN_PHASES`` chooses, per column stride, between splitting columns
 into phases (a strided gather in the copy) and computing every column and keeping every sw-th (twice
@@ -38,11 +43,15 @@ import numpy as np
 
 from .prepared import prepared
 
-#: column strides for which the layout copy splits columns into phases; other strides compute every
-#: column and keep every sw-th.  Measured (1 thread, 3x3, best of 100): phases win at stride 2 on large
-#: images (ShuffleNet's 56x56: 0.43 against 0.51 ms; 28x28: 6%), tie at 14x14 and at stride 3, and lose
-#: at stride 4 (15-25%: the strided gather copies rows of W/4 values, the other copy whole rows)
+#: column strides for which the layout copy splits columns into phases, on inputs at least
+#: ``PHASE_MIN_WIDTH`` wide; other convs compute every column and keep every sw-th.  Measured (1 thread,
+#: 3x3, best of 100, rotating order): phases win at stride 2 on wide images (ShuffleNet's 56x56: 0.44
+#: against 0.51 ms; 64 channels at 56x56: 15%; 28x28: 4%) and lose on narrow ones (14x14: 4-14%: the
+#: strided gather copies rows of W/2 values, the other copy whole rows) and at strides 3 and 4
 COLUMN_PHASES = frozenset({2})
+PHASE_MIN_WIDTH = 20
+#: convs without phases sum their taps in one einsum (``_taps_einsum``); False: a product and a sum per tap
+EINSUM = True
 
 
 def depthwise_conv(x: np.ndarray, w: np.ndarray, bias, strides, dilations, begin, end, out) -> np.ndarray:
@@ -68,28 +77,30 @@ def depthwise_conv(x: np.ndarray, w: np.ndarray, bias, strides, dilations, begin
 def _conv2d(x, w, bias, strides, dilations, begin, end, out):
     n, c = x.shape[:2]
     oh, ow = out
-    sh, cs, step, qw, rows, oh_r, hq, starts, slack = _plan(x.shape[1:], w.shape[2:], tuple(strides),
-                                                             tuple(dilations), tuple(begin), tuple(end),
-                                                             tuple(out), np.getbufsize(), COLUMN_PHASES)
+    sh, cs, step, qw, rows, oh_r, hq, starts, slack, rstep = _plan(
+        x.shape[1:], w.shape[2:], tuple(strides), tuple(dilations), tuple(begin), tuple(end), tuple(out),
+        np.getbufsize(), (COLUMN_PHASES, PHASE_MIN_WIDTH, EINSUM))
     cq = c * qw
     image = sh * cs * hq * cq
-    flat = np.zeros(n * image + slack, x.dtype)
-    _fill(flat[:n * image].reshape(n, sh, cs, hq, c, qw), x, begin, sh, cs)
-
     wvec, bvec = prepared(w, ("depthwise", qw, rows), bias, lambda: _vectors(w, bias, qw, rows))
-    it = flat.itemsize
+    it = x.itemsize
     shape = (n, oh_r // rows, rows * cq)
     y = np.empty(shape, x.dtype)
     # the products' scratch, later the result (never larger): one allocation less per call
     scratch = np.empty(max(n * oh_r * cq, n * c * oh * ow), x.dtype)
-    tmp = scratch[:y.size].reshape(shape)
-    for k, start in enumerate(starts):
-        src = np.ndarray(shape, x.dtype, flat, start * it, (image * it, rows * cq * it, it))
-        if k == 0:
-            np.multiply(src, wvec[0], out=y)
-        else:
-            np.multiply(src, wvec[k], out=tmp)
-            y += tmp
+    if sh == 1 and cs == 1 and EINSUM:
+        _taps_einsum(x, w, begin, dilations, wvec, y, image, slack, qw, rows, rstep)
+    else:
+        flat = np.zeros(n * image + slack, x.dtype)
+        _fill(flat[:n * image].reshape(n, sh, cs, hq, c, qw), x, begin, sh, cs)
+        tmp = scratch[:y.size].reshape(shape)
+        for k, start in enumerate(starts):
+            src = np.ndarray(shape, x.dtype, flat, start * it, (image * it, rows * cq * it, it))
+            if k == 0:
+                np.multiply(src, wvec[0], out=y)
+            else:
+                np.multiply(src, wvec[k], out=tmp)
+                y += tmp
     if bvec is not None:
         y += bvec
     # (N, rows, C, QW) -> (N, C, OH, OW): the only copy out, cropping the extra rows and columns
@@ -100,6 +111,43 @@ def _conv2d(x, w, bias, strides, dilations, begin, end, out):
     else:
         np.copyto(res, grid)
     return res
+
+
+def _taps_einsum(x, w, begin, dilations, wvec, y, image, slack, qw, rows, rstep) -> None:
+    """All taps of a conv without column phases (stride-1 columns, or all columns computed; rows ``rstep``
+    layout rows apart) as one ``einsum`` into y: no product buffer, each output written once instead of
+    twice per tap.
+
+    einsum walks its operands along their smallest stride; a tap's column offset (1 value) would tie
+    with the run's own stride and make the inner loop 3 values long, so the layout is copied once per
+    column offset, shifted: tap (i, j) then sits at row offset ``i * dh`` of copy j, both large strides.
+    Measured against a product and a sum per tap (1 thread): 28x28x136 1.7x faster for the taps alone,
+    1.35x with the two extra copies.
+    """
+    n, c = x.shape[:2]
+    kh, kw = w.shape[2:]
+    dh, dw = dilations
+    cq, size, it = c * qw, n * image, x.itemsize
+    pitch = _unaliased(size + slack, it)
+    shifted = np.empty(kw * pitch, x.dtype)
+    shifted[:size + slack] = 0
+    _fill(shifted[:size].reshape(n, 1, 1, image // cq, c, qw), x, begin, 1, 1)
+    for j in range(1, kw):
+        shifted[j * pitch:j * pitch + size] = shifted[j * dw:j * dw + size]
+    taps = np.ndarray((kh, kw) + y.shape, x.dtype, shifted, 0,
+                      (dh * cq * it, pitch * it, image * it, rstep * rows * cq * it, it))
+    np.einsum("ijnrl,ijl->nrl", taps, wvec.reshape(kh, kw, -1), out=y)
+
+
+def _unaliased(count: int, itemsize: int) -> int:
+    """``count`` rounded up so that copies ``count`` values apart sit half a 4 KiB page apart modulo 4 KiB.
+
+    Loads and stores whose addresses differ by a multiple of 4 KiB (give or take a few bytes) stall on
+    x86 ("4K aliasing"): the shifted copies of a 14x14x272 layout (an exact multiple of 4 KiB long) took
+    190 us to copy and slowed the einsum reading them by 20%, against 10 us unpadded elsewhere.
+    """
+    page = 4096 // itemsize
+    return count + (page // 2 - count % page) % page
 
 
 def _as_rows(a: np.ndarray) -> np.ndarray:
@@ -113,25 +161,32 @@ def _as_rows(a: np.ndarray) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=256)
-def _plan(chw, kernel, strides, dilations, begin, end, out, bufsize, column_phases):
+def _plan(chw, kernel, strides, dilations, begin, end, out, bufsize, choices):
     """The layout of one geometry (computed once per geometry): row phases ``sh``, column phases ``cs``,
     output column step, phase width ``QW``, output rows per weight vector and the rounded output rows,
-    rows per phase ``HQ``, each tap's start in an image's layout, and the zeros after the last image."""
+    rows per phase ``HQ``, each tap's start in an image's layout, the zeros after the last image, and the
+    layout rows from one output row to the next.  ``choices``: (COLUMN_PHASES, PHASE_MIN_WIDTH, EINSUM).
+
+    Without column phases, einsum reads strided rows directly (no row phases); its output rows are then
+    not adjacent in the layout, so each weight vector covers one row."""
     c, h, wd = chw
     kh, kw = kernel
     (sh, sw), (dh, dw), (oh, _) = strides, dilations, out
-    cs = sw if sw in column_phases else 1  # column phases in the layout
+    cs = sw if sw in choices[0] and wd >= choices[1] else 1  # column phases in the layout
+    rstep = sh if cs == 1 and choices[2] else 1  # output row -> layout rows (einsum: strided rows)
+    sh //= rstep
     ph, pw = h + begin[0] + end[0], wd + begin[1] + end[1]
     qw = -(-pw // cs)
     cq = c * qw
     rows = max(1, min(oh, -(-(bufsize // 2 + 1) // cq)))  # output rows per weight vector: > bufsize / 2 values
+    rows = 1 if rstep > 1 else rows
     oh_r = -(-oh // rows) * rows
     # taps: (row phase, row offset, column phase, column offset) in the layout
     taps = [((i * dh) % sh, (i * dh) // sh, (j * dw) % cs, (j * dw) // cs) for i in range(kh) for j in range(kw)]
-    hq = max(-(-ph // sh), oh_r + max(t[1] for t in taps))
+    hq = max(-(-ph // sh), (oh_r - 1) * rstep + 1 + max(t[1] for t in taps))
     starts = tuple(((a * cs + r) * hq + ui) * cq + uj for a, ui, r, uj in taps)
     slack = max(t[3] for t in taps)  # the last tap's run may end past the last plane: zeros
-    return sh, cs, sw // cs, qw, rows, oh_r, hq, starts, slack
+    return sh, cs, sw // cs, qw, rows, oh_r, hq, starts, slack, rstep
 
 
 def _fill(buf: np.ndarray, x: np.ndarray, begin, sh: int, cs: int) -> None:
