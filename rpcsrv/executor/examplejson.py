@@ -187,7 +187,10 @@ class ExampleJSONRuntime(RuntimeModule):
                                     f"{arr.dtype} {list(arr.shape)}, declared {node.dtype} {list(node.shape)}")
             # aligned and contiguous once at load: numpy's matmul takes its BLAS path only for aligned
             # data, and a constant sliced from a blob at an odd offset is not (issue 16: 100x on GEMV)
-            self.constants[symbol][node.id] = np.require(arr, requirements="AC")
+            bound = np.require(arr, requirements="AC")
+            if bound is not arr:  # our own copy: read-only, so kernels may trust what they derive from it
+                bound.flags.writeable = False
+            self.constants[symbol][node.id] = bound
         self.functions[symbol].prepare()
 
     def _init_in_order(self, symbol: str, arrays: Sequence[Any]) -> int:

@@ -12,7 +12,7 @@ from onnx import helper
 
 from client import compile_onnx
 from rpcsrv.executor import load_module
-from rpcsrv.executor.kernels import winograd
+from rpcsrv.executor.kernels import prepared, winograd
 from rpcsrv.executor.kernels.load_time import prepare_constants
 from rpcsrv.protocol.dtypes import Device
 
@@ -31,13 +31,13 @@ def two_convs():
 
 
 def cached_weights() -> set[tuple]:
-    return {hit[0]().shape for hit in list(winograd._cache.values()) if hit[0]() is not None}
+    return {hit[0]().shape for hit in list(prepared._cache.values()) if hit[0]() is not None and "winograd" in hit[1]}
 
 
 def test_winograd_weights_are_ready_after_load_and_results_unchanged(tmp_path):
     model = two_convs()
     path = compile_onnx(model).export_library(str(tmp_path / "m.so"))
-    winograd._cache.clear()
+    prepared._cache.clear()
     mod = load_module(str(path))
     assert cached_weights() == {(64, 64, 3, 3)}  # the Winograd layer's, before any run; not the strided one's
     ex = mod.get_function("default")(Device(1, 0))
@@ -55,8 +55,27 @@ def test_prepare_skips_computed_weights_and_other_ops():
 
     nodes = {0: N("", ()), 1: N("", (), (64, 64, 3, 3))}
     w = np.ones((64, 64, 3, 3), np.float32)
-    winograd._cache.clear()
+    prepared._cache.clear()
     # weights computed in the graph (not bound): nothing to prepare; a relu: no prepare function
     assert prepare_constants([N("conv", (0, 1)), N("relu", (0,))], nodes, {}, [{}, {}]) == 0
     assert prepare_constants([N("conv", (0, 1))], nodes, {1: w}, [{"pads": [1, 1, 1, 1]}]) == 1
     assert cached_weights() == {(64, 64, 3, 3)}
+
+
+def test_bound_constants_are_trusted_and_a_changed_weight_is_not():
+    """Constants the runtime binds cannot change (read-only), so Winograd trusts its cache by identity;
+    a writeable weight (a subgraph input that ``set_input`` overwrites in place) is checked by value."""
+    from rpcsrv.executor.kernels.conv import conv
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((1, 64, 16, 16)).astype("float32")
+    w = (rng.standard_normal((64, 64, 3, 3)) / 24).astype("float32")
+    assert winograd.usable(x, w, [1, 1], [1, 1], 1)
+    first = conv(x, w, pads=[1, 1, 1, 1])
+    w *= 2  # in place, as set_input writes a storage buffer
+    np.testing.assert_allclose(conv(x, w, pads=[1, 1, 1, 1]), 2 * first, rtol=1e-4, atol=1e-4)
+    frozen = w.copy()
+    frozen.flags.writeable = False
+    assert prepared.immutable(frozen) and prepared.immutable(frozen[1:]) and not prepared.immutable(w)
+    assert prepared.immutable(np.frombuffer(bytes(16), np.float32)) and not prepared.immutable(
+        np.frombuffer(bytearray(16), np.float32))

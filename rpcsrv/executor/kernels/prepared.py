@@ -8,10 +8,11 @@ cannot grow without bound.
 
 Identity is not enough: a weight that is a subgraph *input* is a storage buffer that ``set_input``
 overwrites in place between runs, and the bias is often a fresh view of the same constant on every
-call.  So an entry keeps the bytes of the weights and bias it was built from and is used only while they
-are still the same: one copy and comparison of the weights' bytes per call.  That pays for small weights
-turned into large prepared arrays (the depthwise weight vectors: ~5 KB of weights, ~300 KB prepared),
-not for a preparation that is itself one pass over the weights.
+call.  So an entry keeps the bytes of the bias, and of weights that could change, it was built from,
+and is used only while they are still the same.  Weights that cannot change (``immutable``: read-only
+down to read-only memory, as the ExampleJSON runtime binds its constants) are trusted by identity, so
+large ones (Winograd's, ``winograd.transformed_weights``) cost no comparison per call; a writeable
+weight costs one copy and comparison of its bytes per call.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def prepared(w: np.ndarray, tag: Any, bias: Optional[np.ndarray], build: Callabl
     hit = _cache.get(id(w))
     if hit is not None and hit[0]() is w:
         entry = hit[1].get(tag)
-        if entry is not None and entry[0] == _fingerprint(w) and entry[1] == _fingerprint(bias):
+        if entry is not None and entry[0] == _weights_print(w) and entry[1] == _fingerprint(bias):
             return entry[2]
     value = build()
     try:
@@ -48,7 +49,7 @@ def prepared(w: np.ndarray, tag: Any, bias: Optional[np.ndarray], build: Callabl
             _cache[id(w)] = hit
         if len(hit[1]) >= MAX_PER_ARRAY:
             hit[1].clear()
-        hit[1][tag] = (_fingerprint(w), _fingerprint(bias), value)
+        hit[1][tag] = (_weights_print(w), _fingerprint(bias), value)
     return value
 
 
@@ -56,6 +57,27 @@ def _fingerprint(a: Optional[np.ndarray]):
     """What a preparation depends on: shape, dtype and the bytes themselves (equal bytes, equal values;
     comparing bytes objects is a memcmp, 5-10x cheaper than ``np.array_equal`` on these small arrays)."""
     return None if a is None else (a.shape, a.dtype.str, a.tobytes())
+
+
+def _weights_print(w: np.ndarray):
+    """The weights' fingerprint: nothing to compare for weights that cannot change (the entry is tied to
+    the array itself), their bytes otherwise."""
+    return "immutable" if immutable(w) else _fingerprint(w)
+
+
+def immutable(a: Any) -> bool:
+    """Whether no numpy array can change ``a``'s values: it and every array it is a view of are read-only,
+    down to memory that is read-only itself (``bytes``, a read-only mapping) or an array owning its data."""
+    while isinstance(a, np.ndarray):
+        if a.flags.writeable:
+            return False
+        if a.base is None:
+            return True
+        a = a.base
+    try:
+        return memoryview(a).readonly
+    except TypeError:
+        return False
 
 
 def _drop(key: int, ref: weakref.ref) -> None:

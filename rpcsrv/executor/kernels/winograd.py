@@ -3,8 +3,9 @@
 Each 2x2 output tile is computed from a 4x4 input tile with 16 multiplies per (input, output) channel
 pair instead of 36: 2.25x fewer GEMM flops than im2col.  The three transforms (Lavin & Gray, 2015):
 
-* weights ``U = G g G^T`` (4x4 per (M, C) pair), once per weight array (cached by identity: model
-  weights are constants that live as long as their executor);
+* weights ``U = G g G^T`` (4x4 per (M, C) pair), once per weight array and values (``prepared.py``:
+  model weights are constants that live as long as their executor; a weight that can change is
+  checked by value);
 * inputs ``V = B^T d B`` per tile, as sums and differences of strided views of the padded input (one
   pass over the input per term, written straight into the (16, C, tiles) GEMM operand);
 * outputs ``Y = A^T (U V) A``, as sums of the 16 products written into the strided output tiles.
@@ -16,10 +17,9 @@ geometries that bound was tested on and where it was measured faster than im2col
 
 from __future__ import annotations
 
-import threading
-import weakref
-
 import numpy as np
+
+from .prepared import prepared
 
 _G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], np.float64)
 
@@ -37,10 +37,6 @@ MAX_CHANNELS = 1024
 #: set False to turn Winograd off (benchmarks compare both)
 ENABLED = True
 
-_cache: dict[int, tuple[weakref.ref, np.ndarray]] = {}
-_lock = threading.Lock()
-
-
 def usable(x: np.ndarray, w: np.ndarray, strides, dilations, group: int) -> bool:
     """Whether ``conv`` should run this layer as Winograd F(2x2, 3x3)."""
     return (ENABLED and x.dtype == np.float32 and x.ndim == 4 and w.shape[2:] == (3, 3) and group == 1
@@ -54,20 +50,14 @@ def _tiles_pay(m: int, h: int, w: int) -> bool:
 
 
 def transformed_weights(w: np.ndarray) -> np.ndarray:
-    """(16, M, C) float32 ``G g G^T`` of (M, C, 3, 3) weights, computed once per weight array."""
-    key = id(w)
-    hit = _cache.get(key)
-    if hit is not None and hit[0]() is w:
-        return hit[1]
+    """(16, M, C) float32 ``G g G^T`` of (M, C, 3, 3) weights, computed once per weight array (and again
+    only if its values change)."""
+    return prepared(w, "winograd", None, lambda: _transform(w))
+
+
+def _transform(w: np.ndarray) -> np.ndarray:
     u = np.einsum("ij,mcjk,lk->ilmc", _G, w.astype(np.float64), _G)
-    u = np.ascontiguousarray(u.reshape(16, w.shape[0], w.shape[1]), dtype=np.float32)
-    try:
-        ref = weakref.ref(w, lambda _r, key=key: _cache.pop(key, None))
-    except TypeError:  # not weak-referenceable: not cached
-        return u
-    with _lock:
-        _cache[key] = (ref, u)
-    return u
+    return np.ascontiguousarray(u.reshape(16, w.shape[0], w.shape[1]), dtype=np.float32)
 
 
 def _input_transform(xp: np.ndarray, th: int, tw: int) -> np.ndarray:
