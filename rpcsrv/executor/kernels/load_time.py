@@ -6,9 +6,8 @@ the first run after ``load_module``: on VGG-19 the transforms alone were ~60% of
 ~3x the steady state (issue 16's target is at most 3x).  ``prepare_constants`` walks a subgraph once
 its constants are bound and does that work for every op whose prepared data depends only on
 constants and declared shapes, so the first run finds it ready.  It changes no result: a kernel
-whose data was not prepared here computes it on first use, as before.  (The small per-call
-preparations of ``prepared.py``, depthwise weight vectors and weights joined with their bias, cost
-little and stay lazy.)
+whose data was not prepared here computes it on first use, as before.  (The depthwise weight
+vectors, also cached by ``prepared.py``, are small and stay lazy.)
 
 A table, like the kernels': op name -> ``prepare(args, constant, kernel_attrs)``, where ``args`` holds
 the op's inputs as bound constants or, for computed inputs, zero-stride stand-ins of the declared shape
