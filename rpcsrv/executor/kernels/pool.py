@@ -1,11 +1,11 @@
-"""Pooling over strided window views: MaxPool, AveragePool, LpPool and the global pools.
+"""Pooling: MaxPool, AveragePool, LpPool and the global pools.
 
-The padded input's window view (N, C, O..., K...) is reduced tap by tap (one long vectorised pass
-per kernel position).
-Max pooling pads with -inf (or the dtype's minimum), so padding never wins.  Average pooling divides
-by a per-position count computed once on the spatial shape: the explicit pads count when
-``count_include_pad=1``; the extra end padding that ``ceil_mode`` adds never counts.
-"""
+Max and average pools reduce with contiguous whole-buffer ufunc passes (``_pool_reduce``: one pass per
+kernel tap and spatial dim, separable, no strided tap views; the edge windows that reach into the padding
+combine their valid taps only).  The padding value never wins a max and adds nothing to a sum; average
+pooling divides by a per-position count computed once per geometry: the explicit pads count when
+``count_include_pad=1``; the extra end padding that ``ceil_mode`` adds never counts.  MaxPool's indices
+output and LpPool reduce the strided window view of a padded copy tap by tap."""
 
 from __future__ import annotations
 
