@@ -7,6 +7,17 @@ its bare GEMM on a prepared column matrix (the floor without im2col), and the co
 Best of ``--repeat`` runs, rotating the variants, BLAS pinned to 1 thread.
 
     python bench/pool_bench.py [--repeat 50] [--only pool|conv]
+
+Findings (1 thread, shared 2-core machine, numpy 2.4, OpenBLAS SkylakeX capped by OPENBLAS_CORETYPE/L2_SIZE):
+
+* numpy runs a contiguous float32 maximum/add at ~0.1 ns per element, a stride-2 one at ~1 ns and passes
+  in rows of < ~100 values at 0.4-0.5 ns (per-row cost); ``pool._pool_reduce`` therefore reduces with whole-
+  buffer shifted passes.  In-process A/B against the strided-tap version: 0.68-0.95x the time per layer;
+  the pools stay 6-25x a plain copy of their input (pad, 4 passes, a strided crop, edge columns).
+* stem convs: conv ~= columns + GEMM; the GEMM (the floor) is 60-75% of it at 60-80 GFLOP/s, and the
+  column matrix is written at memory speed (7.4 MB for 7x7 s2: ~1 ms).  Tried without a win: columns from
+  stride phases (one contiguous run per tap and channel: 10-40% slower to build, the matrix write
+  dominates), GEMM over cache-sized column blocks, the transposed product, K padded to 16.
 """
 
 from __future__ import annotations
