@@ -9,7 +9,10 @@ aggregate runs/s, its ratio to K=1, and the small calls' p50/p99/max.  A first r
 pinned to one BLAS thread per run (``RPCSRV_BLAS_THREADS=1``): the single-thread rate, of which the
 target for K >= cores is close to cores x.
 
-    python bench/concurrency_bench.py [--sessions 1,2,4,16,32] [--seconds 5]
+``--isolate all`` runs the server with ``--isolate all``: every session computes in a worker process of
+its own (no interpreter lock shared among sessions), its runs taking the server's compute slots.
+
+    python bench/concurrency_bench.py [--sessions 1,2,4,16,32] [--seconds 5] [--isolate native|all]
 """
 
 from __future__ import annotations
@@ -33,9 +36,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 from client import rpc  # noqa: E402
 
 
-def start_server(env: dict | None = None):
+def start_server(env: dict | None = None, extra: tuple = ()):
     work = tempfile.mkdtemp(prefix="concurrency-bench-")
-    proc = subprocess.Popen([sys.executable, "-m", "rpcsrv", "serve", "--port", "0", "--workdir", work],
+    proc = subprocess.Popen([sys.executable, "-m", "rpcsrv", "serve", "--port", "0", "--workdir", work, *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
                             env={**os.environ, **(env or {})})
     port = int(re.search(r":(\d+)", proc.stdout.readline()).group(1))
@@ -98,17 +101,20 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sessions", default="1,2,4,16,32")
     ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--isolate", choices=["native", "all"], default="native",
+                    help="the server's --isolate: all = every session computes in its own worker process")
     args = ap.parse_args(argv)
+    extra = ("--isolate", args.isolate)
     from rpcsrv.executor.compute import CORES
 
     lib, name, x = build_library(Path(tempfile.mkdtemp()) / "shufflenet.so")
     rows = []
-    proc, port = start_server({"RPCSRV_BLAS_THREADS": "1"})
+    proc, port = start_server({"RPCSRV_BLAS_THREADS": "1"}, extra)
     try:
         single = measure(port, lib, name, x, 1, args.seconds)
     finally:
         proc.kill()
-    proc, port = start_server()
+    proc, port = start_server(extra=extra)
     try:
         for k in [int(v) for v in args.sessions.split(",")]:
             rows.append(measure(port, lib, name, x, k, args.seconds))
@@ -116,7 +122,8 @@ def main(argv=None) -> int:
     finally:
         proc.kill()
     base = rows[0]["runs_per_s"] if rows else 1.0
-    print(f"shufflenet over RPC, our client, {CORES} cores, {args.seconds:g} s per K; single-thread rate "
+    print(f"shufflenet over RPC, our client, --isolate {args.isolate}, {CORES} cores, {args.seconds:g} s per K; "
+          f"single-thread rate "
           f"(K=1, 1 BLAS thread) {single['runs_per_s']:.1f} runs/s, cores x that {CORES * single['runs_per_s']:.1f}")
     print("| K | runs/s | vs K=1 | small call p50 ms | p99 ms | max ms |")
     print("|---|---|---|---|---|---|")

@@ -11,6 +11,8 @@ on 16 float32: its own work is a few nanoseconds, so every figure is overhead.  
   * ``in-process bound``: ``fn.bind(a, b)()`` (what the graph executor and time_evaluator do);
   * ``isolated, shared arrays``: a ``WorkerFunction`` call with the arrays in the session's arena
     (only handles cross the socket; what a session's remote arrays are);
+  * ``isolated, no account`` / ``isolated, with account``: the shared-arrays call without and with a
+    session memory account (the budget check each request carries), interleaved, min of the runs;
   * ``isolated, copied arrays``: the same with arrays outside the arena (copied both ways);
   * ``RPC inprocess`` / ``RPC isolated``: ``lib["add_one"](a, b)`` from apache-tvm's client (skipped
     without it), the user-visible round trip.
@@ -70,6 +72,22 @@ def _rpc_rows(lib_path: Path, calls: int, repeat: int) -> dict[str, float]:
     return rows
 
 
+def _budget_ab(worker, call, calls: int, repeat: int) -> dict[str, float]:
+    """The per-request cost of the memory budget: the same worker and call without a session account
+    and with one (a session under a server account, as ``rpcsrv serve`` makes them), interleaved
+    A/B/A/B, min of ``repeat`` runs each (the budget travels with every request either way)."""
+    from rpcsrv.accounts import MemoryAccount
+
+    account = MemoryAccount(4 << 30, parent=MemoryAccount(8 << 30, name="server"))
+    runs: dict[str, list[float]] = {"isolated, no account": [], "isolated, with account": []}
+    for _ in range(repeat):
+        for name, acct in (("isolated, no account", None), ("isolated, with account", account)):
+            worker.account = acct
+            runs[name].append(_per_call(call, calls, 1))
+    worker.account = None
+    return {name: min(r) for name, r in runs.items()}
+
+
 def run(calls: int = 2000, repeat: int = 5) -> dict[str, float]:
     from rpcsrv.native import load_native_module
     from rpcsrv.native.host import NativeSession
@@ -92,6 +110,7 @@ def run(calls: int = 2000, repeat: int = 5) -> dict[str, float]:
             sa[:] = 1
             rows["isolated, shared arrays"] = _per_call(lambda: wfn(sa, sb), calls, repeat)
             assert sb[0] == 2
+            rows.update(_budget_ab(session.worker, lambda: wfn(sa, sb), calls, repeat))
             rows["isolated, copied arrays"] = _per_call(lambda: wfn(a, b), calls, repeat)
             assert b[0] == 2
         finally:

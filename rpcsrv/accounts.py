@@ -6,10 +6,15 @@ is charged, and where (tests in ``tests/server/test_budgets.py`` name each path)
 
 * device arrays (``DevAllocData``): ``Session.alloc``;
 * arrays returned to the client (NDArray handles): ``Session.export_array``;
-* executor storage sized from a client's graph JSON: the allocation hook of
+* executor storage sized from a client's graph JSON, and Relax VM storage: the allocation hook of
   :mod:`rpcsrv.executor.memory`, which the session sets around its worker-thread calls;
 * workspace files (uploads, written files): :class:`rpcsrv.workspace.Workspace`;
-* handle table entries: a fixed cost per entry (:data:`HANDLE_COST`) in :class:`rpcsrv.handles.HandleTable`.
+* handle table entries: a fixed cost per entry (:data:`HANDLE_COST`) in :class:`rpcsrv.handles.HandleTable`;
+* native workers (``--native isolated``): a fixed cost per worker process, and what the worker holds
+  for the session (its executors' storage, ...), checked in the worker against the room the session
+  sends with each request and charged here after it (:mod:`rpcsrv.native.budget`).
+
+Tests of the native worker's share: ``tests/native/test_worker_budget.py``.
 
 Charges that belong to a numpy buffer are released when the buffer itself dies (``weakref.finalize``),
 not when its handle is freed: a buffer freed by the client but still bound into an executor (e.g. by
@@ -53,6 +58,12 @@ def default_total_memory() -> int:
     return int(phys * TOTAL_MEMORY_SHARE) if phys else 8 << 30
 
 
+def over_budget(what: str, nbytes: int, name: str, used: int, limit: int) -> str:
+    """The refusal message of every budget check (the session's, the server's, a native worker's)."""
+    return (f"{what} needs {nbytes} bytes, beyond the {name} memory budget "
+            f"({used} of {limit} bytes in use)")
+
+
 class MemoryAccount:
     """A byte budget; ``parent`` (the server's account) must also have room for every charge."""
 
@@ -74,14 +85,38 @@ class MemoryAccount:
             acct = self
             while acct is not None:
                 if acct.used + nbytes > acct.limit:
-                    raise BudgetError(
-                        f"{what} needs {nbytes} bytes, beyond the {acct.name} memory budget "
-                        f"({acct.used} of {acct.limit} bytes in use)")
+                    raise BudgetError(over_budget(what, nbytes, acct.name, acct.used, acct.limit))
                 acct = acct.parent
             acct = self
             while acct is not None:
                 acct.used += nbytes
                 acct = acct.parent
+
+    def add_held(self, nbytes: int) -> None:
+        """Count ``nbytes`` that already exist (a native worker's growth, reported after its request):
+        counted even past the limit, which then refuses the next charges until some is released."""
+        with self._lock:
+            if self.closed:
+                return
+            acct = self
+            while acct is not None:
+                acct.used += nbytes
+                acct = acct.parent
+
+    def room(self) -> tuple[tuple[str, int, int], ...]:
+        """``(name, used, limit)`` of this account and each parent: what a native worker checks its
+        allocations against (:mod:`rpcsrv.native.budget`)."""
+        with self._lock:
+            chain, acct = [], self
+            while acct is not None:
+                chain.append((acct.name, acct.used, acct.limit))
+                acct = acct.parent
+            return tuple(chain)
+
+    def refusal(self, what: str, nbytes: int, name: str, used: int, limit: int) -> BudgetError:
+        """The error for an allocation refused elsewhere against this account's :meth:`room` (a
+        native worker's), worded as this account's own refusals."""
+        return BudgetError(over_budget(what, nbytes, name, used, limit))
 
     def release(self, nbytes: int) -> None:
         with self._lock:

@@ -84,6 +84,7 @@ def run_serve(args: argparse.Namespace) -> int:
         limits=Limits(max_memory=args.max_memory_mb << 20, max_workspace=args.max_workspace_mb << 20,
                       **_hardening_limits(args)),
         native="off" if args.no_native else args.native,
+        isolate=args.isolate,
     )
 
     # deployment (rpcsrv/board.py): tracker, proxy, graceful SIGTERM/SIGINT, farm logs
@@ -167,6 +168,11 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                         "(a crash ends only that session), in the server process (trusted boards), or "
                         "refuse it")
     s.add_argument("--no-native", action="store_true", help="refuse libraries with native code (--native off)")
+    s.add_argument("--isolate", choices=["native", "all"], default="native",
+                   help="which libraries load in the session's worker process (with --native isolated): "
+                        "those whose native code runs, or all (every session computes in a process of its "
+                        "own: sessions share no interpreter lock, any crash ends only its session; a "
+                        "process per session and one message per call)")
     s.set_defaults(func=run_serve)
     return s
 

@@ -3,7 +3,8 @@
 Every limit is a ``rpcsrv serve`` flag; the defaults (and their reasons, repeated in the README):
 
 * ``max_memory`` 4 GiB per session: device arrays, returned arrays, executor storage, workspace
-  files and handle entries together (see :mod:`rpcsrv.accounts`); a ResNet-50 session needs ~0.3 GiB.
+  files, handle entries and the native worker with what it holds, together (see
+  :mod:`rpcsrv.accounts`); a ResNet-50 session needs ~0.3 GiB.
 * ``max_total_memory``: half of physical memory for all sessions together, so the system, the server
   itself and the page cache keep the rest; 16 sessions of 4 GiB on a 2 GiB board are refused.
 * ``max_workspace`` 4 GiB per session: files in the session's workspace (also charged to memory).

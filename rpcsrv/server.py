@@ -51,6 +51,7 @@ class ServerConfig:
     sessions: set = field(default_factory=set)
     state: Optional["ServerState"] = None  # made on first use (inside trio): see shared_state
     native: str = "isolated"  # native host code: "isolated" (worker process), "inprocess" or "off"
+    isolate: str = "native"  # which libraries load in the session's worker: "native" (needed) or "all"
 
 
 class ServerState:
@@ -125,7 +126,7 @@ async def serve_connection(stream: trio.SocketStream, cfg: ServerConfig, answere
         account = MemoryAccount(limits.max_memory, parent=state.account, name="session")
         session = Session(conn, Workspace.create(cfg.workdir, max_bytes=limits.max_workspace),
                           cfg.registry, limits, peer, account=account, limiter=state.limiter,
-                          native=NativeSession(cfg.native, limits.max_memory, timeout))
+                          native=NativeSession(cfg.native, limits.max_memory, timeout, isolate=cfg.isolate))
         log.info("%s: session started in %s", peer, session.workspace.root)
         idle: Optional[IdleTimeout] = None
         with trio.move_on_after(timeout) as scope:

@@ -91,6 +91,7 @@ class Session(SyscallsMixin):
         self._stream: Optional[StreamedCall] = None  # the streamed call in progress (see open_stream)
         self.errors = 0  # requests answered with an exception (for the per-session log line)
         self.native = native or NativeSession("isolated", self.limits.max_memory)  # the board's native policy
+        self.native.account = self.account  # a native worker and what it holds count for this session
 
     # ------------------------------------------------------------------ compatibility views
     @property

@@ -14,6 +14,14 @@ model run (``GraphExecutorModule.run``) is a *job*:
   is process-wide, so this is one setting for all jobs, changed
   (through threadpoolctl's controller, a cheap call) only when it differs from the current one.
 
+In a native worker process (``rpcsrv.native``) the slots are the server's: the worker's policy is
+*remote* (``set_remote``), a job there asks the server for a slot and its thread count over the
+worker's socket, and the server holds the slot in its own policy for it.  So sessions whose models
+compute in worker processes share the same cores' slots as those computing in server threads.
+
+A job inside a job (a VM function that runs a graph executor, a profiler around a call) is part of
+the outer one: ``job()`` is reentrant per thread and takes no second slot.
+
 ``fixed_threads(n)`` pins the BLAS threads per job (benchmarks compare 1 and 2 threads with it);
 ``None`` leaves the policy in charge.  The environment variable ``RPCSRV_BLAS_THREADS`` pins it for
 the whole process (a deployment's choice; the concurrency benchmark's single-thread reference).
@@ -26,7 +34,7 @@ import contextlib
 import os
 import threading
 import time
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 #: how long a reading of the machine's runnable threads is used (seconds)
 LOADAVG_TTL = 0.05
@@ -72,6 +80,8 @@ class ComputePolicy:
         self.running = 0
         self.blas = _Blas()
         self._runnable, self._runnable_at = 0, float("-inf")  # last /proc/loadavg reading and its time
+        self._depth = threading.local()  # jobs this thread is inside (a nested job takes no slot)
+        self._remote: Optional[tuple[Callable[[], int], Callable[[], None]]] = None
 
     def threads_for(self, running: int) -> int:
         """BLAS threads per job while ``running`` jobs compute: the cores shared among the jobs, and only
@@ -105,17 +115,44 @@ class ComputePolicy:
 
     @contextlib.contextmanager
     def job(self) -> Iterator[int]:
-        """Hold a job slot while computing; yields the BLAS threads set for it."""
-        with self._slots:
-            with self._lock:
-                self.running += 1
-                threads = self.threads_for(self.running)
-                self.blas.set(threads)
-            try:
-                yield threads
-            finally:
-                with self._lock:
-                    self.running -= 1
+        """Hold a job slot while computing; yields the BLAS threads set for it.  Inside a job of the
+        same thread, the outer job's slot and threads stand."""
+        depth = getattr(self._depth, "n", 0)
+        threads = self._take() if not depth else max(1, self.blas.current or 1)
+        self._depth.n = depth + 1
+        try:
+            yield threads
+        finally:
+            self._depth.n = depth
+            if not depth:
+                self._give()
+
+    def _take(self) -> int:
+        """Wait for a slot (here, or granted by the remote policy) and set the BLAS threads for it."""
+        if self._remote is not None:
+            granted = self._remote[0]()  # the slot is taken even when the threads are pinned here
+            threads = self._fixed or granted
+            self.blas.set(threads)
+            return threads
+        self._slots.acquire()
+        with self._lock:
+            self.running += 1
+            threads = self.threads_for(self.running)
+            self.blas.set(threads)
+        return threads
+
+    def _give(self) -> None:
+        if self._remote is not None:
+            self._remote[1]()
+            return
+        with self._lock:
+            self.running -= 1
+        self._slots.release()
+
+    def set_remote(self, acquire: Callable[[], int], release: Callable[[], None]) -> None:
+        """Take job slots from elsewhere: ``acquire()`` blocks until a slot is granted and returns the
+        BLAS threads for it, ``release()`` gives it back (a native worker asks the server's policy)."""
+        self._remote = (acquire, release)
 
     @contextlib.contextmanager
     def fixed_threads(self, n: Optional[int]) -> Iterator[None]:

@@ -76,6 +76,14 @@ class SubgraphFunction:
                                last_of_key[key] == k, node.attrs.get("output_index", 0),
                                tuple(drops.get(k, ()))))
 
+    def prepare(self) -> None:
+        """Derive what kernels cache from the constants bound so far (``kernels.load_time``), so the
+        first run after loading does not."""
+        from .kernels.load_time import prepare_constants
+
+        prepare_constants(self.graph.ops, self.graph.nodes, self.constants,
+                          [step[2] for step in self.steps])
+
     def __call__(self, *args: Any) -> None:
         g, n_in, n_out = self.graph, len(self.inputs), len(self.outputs)
         if len(args) != n_in + n_out:
@@ -180,6 +188,7 @@ class ExampleJSONRuntime(RuntimeModule):
             # aligned and contiguous once at load: numpy's matmul takes its BLAS path only for aligned
             # data, and a constant sliced from a blob at an odd offset is not (issue 16: 100x on GEMV)
             self.constants[symbol][node.id] = np.require(arr, requirements="AC")
+        self.functions[symbol].prepare()
 
     def _init_in_order(self, symbol: str, arrays: Sequence[Any]) -> int:
         names = self.const_names(symbol)

@@ -3,9 +3,12 @@
 ``mode`` (``rpcsrv serve --native``):
 
 * ``isolated`` (default): the library's whole module tree lives in the session's worker process
-  (``proxy.py``); a crash or hang ends that worker, the session gets an error and goes on.
+  (``proxy.py``); a crash or hang ends that worker, the session gets an error and goes on.  The
+  worker, and what it holds for the session, are charged to the session's memory account.
   (A library whose graphs call only ExampleJSON subgraphs stays in the server process, see
-  :func:`graphs_call_host_code`.)
+  :func:`graphs_call_host_code`, unless ``isolate="all"`` (``--isolate all``): then every library
+  loads in the worker, and sessions compute in processes of their own, in parallel without sharing
+  the server's interpreter lock; their runs still take the server's compute slots, ``proxy.py``.)
 * ``inprocess``: native functions run in the server process (trusted boards; no IPC per call,
   but a crash takes the server down).
 * ``off`` (``--no-native``): a plain host library is refused at ``load_module``; in a library with a
@@ -36,15 +39,21 @@ MODES = ("isolated", "inprocess", "off")
 class NativeSession:
     """One session's native state: the mode, its shared arena and its worker (started lazily)."""
 
-    def __init__(self, mode: str = "isolated", max_memory: int = 4 << 30, timeout: float = float("inf")):
+    def __init__(self, mode: str = "isolated", max_memory: int = 4 << 30, timeout: float = float("inf"),
+                 isolate: str = "native"):
         if mode not in MODES:
             raise ValueError(f"native mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if isolate not in ("native", "all"):
+            raise ValueError(f"isolate must be 'native' or 'all', got {isolate!r}")
         self.mode = mode
+        # every library in the worker: only where workers run (isolated mode, Linux)
+        self.isolate_all = isolate == "all" and mode == "isolated" and sys.platform.startswith("linux")
         # time.monotonic() value of the session's end: native calls are stopped there
         self.deadline: Optional[float] = time.monotonic() + timeout if timeout != float("inf") else None
         self.max_memory = max_memory
         self.arena = None  # created with the first worker: buffers allocated after it are shared
         self.worker = None
+        self.account = None  # the session's MemoryAccount (set by the session): its worker is charged to it
 
     def _open_arena(self) -> None:
         if self.arena is not None or not sys.platform.startswith("linux"):
@@ -79,7 +88,7 @@ class NativeSession:
         """``tvm.rpc.server.load_module`` under this session's policy."""
         loaded = load_library(path)
         libraries = [n for n in loaded.root.walk() if isinstance(n, HostLibraryModule) and has_native_code(n)]
-        if not libraries or not graphs_call_host_code(loaded.root, libraries):
+        if not self.isolate_all and (not libraries or not graphs_call_host_code(loaded.root, libraries)):
             return build_runtime(loaded.root)
         for node in libraries:
             check_loadable(node)
@@ -97,7 +106,7 @@ class NativeSession:
             if self.worker is not None:
                 self.worker.close()
             self._open_arena()
-            self.worker = take_worker(self.arena, self._deadline)
+            self.worker = take_worker(self.arena, self._deadline, self.account)
         return self.worker.load(os.path.abspath(path))
 
     def close(self) -> None:

@@ -9,6 +9,11 @@ worker is gone, later requests on its proxies fail clearly, and the next ``load_
 fresh worker.  :func:`take_worker` hands out a warm spare (the server keeps one; an idle spare costs
 one Python process) and starts the next in the background.
 
+Memory: a worker taken for a session is charged to the session's account (:data:`WORKER_COST`, its
+own footprint), and so is what it holds for the session: each request carries the account's room,
+the worker refuses allocations beyond it before making them (``budget.py``), and each answer's
+``held`` is charged (or released) here.  All of it goes back to the account when the worker ends.
+
 :class:`WorkerModule` and :class:`WorkerFunction` are the session's handles on the worker's
 objects; they are ``RuntimeModule``/callables like any other, so the server hands them out
 unchanged.  Dropping a proxy frees the worker's object with the next request.
@@ -16,6 +21,7 @@ unchanged.  Dropping a proxy frees the worker's object with the next request.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -29,6 +35,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from ..executor import compute
 from ..executor.runtime import RuntimeModule
 from .library import NativeError
 from .shm import Arena
@@ -36,6 +43,13 @@ from .wire import Copied, Ref, Shared
 from .worker import _recv, _send
 
 START_TIMEOUT = 30.0
+#: what a native worker itself costs its session: a started worker holds ~25 MiB of private memory
+#: (Python, numpy, the executor; measured on x86-64 Linux), and the libraries and kernels it loads add more
+WORKER_COST = 32 << 20
+#: bytes held per byte of an array argument copied to the worker (one outside the shared arenas: a
+#: session buffer allocated before its worker started), while the call runs: the pickled request, the
+#: worker's received message and its unpickled array
+COPY_COST = 3
 
 
 class Worker:
@@ -45,6 +59,9 @@ class Worker:
         self.lock = threading.Lock()
         self.dead: Optional[str] = None
         self._garbage: list[int] = []
+        self.account: Any = None  # the session's MemoryAccount (rpcsrv.accounts), once taken by a session
+        self.charged = 0  # bytes the worker holds for the session, as last reported and charged
+        self.cost = 0  # WORKER_COST, while charged to ``account``
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         fds = [theirs.fileno()] + ([arena.fd] if arena else [])
         env = dict(os.environ)
@@ -109,6 +126,28 @@ class Worker:
             pass
         self.proc.wait()
         self.sock.close()
+        self._unbill()
+
+    def _unbill(self) -> None:
+        """The worker is gone: its memory goes back to the session's account."""
+        amount, self.charged, self.cost = self.charged + self.cost, 0, 0
+        if self.account is not None and amount:
+            self.account.release(amount)
+
+    def _budget(self) -> Any:
+        """The budget sent with a request (``budget.Budget``)."""
+        return None if self.account is None else (self.charged, self.account.room())
+
+    def _settle(self, answer: tuple) -> tuple:
+        """Charge (or release) what the worker reports holding after a request; returns ``answer``."""
+        held = answer[-1]
+        if self.account is not None and held != self.charged:
+            if held > self.charged:
+                self.account.add_held(held - self.charged)
+            else:
+                self.account.release(self.charged - held)
+        self.charged = held
+        return answer
 
     @property
     def alive(self) -> bool:
@@ -122,16 +161,11 @@ class Worker:
             try:
                 if self._garbage:
                     garbage, self._garbage = self._garbage, []
-                    _send(self.sock, ("free", garbage))
-                    if _recv(self.sock)[0] != "ok":
+                    _send(self.sock, (None, ("free", garbage)))
+                    if self._settle(_recv(self.sock))[0] != "ok":
                         raise EOFError
-                _send(self.sock, req)
-                deadline = self.deadline()
-                if not self._wait(deadline):
-                    self.kill("stopped at the session deadline")
-                    raise NativeError(f"{what}: native code was still running at the session deadline; "
-                                      f"its worker was stopped")
-                answer = _recv(self.sock)
+                _send(self.sock, (self._budget(), req))
+                answer = self._settle(self._answer(what))
             except (EOFError, OSError, ConnectionError):
                 text = self._exit_text()
                 self.kill(f"crashed: {text}")
@@ -139,7 +173,29 @@ class Worker:
                                   f"are gone, load the module again") from None
         if answer[0] == "err":
             raise NativeError(answer[1])
+        if answer[0] == "budget":  # refused in the worker before allocating
+            raise self.account.refusal(*answer[1])
         return answer[1], answer[2]
+
+    def _answer(self, what: str) -> tuple:
+        """The answer to the request just sent.  Meanwhile the worker may ask for a compute slot
+        (``("slot",)``, a model run starting there): it is held in the server's compute policy
+        (``rpcsrv.executor.compute``) until ``("slot-done",)`` or the answer, so the worker's runs
+        share the cores' slots with every other session's."""
+        with contextlib.ExitStack() as held:
+            while True:
+                if not self._wait(self.deadline()):
+                    self.kill("stopped at the session deadline")
+                    raise NativeError(f"{what}: native code was still running at the session deadline; "
+                                      f"its worker was stopped")
+                answer = _recv(self.sock)
+                if answer[0] == "slot":
+                    held.close()
+                    _send(self.sock, ("slot", held.enter_context(compute.job())))
+                elif answer[0] == "slot-done":
+                    held.close()
+                else:
+                    return answer
 
     def forget(self, oid: int) -> None:
         self._garbage.append(oid)
@@ -189,7 +245,17 @@ class Worker:
     def call(self, req_head: tuple, args: tuple, what: str) -> Any:
         copied: list = []
         wire_args = [self.to_wire(a, copied) for a in args]
-        result, outs = self.request(req_head + (wire_args,), what)
+        # arrays outside the shared arenas (and bytes, e.g. load_params) cross as copies: charged while
+        # the request runs
+        transient = 0 if self.account is None else COPY_COST * (
+            sum(a.nbytes for a in copied) + sum(len(w) for w in wire_args if isinstance(w, bytes)))
+        if transient:
+            self.account.charge(transient, "arguments copied to the native worker")
+        try:
+            result, outs = self.request(req_head + (wire_args,), what)
+        finally:
+            if transient:
+                self.account.release(transient)
         for mine, theirs in zip(copied, outs):
             if mine.flags.writeable:
                 np.copyto(mine, theirs)
@@ -198,7 +264,7 @@ class Worker:
     def attach(self, arena: Optional[Arena], deadline: Callable[[], Optional[float]]) -> None:
         """Give a spare worker its session: the session's arena (mapped there) and deadline."""
         with self.lock:
-            _send(self.sock, ("attach", arena.capacity if arena else 0), [arena.fd] if arena else [])
+            _send(self.sock, (None, ("attach", arena.capacity if arena else 0)), [arena.fd] if arena else [])
             if not self._wait(time.monotonic() + START_TIMEOUT) or _recv(self.sock)[0] != "ok":
                 raise NativeError("the spare native worker did not take its session")
         self.arena, self.deadline = arena, deadline
@@ -216,10 +282,20 @@ _pool_lock = threading.Lock()
 _spare: Optional[Worker] = None
 
 
-def take_worker(arena: Optional[Arena], deadline: Callable[[], Optional[float]]) -> Worker:
+def take_worker(arena: Optional[Arena], deadline: Callable[[], Optional[float]], account: Any = None) -> Worker:
     """A worker for a session: the warm spare if there is one (Python and numpy already started,
-    about a second saved on a small board), else a new one; a new spare starts in the background."""
+    about a second saved on a small board), else a new one; a new spare starts in the background.
+    With ``account`` (the session's), the worker is charged to it first (BudgetError when no room)."""
     global _spare
+    if account is not None:
+        account.charge(WORKER_COST, "native worker")
+        try:
+            worker = take_worker(arena, deadline)
+        except BaseException:
+            account.release(WORKER_COST)
+            raise
+        worker.account, worker.cost = account, WORKER_COST
+        return worker
     with _pool_lock:
         worker, _spare = _spare, None
     try:

@@ -35,6 +35,7 @@ class Arena:
         self.address = self.base.ctypes.data
         self._free: list[tuple[int, int]] = [(0, capacity)]  # sorted (offset, size)
         self._sizes: dict[int, int] = {}
+        self.used = 0  # bytes of the blocks handed out (and not released)
         self._lock = threading.Lock()
 
     def zeros(self, nbytes: int) -> np.ndarray:
@@ -51,6 +52,7 @@ class Arena:
             else:
                 self._free[i] = (off + size, room - size)
             self._sizes[off] = size
+            self.used += size
         block = self.base[off:off + nbytes]
         if size < PAGE:
             block.fill(0)
@@ -73,6 +75,7 @@ class Arena:
             size = self._sizes.pop(off, None) if off is not None else None
             if size is None:
                 return
+            self.used -= size
             if size >= PAGE:  # hand the whole pages back: they read as zeros when reused
                 lo, hi = -(-off // PAGE) * PAGE, (off + size) // PAGE * PAGE
                 if hi > lo:

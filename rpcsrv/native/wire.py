@@ -1,10 +1,15 @@
 """The messages between a session and its native worker (both sides of ``proxy.py``/``worker.py``).
 
 One request at a time over a Unix socket pair, each a pickled tuple (both ends are rpcsrv itself,
-never a client, so pickle is safe here).  Requests: ``("load", path)``, ``("get", obj, name,
-query_imports)``, ``("call", obj, args)``, ``("global", name, args)`` (executor creation over a
-worker's module), ``("timer", obj, params, f_preproc)``, ``("free", ids)``,
-``("stats",)``.  Answers: ``("ok", value, outs)`` or ``("err", message)``.
+never a client, so pickle is safe here), sent as ``(budget, request)``: ``budget`` is the session's
+room for what the worker allocates (``budget.Budget``, None for no limit).  Requests: ``("load",
+path)``, ``("get", obj, name, query_imports)``, ``("call", obj, args)``, ``("global", name, args)``
+(executor creation over a worker's module), ``("timer", obj, params, f_preproc)``, ``("free",
+ids)``, ``("stats",)``, ``("attach", capacity)`` (with the session arena's descriptor).  Answers:
+``("ok", value, outs, held)``, ``("err", message, None, held)`` or ``("budget", (what, nbytes,
+name, used, limit), None, held)`` (an allocation refused before it was made); ``held`` is what the
+worker holds for the session after the request, in bytes.  While a request runs, the worker may ask
+for a compute slot, ``("slot",)`` (answered ``("slot", threads)``), and give it back, ``("slot-done",)``.
 
 Values cross as themselves (ints, floats, str, bytes, Device, DataType, None), except:
 

@@ -5,12 +5,15 @@ is its end of a Unix socket pair, the arena is the session's shared memory (``sh
 libraries with ``load_native_module`` (so graph executors, and anything else in the tree, call
 native functions in this process), keeps the modules and functions it hands out in a table, and
 answers one request at a time (``wire.py``).  Its own arena (executor storage) is created here and
-its descriptor sent back in the first message.  If native code crashes, this process dies and the
+its descriptor sent back in the first message.  What it allocates for the session is checked
+against the budget each request carries, before it is allocated, and each answer says how much
+it holds (``budget.py``).  If native code crashes, this process dies and the
 session sees a closed socket; nothing else is affected.
 """
 
 from __future__ import annotations
 
+import gc
 import itertools
 import os
 import pickle
@@ -22,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from .budget import WorkerBudget, refusal_in
 from .wire import Copied, Ref, Shared
 
 WORKER_ARENA = 4 << 30 if sys.maxsize > 2 ** 32 else 256 << 20
@@ -32,6 +36,7 @@ class WorkerState:
         self.objects: dict[int, Any] = {}
         self.ids = itertools.count(1)
         self.arenas = {"session": session_arena, "worker": own_arena}
+        self.budget = WorkerBudget()
 
     # values ---------------------------------------------------------------
     def to_local(self, v: Any, copied: list) -> Any:
@@ -64,6 +69,7 @@ class WorkerState:
                     off = arena.offset_of(v)
                     if off is not None:
                         return Shared(region, off, v.dtype.str, v.shape, v.strides)
+            self.budget.check(v.nbytes, "returned array")  # the session charges it when it arrives
             return Copied(np.ascontiguousarray(v))
         if isinstance(v, np.generic):
             return v.item()
@@ -83,24 +89,24 @@ class WorkerState:
         return Ref(kind, i, name)
 
     # requests -------------------------------------------------------------
-    def handle(self, req: tuple) -> tuple:
+    def handle(self, req: tuple) -> tuple[Any, list]:
+        """The value and copied-back arguments of one request (errors raise)."""
         op = req[0]
         copied: list = []
         if op == "load":
             from .runtime import load_native_module
 
-            return ("ok", self.to_wire(load_native_module(req[1])), [])
+            return self.to_wire(load_native_module(req[1])), []
         if op == "get":
             _, oid, name, query_imports = req
             mod = self.to_local(Ref("mod", oid, ""), copied)
             fn = mod.find_function(name, bool(query_imports))
-            return ("ok", None if fn is None else self.put("fn", fn, name), [])
+            return (None if fn is None else self.put("fn", fn, name)), []
         if op == "call":
             _, oid, args = req
             fn = self.to_local(Ref("fn", oid, ""), copied)
             local = [self.to_local(a, copied) for a in args]
-            result = self.to_wire(fn(*local))
-            return ("ok", result, copied)
+            return self.to_wire(fn(*local)), copied
         if op == "timer":
             from .measure import PREPROC, time_evaluator
 
@@ -109,23 +115,28 @@ class WorkerState:
             f_pre = PREPROC.get(preproc) if preproc else None
             if preproc and f_pre is None:
                 raise ValueError(f"Cannot find {preproc} in the global function")
-            return ("ok", self.put("fn", time_evaluator(fn, *params, f_preproc=f_pre), "time_evaluator"), [])
+            return self.put("fn", time_evaluator(fn, *params, f_preproc=f_pre), "time_evaluator"), []
         if op == "global":  # a global function whose module argument lives here (executor creation)
             _, name, args = req
             fn = _worker_globals().get(name)
             if fn is None:
                 raise ValueError(f"{name} cannot run in the native worker")
             local = [self.to_local(a, copied) for a in args]
-            return ("ok", self.to_wire(fn(*local)), copied)
+            return self.to_wire(fn(*local)), copied
         if op == "free":
-            for i in req[1]:
-                self.objects.pop(i, None)
-            return ("ok", None, [])
+            from ..executor.runtime import RuntimeModule
+
+            freed = [self.objects.pop(i, None) for i in req[1]]
+            if self.budget.held and any(isinstance(obj, RuntimeModule) for obj in freed):
+                del freed  # executors sit in reference cycles: what they hold goes back now, and the
+                gc.collect()  # session's account with it, not at some later collection (~6 ms)
+            return None, []
         if op == "stats":
             from .shim import load_shim
 
-            return ("ok", {"objects": len(self.objects),
-                           "workspace_outstanding": int(load_shim().rpcsrv_workspace_outstanding())}, [])
+            own = self.arenas["worker"]
+            return {"objects": len(self.objects), "held": self.budget.held, "arena_used": own.used if own else 0,
+                    "workspace_outstanding": int(load_shim().rpcsrv_workspace_outstanding())}, []
         raise ValueError(f"unknown worker request {op!r}")
 
 
@@ -149,7 +160,8 @@ def _send(sock: socket.socket, obj: Any, fds: list[int] = ()) -> None:
         sock.sendall(header + data)  # one write: one wake-up of the other side
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv_exact(sock: socket.socket, n: int) -> bytearray:
+    """``n`` bytes (returned as received: a copied array argument is not copied once more here)."""
     buf = bytearray(n)
     view, got = memoryview(buf), 0
     while got < n:
@@ -157,7 +169,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
         if not k:
             raise EOFError
         got += k
-    return bytes(buf)
+    return buf
 
 
 def _recv(sock: socket.socket) -> Any:
@@ -174,6 +186,28 @@ def _recv_with_fds(sock: socket.socket) -> tuple[Any, list[int]]:
     return pickle.loads(_recv_exact(sock, int.from_bytes(head, "little"))), list(fds)
 
 
+def _error_answer(exc: Exception) -> tuple:
+    """The answer to a request that raised ``exc`` (without ``held``, which the loop adds)."""
+    refused = refusal_in(exc)
+    if refused is not None:  # refused before allocating: the session words it as its account does
+        return ("budget", refused.args, None)
+    text = str(exc) or type(exc).__name__
+    if type(exc).__name__ not in ("NativeError", "ExecutorError", "RuntimeError"):
+        text = f"{type(exc).__name__}: {text}"
+    if os.environ.get("RPCSRV_WORKER_TRACE"):
+        traceback.print_exc()
+    return ("err", text, None)
+
+
+def _slot(sock: socket.socket) -> int:
+    """Ask the server for a compute slot (while a request is being handled) and wait: its BLAS threads."""
+    _send(sock, ("slot",))
+    answer = _recv(sock)
+    if answer[0] != "slot":
+        raise RuntimeError(f"the server answered {answer[0]!r} to a compute slot request")
+    return int(answer[1])
+
+
 def main(argv: list[str]) -> int:
     from .shm import Arena
 
@@ -184,32 +218,34 @@ def main(argv: list[str]) -> int:
     from ..executor import graph
 
     graph.STORAGE_ALLOCATOR = own.zeros  # executor storage lives where the session can map it
+    from ..executor.memory import ALLOCATION_HOOK
     from . import runtime  # noqa: F401  (the executor and the native layer, imported before "ready")
 
+    from ..executor import compute
+
+    # a model run here takes its slot (and BLAS threads) from the server's compute policy
+    compute.POLICY.set_remote(lambda: _slot(sock), lambda: _send(sock, ("slot-done",)))
     state = WorkerState(session_arena, own)
+    ALLOCATION_HOOK.set(state.budget.charge)  # executors check their storage against the session's budget
     _send(sock, ("ready", os.getpid(), WORKER_ARENA), [own.fd])
     while True:
         try:
-            req, fds = _recv_with_fds(sock)
+            (budget, req), fds = _recv_with_fds(sock)
         except (EOFError, OSError):
             return 0
         try:
+            state.budget.grant(budget)
             if req[0] == "attach":  # a spare worker joins a session: map its arena
                 state.arenas["session"] = Arena(req[1], fd=fds[0]) if fds else None
                 answer = ("ok", None, [])
             else:
-                answer = state.handle(req)
+                answer = ("ok", *state.handle(req))
         except Exception as exc:
-            text = str(exc) or type(exc).__name__
-            if type(exc).__name__ not in ("NativeError", "ExecutorError", "RuntimeError"):
-                text = f"{type(exc).__name__}: {text}"
-            if os.environ.get("RPCSRV_WORKER_TRACE"):
-                traceback.print_exc()
-            answer = ("err", text)
+            answer = _error_answer(exc)
         try:
-            _send(sock, answer)
+            _send(sock, answer + (state.budget.held,))
         except (OSError, pickle.PicklingError) as exc:
-            _send(sock, ("err", f"the worker could not send its answer: {exc}"))
+            _send(sock, ("err", f"the worker could not send its answer: {exc}", None, state.budget.held))
 
 
 if __name__ == "__main__":

@@ -76,3 +76,40 @@ def test_at_most_cores_jobs_compute_at_once_and_share_the_cores():
         p.blas.set(before)
     assert most[0] == 2 and p.running == 0
     assert seen and all(k * n <= 2 for k, n in seen)  # (jobs running) x (BLAS threads) never exceeds the cores
+
+
+def test_a_job_inside_a_job_takes_no_second_slot():
+    """A VM function that runs a graph executor, a profiler around a call: one job, no deadlock."""
+    p = ComputePolicy(cores=1)
+    done = []
+
+    def work():
+        with p.job() as outer, p.job() as inner:
+            done.append((outer, inner, p.running))
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join(5)
+    assert not t.is_alive() and done == [(1, 1, 1)] and p.running == 0
+    with p.job():  # the slot was given back
+        assert p.running == 1
+
+
+def test_relax_vm_calls_are_jobs(monkeypatch):
+    """A Relax VM call from outside holds a job slot while it computes (issue 16: VM sessions share the
+    cores as graph executors do)."""
+    from rpcsrv.executor import compute
+    from rpcsrv.executor.vm import machine
+
+    seen = []
+    real = compute.POLICY.job
+
+    def spy():
+        seen.append(compute.POLICY.running)
+        return real()
+
+    monkeypatch.setattr(compute, "job", spy)
+    vm = machine.VirtualMachine.__new__(machine.VirtualMachine)
+    vm._closure = lambda name: machine.Closure(name, lambda _vm, *a: ("ran", compute.POLICY.running), ())
+    vm.staging = type("S", (), {"stage": staticmethod(lambda i, a: a)})()
+    assert machine.export(vm.call("main")) == ("ran", 1) and len(seen) == 1 and compute.POLICY.running == 0

@@ -3,20 +3,26 @@
 Conv is an im2col product: the input is copied once into a (N, C*K, Q) column matrix (see
 ``im2col``: no copy for 1x1 convs, contiguous row runs for stride 1) and multiplied by the (M, C*K)
 weight matrix with one BLAS call, which leaves the result directly in NCHW order.  The bias rides
-in the product as an extra weight column when C*K is small against Q (a stem conv), else it is one
-broadcast add; a fused relu runs in place.  Depthwise convolutions (one input channel per group)
-instead accumulate ``kernel_size`` broadcast multiply-adds, which beats a per-group loop of tiny
-matrix products.  3x3 stride-1 float32 convs with enough channels and outputs run as Winograd
-F(2x2, 3x3) (``winograd``: 2.25x fewer flops).  Float16 is computed in float32.
+in the product as an extra weight column when C*K is small against Q (a stem conv) or, for 1x1 convs
+that read their input in place, when copying the input with a ones row per group costs less than the
+add (``_gemm_conv``); else it is one broadcast add.  A fused relu runs in place.  Attributes are
+checked and pads resolved once per geometry (``_geometry``).  Depthwise convolutions (one input channel per group) are
+no GEMM: 1-D and 2-D ones run in ``depthwise`` (whole-array multiply-adds in a rows layout, 2-3x faster
+than over a window view), 3-D ones accumulate ``kernel_size`` broadcast multiply-adds over the window
+view (``_depthwise``); both beat a per-group loop of tiny matrix products.  3x3 stride-1 float32 convs
+with enough channels and outputs run as Winograd F(2x2, 3x3) (``winograd``: 2.25x fewer flops).
+Float16 is computed in float32.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
 from . import winograd
+from .depthwise import depthwise_conv
 from .im2col import columns
 from .registry import apply_activation, bad, register
 from .windows import pad_spatial, resolve_pads, spatial_attr, windows
@@ -27,19 +33,12 @@ def conv(x, w, b=None, *, auto_pad: str = "NOTSET", dilations=None, group: int =
          pads=None, strides=None, activation=None, activation_attrs=None):
     """ONNX Conv; ``kernel_shape`` is optional and must match the weights when given."""
     x, w = np.asarray(x), np.asarray(w)
-    if x.ndim < 3 or w.ndim != x.ndim:
-        raise bad("conv", f"need X (N, C, spatial...) and W of the same rank, got {x.shape} and {w.shape}")
     k = x.ndim - 2
-    n, c = x.shape[:2]
-    m, cg = w.shape[:2]
-    kernel = list(w.shape[2:])
-    if kernel_shape is not None and [int(v) for v in kernel_shape] != kernel:
-        raise bad("conv", f"kernel_shape {kernel_shape} does not match weights {w.shape}")
-    if group < 1 or c % group or m % group or cg * group != c:
-        raise bad("conv", f"group={group} does not fit C={c}, W {w.shape}")
-    strides = spatial_attr(strides, k, 1, "strides", "conv")
-    dilations = spatial_attr(dilations, k, 1, "dilations", "conv")
-    begin, end, out = resolve_pads("conv", x.shape[2:], kernel, strides, dilations, pads, auto_pad)
+    n = x.shape[0] if x.ndim else 0
+    m, cg = w.shape[:2] if w.ndim >= 2 else (0, 0)
+    kernel = w.shape[2:]
+    strides, dilations, begin, end, out = _geometry(x.shape, w.shape, group, _tup(kernel_shape), _tup(pads),
+                                                    _tup(strides), _tup(dilations), auto_pad)
     dtype = x.dtype
     ct = np.dtype(np.float32) if dtype == np.float16 else dtype
     x, w = x.astype(ct, copy=False), w.astype(ct, copy=False)
@@ -52,6 +51,9 @@ def conv(x, w, b=None, *, auto_pad: str = "NOTSET", dilations=None, group: int =
     elif cg > 1 or group == 1:  # ungrouped, or grouped with several channels per group: one (batched) GEMM
         y = _gemm_conv(x, w, bias, kernel, strides, dilations, begin, end, out, activation, activation_attrs,
                        group)
+    elif k <= 2:
+        y = apply_activation(depthwise_conv(x, w, bias, strides, dilations, begin, end, out), activation,
+                             activation_attrs, "conv")
     else:
         win = windows(pad_spatial(x, begin, end, 0), kernel, strides, dilations, out)  # (N, C, O..., K...)
         y = _depthwise(win, w, n, group, m // group, k, math.prod(out))
@@ -60,6 +62,29 @@ def conv(x, w, b=None, *, auto_pad: str = "NOTSET", dilations=None, group: int =
             y += bias.reshape((m,) + (1,) * k)
         y = apply_activation(y, activation, activation_attrs, "conv")
     return y.astype(dtype, copy=False)
+
+
+def _tup(values):
+    """A list attribute as a hashable tuple (None stays None)."""
+    return None if values is None else tuple(values)
+
+
+@functools.lru_cache(maxsize=512)
+def _geometry(xshape, wshape, group, kernel_shape, pads, strides, dilations, auto_pad):
+    """The checked attributes and resolved pads of one conv geometry, (strides, dilations, begin, end,
+    out) as tuples: computed once per geometry (a model has a few dozen), not on every call."""
+    if len(xshape) < 3 or len(wshape) != len(xshape):
+        raise bad("conv", f"need X (N, C, spatial...) and W of the same rank, got {xshape} and {wshape}")
+    k = len(xshape) - 2
+    c, (m, cg), kernel = xshape[1], wshape[:2], list(wshape[2:])
+    if kernel_shape is not None and [int(v) for v in kernel_shape] != kernel:
+        raise bad("conv", f"kernel_shape {list(kernel_shape)} does not match weights {wshape}")
+    if group < 1 or c % group or m % group or cg * group != c:
+        raise bad("conv", f"group={group} does not fit C={c}, W {wshape}")
+    strides = spatial_attr(strides, k, 1, "strides", "conv")
+    dilations = spatial_attr(dilations, k, 1, "dilations", "conv")
+    begin, end, out = resolve_pads("conv", xshape[2:], kernel, strides, dilations, pads, auto_pad)
+    return tuple(strides), tuple(dilations), tuple(begin), tuple(end), tuple(out)
 
 
 def _gemm_conv(x, w, bias, kernel, strides, dilations, begin, end, out, activation, activation_attrs, group=1):
@@ -71,18 +96,28 @@ def _gemm_conv(x, w, bias, kernel, strides, dilations, begin, end, out, activati
     (their extra positions are computed and dropped; see ``im2col``).
     """
     n, m = x.shape[0], w.shape[0]
-    rows = w[0].size
+    rows, mg = w[0].size, m // group
     # the bias as one more weight column beats a pass over the result when C*K < Q
     ones = group == 1 and bias is not None and rows < math.prod(out)
     cols, grid, along = columns(x, kernel, strides, dilations, begin, end, out, ones_row=ones, out_channels=m)
+    q = cols.shape[-1]
+    wmat, cols = w.reshape(group, mg, rows), cols.reshape(n, group, cols.shape[1] // group, q)
+    if bias is not None and not along and 2 * m * q > x.shape[1] * q + m * rows and np.may_share_memory(cols, x):
+        # columns that are the input itself (1x1): a copy of the input with a ones row per group and of the
+        # weights with the bias column, so that the bias rides in the product, cost less than a bias pass
+        # over the output when that is larger than both (its rows of q < 4096 values run numpy's slow
+        # loops, at about twice the cost per value): 2-5 us per ShuffleNet layer, 40 us where it widens
+        # 24 -> 112 channels at 56x56, 80-130 us on ResNet's widening 1x1s
+        ones = np.empty((n, group, rows + 1, q), x.dtype)
+        ones[:, :, :rows] = cols
+        ones[:, :, rows] = 1
+        cols, along = ones, True
+    if along:  # per call: caching it would cost a comparison pass over the weights (see ``prepared``)
+        wmat = np.concatenate([wmat, bias.reshape(group, mg, 1)], axis=2)
     if group == 1:
-        wmat = w.reshape(m, rows)
-        if along:
-            wmat = np.concatenate([wmat, bias.reshape(m, 1)], axis=1)
-        y = wmat @ cols[0] if n == 1 else np.matmul(wmat, cols)
+        y = wmat[0] @ cols[0, 0] if n == 1 else np.matmul(wmat[0], cols[:, 0])
     else:
-        q = cols.shape[-1]
-        y = np.matmul(w.reshape(group, m // group, rows), cols.reshape(n, group, rows, q)).reshape(n, m, q)
+        y = np.matmul(wmat, cols).reshape(n, m, q)
         y = y[0] if n == 1 else y
     if bias is not None and not along:
         y += bias.reshape(m, 1)
@@ -97,7 +132,8 @@ def _gemm_conv(x, w, bias, kernel, strides, dilations, begin, end, out, activati
 
 
 def _depthwise(win, w, n, group, mg, k, osize):
-    """Grouped conv with one input channel per group, as broadcast multiply-adds per kernel tap.
+    """Grouped conv with one input channel per group, as broadcast multiply-adds per kernel tap (3-D
+    convs; 1-D and 2-D ones run in ``depthwise``).
 
     Each tap is a strided (N, G, O...) view of the window view, so every pass is a long
     vectorised loop; ``tmp`` avoids allocating a product per tap.

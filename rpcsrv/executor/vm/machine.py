@@ -34,6 +34,7 @@ from ...loader.vm_executable import (
     OP_RET, VM_REGISTER, VOID_REGISTER, VMExecutableModule, decode_instructions,
 )
 from ...loader.vm_text import describe_constant, disassemble
+from .. import compute
 from ..runtime import RuntimeModule
 from ...protocol.dtypes import DataType
 from .builtins import BUILTINS, VMError, is_builtin_name, read_if_cond
@@ -315,6 +316,12 @@ class VirtualMachine(RuntimeModule):
             return fn(*args)
         raise VMError(f"invoke_closure: expected a function, got a {type(fn).__name__}")
 
+    def _invoke_closure(self, clo: Any, *args: Any) -> Any:
+        """``invoke_closure`` from outside: one job of the compute policy."""
+        values = tuple(as_tensor(a) for a in args)
+        with compute.job():
+            return export(self.invoke(clo, values))
+
     def _require_init(self) -> None:
         if self.pool is None:
             raise VMError("the VM is not initialized: call vm_initialization (relax.VirtualMachine does) first")
@@ -332,16 +339,19 @@ class VirtualMachine(RuntimeModule):
         return [f.name for f in self.exe.functions if f.kind == KIND_VM]
 
     def call(self, name: str, *args: Any) -> Any:
-        """Call VM function ``name`` with arguments from outside (arrays); returns outside values."""
+        """Call VM function ``name`` with arguments from outside (arrays); returns outside values.
+        The call is one job of the compute policy (``compute``), as a graph executor's run is."""
         clo = self._closure(name)
-        return export(clo.impl(self, *[self.staging.stage(i, a) for i, a in enumerate(args)], *clo.bound))
+        staged = [self.staging.stage(i, a) for i, a in enumerate(args)]
+        with compute.job():
+            return export(clo.impl(self, *staged, *clo.bound))
 
     # ------------------------------------------------------------------ the remote interface
     def get_function(self, name: str):
         table = {
             "vm_initialization": self.initialize,
             "save_function": self.save_function,
-            "invoke_closure": lambda clo, *args: export(self.invoke(clo, tuple(as_tensor(a) for a in args))),
+            "invoke_closure": self._invoke_closure,
             "invoke_stateful": self.invoke_stateful,
             "set_instrument": self.set_instrument,
             "rpcsrv_profile": self.profile_call,
@@ -395,7 +405,8 @@ class VirtualMachine(RuntimeModule):
         clo = self._closure(name)
         if name not in self.inputs:
             raise VMError(f"No inputs set for stateful call of {name}; use `set_input` first.")
-        self.outputs[name] = clo.impl(self, *self.inputs[name], *clo.bound)
+        with compute.job():
+            self.outputs[name] = clo.impl(self, *self.inputs[name], *clo.bound)
 
     def _output(self, name: str, idx: tuple) -> Any:
         if name not in self.outputs:

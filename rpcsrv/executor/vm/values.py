@@ -23,6 +23,7 @@ import numpy as np
 
 from ...loader.vm_executable import ShapeTuple
 from ...protocol.dtypes import DataType
+from ..memory import before_allocation
 from .ffi import DLTensor, make_dltensor
 
 #: TVM's allocation alignment (kAllocAlignment): compiled kernels may assume it
@@ -219,7 +220,8 @@ class StoragePool:
                 if self.live_bytes + size > self.budget:
                     raise MemoryError(f"alloc_storage: {size} bytes exceed the VM memory budget "
                                       f"({self.live_bytes} of {self.budget} bytes in use)")
-                block = _Block(size)
+                block = _Block(size)  # a fresh mapping, no page touched yet: charged to the session's
+                before_allocation(block.data.base, size, "VM storage")  # budget (or refused) until its last view goes
             self.live_bytes += size
             self.peak_bytes = max(self.peak_bytes, self.live_bytes + self.pooled_bytes)
         return Storage(self, block)

@@ -1,0 +1,168 @@
+"""Depthwise convolution (one input channel per group, any channel multiplier) for 1-D and 2-D inputs.
+
+A depthwise conv has no reduction over channels, so it is no GEMM: it is ``kernel_size`` multiply-adds
+per output, done here as whole-array numpy passes, one product and one sum per kernel tap.  What decides
+the speed is the shape of those passes (numpy 2.x, measured on this project's machine, 1 thread):
+
+* numpy runs an elementwise op whose operands are not all one contiguous run (a broadcast weight, a
+  strided view) in rows; rows of up to ``np.getbufsize() // 2`` elements (4096) cost about twice
+  as much per element as longer ones (0.22 against 0.14 ns per float32 product).  NCHW depthwise
+  passes have one row per channel plane (49-3136 elements), so every pass was in the slow regime,
+  plus the per-row cost of a short window view: 0.7-2 GFLOP/s, 0.5-1.3 ms per ShuffleNet layer.
+* so the input is copied once (the pad copy every conv makes anyway) into a *rows* layout:
+  ``buf[n, row phase, column phase, row, channel, column]``, padded, split by the strides into phases.
+  In that layout every kernel tap of every output row is one contiguous run of ``C * QW`` values
+  (all channels of one padded input row, ``QW`` the padded row width of a phase), and the runs of
+  consecutive output rows follow each other: tap ``t`` of the whole output is one contiguous slice.
+  Its weight varies along the run (the tap's weight of channel c, repeated QW times), so the product
+  is that slice times a weight vector broadcast over "super rows" of ``R`` output rows, with ``R``
+  chosen so that a row is long enough for the fast regime (the vector is prepared once per weight
+  array and geometry, ``R * C * QW`` values per tap).
+* the output is computed over the padded row width (the extra columns read the neighbouring channel's
+  row and are cropped, like im2col's "flat" columns) and over ``R``-rounded rows; the bias is added in
+  the rows layout (long rows again), then the result is copied once into NCHW (where a fused relu, run
+  by the caller, is one contiguous pass).
+
+Strides split the input into phases (``sh * sw`` planes) in the layout copy, so each tap reads a
+stride-1 slice of one phase; ``COLUMN_PHASES`` chooses, per column stride, between splitting columns
+into phases (a strided gather in the copy) and computing every column and keeping every sw-th (twice
+the tap work at stride 2).  Dilations only move the taps' offsets.  ``bench/depthwise_bench.py`` times
+each variant per ShuffleNet layer against a plain copy of its input.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from .prepared import prepared
+
+#: column strides for which the layout copy splits columns into phases; other strides compute every
+#: column and keep every sw-th.  Measured (1 thread, 3x3, best of 100): phases win at stride 2 on large
+#: images (ShuffleNet's 56x56: 0.43 against 0.51 ms; 28x28: 6%), tie at 14x14 and at stride 3, and lose
+#: at stride 4 (15-25%: the strided gather copies rows of W/4 values, the other copy whole rows)
+COLUMN_PHASES = frozenset({2})
+
+
+def depthwise_conv(x: np.ndarray, w: np.ndarray, bias, strides, dilations, begin, end, out) -> np.ndarray:
+    """Depthwise conv of x (N, C, [H,] W) with w (C * mult, 1, [KH,] KW): (N, C * mult, [OH,] OW), a fresh
+    C-contiguous array (bias added; the caller applies any activation).
+
+    ``begin``/``end``/``out`` are the resolved pads and output sizes (``windows.resolve_pads``).  The result
+    may be a view of a slightly larger buffer (the products' scratch space).
+    """
+    if x.ndim == 3:  # 1-D: one row of a 2-D conv
+        y = depthwise_conv(x[:, :, None, :], w[:, :, None, :], bias, [1, strides[0]], [1, dilations[0]],
+                           [0, begin[0]], [0, end[0]], [1, out[0]])
+        return y.reshape(y.shape[:2] + (out[0],))
+    n, c = x.shape[:2]
+    m = w.shape[0]
+    if n == 0:
+        return np.empty((0, m) + tuple(out), x.dtype)
+    if m != c:  # channel multiplier: each input channel feeds m // c consecutive output channels
+        x = np.repeat(x, m // c, axis=1)
+    return _conv2d(x, w, bias, strides, dilations, begin, end, out)
+
+
+def _conv2d(x, w, bias, strides, dilations, begin, end, out):
+    n, c = x.shape[:2]
+    oh, ow = out
+    sh, cs, step, qw, rows, oh_r, hq, starts, slack = _plan(x.shape[1:], w.shape[2:], tuple(strides),
+                                                             tuple(dilations), tuple(begin), tuple(end),
+                                                             tuple(out), np.getbufsize(), COLUMN_PHASES)
+    cq = c * qw
+    image = sh * cs * hq * cq
+    flat = np.zeros(n * image + slack, x.dtype)
+    _fill(flat[:n * image].reshape(n, sh, cs, hq, c, qw), x, begin, sh, cs)
+
+    wvec, bvec = prepared(w, ("depthwise", qw, rows), bias, lambda: _vectors(w, bias, qw, rows))
+    it = flat.itemsize
+    shape = (n, oh_r // rows, rows * cq)
+    y = np.empty(shape, x.dtype)
+    # the products' scratch, later the result (never larger): one allocation less per call
+    scratch = np.empty(max(n * oh_r * cq, n * c * oh * ow), x.dtype)
+    tmp = scratch[:y.size].reshape(shape)
+    for k, start in enumerate(starts):
+        src = np.ndarray(shape, x.dtype, flat, start * it, (image * it, rows * cq * it, it))
+        if k == 0:
+            np.multiply(src, wvec[0], out=y)
+        else:
+            np.multiply(src, wvec[k], out=tmp)
+            y += tmp
+    if bvec is not None:
+        y += bvec
+    # (N, rows, C, QW) -> (N, C, OH, OW): the only copy out, cropping the extra rows and columns
+    res = scratch[:n * c * oh * ow].reshape(n, c, oh, ow)
+    grid = y.reshape(n, oh_r, c, qw)[:, :oh, :, 0:(ow - 1) * step + 1:step].transpose(0, 2, 1, 3)
+    if step == 1:
+        np.copyto(_as_rows(res), _as_rows(grid))
+    else:
+        np.copyto(res, grid)
+    return res
+
+
+def _as_rows(a: np.ndarray) -> np.ndarray:
+    """``a`` (..., L), its last axis contiguous, as an (...) array of L-value opaque elements.
+
+    Copying between the NCHW and rows layouts moves rows of W values (7-56 here), one numpy inner loop
+    per row; copied as single elements, each row is one memcpy in a loop over all of them: 1.5-2.2x
+    faster (ShuffleNet's layers, 9-12 us against 18-25 us per copy).
+    """
+    return a.view(np.dtype((np.void, a.shape[-1] * a.itemsize)))[..., 0]
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(chw, kernel, strides, dilations, begin, end, out, bufsize, column_phases):
+    """The layout of one geometry (computed once per geometry): row phases ``sh``, column phases ``cs``,
+    output column step, phase width ``QW``, output rows per weight vector and the rounded output rows,
+    rows per phase ``HQ``, each tap's start in an image's layout, and the zeros after the last image."""
+    c, h, wd = chw
+    kh, kw = kernel
+    (sh, sw), (dh, dw), (oh, _) = strides, dilations, out
+    cs = sw if sw in column_phases else 1  # column phases in the layout
+    ph, pw = h + begin[0] + end[0], wd + begin[1] + end[1]
+    qw = -(-pw // cs)
+    cq = c * qw
+    rows = max(1, min(oh, -(-(bufsize // 2 + 1) // cq)))  # output rows per weight vector: > bufsize / 2 values
+    oh_r = -(-oh // rows) * rows
+    # taps: (row phase, row offset, column phase, column offset) in the layout
+    taps = [((i * dh) % sh, (i * dh) // sh, (j * dw) % cs, (j * dw) // cs) for i in range(kh) for j in range(kw)]
+    hq = max(-(-ph // sh), oh_r + max(t[1] for t in taps))
+    starts = tuple(((a * cs + r) * hq + ui) * cq + uj for a, ui, r, uj in taps)
+    slack = max(t[3] for t in taps)  # the last tap's run may end past the last plane: zeros
+    return sh, cs, sw // cs, qw, rows, oh_r, hq, starts, slack
+
+
+def _fill(buf: np.ndarray, x: np.ndarray, begin, sh: int, cs: int) -> None:
+    """Copy x (N, C, H, W) into the zeroed layout buf (N, sh, cs, HQ, C, QW) at padded position
+    (row hq * sh + a, column q * cs + r) = (input row + begin[0], input column + begin[1])."""
+    n, c, h, wd = x.shape
+    xt = x.transpose(0, 2, 1, 3)  # (N, H, C, W)
+    whole_rows = cs == 1 and x.strides[3] == x.itemsize  # rows copied as single elements (``_as_rows``)
+    for a in range(sh):
+        # padded rows hq * sh + a holding input rows h0, h0 + sh, ...
+        q0 = -(-(begin[0] - a) // sh) if begin[0] > a else 0
+        h0 = q0 * sh + a - begin[0]
+        if h0 >= h:
+            continue
+        nh = (h - 1 - h0) // sh + 1
+        for r in range(cs):
+            p0 = -(-(begin[1] - r) // cs) if begin[1] > r else 0
+            w0 = p0 * cs + r - begin[1]
+            if w0 >= wd:
+                continue
+            nw = (wd - 1 - w0) // cs + 1
+            dst, src = buf[:, a, r, q0:q0 + nh, :, p0:p0 + nw], xt[:, h0::sh, :, w0::cs][:, :nh, :, :nw]
+            if whole_rows:
+                np.copyto(_as_rows(dst), _as_rows(src))
+            else:
+                dst[...] = src
+
+
+def _vectors(w: np.ndarray, bias, qw: int, rows: int):
+    """(T, rows * C * QW) per-tap weight vectors and the (rows * C * QW) bias vector (or None) for
+    weights w (C, 1, KH, KW): channel c's value repeated QW times, the whole repeated ``rows`` times."""
+    c = w.shape[0]
+    wvec = np.tile(np.repeat(w.reshape(c, -1).T, qw, axis=1), (1, rows))
+    return wvec, None if bias is None else np.tile(np.repeat(bias, qw), rows)

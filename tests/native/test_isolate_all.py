@@ -1,0 +1,101 @@
+"""``--isolate all``: every library loads in the session's worker process (not only those whose native
+code runs), so sessions compute in processes of their own; a run there takes its compute slot from the
+server's policy (``rpcsrv.executor.compute``) over the worker's socket."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import helper
+
+from client import compile_onnx
+from conftest import module_server, need_module
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "compiler"))
+from compiler_helpers import make_model, reference  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="native workers run on Linux")
+
+
+def conv_model():
+    rng = np.random.default_rng(5)
+    inits = {"w": rng.standard_normal((6, 3, 3, 3)).astype("float32"), "b": rng.standard_normal(6).astype("float32")}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("Relu", ["c"], ["out"], name="relu")]
+    return make_model(nodes, [("x", [1, 3, 8, 8])], [("out", [1, 6, 8, 8])], inits)
+
+
+@pytest.fixture(scope="module")
+def library(tmp_path_factory):
+    model = conv_model()
+    path = tmp_path_factory.mktemp("lib") / "conv.so"
+    compile_onnx(model).export_library(str(path))
+    return model, path
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    yield from module_server(tmp_path_factory, "--isolate", "all")
+
+
+def test_an_examplejson_library_runs_in_the_session_worker(server, library):
+    psutil = need_module("psutil", "lists the server's worker processes")
+    tvm = need_module("tvm", "the real TVM client")
+    model, path = library
+    x = np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype("float32")
+    sess = tvm.rpc.connect(server.host, server.port)
+    sess.upload(str(path))
+    lib = sess.load_module(path.name)
+    dev = sess.cpu(0)
+    ex = lib["default"](dev)
+    ex["set_input"]("x", tvm.runtime.tensor(x, dev))
+    ex["run"]()
+    np.testing.assert_allclose(ex["get_output"](0).numpy(), reference(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
+    workers = [p for p in psutil.Process(server.proc.pid).children() if "rpcsrv.native.worker" in " ".join(p.cmdline())]
+    assert workers, "the library was loaded in the server process, not in a worker"
+
+
+def test_a_run_in_the_worker_takes_the_servers_compute_slot(library, monkeypatch):
+    """The worker's graph executor run asks this process's policy for its slot (and nothing else does)."""
+    from rpcsrv.executor import compute
+    from rpcsrv.native.host import NativeSession
+    from rpcsrv.native.proxy import WorkerModule
+    from rpcsrv.protocol.dtypes import Device
+
+    model, path = library
+    slots = []
+    real = compute.job
+
+    def spy():
+        slots.append(compute.POLICY.running)
+        return real()
+
+    monkeypatch.setattr(compute, "job", spy)
+    native = NativeSession("isolated", 1 << 30, isolate="all")
+    try:
+        mod = native.load(str(path))
+        assert isinstance(mod, WorkerModule)
+        ex = mod.get_function("default")(Device(1, 0))
+        x = np.ones((1, 3, 8, 8), "float32")
+        ex.get_function("set_input")("x", x)
+        assert slots == []  # set_input is no job
+        ex.get_function("run")()
+        ex.get_function("run")()
+        assert len(slots) == 2 and compute.POLICY.running == 0  # held while the worker ran, then given back
+        got = ex.get_function("get_output")(0)
+        np.testing.assert_allclose(got, reference(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
+    finally:
+        native.close()
+
+
+def test_isolate_all_only_where_workers_run():
+    from rpcsrv.native.host import NativeSession
+
+    assert NativeSession("isolated", isolate="all").isolate_all
+    assert not NativeSession("inprocess", isolate="all").isolate_all
+    assert not NativeSession("isolated").isolate_all
+    with pytest.raises(ValueError, match="isolate"):
+        NativeSession("isolated", isolate="some")
