@@ -265,6 +265,14 @@ def fold_scale_into_conv(graph: Graph) -> int:
     return count
 
 
-def simplify_inference(graph: Graph) -> int:
-    """The three folds above, in the order that lets each feed the next; how many nodes they changed."""
-    return fold_affine(graph) + fold_conv_batchnorm(graph) + fold_scale_into_conv(graph)
+def simplify_inference(graph: Graph, ops=None) -> int:
+    """The three folds above, in the order that lets each feed the next; how many nodes they changed.
+
+    ``ops``: the accelerator's op set (kernel names; None: all): a fold whose result needs an op the set
+    lacks is skipped (a composed BatchNormalization has no host implementation to fall back on).
+    """
+    count = fold_affine(graph) if ops is None or "batch_normalization" in ops else 0
+    count += fold_conv_batchnorm(graph)
+    if ops is None or "add" in ops:
+        count += fold_scale_into_conv(graph)
+    return count
