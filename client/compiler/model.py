@@ -198,7 +198,7 @@ def compile_onnx(model_or_path, input_shapes: dict | None = None, ops=None, *,
     chosen = resolve_ops(ops)
     graph = import_onnx(model_or_path, input_shapes, bind_inputs)
     if fold_batchnorm:
-        simplify_inference(graph)
+        simplify_inference(graph, chosen)
     part = partition(graph, chosen, module_name, host=host_fallback)
     if host_fallback:
         for op in part.unsupported:

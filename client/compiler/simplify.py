@@ -37,6 +37,11 @@ factor ``s`` (per input channel of the Conv, whose zero padding it keeps zero) m
 weights: ``fold_scale_into_conv`` leaves ``Add(x, t / s)`` → ``Relu`` (one fused add_relu kernel, two
 passes over the tensor instead of three).  Only for an ungrouped Conv that alone reads the Relu,
 which alone reads the normalization; the weights get a new name.
+
+**A bias through a 1x1 Conv.**  ``Conv_A(x) + b`` read by a 1x1 ``Conv_B`` alone (no padding, any
+stride and groups) is ``Conv_B(Conv_A(x)) + W_B b``: ``fold_bias_forward`` moves ``W_B b`` into
+``Conv_B``'s bias and drops ``Conv_A``'s, which saves a pass where the bias cost one (ShuffleNet's
+depthwise convs, each followed by a grouped 1x1 conv, after their BatchNormalization was folded in).
 """
 
 from __future__ import annotations
@@ -265,6 +270,56 @@ def fold_scale_into_conv(graph: Graph) -> int:
     return count
 
 
-def simplify_inference(graph: Graph) -> int:
-    """The three folds above, in the order that lets each feed the next; how many nodes they changed."""
-    return fold_affine(graph) + fold_conv_batchnorm(graph) + fold_scale_into_conv(graph)
+def _pointwise(conv: Node, graph: Graph) -> bool:
+    """A 1x1 Conv with constant weights, no padding: a per-position linear map of the channels."""
+    w = graph.constants.get(conv.inputs[1]) if len(conv.inputs) > 1 else None
+    a = conv.attrs
+    return (w is not None and w.ndim >= 3 and all(k == 1 for k in w.shape[2:])
+            and not any(a.get("pads") or []) and a.get("auto_pad", "NOTSET") in ("NOTSET", "VALID"))
+
+
+def fold_bias_forward(graph: Graph) -> int:
+    """Move a Conv's constant bias into the 1x1 Conv that alone reads it (module doc); how many moved."""
+    uses = _uses(graph)
+    readers: dict[str, list[Node]] = {}
+    for n in graph.nodes:
+        for i in set(n.inputs):
+            readers.setdefault(i, []).append(n)
+    count = 0
+    for a in graph.nodes:
+        if a.op_type != "Conv" or a.domain not in ONNX_DOMAINS or len(a.inputs) < 3 or not a.inputs[2] or \
+                a.inputs[2] not in graph.constants or len(a.outputs) != 1:
+            continue
+        b = _sole_reader(a.outputs[0], readers, uses)
+        if b is None or b.op_type != "Conv" or b.domain not in ONNX_DOMAINS or b.inputs[0] != a.outputs[0] or \
+                a.outputs[0] in b.inputs[1:] or not _pointwise(b, graph):
+            continue
+        wb, bias_a = graph.constants[b.inputs[1]], graph.constants[a.inputs[2]]
+        groups, m, cg = int(b.attrs.get("group", 1)), wb.shape[0], wb.shape[1]
+        if bias_a.dtype != wb.dtype or wb.dtype.name not in _FLOATS or bias_a.shape != (cg * groups,) or \
+                m % groups:
+            continue
+        # W_B b per output channel: each group's weights times its slice of the bias
+        moved = np.einsum("gmc,gc->gm", wb.astype(np.float64).reshape(groups, m // groups, cg),
+                          bias_a.astype(np.float64).reshape(groups, cg)).reshape(m)
+        old = graph.constants[b.inputs[2]].astype(np.float64) if len(b.inputs) > 2 and b.inputs[2] else 0.0
+        new_b = _new_constant(graph, b.inputs[2] if len(b.inputs) > 2 and b.inputs[2] else f"{b.name}_bias",
+                              (old + moved).astype(wb.dtype))
+        b.inputs = [b.inputs[0], b.inputs[1], new_b]
+        a.inputs = a.inputs[:2]
+        count += 1
+    return count
+
+
+def simplify_inference(graph: Graph, ops=None) -> int:
+    """The four folds above, in the order that lets each feed the next; how many nodes they changed.
+
+    ``ops``: the accelerator's op set (kernel names; None: all): a fold whose result needs an op the set
+    lacks is skipped (a composed BatchNormalization has no host implementation to fall back on).
+    """
+    count = fold_affine(graph) if ops is None or "batch_normalization" in ops else 0
+    count += fold_conv_batchnorm(graph)
+    if ops is None or "add" in ops:
+        count += fold_scale_into_conv(graph)
+    count += fold_bias_forward(graph)
+    return count

@@ -206,3 +206,20 @@ def test_positive_scales_move_through_the_relu_into_the_conv(tmp_path):
 def test_scale_stays_when_it_cannot_move(model, tmp_path):
     compiled = check(model, tmp_path)
     assert compiled_ops(compiled) == ["batch_normalization", "conv"]
+
+
+def test_an_op_set_without_batch_normalization_keeps_mul_and_add(tmp_path):
+    """Composing needs the board's batch_normalization (it has no host implementation): with ``--ops``
+    lacking it, the Mul and Add stay, offloaded as they are."""
+    need_module("onnxruntime")
+    inits = {"m": vec(C, 1, 1), "a": vec(C, 1, 1)}
+    model = make_model([node("Mul", ["x", "m"], "mm"), node("Add", ["mm", "a"], "out")],
+                       [("x", SHAPE)], [("out", SHAPE)], inits)
+    assert compiled_ops(compile_onnx(model)) == ["batch_normalization"]
+    compiled = compile_onnx(model, ops="mul,add", host_fallback=False)
+    assert compiled_ops(compiled) == ["mul", "add"]
+    feed = sample_inputs(model, 1)
+    np.testing.assert_allclose(run_compiled(compiled, feed, tmp_path)[0], reference(model, feed)[0], rtol=1e-6)
+    # and the scale moves through a Relu only where the board has the Add it leaves
+    assert compiled_ops(compile_onnx(preact_conv_model(), ops="batch_normalization,relu,conv")) == \
+        ["batch_normalization", "conv"]

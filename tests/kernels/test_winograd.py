@@ -17,7 +17,7 @@ BOUND = 2e-5
 @pytest.mark.parametrize("c,m,h,w,pads", [
     (48, 48, 14, 14, (1, 1, 1, 1)), (64, 64, 28, 28, (1, 1, 1, 1)), (128, 64, 15, 17, (1, 1, 1, 1)),
     (256, 48, 14, 14, (0, 0, 0, 0)), (128, 32, 56, 56, (1, 1, 1, 1)), (64, 80, 16, 13, (2, 0, 1, 1)),
-    (winograd.MAX_CHANNELS, 48, 14, 14, (1, 1, 1, 1)),
+    (winograd.MAX_CHANNELS, 48, 14, 14, (1, 1, 1, 1)), (192, 320, 7, 7, (1, 1, 1, 1)),
 ])
 def test_winograd_error_is_bounded_against_direct_convolution(c, m, h, w, pads):
     rng = np.random.default_rng(c * m + h)
@@ -45,6 +45,11 @@ def test_conv_routes_usable_layers_through_winograd(monkeypatch):
     assert winograd.usable(x, w, [1, 1], [1, 1], 1)
     assert not winograd.usable(x, w, [2, 2], [1, 1], 1) and not winograd.usable(x[:, :, :7, :7], w, [1, 1], [1, 1], 1)
     assert not winograd.usable(x, w[:32], [1, 1], [1, 1], 1)  # few output channels: only on large images
+    # 7x7 images: with many channels and cache-sized transformed weights only
+    x7, w7 = np.zeros((1, 192, 7, 7), np.float32), np.zeros((320, 192, 3, 3), np.float32)
+    assert winograd.usable(x7, w7, [1, 1], [1, 1], 1) and not winograd.usable(x7, w7[:96], [1, 1], [1, 1], 1)
+    assert not winograd.usable(np.zeros((1, 512, 7, 7), np.float32), np.zeros((512, 512, 3, 3), np.float32),
+                               [1, 1], [1, 1], 1)
     calls = []
     real = winograd.winograd_conv
     monkeypatch.setattr(winograd, "winograd_conv", lambda *a: calls.append(1) or real(*a))

@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from . import winograd
+from . import taps, winograd
 from .depthwise import depthwise_conv
 from .im2col import columns
 from .registry import apply_activation, bad, register
@@ -43,8 +43,9 @@ def conv(x, w, b=None, *, auto_pad: str = "NOTSET", dilations=None, group: int =
     ct = np.dtype(np.float32) if dtype == np.float16 else dtype
     x, w = x.astype(ct, copy=False), w.astype(ct, copy=False)
     bias = None if b is None else np.asarray(b).astype(ct, copy=False).reshape(m)
-    if winograd.usable(x, w, strides, dilations, group):
-        y = winograd.winograd_conv(x, w, begin, end)
+    if taps.usable(x, w, strides, dilations, group) or winograd.usable(x, w, strides, dilations, group):
+        y = (taps.taps_conv if taps.usable(x, w, strides, dilations, group) else winograd.winograd_conv)(
+            x, w, begin, end)
         if bias is not None:
             y += bias.reshape(m, 1, 1)
         y = apply_activation(y, activation, activation_attrs, "conv")
