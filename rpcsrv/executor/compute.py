@@ -19,6 +19,11 @@ In a native worker process (``rpcsrv.native``) the slots are the server's: the w
 worker's socket, and the server holds the slot in its own policy for it.  So sessions whose models
 compute in worker processes share the same cores' slots as those computing in server threads.
 
+More BLAS threads are not always faster: a model of many small products (ShuffleNet) ran 20% slower
+with 2 threads than with 1 on an idle 2-core machine.  So a job may bring a :class:`ThreadChoice`
+(each graph executor has one): while the policy allows more than one thread, its first runs alternate
+between one thread and the allowed count, and from then on it uses whichever was faster.
+
 A job inside a job (a VM function that runs a graph executor, a profiler around a call) is part of
 the outer one: ``job()`` is reentrant per thread and takes no second slot.
 
@@ -68,6 +73,40 @@ class _Blas:
             self.current = n
 
 
+class ThreadChoice:
+    """Which BLAS thread count runs one model fastest, learned from its own runs.
+
+    While the policy allows ``share`` > 1 threads, runs alternate between 1 and ``share`` until each has
+    ``TRIALS`` timed runs (a model's first run is not timed: it pays one-off costs); then the faster
+    median wins for good (``best``: 1, or "as many as allowed").  With one thread allowed there is
+    nothing to choose."""
+
+    TRIALS = 3
+
+    def __init__(self) -> None:
+        self.times: dict[bool, list[float]] = {False: [], True: []}  # more than one thread? -> seconds
+        self.best: Optional[bool] = None
+        self.warm = False
+
+    def pick(self, share: int) -> int:
+        if share <= 1 or self.best is False:
+            return 1
+        if self.best or not self.warm:
+            return share
+        return share if len(self.times[True]) < len(self.times[False]) else 1
+
+    def record(self, threads: int, share: int, seconds: float) -> None:
+        if share <= 1 or self.best is not None:
+            return
+        if not self.warm:
+            self.warm = True
+            return
+        self.times[threads > 1].append(seconds)
+        if all(len(v) >= self.TRIALS for v in self.times.values()):
+            one, many = (sorted(self.times[k])[self.TRIALS // 2] for k in (False, True))
+            self.best = many < one
+
+
 class ComputePolicy:
     """A pool of ``cores`` job slots and the BLAS thread count that goes with the jobs running."""
 
@@ -114,32 +153,42 @@ class ComputePolicy:
         return max(0, self._runnable - ours)
 
     @contextlib.contextmanager
-    def job(self) -> Iterator[int]:
-        """Hold a job slot while computing; yields the BLAS threads set for it.  Inside a job of the
-        same thread, the outer job's slot and threads stand."""
+    def job(self, choice: Optional[ThreadChoice] = None) -> Iterator[int]:
+        """Hold a job slot while computing; yields the BLAS threads set for it (``choice``: the
+        model's own :class:`ThreadChoice` among the threads allowed).  Inside a job of the same
+        thread, the outer job's slot and threads stand."""
         depth = getattr(self._depth, "n", 0)
-        threads = self._take() if not depth else max(1, self.blas.current or 1)
+        if depth:
+            threads, share = max(1, self.blas.current or 1), 1
+        else:
+            threads, share = self._take(choice)
         self._depth.n = depth + 1
+        start = time.perf_counter()
         try:
             yield threads
         finally:
             self._depth.n = depth
             if not depth:
                 self._give()
+                if choice is not None and self._fixed is None:
+                    choice.record(threads, share, time.perf_counter() - start)
 
-    def _take(self) -> int:
-        """Wait for a slot (here, or granted by the remote policy) and set the BLAS threads for it."""
+    def _take(self, choice: Optional[ThreadChoice]) -> tuple[int, int]:
+        """Wait for a slot (here, or granted by the remote policy) and set the BLAS threads for it:
+        (threads, the most the policy allowed)."""
         if self._remote is not None:
             granted = self._remote[0]()  # the slot is taken even when the threads are pinned here
-            threads = self._fixed or granted
+            share = self._fixed or granted
+            threads = share if choice is None or self._fixed else choice.pick(share)
             self.blas.set(threads)
-            return threads
+            return threads, share
         self._slots.acquire()
         with self._lock:
             self.running += 1
-            threads = self.threads_for(self.running)
+            share = self.threads_for(self.running)
+            threads = share if choice is None or self._fixed is not None else choice.pick(share)
             self.blas.set(threads)
-        return threads
+        return threads, share
 
     def _give(self) -> None:
         if self._remote is not None:

@@ -60,6 +60,7 @@ class GraphExecutorModule(RuntimeModule):
         self._functions = self._resolve_functions()
         self._setup_storage()
         self._setup_op_execs()
+        self._threads = compute.ThreadChoice()  # this model's fastest BLAS thread count, learned
         self._api = {
             "set_input": self.set_input, "set_input_zero_copy": self.set_input_zero_copy,
             "set_output_zero_copy": self.set_output_zero_copy, "get_output": self.get_output,
@@ -194,7 +195,7 @@ class GraphExecutorModule(RuntimeModule):
     def run(self) -> None:
         """Run every op once, as one job of the compute policy (``compute``: a slot among the
         cores' and the BLAS threads that fit them)."""
-        with compute.job():
+        with compute.job(self._threads):
             for fn, args in self.op_execs:
                 fn(*args)
 

@@ -104,12 +104,37 @@ def test_relax_vm_calls_are_jobs(monkeypatch):
     seen = []
     real = compute.POLICY.job
 
-    def spy():
+    def spy(*args):
         seen.append(compute.POLICY.running)
-        return real()
+        return real(*args)
 
     monkeypatch.setattr(compute, "job", spy)
     vm = machine.VirtualMachine.__new__(machine.VirtualMachine)
     vm._closure = lambda name: machine.Closure(name, lambda _vm, *a: ("ran", compute.POLICY.running), ())
     vm.staging = type("S", (), {"stage": staticmethod(lambda i, a: a)})()
     assert machine.export(vm.call("main")) == ("ran", 1) and len(seen) == 1 and compute.POLICY.running == 0
+
+
+def test_a_model_keeps_the_thread_count_its_own_runs_found_faster(monkeypatch):
+    """ThreadChoice: the first run is not timed, then 1 and the allowed count alternate until each has
+    TRIALS runs; the faster median wins for good, and one allowed thread leaves nothing to choose."""
+    from rpcsrv.executor.compute import ThreadChoice
+
+    for one_faster in (True, False):
+        p = ComputePolicy(cores=2)
+        monkeypatch.setattr(p, "others_running", lambda running: 0)
+        monkeypatch.setattr(p.blas, "set", lambda n: None)
+        choice, used = ThreadChoice(), []
+        clock = [0.0]
+        monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+        for _ in range(1 + 2 * ThreadChoice.TRIALS + 4):
+            with p.job(choice) as n:
+                used.append(n)
+                clock[0] += (1.0 if n == 1 else 2.0) if one_faster else (2.0 if n == 1 else 1.0)
+        trials = used[1:1 + 2 * ThreadChoice.TRIALS]
+        assert used[0] == 2 and sorted(trials) == [1] * ThreadChoice.TRIALS + [2] * ThreadChoice.TRIALS
+        assert choice.best is (not one_faster) and set(used[-4:]) == {1 if one_faster else 2}
+    busy = ThreadChoice()
+    assert busy.pick(1) == 1 and busy.best is None  # one thread allowed: nothing learned
+    busy.record(1, 1, 5.0)
+    assert busy.times == {False: [], True: []}

@@ -69,9 +69,9 @@ def test_a_run_in_the_worker_takes_the_servers_compute_slot(library, monkeypatch
     slots = []
     real = compute.job
 
-    def spy():
+    def spy(*args):
         slots.append(compute.POLICY.running)
-        return real()
+        return real(*args)
 
     monkeypatch.setattr(compute, "job", spy)
     native = NativeSession("isolated", 1 << 30, isolate="all")
