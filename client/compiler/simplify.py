@@ -229,6 +229,15 @@ def fold_affine(graph: Graph) -> int:
     return count
 
 
+def _readers(graph: Graph) -> dict[str, list[Node]]:
+    """Tensor name -> the nodes that read it (each once)."""
+    readers: dict[str, list[Node]] = {}
+    for n in graph.nodes:
+        for i in set(n.inputs):
+            readers.setdefault(i, []).append(n)
+    return readers
+
+
 def _sole_reader(name: str, readers: dict, uses: dict) -> Node | None:
     users = readers.get(name, [])
     return users[0] if uses.get(name) == 1 and len(users) == 1 else None
@@ -237,11 +246,7 @@ def _sole_reader(name: str, readers: dict, uses: dict) -> Node | None:
 def fold_scale_into_conv(graph: Graph) -> int:
     """BatchNormalization → Relu → Conv with positive scales becomes Add → Relu → Conv with the scales in
     the Conv's weights (see the module doc; ``graph`` changed in place).  Returns how many."""
-    uses = _uses(graph)
-    readers: dict[str, list[Node]] = {}
-    for n in graph.nodes:
-        for i in set(n.inputs):
-            readers.setdefault(i, []).append(n)
+    uses, readers = _uses(graph), _readers(graph)
     count = 0
     for k, bn in enumerate(graph.nodes):
         step = _affine_step(bn, graph, uses) if bn.op_type == "BatchNormalization" else None
@@ -280,11 +285,7 @@ def _pointwise(conv: Node, graph: Graph) -> bool:
 
 def fold_bias_forward(graph: Graph) -> int:
     """Move a Conv's constant bias into the 1x1 Conv that alone reads it (module doc); how many moved."""
-    uses = _uses(graph)
-    readers: dict[str, list[Node]] = {}
-    for n in graph.nodes:
-        for i in set(n.inputs):
-            readers.setdefault(i, []).append(n)
+    uses, readers = _uses(graph), _readers(graph)
     count = 0
     for a in graph.nodes:
         if a.op_type != "Conv" or a.domain not in ONNX_DOMAINS or len(a.inputs) < 3 or not a.inputs[2] or \
