@@ -99,3 +99,52 @@ def test_isolate_all_only_where_workers_run():
     assert not NativeSession("isolated").isolate_all
     with pytest.raises(ValueError, match="isolate"):
         NativeSession("isolated", isolate="some")
+
+
+def big_model():
+    """A conv big enough to run for a while (~0.1-1 s) in the worker."""
+    rng = np.random.default_rng(6)
+    inits = {"w": rng.standard_normal((256, 256, 3, 3)).astype("float32")}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("Conv", ["c", "w"], ["out"], pads=[1, 1, 1, 1], name="conv2")]
+    return make_model(nodes, [("x", [4, 256, 64, 64])], [("out", [4, 256, 64, 64])], inits)
+
+
+def test_a_worker_that_dies_mid_run_gives_its_compute_slot_back(tmp_path):
+    import os
+    import signal
+    import threading
+    import time
+
+    from rpcsrv.executor import compute
+    from rpcsrv.native.host import NativeSession
+    from rpcsrv.native.library import NativeError
+    from rpcsrv.protocol.dtypes import Device
+
+    path = tmp_path / "big.so"
+    compile_onnx(big_model()).export_library(str(path))
+    native = NativeSession("isolated", 4 << 30, isolate="all")
+    errors = []
+    try:
+        ex = native.load(str(path)).get_function("default")(Device(1, 0))
+        ex.get_function("set_input")("x", np.ones((4, 256, 64, 64), "float32"))
+
+        def run():
+            try:
+                for _ in range(50):
+                    ex.get_function("run")()
+            except NativeError as exc:
+                errors.append(str(exc))
+
+        t = threading.Thread(target=run)
+        t.start()
+        deadline = time.monotonic() + 60
+        while compute.POLICY.running == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert compute.POLICY.running == 1  # the worker's run holds a slot of this process's policy
+        os.kill(native.worker.pid, signal.SIGKILL)
+        t.join(60)
+        assert not t.is_alive() and errors and "crashed" in errors[0]
+        assert compute.POLICY.running == 0  # given back with the dead worker's socket
+    finally:
+        native.close()
