@@ -97,16 +97,20 @@ def test_raw_blob_whose_length_spells_gzip():
     assert lib.container == "raw" and lib.root.params["w"].size == 0x088B1F - base
 
 
+def _one_member_tar(name: str, member: bytes, compression: str) -> bytes:
+    """A tar of one member, compressed with ``compression`` (gz, bz2, xz)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode=f"w:{compression}") as tar:
+        info = tarfile.TarInfo(name)
+        info.size = len(member)
+        tar.addfile(info, io.BytesIO(member))
+    return buf.getvalue()
+
+
 def test_truncated_compressed_tar_says_so():
     """A gzip tar cut inside an object member: the decompressor's end-of-data is the error, not the
     garbage a reader would see if it were handed the stream's last bytes again."""
-    member = b"\x7fELF" + np.random.default_rng(0).bytes(20000)
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        info = tarfile.TarInfo("lib0.o")
-        info.size = len(member)
-        tar.addfile(info, io.BytesIO(member))
-    data = buf.getvalue()
+    data = _one_member_tar("lib0.o", b"\x7fELF" + np.random.default_rng(0).bytes(20000), "gz")
     with pytest.raises(LoaderError, match="malformed gz-compressed tar .*ended before the end-of-stream"):
         load_library(data[:len(data) // 2])
 
@@ -114,12 +118,7 @@ def test_truncated_compressed_tar_says_so():
 def test_compressed_tar_bomb_is_refused():
     """A 20 MB object member packed into a small bzip2 tar: refused before it is decompressed."""
     member = b"\x7fELF" + bytes(20 << 20)
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:bz2") as tar:
-        info = tarfile.TarInfo("devc.o")
-        info.size = len(member)
-        tar.addfile(info, io.BytesIO(member))
-    data = buf.getvalue()
+    data = _one_member_tar("devc.o", member, "bz2")
     del member
     assert len(data) * 1032 < 20 << 20
     tracemalloc.start()
