@@ -79,3 +79,21 @@ def test_bound_constants_are_trusted_and_a_changed_weight_is_not():
     assert prepared.immutable(frozen) and prepared.immutable(frozen[1:]) and not prepared.immutable(w)
     assert prepared.immutable(np.frombuffer(bytes(16), np.float32)) and not prepared.immutable(
         np.frombuffer(bytearray(16), np.float32))
+
+
+def test_only_the_path_conv_will_take_is_prepared():
+    """A few-output 3x3 conv runs as stacked taps (``taps.usable``), though Winograd would also take it:
+    load time prepares the taps' weights, not Winograd's."""
+    from rpcsrv.executor.kernels import taps
+
+    class N:
+        def __init__(self, op, inputs, shape, dtype=np.float32):
+            self.op, self.inputs, self.shape, self.dtype = op, inputs, shape, np.dtype(dtype)
+
+    x_shape, w = (1, 128, 56, 56), np.ones((32, 128, 3, 3), np.float32)
+    assert taps.usable(np.zeros(x_shape, np.float32), w, [1, 1], [1, 1], 1)
+    assert winograd.usable(np.zeros(x_shape, np.float32), w, [1, 1], [1, 1], 1)
+    prepared._cache.clear()
+    prepare_constants([N("conv", (0, 1), (1, 32, 56, 56))], {0: N("", (), x_shape)}, {1: w}, [{"pads": [1] * 4}])
+    tags = {tag for hit in prepared._cache.values() if hit[0]() is w for tag in hit[1]}
+    assert tags == {"taps"}

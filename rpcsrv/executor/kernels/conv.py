@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
@@ -43,9 +44,9 @@ def conv(x, w, b=None, *, auto_pad: str = "NOTSET", dilations=None, group: int =
     ct = np.dtype(np.float32) if dtype == np.float16 else dtype
     x, w = x.astype(ct, copy=False), w.astype(ct, copy=False)
     bias = None if b is None else np.asarray(b).astype(ct, copy=False).reshape(m)
-    if taps.usable(x, w, strides, dilations, group) or winograd.usable(x, w, strides, dilations, group):
-        y = (taps.taps_conv if taps.usable(x, w, strides, dilations, group) else winograd.winograd_conv)(
-            x, w, begin, end)
+    fast = fast_path(x, w, strides, dilations, group)
+    if fast is not None:
+        y = fast.run(x, w, begin, end)
         if bias is not None:
             y += bias.reshape(m, 1, 1)
         y = apply_activation(y, activation, activation_attrs, "conv")
@@ -63,6 +64,36 @@ def conv(x, w, b=None, *, auto_pad: str = "NOTSET", dilations=None, group: int =
             y += bias.reshape((m,) + (1,) * k)
         y = apply_activation(y, activation, activation_attrs, "conv")
     return y.astype(dtype, copy=False)
+
+
+class FastPath(NamedTuple):
+    """A path that beats im2col on the layers its module's ``usable`` accepts (measured per layer):
+    ``run(x, w, begin, end)`` computes the conv, ``prepare(w)`` what it derives from the weights
+    (cached).  Looked up in the module at each call, so the module stays the one place to change."""
+
+    module: Any
+    run_name: str
+    prepare_name: str
+
+    def usable(self, *args) -> bool:
+        return self.module.usable(*args)
+
+    def run(self, *args) -> np.ndarray:
+        return getattr(self.module, self.run_name)(*args)
+
+    def prepare(self, w: np.ndarray) -> Any:
+        return getattr(self.module, self.prepare_name)(w)
+
+
+FAST_PATHS = (FastPath(taps, "taps_conv", "stacked"), FastPath(winograd, "winograd_conv", "transformed_weights"))
+
+
+def fast_path(x, w, strides, dilations, group) -> Optional[FastPath]:
+    """The first fast path that takes this layer, or None (im2col or depthwise)."""
+    for path in FAST_PATHS:
+        if path.usable(x, w, strides, dilations, group):
+            return path
+    return None
 
 
 def _tup(values):

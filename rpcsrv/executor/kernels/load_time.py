@@ -1,13 +1,13 @@
 """Work on constant weights done when a subgraph's constants are bound, not in the first run.
 
-Some kernels derive data from their weights once and cache it (Winograd's transformed weights,
-``winograd.transformed_weights``, keyed on the weight array itself).  Done lazily, that work lands on
-the first run after ``load_module``: on VGG-19 the transforms alone were ~60% of a first run that took
-~3x the steady state (issue 16's target is at most 3x).  ``prepare_constants`` walks a subgraph once
-its constants are bound and does that work for every op whose prepared data depends only on
-constants and declared shapes, so the first run finds it ready.  It changes no result: a kernel
-whose data was not prepared here computes it on first use, as before.  (The depthwise weight
-vectors, also cached by ``prepared.py``, are small and stay lazy.)
+Some kernels derive data from their weights once and cache it (the fast convolution paths of
+``conv.FAST_PATHS``: Winograd's transformed weights, the stacked taps; cached by ``prepared.py``).
+Done lazily, that work lands on the first run after ``load_module``: on VGG-19 the transforms alone
+were ~60% of a first run that took ~3x the steady state (issue 16's target is at most 3x).
+``prepare_constants`` walks a subgraph once its constants are bound and does that work for every op
+whose prepared data depends only on constants and declared shapes, so the first run finds it ready.
+It changes no result: a kernel whose data was not prepared here computes it on first use, as before.
+(The depthwise weight vectors, also cached by ``prepared.py``, are small and stay lazy.)
 
 A table, like the kernels': op name -> ``prepare(args, constant, kernel_attrs)``, where ``args`` holds
 the op's inputs as bound constants or, for computed inputs, zero-stride stand-ins of the declared shape
@@ -21,19 +21,21 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from . import winograd
+from .conv import fast_path
 
 
 def _prepare_conv(args: list, constant: list[bool], attrs: Mapping[str, Any]) -> None:
-    """Winograd's transformed weights, for a conv that will take the Winograd path."""
+    """The derived weights of the fast path ``conv`` will take for this layer (``conv.fast_path``)."""
     if len(args) < 2 or not constant[1] or args[0] is None or args[0].ndim < 3:
         return
     x, w = args[0], args[1]
     k = x.ndim - 2
-    strides = attrs.get("strides") or [1] * k
-    dilations = attrs.get("dilations") or [1] * k
-    if w.ndim == x.ndim and winograd.usable(x, w, strides, dilations, int(attrs.get("group", 1))):
-        winograd.transformed_weights(w)
+    if w.ndim != x.ndim:
+        return
+    path = fast_path(x, w, attrs.get("strides") or [1] * k, attrs.get("dilations") or [1] * k,
+                     int(attrs.get("group", 1)))
+    if path is not None:
+        path.prepare(w)
 
 
 #: op -> prepare function
