@@ -36,7 +36,6 @@ from .errors import CompileError
 from .onnx_import import Graph, Node, TensorInfo
 
 LEGACY_BROADCAST = {"Add", "Sub", "Mul", "Div", "Pow", "And", "Or", "Xor", "Equal", "Greater", "Less"}
-SOFTMAX_LIKE = {"Softmax", "LogSoftmax", "Hardmax"}
 
 
 def since_version(node: Node, opset: int) -> int:
