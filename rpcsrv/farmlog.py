@@ -23,33 +23,12 @@ from .transport import Transport
 session_log = logging.getLogger("rpcsrv.sessions")
 
 
-class CountingTransport(Transport):
-    """A :class:`Transport` that counts the bytes it moves (for the session record)."""
-
-    bytes_in = 0
-    bytes_out = 0
-
-    async def recv(self, n: int) -> bytes:
-        data = await super().recv(n)
-        self.bytes_in += len(data)
-        return data
-
-    async def recv_into(self, region: memoryview) -> int:
-        n = await super().recv_into(region)
-        self.bytes_in += n
-        return n
-
-    async def send_all(self, parts: list) -> None:
-        self.bytes_out += sum(memoryview(p).nbytes for p in parts)
-        await super().send_all(parts)
-
-
 @dataclass
 class SessionRecord:
     peer: str
     key: str
     start: float
-    io: Optional[CountingTransport] = None
+    io: Optional[Transport] = None
     calls: int = 0
     end: str = "closed"
 

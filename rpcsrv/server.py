@@ -18,7 +18,7 @@ from typing import Any, Optional
 import trio
 
 from .accounts import MemoryAccount
-from .farmlog import CountingTransport, SessionRecord
+from .farmlog import SessionRecord
 from .globals import REGISTRY, Registry
 from .limits import Limits
 from .protocol import (CallFuncChunk, CallFuncStart, Connection, ConnectionClosed,
@@ -26,7 +26,7 @@ from .protocol import (CallFuncChunk, CallFuncStart, Connection, ConnectionClose
                        HandshakeRequest, Role, Shutdown, pack_return)
 from .native.host import NativeSession
 from .session import INIT_DONE, Answer, CopyData, Failed, Returned, Session
-from .transport import IdleTimeout
+from .transport import IdleTimeout, Transport
 from .workspace import Workspace
 
 log = logging.getLogger("rpcsrv.server")
@@ -97,7 +97,7 @@ async def serve_connection(stream: trio.SocketStream, cfg: ServerConfig, answere
     conn = Connection(Role.SERVER, dialect=cfg.dialect, max_packet=limits.max_packet, max_ndim=limits.max_ndim)
     session: Optional[Session] = None
     counted = False
-    io = CountingTransport(stream.socket, idle_timeout=limits.idle_timeout)
+    io = Transport(stream.socket, idle_timeout=limits.idle_timeout)
     record: Optional[SessionRecord] = None
     admitted = False
     scope: Optional[trio.CancelScope] = None
@@ -182,7 +182,7 @@ def _timeout(text: Optional[str]) -> float:
     return value if value > 0 else float("inf")
 
 
-async def _next(io: CountingTransport, conn: Connection):
+async def _next(io: Transport, conn: Connection):
     """The next event, reading as the connection's shared receive loop asks (``Connection.reads``:
     it looks at what is buffered first, so no separate check here)."""
     steps = conn.reads()
@@ -194,7 +194,7 @@ async def _next(io: CountingTransport, conn: Connection):
         return done.value
 
 
-async def _session_loop(io: CountingTransport, conn: Connection, session: Session, peer: str,
+async def _session_loop(io: Transport, conn: Connection, session: Session, peer: str,
                         record: Optional[SessionRecord] = None) -> None:
     while True:
         ev = await _next(io, conn)
@@ -218,7 +218,7 @@ async def _session_loop(io: CountingTransport, conn: Connection, session: Sessio
         await io.send_all(encode(conn, await session.handle(ev)))
 
 
-async def _refuse_session(io: CountingTransport, conn: Connection, peer: str, reason: str) -> None:
+async def _refuse_session(io: Transport, conn: Connection, peer: str, reason: str) -> None:
     """Over the session limit: answer the client's first request (kInitServer) with the reason, so a
     TVM client shows it to its user, then close."""
     log.warning("%s: refused: %s", peer, reason)

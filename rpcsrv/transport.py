@@ -38,6 +38,11 @@ class IdleTimeout(OSError):
 
 
 class Transport:
+    """One connection's socket; ``bytes_in``/``bytes_out`` count what it moved (the session record)."""
+
+    bytes_in = 0
+    bytes_out = 0
+
     def __init__(self, trio_socket, spin: float = SPIN_SECONDS, idle_timeout: float = math.inf):
         # a private duplicate of the descriptor, driven non-blocking with trio's readiness waits
         self.sock = socket.socket(fileno=os.dup(trio_socket.fileno()))
@@ -67,12 +72,16 @@ class Transport:
 
     async def recv(self, n: int) -> bytes:
         try:  # the next request is often there already: no closure, no loop
-            return self.sock.recv(n)
+            data = self.sock.recv(n)
         except (BlockingIOError, InterruptedError):
-            return await self._io(lambda: self.sock.recv(n), trio.lowlevel.wait_readable)
+            data = await self._io(lambda: self.sock.recv(n), trio.lowlevel.wait_readable)
+        self.bytes_in += len(data)
+        return data
 
     async def recv_into(self, region: memoryview) -> int:
-        return await self._io(lambda: self.sock.recv_into(region), trio.lowlevel.wait_readable)
+        n = await self._io(lambda: self.sock.recv_into(region), trio.lowlevel.wait_readable)
+        self.bytes_in += n
+        return n
 
     async def send_all(self, parts: list) -> None:
         """Send every buffer in ``parts`` (one packet, small ones joined into one write).
@@ -81,7 +90,9 @@ class Transport:
         last); a cancel or failure after a first byte went out marks the transport ``broken``."""
         if self.broken:
             raise trio.BrokenResourceError("an earlier send stopped in the middle of a packet")
-        if len(parts) > 1 and sum(map(len, parts)) <= 1 << 16:
+        total = sum(memoryview(p).nbytes for p in parts)
+        self.bytes_out += total
+        if len(parts) > 1 and total <= 1 << 16:
             parts = [b"".join(parts)]
         if len(parts) == 1 and type(parts[0]) in (bytes, bytearray):
             await trio.lowlevel.checkpoint_if_cancelled()
