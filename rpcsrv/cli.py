@@ -53,11 +53,11 @@ def check_serve_args(args: argparse.Namespace) -> None:
         if args.port_end <= args.port:
             raise CLIError(f"--port-end {args.port_end} must be greater than --port {args.port} "
                            f"(ports port..port-end-1 are tried)")
-    for flag in ("max_memory_mb", "max_workspace_mb", "max_total_memory_mb", "max_packet_mb"):
+    for flag in ("max_memory_mb", "max_workspace_mb", *_LIMIT_MB_FLAGS):
         value = getattr(args, flag, None)
         if value is not None and value <= 0:
             raise CLIError(f"--{flag.replace('_', '-')} {value} must be a positive number of MB")
-    for flag in ("max_connections", "max_sessions", "max_handles", "max_ndim", "idle_timeout", "max_threads"):
+    for flag in _LIMIT_FLAGS:
         value = getattr(args, flag, None)
         if value is not None and value <= 0:
             raise CLIError(f"--{flag.replace('_', '-')} {value} must be positive")
@@ -116,15 +116,17 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+#: the limit flags (``_add_limit_flags``) that are rpcsrv.limits.Limits fields as given, and those in MB
+_LIMIT_FLAGS = ("max_connections", "max_sessions", "max_handles", "max_ndim", "idle_timeout", "max_threads")
+_LIMIT_MB_FLAGS = {"max_total_memory_mb": "max_total_memory", "max_packet_mb": "max_packet"}
+
+
 def _hardening_limits(args: argparse.Namespace) -> dict:
     """The limits of issue 11 given on the command line (absent ones keep rpcsrv.limits' defaults)."""
-    out = {name: getattr(args, name) for name in ("max_connections", "max_sessions", "max_handles",
-                                                  "max_ndim", "idle_timeout", "max_threads")
-           if getattr(args, name, None) is not None}
-    if getattr(args, "max_total_memory_mb", None) is not None:
-        out["max_total_memory"] = args.max_total_memory_mb << 20
-    if getattr(args, "max_packet_mb", None) is not None:
-        out["max_packet"] = args.max_packet_mb << 20
+    out = {name: getattr(args, name) for name in _LIMIT_FLAGS if getattr(args, name, None) is not None}
+    for flag, field in _LIMIT_MB_FLAGS.items():
+        if getattr(args, flag, None) is not None:
+            out[field] = getattr(args, flag) << 20
     return out
 
 
