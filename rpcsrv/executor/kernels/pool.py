@@ -105,7 +105,6 @@ def _pool_reduce(x: np.ndarray, kernel, strides, dilations, begin, end, out, fil
     cur = np.ascontiguousarray(pad_spatial(x, pb, pe, fill))
     keep = [slice(None) if kept[i] else slice(0, (o - 1) * s + 1, s)
             for i, (o, s) in enumerate(zip(out[:-1], strides[:-1]))]
-    rows = cur
     for i in range(k):
         pitch = math.prod(cur.shape[lead + i + 1:])
         if i == k - 1:
