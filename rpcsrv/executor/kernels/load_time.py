@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from .conv import fast_path
+from .windows import spatial_attr
 
 
 def _prepare_conv(args: list, constant: list[bool], attrs: Mapping[str, Any]) -> None:
@@ -32,8 +33,12 @@ def _prepare_conv(args: list, constant: list[bool], attrs: Mapping[str, Any]) ->
     k = x.ndim - 2
     if w.ndim != x.ndim:
         return
-    path = fast_path(x, w, attrs.get("strides") or [1] * k, attrs.get("dilations") or [1] * k,
-                     int(attrs.get("group", 1)))
+    try:  # the attributes as conv reads them (a bad one is conv's to report, at the run)
+        strides = spatial_attr(attrs.get("strides"), k, 1, "strides", "conv")
+        dilations = spatial_attr(attrs.get("dilations"), k, 1, "dilations", "conv")
+    except (ValueError, TypeError):
+        return
+    path = fast_path(x, w, strides, dilations, int(attrs.get("group", 1)))
     if path is not None:
         path.prepare(w)
 
