@@ -5,6 +5,8 @@
    (``batch_norm_relu``, pre-activation networks), Add or Sum → Relu (``add_relu``, ``sum_relu``:
    residual connections) or MatMul → Add(bias) (``dense_bias``: a Gemm for 2-D operands, else a
    MatMul with a bias input) into one op whose kernel applies the activation (``"activation": "relu"``).
+   A channel shuffle (Reshape → Transpose → Reshape, ShuffleNet) read by a Conv becomes the Conv's
+   ``input_shuffle`` (``shuffle_conv2d``, ``merge_shuffles``).
    A chain only fuses when the inner tensors are used by nothing else.
 2. **Annotate** (``AnnotateTarget``): each op is supported when its kernel is in the chosen op set
    (the board's kernel table, optionally restricted with ``--ops``) and its attributes are ones the
@@ -209,7 +211,59 @@ def merge_composites(graph: Graph, ops: frozenset) -> list[Op]:
                     f"{COMPILER}.{base[node.op_type]}_relu", requires=op.requires | {"relu"})
             done.add(id(nxt))
         result.append(op)
-    return result
+    return merge_shuffles(result, graph, uses) if {"reshape", "transpose", "conv"} <= ops else result
+
+
+def _shuffle_groups(r1: Op, t: Op, r2: Op, graph: Graph) -> int:
+    """g when Reshape (N, C, S...) → (N, g, C/g, S...), Transpose swapping axes 1 and 2, Reshape back to
+    (N, C, S...) shuffle the channels in g groups (ShuffleNet's channel shuffle); else 0."""
+    if r1.kernel != "reshape" or t.kernel != "transpose" or r2.kernel != "reshape" or r1.pattern or \
+            t.pattern or r2.pattern:
+        return 0
+    shapes = [graph.tensors.get(name) for name in (r1.inputs[0], r1.outputs[0], t.outputs[0], r2.outputs[0])]
+    if any(info is None for info in shapes):
+        return 0
+    x, split, swapped, back = (info.shape for info in shapes)
+    if len(x) < 3 or back != x or len(split) != len(x) + 1 or split[0] != x[0] or split[3:] != x[2:]:
+        return 0
+    g, cg = split[1], split[2]
+    perm = [0, 2, 1] + list(range(3, len(split)))
+    if g * cg != x[1] or g < 2 or swapped != (x[0], cg, g) + tuple(x[2:]) or list(t.attrs.get("perm") or []) != perm:
+        return 0
+    return int(g)
+
+
+def merge_shuffles(ops: list[Op], graph: Graph, uses: dict) -> list[Op]:
+    """A channel shuffle (``_shuffle_groups``) read by a Conv alone becomes that Conv's ``input_shuffle``
+    attribute (``examplejson.shuffle_conv2d``): two reshapes and a transpose fewer per ShuffleNet unit,
+    and a depthwise conv shuffles in the layout copy it makes anyway (no copy of its own)."""
+    producer = {o: op for op in ops for o in op.outputs if o}
+    merged: set[int] = set()
+    for conv in ops:
+        if conv.kernel != "conv" or "input_shuffle" in conv.attrs or conv.nodes[0].op_type != "Conv":
+            continue
+        chain = [conv]
+        for _ in range(3):  # back through the second Reshape, the Transpose and the first Reshape
+            before = producer.get(chain[0].inputs[0]) if chain[0].inputs else None
+            if before is None or len(before.outputs) != 1 or uses.get(before.outputs[0]) != 1 or \
+                    before.outputs[0] in chain[0].inputs[1:]:
+                break
+            chain.insert(0, before)
+        if len(chain) != 4:
+            continue
+        g = _shuffle_groups(*chain[:3], graph)
+        if not g:
+            continue
+        r1 = chain[0]
+        base = conv.pattern.split(".")[-1] if conv.pattern else "conv2d"
+        conv.name = "+".join(op.name for op in chain)
+        conv.inputs = [r1.inputs[0]] + conv.inputs[1:]
+        conv.attrs = {**conv.attrs, "input_shuffle": g}
+        conv.nodes = [n for op in chain for n in op.nodes]
+        conv.pattern = f"{COMPILER}.shuffle_{base}"
+        conv.requires = conv.requires | {"reshape", "transpose"}
+        merged.update(id(op) for op in chain[:3])
+    return [op for op in ops if id(op) not in merged]
 
 
 def annotate(op: Op, ops: frozenset, graph: Graph | None = None) -> str:

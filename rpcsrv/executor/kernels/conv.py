@@ -23,7 +23,7 @@ from typing import Any, NamedTuple, Optional
 import numpy as np
 
 from . import taps, winograd
-from .depthwise import depthwise_conv
+from .depthwise import channel_shuffle, depthwise_conv
 from .im2col import columns
 from .registry import apply_activation, bad, register
 from .windows import pad_spatial, resolve_pads, spatial_attr, windows
@@ -31,8 +31,12 @@ from .windows import pad_spatial, resolve_pads, spatial_attr, windows
 
 @register("conv")
 def conv(x, w, b=None, *, auto_pad: str = "NOTSET", dilations=None, group: int = 1, kernel_shape=None,
-         pads=None, strides=None, activation=None, activation_attrs=None):
-    """ONNX Conv; ``kernel_shape`` is optional and must match the weights when given."""
+         pads=None, strides=None, activation=None, activation_attrs=None, input_shuffle: int = 1):
+    """ONNX Conv; ``kernel_shape`` is optional and must match the weights when given.
+
+    ``input_shuffle`` (rpcsrv, the compiler's channel-shuffle composite): X's channels are first shuffled
+    in that many groups, as ShuffleNet's Reshape → Transpose → Reshape does; a depthwise conv does it
+    in its layout copy, others on a shuffled copy of X."""
     x, w = np.asarray(x), np.asarray(w)
     k = x.ndim - 2
     n = x.shape[0] if x.ndim else 0
@@ -44,6 +48,11 @@ def conv(x, w, b=None, *, auto_pad: str = "NOTSET", dilations=None, group: int =
     ct = np.dtype(np.float32) if dtype == np.float16 else dtype
     x, w = x.astype(ct, copy=False), w.astype(ct, copy=False)
     bias = None if b is None else np.asarray(b).astype(ct, copy=False).reshape(m)
+    if input_shuffle < 1 or (x.ndim >= 2 and x.shape[1] % input_shuffle):
+        raise bad("conv", f"input_shuffle={input_shuffle} does not divide C={x.shape[1] if x.ndim >= 2 else 0}")
+    depthwise = cg <= 1 and group != 1 and k <= 2  # the 1-D/2-D depthwise branch below
+    if input_shuffle > 1 and not depthwise:
+        x = channel_shuffle(x, input_shuffle)
     fast = fast_path(x, w, strides, dilations, group)
     if fast is not None:
         y = fast.run(x, w, begin, end)
@@ -53,9 +62,9 @@ def conv(x, w, b=None, *, auto_pad: str = "NOTSET", dilations=None, group: int =
     elif cg > 1 or group == 1:  # ungrouped, or grouped with several channels per group: one (batched) GEMM
         y = _gemm_conv(x, w, bias, kernel, strides, dilations, begin, end, out, activation, activation_attrs,
                        group)
-    elif k <= 2:
-        y = apply_activation(depthwise_conv(x, w, bias, strides, dilations, begin, end, out), activation,
-                             activation_attrs, "conv")
+    elif depthwise:
+        y = apply_activation(depthwise_conv(x, w, bias, strides, dilations, begin, end, out, input_shuffle),
+                             activation, activation_attrs, "conv")
     else:
         win = windows(pad_spatial(x, begin, end, 0), kernel, strides, dilations, out)  # (N, C, O..., K...)
         y = _depthwise(win, w, n, group, m // group, k, math.prod(out))

@@ -54,13 +54,19 @@ PHASE_MIN_WIDTH = 20
 EINSUM = True
 
 
-def depthwise_conv(x: np.ndarray, w: np.ndarray, bias, strides, dilations, begin, end, out) -> np.ndarray:
+def depthwise_conv(x: np.ndarray, w: np.ndarray, bias, strides, dilations, begin, end, out,
+                   shuffle: int = 1) -> np.ndarray:
     """Depthwise conv of x (N, C, [H,] W) with w (C * mult, 1, [KH,] KW): (N, C * mult, [OH,] OW), a fresh
     C-contiguous array (bias added; the caller applies any activation).
+
+    ``shuffle`` > 1: the conv reads x's channels shuffled in that many groups (``channel_shuffle``);
+    2-D convs without a channel multiplier read them so in the layout copy they make anyway.
 
     ``begin``/``end``/``out`` are the resolved pads and output sizes (``windows.resolve_pads``).  The result
     may be a view of a slightly larger buffer (the products' scratch space).
     """
+    if shuffle > 1 and (x.ndim == 3 or w.shape[0] != x.shape[1]):
+        x, shuffle = channel_shuffle(x, shuffle), 1
     if x.ndim == 3:  # 1-D: one row of a 2-D conv
         y = depthwise_conv(x[:, :, None, :], w[:, :, None, :], bias, [1, strides[0]], [1, dilations[0]],
                            [0, begin[0]], [0, end[0]], [1, out[0]])
@@ -71,10 +77,19 @@ def depthwise_conv(x: np.ndarray, w: np.ndarray, bias, strides, dilations, begin
         return np.empty((0, m) + tuple(out), x.dtype)
     if m != c:  # channel multiplier: each input channel feeds m // c consecutive output channels
         x = np.repeat(x, m // c, axis=1)
-    return _conv2d(x, w, bias, strides, dilations, begin, end, out)
+    return _conv2d(x, w, bias, strides, dilations, begin, end, out, shuffle)
 
 
-def _conv2d(x, w, bias, strides, dilations, begin, end, out):
+def channel_shuffle(x: np.ndarray, groups: int) -> np.ndarray:
+    """x (N, C, ...) with its channels shuffled in ``groups`` (ShuffleNet): channel ``j * groups + i`` of
+    the result is channel ``i * C / groups + j`` of x; a fresh C-contiguous array."""
+    n, c = x.shape[:2]
+    if c % groups:
+        raise ValueError(f"input_shuffle={groups} does not divide C={c}")
+    return np.ascontiguousarray(x.reshape((n, groups, c // groups) + x.shape[2:]).swapaxes(1, 2)).reshape(x.shape)
+
+
+def _conv2d(x, w, bias, strides, dilations, begin, end, out, shuffle=1):
     n, c = x.shape[:2]
     oh, ow = out
     sh, cs, step, qw, rows, oh_r, hq, starts, slack, rstep = _plan(
@@ -89,10 +104,10 @@ def _conv2d(x, w, bias, strides, dilations, begin, end, out):
     # the products' scratch, later the result (never larger): one allocation less per call
     scratch = np.empty(max(n * oh_r * cq, n * c * oh * ow), x.dtype)
     if sh == 1 and cs == 1 and EINSUM:
-        _taps_einsum(x, w, begin, dilations, wvec, y, image, slack, qw, rows, rstep)
+        _taps_einsum(x, w, begin, dilations, wvec, y, image, slack, qw, rows, rstep, shuffle)
     else:
         flat = np.zeros(n * image + slack, x.dtype)
-        _fill(flat[:n * image].reshape(n, sh, cs, hq, c, qw), x, begin, sh, cs)
+        _fill(flat[:n * image].reshape(n, sh, cs, hq, c, qw), x, begin, sh, cs, shuffle)
         tmp = scratch[:y.size].reshape(shape)
         for k, start in enumerate(starts):
             src = np.ndarray(shape, x.dtype, flat, start * it, (image * it, rows * cq * it, it))
@@ -113,7 +128,7 @@ def _conv2d(x, w, bias, strides, dilations, begin, end, out):
     return res
 
 
-def _taps_einsum(x, w, begin, dilations, wvec, y, image, slack, qw, rows, rstep) -> None:
+def _taps_einsum(x, w, begin, dilations, wvec, y, image, slack, qw, rows, rstep, shuffle) -> None:
     """All taps of a conv without column phases (stride-1 columns, or all columns computed; rows ``rstep``
     layout rows apart) as one ``einsum`` into y: no product buffer, each output written once instead of
     twice per tap.
@@ -131,7 +146,7 @@ def _taps_einsum(x, w, begin, dilations, wvec, y, image, slack, qw, rows, rstep)
     pitch = _unaliased(size + slack, it)
     shifted = np.empty(kw * pitch, x.dtype)
     shifted[:size + slack] = 0
-    _fill(shifted[:size].reshape(n, 1, 1, image // cq, c, qw), x, begin, 1, 1)
+    _fill(shifted[:size].reshape(n, 1, 1, image // cq, c, qw), x, begin, 1, 1, shuffle)
     for j in range(1, kw):
         shifted[j * pitch:j * pitch + size] = shifted[j * dw:j * dw + size]
     taps = np.ndarray((kh, kw) + y.shape, x.dtype, shifted, 0,
@@ -189,11 +204,20 @@ def _plan(chw, kernel, strides, dilations, begin, end, out, bufsize, choices):
     return sh, cs, sw // cs, qw, rows, oh_r, hq, starts, slack, rstep
 
 
-def _fill(buf: np.ndarray, x: np.ndarray, begin, sh: int, cs: int) -> None:
+def _fill(buf: np.ndarray, x: np.ndarray, begin, sh: int, cs: int, shuffle: int = 1) -> None:
     """Copy x (N, C, H, W) into the zeroed layout buf (N, sh, cs, HQ, C, QW) at padded position
-    (row hq * sh + a, column q * cs + r) = (input row + begin[0], input column + begin[1])."""
+    (row hq * sh + a, column q * cs + r) = (input row + begin[0], input column + begin[1]); with
+    ``shuffle`` > 1, x's channels shuffled in that many groups (``channel_shuffle``) on the way.
+
+    The channel axis is split as (C / g, g) on both sides for a shuffle, so the copy moves the same rows
+    from a permuted source: the shuffle costs no pass of its own."""
     n, c, h, wd = x.shape
-    xt = x.transpose(0, 2, 1, 3)  # (N, H, C, W)
+    g = shuffle
+    if c % g:
+        raise ValueError(f"input_shuffle={g} does not divide C={c}")
+    # (N, H, C/g, g, W): layout channel j * g + i <- x channel i * C/g + j
+    xt = x.reshape(n, g, c // g, h, wd).transpose(0, 3, 2, 1, 4)
+    buf = buf.reshape(buf.shape[:4] + (c // g, g, buf.shape[5]))
     whole_rows = cs == 1 and x.strides[3] == x.itemsize  # rows copied as single elements (``_as_rows``)
     for a in range(sh):
         # padded rows hq * sh + a holding input rows h0, h0 + sh, ...
@@ -208,7 +232,8 @@ def _fill(buf: np.ndarray, x: np.ndarray, begin, sh: int, cs: int) -> None:
             if w0 >= wd:
                 continue
             nw = (wd - 1 - w0) // cs + 1
-            dst, src = buf[:, a, r, q0:q0 + nh, :, p0:p0 + nw], xt[:, h0::sh, :, w0::cs][:, :nh, :, :nw]
+            dst = buf[:, a, r, q0:q0 + nh, :, :, p0:p0 + nw]
+            src = xt[:, h0::sh, :, :, w0::cs][:, :nh, :, :, :nw]
             if whole_rows:
                 np.copyto(_as_rows(dst), _as_rows(src))
             else:

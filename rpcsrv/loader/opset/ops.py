@@ -91,7 +91,8 @@ op("gemm", "a b c?", alpha=f(1.0), beta=f(1.0), transA=i(0), transB=i(0), **FUSE
 op("einsum", "inputs+", equation=s(REQUIRED))
 
 # -- conv.py
-op("conv", "x w b?", **CONV, **FUSED)
+# input_shuffle: rpcsrv, the compiler's channel-shuffle composite (X's channels shuffled in that many groups)
+op("conv", "x w b?", **CONV, **FUSED, input_shuffle=i(1))
 op("conv_transpose", "x w b?", **CONV, output_padding=INTS, output_shape=INTS)
 
 # -- pool.py (return_indices: rpcsrv, set by the compiler when MaxPool's Indices output is used)
