@@ -217,6 +217,9 @@ def average_pool(x, *, auto_pad: str = "NOTSET", ceil_mode: int = 0, count_inclu
     x, k, kernel, strides, dilations, begin, end, out = _geometry(
         "average_pool", x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     ct = np.dtype(np.float32) if x.dtype == np.float16 else x.dtype
+    if tuple(kernel) == x.shape[2:] and not any(begin) and not any(end) and all(o == 1 for o in out):
+        # one window over the whole input (old exports' global pooling): the global mean
+        return _spatial_mean(x.astype(ct, copy=False), tuple(range(2, x.ndim))).astype(x.dtype, copy=False)
     total = _pool_reduce(x.astype(ct, copy=False), kernel, strides, dilations, begin, end, out, 0, np.add)
     auto = auto_pad in ("SAME_UPPER", "SAME_LOWER")
     explicit = None if auto else pads
@@ -262,7 +265,20 @@ def _global(name, reduce, doc):
     kernel.__doc__ = doc
 
 
-_global("global_average_pool", lambda x, a: x.mean(axis=a, keepdims=True),
+def _spatial_mean(x: np.ndarray, axes: tuple) -> np.ndarray:
+    """The mean of x (N, C, spatial...) over its spatial dims, kept as size 1.  For floats it is a product
+    with a ones vector (one BLAS matrix-vector call): numpy's ``mean`` sums each short (N, C) row in a loop
+    of its own, 5-7x slower (ShuffleNet's 544 x 7x7: 3-4 against 18-23 us)."""
+    count = math.prod(x.shape[2:])
+    if x.dtype.kind != "f" or not count or not x.size:
+        return x.mean(axis=axes, keepdims=True)
+    ones = np.ones(count, x.dtype)
+    y = x.reshape(-1, count) @ ones
+    y /= x.dtype.type(count)
+    return y.reshape(x.shape[:2] + (1,) * len(axes))
+
+
+_global("global_average_pool", _spatial_mean,
         "ONNX GlobalAveragePool: mean over all spatial dims, kept as size 1.")
 _global("global_max_pool", lambda x, a: x.max(axis=a, keepdims=True),
         "ONNX GlobalMaxPool: max over all spatial dims, kept as size 1.")
