@@ -193,7 +193,7 @@ class Worker:
                 answer = _recv(self.sock)
                 if answer[0] == "slot":
                     held.close()
-                    _send(self.sock, ("slot", held.enter_context(compute.job())))
+                    _send(self.sock, ("slot", held.enter_context(compute.job(local=False))))
                 elif answer[0] == "slot-done":
                     held.close()
                 else:
