@@ -187,7 +187,9 @@ class Engines:
         fixed = None if threads == "auto" else threads
         ort_t, our_t = [], []
         with compute.fixed_threads(fixed), threadpool_limits(limits=fixed, user_api="blas"):
-            self._run()
+            # the policy's steady state: past the runs in which the executor learns its thread count
+            for _ in range(1 + (2 * compute.ThreadChoice.TRIALS + 1 if fixed is None else 0)):
+                self._run()
             for _ in range(repeat):
                 t = time.perf_counter()
                 sess.run(None, self.feeds)
