@@ -85,7 +85,8 @@ def libs(tmp_path_factory):
 
 
 def _server(tmp_path_factory, mode: str):
-    native = ["--native", "isolated", "--isolate", "all"] if mode == "isolate-all" else ["--native", mode]
+    native = ["--native", "isolated", "--isolate", "all" if mode == "isolate-all" else "native"] \
+        if mode in ("isolated", "isolate-all") else ["--native", mode]
     srv = ServerProcess(*native, "--max-memory-mb", str(SESSION_MB),
                         "--max-total-memory-mb", str(TOTAL_MB), workdir=tmp_path_factory.mktemp(f"budget-{mode}"))
     yield srv
