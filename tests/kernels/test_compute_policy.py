@@ -19,7 +19,7 @@ def blas_threads() -> int:
 
 def test_threads_per_job_fit_the_cores(monkeypatch):
     p = ComputePolicy(cores=4)
-    monkeypatch.setattr(p, "others_running", lambda running: 0)
+    monkeypatch.setattr(p, "others_busy", lambda: 0)
     assert [p.threads_for(k) for k in (1, 2, 3, 4)] == [4, 2, 1, 1]
     with p.fixed_threads(3):
         assert p.threads_for(1) == p.threads_for(4) == 3
@@ -28,18 +28,18 @@ def test_threads_per_job_fit_the_cores(monkeypatch):
 
 def test_busy_cores_are_left_to_the_processes_using_them(monkeypatch):
     p = ComputePolicy(cores=4)
-    monkeypatch.setattr(p, "others_running", lambda running: 3)
+    monkeypatch.setattr(p, "others_busy", lambda: 3)
     assert p.threads_for(1) == 1
-    monkeypatch.setattr(p, "others_running", lambda running: 1)
+    monkeypatch.setattr(p, "others_busy", lambda: 1)
     assert p.threads_for(1) == 3 and p.threads_for(2) == 2
-    assert ComputePolicy(cores=2).others_running(1) >= 0  # reads /proc/loadavg (0 where it is missing)
+    assert ComputePolicy(cores=2).others_busy() >= 0  # reads /proc/stat (0 where it is missing)
 
 
 def test_a_job_sets_the_blas_threads(monkeypatch):
     pytest.importorskip("threadpoolctl")
     before = blas_threads()
     p = ComputePolicy(cores=2)
-    monkeypatch.setattr(p, "others_running", lambda running: 0)
+    monkeypatch.setattr(p, "others_busy", lambda: 0)
     try:
         with p.job() as n:
             assert n == 2 and blas_threads() == 2
@@ -142,7 +142,7 @@ def test_a_model_keeps_the_thread_count_its_own_runs_found_faster(monkeypatch):
 
     for one_faster, many_cost in ((True, 2.0), (False, 0.5), (True, 0.95)):  # 5% faster is within noise
         p = ComputePolicy(cores=2)
-        monkeypatch.setattr(p, "others_running", lambda running: 0)
+        monkeypatch.setattr(p, "others_busy", lambda: 0)
         monkeypatch.setattr(p.blas, "set", lambda n: None)
         choice, used = ThreadChoice(), []
         clock = [0.0]
@@ -158,3 +158,31 @@ def test_a_model_keeps_the_thread_count_its_own_runs_found_faster(monkeypatch):
     assert busy.pick(1) == 1 and busy.best is None  # one thread allowed: nothing learned
     busy.record(1, 1, 5.0)
     assert busy.times == {False: [], True: []}
+
+
+def test_cores_busy_in_other_processes_count_and_this_processs_own_threads_do_not():
+    """OthersBusy: a process spinning elsewhere is a busy core; this process spinning is not (an idle
+    session's call or the benchmark's onnxruntime must not take a model's second thread away)."""
+    import os
+    import subprocess
+    import sys
+
+    from rpcsrv.executor.compute import OthersBusy
+
+    if not os.path.exists("/proc/stat"):
+        pytest.skip("no /proc/stat here: the policy counts no other process")
+    others = OthersBusy()
+    others.cores()
+    end = time.monotonic() + 0.3
+    while time.monotonic() < end:  # this process busy
+        pass
+    assert others.cores() < 0.5
+    spin = subprocess.Popen([sys.executable, "-c", "import time\nend = time.monotonic() + 0.8\n"
+                             "while time.monotonic() < end:\n    pass"])
+    try:
+        time.sleep(0.2)
+        others.cores()  # the window starts with the other process spinning
+        time.sleep(0.4)
+        assert others.cores() > 0.6
+    finally:
+        spin.wait(5)
