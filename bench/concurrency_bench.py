@@ -5,7 +5,9 @@ A fresh ``rpcsrv serve`` gets the light zoo's shufflenet (compiled by ``client.c
 fills made initializers).  For each K (``--sessions 1,2,4,16,32``) K client threads (our client,
 ``client.rpc``; each its own connection and session, own module and executor) run the model in a loop for
 ``--seconds``, while one more session calls ``tvm.rpc.server.workpath`` every 2 ms.  Printed per K:
-aggregate runs/s, its ratio to K=1, and the small calls' p50/p99/max.  A first row runs K=1 on a server
+aggregate runs/s, its ratio to K=1, and the small calls' p50/p99/max.  Each session first runs its model past
+the runs in which its executor learns its BLAS thread count (``compute.ThreadChoice``): 32 executors learning
+at once took most of a 5 s window (K=32: 0.79x of K=1 in 5 s, 1.04x in 12 s).  A first row runs K=1 on a server
 pinned to one BLAS thread per run (``RPCSRV_BLAS_THREADS=1``): the single-thread rate, of which the
 target for K >= cores is close to cores x.
 
@@ -64,7 +66,10 @@ def _worker(port, lib, name, x, stop: threading.Event, ready: threading.Barrier,
         sess.upload(str(lib), lib.name)
         gmod = GraphModule(sess.load_module(lib.name)["default"](sess.cpu(0)))
         gmod.set_input(name, x)
-        gmod.run()
+        from rpcsrv.executor.compute import ThreadChoice
+
+        for _ in range(2 + 2 * ThreadChoice.TRIALS):  # the steady state: past the executor's thread-count trials
+            gmod.run()
         ready.wait(timeout=300)
         while not stop.is_set():
             gmod.run()

@@ -53,6 +53,10 @@ from typing import Callable, Iterator, Optional
 #: the shortest window over which other processes' CPU use is measured, and how long a reading is used
 BUSY_WINDOW = 0.1
 
+#: how much lower the priority of threads that compute in the server is than its event loop's (a nice
+#: increment; RPCSRV_COMPUTE_NICE overrides it): see ``ComputePolicy._yield_to_event_loop``
+COMPUTE_NICE = 5
+
 #: jobs that compute in this interpreter at once (see the module doc; the environment variable
 #: RPCSRV_INTERPRETER_JOBS sets it for a deployment whose models are BLAS-bound enough to gain from more)
 INTERPRETER_JOBS = int(os.environ.get("RPCSRV_INTERPRETER_JOBS", "1"))
@@ -125,6 +129,24 @@ class ThreadChoice:
             self.best = many < one * (1 - self.MARGIN)
 
 
+def thread_ids() -> list[int]:
+    """This process's thread IDs (Linux: /proc/self/task; empty elsewhere)."""
+    try:
+        return [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        return []
+
+
+def lower_priority(tids: list[int], increment: int) -> None:
+    """Raise the nice value of each thread in ``tids`` by ``increment`` (Linux keeps one per thread; raising
+    it needs no privilege).  A priority is a preference: where it cannot be set, nothing changes."""
+    for tid in tids if increment > 0 else ():
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + increment)
+        except (OSError, AttributeError):
+            return
+
+
 class OthersBusy:
     """How many cores other processes kept busy lately: the machine's busy CPU time (``/proc/stat``) less
     this process's own (``time.process_time``: every thread of it, BLAS's included), per second of the
@@ -177,6 +199,8 @@ class ComputePolicy:
         self.others = OthersBusy()
         self._depth = threading.local()  # jobs this thread is inside (a nested job takes no slot)
         self._remote: Optional[tuple[Callable[[], int], Callable[[], None]]] = None
+        self._niced = threading.local()  # whether this thread's priority was lowered (_yield_to_event_loop)
+        self._blas_niced = False
 
     def threads_for(self, running: int) -> int:
         """BLAS threads per job while ``running`` jobs compute: the cores shared among the jobs, and only
@@ -205,6 +229,7 @@ class ComputePolicy:
         else:
             local = local and self._remote is None
             if local:
+                self._yield_to_event_loop()
                 self._interpreter.acquire()
             try:
                 threads, share = self._take(choice)
@@ -224,6 +249,24 @@ class ComputePolicy:
                     self._interpreter.release()
                 if choice is not None and self._fixed is None:
                     choice.record(threads, share, time.perf_counter() - start)
+
+    def _yield_to_event_loop(self) -> None:
+        """Lower the priority of the threads that compute here, once each: this session thread, and at the
+        first job the BLAS library's own threads (this process's threads that Python did not start).
+
+        The server's event loop answers every session's small calls; while a job's BLAS threads hold
+        every core, it would wait for a time slice (ShuffleNet over RPC with 2 threads per job: small-call
+        p99 10-12 ms at K >= 16).  At a lower priority the compute threads yield to it at once."""
+        if getattr(self._niced, "done", False):
+            return
+        self._niced.done = True
+        increment = int(os.environ.get("RPCSRV_COMPUTE_NICE", COMPUTE_NICE))
+        ours = [threading.get_native_id()]
+        if not self._blas_niced:
+            self._blas_niced = True
+            python = {t.native_id for t in threading.enumerate()}
+            ours += [tid for tid in thread_ids() if tid not in python]
+        lower_priority(ours, increment)
 
     def _take(self, choice: Optional[ThreadChoice]) -> tuple[int, int]:
         """Wait for a slot (here, or granted by the remote policy) and set the BLAS threads for it:

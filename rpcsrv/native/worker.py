@@ -214,25 +214,6 @@ def _slot(sock: socket.socket) -> int:
 WORKER_NICE = 5
 
 
-def _yield_to_server(increment: int) -> None:
-    """Lower the priority of every thread of this process (BLAS's threads exist by now; threads started
-    later inherit it from the thread that starts them).  Linux keeps a nice value per thread, so each is
-    set; elsewhere, or without /proc, only the process's own ``nice`` is raised."""
-    if increment <= 0:
-        return
-    try:
-        tids = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:
-        tids = []
-    try:
-        if not tids:
-            os.nice(increment)
-        for tid in tids:
-            os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + increment)
-    except (OSError, AttributeError):
-        pass  # a priority is a preference: the worker runs all the same
-
-
 def main(argv: list[str]) -> int:
     from .shm import Arena
 
@@ -250,7 +231,8 @@ def main(argv: list[str]) -> int:
 
     # a model run here takes its slot (and BLAS threads) from the server's compute policy
     compute.POLICY.set_remote(lambda: _slot(sock), lambda: _send(sock, ("slot-done",)))
-    _yield_to_server(int(os.environ.get("RPCSRV_WORKER_NICE", WORKER_NICE)))
+    # every thread of the worker (BLAS's exist by now; later ones inherit it from their creator)
+    compute.lower_priority(compute.thread_ids(), int(os.environ.get("RPCSRV_WORKER_NICE", WORKER_NICE)))
     state = WorkerState(session_arena, own)
     ALLOCATION_HOOK.set(state.budget.charge)  # executors check their storage against the session's budget
     _send(sock, ("ready", os.getpid(), WORKER_ARENA), [own.fd])
