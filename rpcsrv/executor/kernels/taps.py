@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from .prepared import prepared
+from .windows import dense_stride1_2d
 
 #: at most this many output channels per input channel (M <= C * RATIO), where the K shifted adds of M
 #: planes stay cheaper than im2col's K copies of C
@@ -29,8 +30,7 @@ ENABLED = True
 
 def usable(x: np.ndarray, w: np.ndarray, strides, dilations, group: int) -> bool:
     """Whether ``conv`` should run this layer as a stacked-taps GEMM."""
-    return (ENABLED and x.ndim == 4 and x.dtype == np.float32 and group == 1 and list(strides) == [1, 1]
-            and list(dilations) == [1, 1] and w.shape[2] * w.shape[3] > 1
+    return (ENABLED and dense_stride1_2d(x, strides, dilations, group) and w.shape[2] * w.shape[3] > 1
             and w.shape[0] <= x.shape[1] * MAX_OUT_PER_IN and x.shape[2] * x.shape[3] >= MIN_POSITIONS)
 
 

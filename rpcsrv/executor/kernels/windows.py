@@ -124,3 +124,10 @@ def strided_view(base: np.ndarray, shape, strides) -> np.ndarray:
         view = as_strided(base, tuple(shape), tuple(strides))
     view.flags.writeable = False
     return view
+
+
+def dense_stride1_2d(x: np.ndarray, strides, dilations, group: int) -> bool:
+    """A float32 2-D conv with one group, stride 1 and no dilation: the layers the fast conv paths
+    (``taps``, ``winograd``) may take, before each checks its own shape conditions."""
+    return (x.ndim == 4 and x.dtype == np.float32 and group == 1 and list(strides) == [1, 1]
+            and list(dilations) == [1, 1])

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from .prepared import prepared
+from .windows import dense_stride1_2d
 
 _G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], np.float64)
 
@@ -43,8 +44,7 @@ ENABLED = True
 
 def usable(x: np.ndarray, w: np.ndarray, strides, dilations, group: int) -> bool:
     """Whether ``conv`` should run this layer as Winograd F(2x2, 3x3)."""
-    return (ENABLED and x.dtype == np.float32 and x.ndim == 4 and w.shape[2:] == (3, 3) and group == 1
-            and list(strides) == [1, 1] and list(dilations) == [1, 1]
+    return (ENABLED and dense_stride1_2d(x, strides, dilations, group) and w.shape[2:] == (3, 3)
             and MIN_CHANNELS <= x.shape[1] <= MAX_CHANNELS and _tiles_pay(w.shape[0], *x.shape[1:]))
 
 
