@@ -14,7 +14,10 @@ target for K >= cores is close to cores x.
 ``--isolate all`` runs the server with ``--isolate all``: every session computes in a worker process of
 its own (no interpreter lock shared among sessions), its runs taking the server's compute slots.
 
-    python bench/concurrency_bench.py [--sessions 1,2,4,16,32] [--seconds 5] [--isolate native|all]
+With ``--rounds R`` every K is measured R times, in alternating order, and the medians are printed: the
+host's speed drifts by 10-25% within a minute, so K=1 measured once, first, is no steady reference.
+
+    python bench/concurrency_bench.py [--sessions 1,2,4,16,32] [--seconds 3] [--rounds 3] [--isolate native|all]
 """
 
 from __future__ import annotations
@@ -102,10 +105,16 @@ def measure(port: int, lib: Path, name: str, x: np.ndarray, k: int, seconds: flo
             "p99": float(np.percentile(ms, 99)), "max": float(ms.max()), "calls": len(small)}
 
 
+def _median_row(rows: list[dict]) -> dict:
+    """The median of each figure over the rounds of one K."""
+    return {key: (rows[0][key] if key == "K" else float(np.median([r[key] for r in rows]))) for key in rows[0]}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sessions", default="1,2,4,16,32")
-    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--rounds", type=int, default=3, help="measure every K this many times (medians printed)")
     ap.add_argument("--isolate", choices=["native", "all"], default="native",
                     help="the server's --isolate: all = every session computes in its own worker process")
     args = ap.parse_args(argv)
@@ -119,15 +128,19 @@ def main(argv=None) -> int:
         single = measure(port, lib, name, x, 1, args.seconds)
     finally:
         proc.kill()
+    ks = [int(v) for v in args.sessions.split(",")]
     proc, port = start_server(extra=extra)
     try:
-        for k in [int(v) for v in args.sessions.split(",")]:
-            rows.append(measure(port, lib, name, x, k, args.seconds))
-            print(rows[-1], file=sys.stderr, flush=True)
+        for r in range(args.rounds):  # rounds in alternating order: the machine's speed drifts over minutes
+            for k in (ks if r % 2 == 0 else ks[::-1]):
+                rows.append(measure(port, lib, name, x, k, args.seconds))
+                print(rows[-1], file=sys.stderr, flush=True)
     finally:
         proc.kill()
+    rows = [_median_row([row for row in rows if row["K"] == k]) for k in ks]
     base = rows[0]["runs_per_s"] if rows else 1.0
-    print(f"shufflenet over RPC, our client, --isolate {args.isolate}, {CORES} cores, {args.seconds:g} s per K; "
+    print(f"shufflenet over RPC, our client, --isolate {args.isolate}, {CORES} cores, {args.seconds:g} s per K"
+          f"{f', median of {args.rounds} rounds' if args.rounds > 1 else ''}; "
           f"single-thread rate "
           f"(K=1, 1 BLAS thread) {single['runs_per_s']:.1f} runs/s, cores x that {CORES * single['runs_per_s']:.1f}")
     print("| K | runs/s | vs K=1 | small call p50 ms | p99 ms | max ms |")
