@@ -18,6 +18,7 @@ from typing import Any, Optional
 import trio
 
 from .accounts import MemoryAccount
+from .executor import compute
 from .farmlog import SessionRecord
 from .globals import REGISTRY, Registry
 from .limits import Limits
@@ -256,6 +257,8 @@ async def serve(cfg: ServerConfig, task_status=trio.TASK_STATUS_IGNORED) -> None
     task_status.started(port)
 
     state = shared_state(cfg)
+    # threads computing in this process yield to its event loop, which answers every session
+    compute.POLICY.nice = compute.env_int("RPCSRV_COMPUTE_NICE", compute.COMPUTE_NICE)
 
     async def handler(stream: trio.SocketStream) -> None:
         if state.connections >= cfg.limits.max_connections:

@@ -54,12 +54,19 @@ from typing import Callable, Iterator, Optional
 BUSY_WINDOW = 0.1
 
 #: how much lower the priority of threads that compute in the server is than its event loop's (a nice
-#: increment; RPCSRV_COMPUTE_NICE overrides it): see ``ComputePolicy._yield_to_event_loop``
+#: increment the server sets as ``POLICY.nice``; RPCSRV_COMPUTE_NICE overrides it): see
+#: ``ComputePolicy._yield_to_event_loop``
 COMPUTE_NICE = 5
 
 #: jobs that compute in this interpreter at once (see the module doc; the environment variable
 #: RPCSRV_INTERPRETER_JOBS sets it for a deployment whose models are BLAS-bound enough to gain from more)
-INTERPRETER_JOBS = int(os.environ.get("RPCSRV_INTERPRETER_JOBS", "1"))
+def env_int(name: str, default: int) -> int:
+    """The environment variable ``name`` as a non-negative int; ``default`` when unset or not a number."""
+    value = os.environ.get(name, "").strip()
+    return int(value) if value.isdigit() else default
+
+
+INTERPRETER_JOBS = max(1, env_int("RPCSRV_INTERPRETER_JOBS", 1))
 
 #: cores this process may run on
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -96,8 +103,7 @@ class ThreadChoice:
     While the policy allows ``share`` > 1 threads, runs alternate between 1 and ``share`` until each has
     ``TRIALS`` timed runs (a model's first run is not timed: it pays one-off costs); then the faster
     median wins for good, more threads only by ``MARGIN`` (``best``: 1, or "as many as allowed").  With
-    one thread allowed there is
-    nothing to choose."""
+    one thread allowed there is nothing to choose."""
 
     TRIALS = 3
     #: more threads must be this much faster to win: they take a core that other sessions and processes
@@ -199,6 +205,8 @@ class ComputePolicy:
         self.others = OthersBusy()
         self._depth = threading.local()  # jobs this thread is inside (a nested job takes no slot)
         self._remote: Optional[tuple[Callable[[], int], Callable[[], None]]] = None
+        #: nice increment for the threads that compute here (0: none; the server sets COMPUTE_NICE)
+        self.nice = 0
         self._niced = threading.local()  # whether this thread's priority was lowered (_yield_to_event_loop)
         self._blas_niced = False
 
@@ -251,22 +259,22 @@ class ComputePolicy:
                     choice.record(threads, share, time.perf_counter() - start)
 
     def _yield_to_event_loop(self) -> None:
-        """Lower the priority of the threads that compute here, once each: this session thread, and at the
-        first job the BLAS library's own threads (this process's threads that Python did not start).
+        """Lower the priority of the threads that compute here by ``nice``, once each: this session thread,
+        and at the first job the BLAS library's own threads (this process's threads that Python did not
+        start).  Only a server sets ``nice``: a program that merely uses the executor keeps its priorities.
 
         The server's event loop answers every session's small calls; while a job's BLAS threads hold
         every core, it would wait for a time slice (ShuffleNet over RPC with 2 threads per job: small-call
         p99 10-12 ms at K >= 16).  At a lower priority the compute threads yield to it at once."""
-        if getattr(self._niced, "done", False):
+        if self.nice <= 0 or getattr(self._niced, "done", False):
             return
         self._niced.done = True
-        increment = int(os.environ.get("RPCSRV_COMPUTE_NICE", COMPUTE_NICE))
         ours = [threading.get_native_id()]
         if not self._blas_niced:
             self._blas_niced = True
             python = {t.native_id for t in threading.enumerate()}
             ours += [tid for tid in thread_ids() if tid not in python]
-        lower_priority(ours, increment)
+        lower_priority(ours, self.nice)
 
     def _take(self, choice: Optional[ThreadChoice]) -> tuple[int, int]:
         """Wait for a slot (here, or granted by the remote policy) and set the BLAS threads for it:

@@ -232,7 +232,7 @@ def main(argv: list[str]) -> int:
     # a model run here takes its slot (and BLAS threads) from the server's compute policy
     compute.POLICY.set_remote(lambda: _slot(sock), lambda: _send(sock, ("slot-done",)))
     # every thread of the worker (BLAS's exist by now; later ones inherit it from their creator)
-    compute.lower_priority(compute.thread_ids(), int(os.environ.get("RPCSRV_WORKER_NICE", WORKER_NICE)))
+    compute.lower_priority(compute.thread_ids(), compute.env_int("RPCSRV_WORKER_NICE", WORKER_NICE))
     state = WorkerState(session_arena, own)
     ALLOCATION_HOOK.set(state.budget.charge)  # executors check their storage against the session's budget
     _send(sock, ("ready", os.getpid(), WORKER_ARENA), [own.fd])

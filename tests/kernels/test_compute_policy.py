@@ -186,3 +186,35 @@ def test_cores_busy_in_other_processes_count_and_this_processs_own_threads_do_no
         assert others.cores() > 0.6
     finally:
         spin.wait(5)
+
+
+def test_threads_that_compute_yield_to_the_event_loop_only_in_a_server():
+    """With ``nice`` set (the server sets COMPUTE_NICE), a thread's first local job lowers that thread's
+    priority (and the BLAS library's threads'), not the caller's other threads; without it nothing moves."""
+    import os
+
+    if not hasattr(os, "getpriority") or not os.path.isdir("/proc/self/task"):
+        pytest.skip("per-thread priorities are Linux's")
+    main_before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    def priority_in_job(p: ComputePolicy) -> tuple[int, int]:
+        seen = []
+
+        def work():
+            before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+            with p.job(local=True):
+                seen.append((before, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+
+        t = threading.Thread(target=work)
+        t.start()
+        t.join(10)
+        return seen[0]
+
+    plain = ComputePolicy(cores=2)
+    before, during = priority_in_job(plain)
+    assert during == before
+    server = ComputePolicy(cores=2)
+    server.nice = 3
+    before, during = priority_in_job(server)
+    assert during == min(before + 3, 19)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == main_before  # the caller's stays
