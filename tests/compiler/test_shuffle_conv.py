@@ -96,5 +96,6 @@ def test_a_bad_input_shuffle_is_a_clear_error():
     from rpcsrv.executor.kernels import KERNELS
 
     x, w = np.ones((1, 6, 4, 4), np.float32), np.ones((6, 1, 3, 3), np.float32)
-    with pytest.raises(ValueError, match="input_shuffle=4 does not divide C=6"):
-        KERNELS["conv"](x, w, group=6, input_shuffle=4)
+    for bad in (4, 0):
+        with pytest.raises(ValueError, match=f"input_shuffle must be a divisor of C=6 .*got {bad}"):
+            KERNELS["conv"](x, w, group=6, input_shuffle=bad)

@@ -48,8 +48,8 @@ def conv(x, w, b=None, *, auto_pad: str = "NOTSET", dilations=None, group: int =
     ct = np.dtype(np.float32) if dtype == np.float16 else dtype
     x, w = x.astype(ct, copy=False), w.astype(ct, copy=False)
     bias = None if b is None else np.asarray(b).astype(ct, copy=False).reshape(m)
-    if input_shuffle < 1 or (x.ndim >= 2 and x.shape[1] % input_shuffle):
-        raise bad("conv", f"input_shuffle={input_shuffle} does not divide C={x.shape[1] if x.ndim >= 2 else 0}")
+    if input_shuffle < 1 or x.shape[1] % input_shuffle:
+        raise bad("conv", f"input_shuffle must be a divisor of C={x.shape[1]} (>= 1), got {input_shuffle}")
     depthwise = cg <= 1 and group != 1 and k <= 2  # the 1-D/2-D depthwise branch below
     if input_shuffle > 1 and not depthwise:
         x = channel_shuffle(x, input_shuffle)

@@ -212,9 +212,7 @@ def _fill(buf: np.ndarray, x: np.ndarray, begin, sh: int, cs: int, shuffle: int 
     The channel axis is split as (C / g, g) on both sides for a shuffle, so the copy moves the same rows
     from a permuted source: the shuffle costs no pass of its own."""
     n, c, h, wd = x.shape
-    g = shuffle
-    if c % g:
-        raise ValueError(f"input_shuffle={g} does not divide C={c}")
+    g = shuffle  # a divisor of c (``conv`` checks it)
     # (N, H, C/g, g, W): layout channel j * g + i <- x channel i * C/g + j
     xt = x.reshape(n, g, c // g, h, wd).transpose(0, 3, 2, 1, 4)
     buf = buf.reshape(buf.shape[:4] + (c // g, g, buf.shape[5]))
