@@ -170,11 +170,12 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                         "(a crash ends only that session), in the server process (trusted boards), or "
                         "refuse it")
     s.add_argument("--no-native", action="store_true", help="refuse libraries with native code (--native off)")
-    s.add_argument("--isolate", choices=["native", "all"], default="native",
+    s.add_argument("--isolate", choices=["native", "all", "auto"], default="auto",
                    help="which libraries load in the session's worker process (with --native isolated): "
-                        "those whose native code runs, or all (every session computes in a process of its "
+                        "those whose native code runs; all (every session computes in a process of its "
                         "own: sessions share no interpreter lock, any crash ends only its session; a "
-                        "process per session and one message per call)")
+                        "process per session and one message per call); or auto: all for a session that "
+                        "loads while another session computes in the server, else native")
     s.set_defaults(func=run_serve)
     return s
 

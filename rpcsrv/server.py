@@ -52,7 +52,8 @@ class ServerConfig:
     sessions: set = field(default_factory=set)
     state: Optional["ServerState"] = None  # made on first use (inside trio): see shared_state
     native: str = "isolated"  # native host code: "isolated" (worker process), "inprocess" or "off"
-    isolate: str = "native"  # which libraries load in the session's worker: "native" (needed) or "all"
+    isolate: str = "auto"  # which libraries load in the session's worker: "native" (needed), "all", or
+    # "auto" (all while another session computes in the server)
 
 
 class ServerState:

@@ -8,7 +8,10 @@
   (A library whose graphs call only ExampleJSON subgraphs stays in the server process, see
   :func:`graphs_call_host_code`, unless ``isolate="all"`` (``--isolate all``): then every library
   loads in the worker, and sessions compute in processes of their own, in parallel without sharing
-  the server's interpreter lock; their runs still take the server's compute slots, ``proxy.py``.)
+  the server's interpreter lock; their runs still take the server's compute slots, ``proxy.py``.
+  ``isolate="auto"`` (the server's default) does so only for a session that loads while another
+  session holds modules in the server process: one session alone computes in the server, with no
+  process and no per-call message; sessions that compute at the same time, in processes side by side.)
 * ``inprocess``: native functions run in the server process (trusted boards; no IPC per call,
   but a crash takes the server down).
 * ``off`` (``--no-native``): a plain host library is refused at ``load_module``; in a library with a
@@ -23,7 +26,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
+import weakref
 from typing import Any, Optional
 
 from ..executor import RuntimeModule, build_runtime
@@ -34,6 +39,12 @@ from .machine import board
 from .runtime import has_native_code, link_roots, native_options
 
 MODES = ("isolated", "inprocess", "off")
+ISOLATE = ("native", "all", "auto")
+
+#: sessions holding modules loaded in this process (with ``isolate="auto"``, while one does, the others
+#: load theirs in their workers: two models never share the interpreter lock)
+_HERE: "weakref.WeakSet[NativeSession]" = weakref.WeakSet()
+_HERE_LOCK = threading.Lock()
 
 
 class NativeSession:
@@ -43,11 +54,14 @@ class NativeSession:
                  isolate: str = "native"):
         if mode not in MODES:
             raise ValueError(f"native mode must be one of {', '.join(MODES)}, got {mode!r}")
-        if isolate not in ("native", "all"):
-            raise ValueError(f"isolate must be 'native' or 'all', got {isolate!r}")
+        if isolate not in ISOLATE:
+            raise ValueError(f"isolate must be one of {', '.join(ISOLATE)}, got {isolate!r}")
         self.mode = mode
-        # every library in the worker: only where workers run (isolated mode, Linux)
-        self.isolate_all = isolate == "all" and mode == "isolated" and sys.platform.startswith("linux")
+        # every library in the worker (always, or while another session computes here): only where
+        # workers run (isolated mode, Linux)
+        workers = mode == "isolated" and sys.platform.startswith("linux")
+        self.isolate_all = isolate == "all" and workers
+        self.isolate_auto = isolate == "auto" and workers
         # time.monotonic() value of the session's end: native calls are stopped there
         self.deadline: Optional[float] = time.monotonic() + timeout if timeout != float("inf") else None
         self.max_memory = max_memory
@@ -88,8 +102,8 @@ class NativeSession:
         """``tvm.rpc.server.load_module`` under this session's policy."""
         loaded = load_library(path)
         libraries = [n for n in loaded.root.walk() if isinstance(n, HostLibraryModule) and has_native_code(n)]
-        if not self.isolate_all and (not libraries or not graphs_call_host_code(loaded.root, libraries)):
-            return build_runtime(loaded.root)
+        if not self._all_in_worker() and (not libraries or not graphs_call_host_code(loaded.root, libraries)):
+            return self._here(build_runtime(loaded.root))
         for node in libraries:
             check_loadable(node)
         if self.mode == "off":
@@ -97,9 +111,9 @@ class NativeSession:
                 names = sorted({f for n in libraries for f in inspect_native(n.path).public_functions()})
                 raise NativeError(f"{os.path.basename(path)}: this server does not run native code "
                                   f"(--no-native); the library has native functions: {', '.join(names)}")
-            return build_runtime(loaded.root)  # its host functions refuse to run, with the reason
+            return self._here(build_runtime(loaded.root))  # its host functions refuse to run, with the reason
         if self.mode == "inprocess":
-            return link_roots(build_runtime(loaded.root, native_options()))
+            return self._here(link_roots(build_runtime(loaded.root, native_options())))
         if self.worker is None or not self.worker.alive:
             from .proxy import take_worker
 
@@ -109,7 +123,25 @@ class NativeSession:
             self.worker = take_worker(self.arena, self._deadline, self.account)
         return self.worker.load(os.path.abspath(path))
 
+    def _all_in_worker(self) -> bool:
+        """Whether this load goes to the worker whatever the library holds (``isolate`` all, or auto
+        while another session holds modules in the server process)."""
+        if self.isolate_all:
+            return True
+        if not self.isolate_auto:
+            return False
+        with _HERE_LOCK:
+            return any(other is not self for other in _HERE)
+
+    def _here(self, module: RuntimeModule) -> RuntimeModule:
+        """``module``, loaded in the server process: this session now computes here."""
+        with _HERE_LOCK:
+            _HERE.add(self)
+        return module
+
     def close(self) -> None:
+        with _HERE_LOCK:
+            _HERE.discard(self)
         if self.worker is not None:
             self.worker.close()
             self.worker = None

@@ -149,3 +149,33 @@ def test_a_worker_that_dies_mid_run_gives_its_compute_slot_back(tmp_path):
         assert compute.POLICY.running == 0  # given back with the dead worker's socket
     finally:
         native.close()
+
+
+def test_isolate_auto_sends_a_session_to_its_worker_only_while_another_computes_here(library):
+    """``--isolate auto`` (the server's default): a session alone computes in the server (no process, no
+    message per call); one that loads while another holds modules here loads in its own worker, so two
+    models never share the interpreter lock.  Both compute the same result."""
+    from rpcsrv.native.host import NativeSession
+    from rpcsrv.native.proxy import WorkerModule
+    from rpcsrv.protocol.dtypes import Device
+
+    model, path = library
+    x = np.random.default_rng(2).standard_normal((1, 3, 8, 8)).astype("float32")
+    first, second, third = (NativeSession("isolated", 1 << 30, isolate="auto") for _ in range(3))
+    try:
+        here = first.load(str(path))
+        assert not isinstance(here, WorkerModule)  # alone: in the server process
+        away = second.load(str(path))
+        assert isinstance(away, WorkerModule)  # another session computes here: its own worker
+        assert not isinstance(first.load(str(path)), WorkerModule)  # the first stays where it is
+        for mod in (here, away):
+            ex = mod.get_function("default")(Device(1, 0))
+            ex.get_function("set_input")("x", x)
+            ex.get_function("run")()
+            got = ex.get_function("get_output")(0)
+            np.testing.assert_allclose(np.asarray(got), reference(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
+        first.close()
+        assert not isinstance(third.load(str(path)), WorkerModule)  # nobody computes here any more
+    finally:
+        for native in (first, second, third):
+            native.close()
