@@ -11,13 +11,15 @@ at once took most of a 5 s window (K=32: 0.79x of K=1 in 5 s, 1.04x in 12 s).  A
 pinned to one BLAS thread per run (``RPCSRV_BLAS_THREADS=1``): the single-thread rate, of which the
 target for K >= cores is close to cores x.
 
-``--isolate all`` runs the server with ``--isolate all``: every session computes in a worker process of
-its own (no interpreter lock shared among sessions), its runs taking the server's compute slots.
+``--isolate`` is passed to the server (default ``auto``, the server's own default: a session that loads
+while another computes in the server gets a worker process of its own); ``all``: every session computes
+in a worker process of its own; ``native``: every session in the server, sharing its interpreter lock.
+Runs in workers take the server's compute slots.
 
 With ``--rounds R`` every K is measured R times, in alternating order, and the medians are printed: the
 host's speed drifts by 10-25% within a minute, so K=1 measured once, first, is no steady reference.
 
-    python bench/concurrency_bench.py [--sessions 1,2,4,16,32] [--seconds 3] [--rounds 3] [--isolate native|all]
+    python bench/concurrency_bench.py [--sessions 1,2,4,16,32] [--seconds 3] [--rounds 3] [--isolate auto|native|all]
 """
 
 from __future__ import annotations
@@ -115,8 +117,10 @@ def main(argv=None) -> int:
     ap.add_argument("--sessions", default="1,2,4,16,32")
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--rounds", type=int, default=3, help="measure every K this many times (medians printed)")
-    ap.add_argument("--isolate", choices=["native", "all"], default="native",
-                    help="the server's --isolate: all = every session computes in its own worker process")
+    ap.add_argument("--isolate", choices=["native", "all", "auto"], default="auto",
+                    help="the server's --isolate (default auto, as the server's): all = every session computes "
+                         "in its own worker process; auto = those that load while another computes in the "
+                         "server; native = all in the server")
     args = ap.parse_args(argv)
     extra = ("--isolate", args.isolate)
     from rpcsrv.executor.compute import CORES

@@ -62,6 +62,7 @@ class NativeSession:
         workers = mode == "isolated" and sys.platform.startswith("linux")
         self.isolate_all = isolate == "all" and workers
         self.isolate_auto = isolate == "auto" and workers
+        self._claimed_before = False  # whether the session held modules here before its current load
         # time.monotonic() value of the session's end: native calls are stopped there
         self.deadline: Optional[float] = time.monotonic() + timeout if timeout != float("inf") else None
         self.max_memory = max_memory
@@ -102,8 +103,12 @@ class NativeSession:
         """``tvm.rpc.server.load_module`` under this session's policy."""
         loaded = load_library(path)
         libraries = [n for n in loaded.root.walk() if isinstance(n, HostLibraryModule) and has_native_code(n)]
-        if not self._all_in_worker() and (not libraries or not graphs_call_host_code(loaded.root, libraries)):
-            return self._here(build_runtime(loaded.root))
+        if (not libraries or not graphs_call_host_code(loaded.root, libraries)) and self._claim_here():
+            try:
+                return build_runtime(loaded.root)
+            except BaseException:
+                self._unclaim()
+                raise
         for node in libraries:
             check_loadable(node)
         if self.mode == "off":
@@ -123,15 +128,24 @@ class NativeSession:
             self.worker = take_worker(self.arena, self._deadline, self.account)
         return self.worker.load(os.path.abspath(path))
 
-    def _all_in_worker(self) -> bool:
-        """Whether this load goes to the worker whatever the library holds (``isolate`` all, or auto
-        while another session holds modules in the server process)."""
+    def _claim_here(self) -> bool:
+        """Whether a library without native code to run may load in the server process: not with
+        ``isolate`` all, nor with auto while another session holds modules here.  Decided and recorded
+        in one step, so sessions loading at the same moment do not all find the server free."""
         if self.isolate_all:
-            return True
-        if not self.isolate_auto:
             return False
         with _HERE_LOCK:
-            return any(other is not self for other in _HERE)
+            if self.isolate_auto and any(other is not self for other in _HERE):
+                return False
+            self._claimed_before = self in _HERE
+            _HERE.add(self)
+            return True
+
+    def _unclaim(self) -> None:
+        """Undo a claim whose load failed (a session with no module here does not count)."""
+        with _HERE_LOCK:
+            if not self._claimed_before:
+                _HERE.discard(self)
 
     def _here(self, module: RuntimeModule) -> RuntimeModule:
         """``module``, loaded in the server process: this session now computes here."""
