@@ -24,10 +24,15 @@ from .accounts import HANDLE_COST, MemoryAccount, RPCUserError
 
 @dataclass
 class NDArrayRef:
-    """An NDArray the server handed out: its array and the data handle that names its memory."""
+    """An NDArray the server handed out: its array and the data handle that names its memory.
+
+    ``memory`` is the object its bytes are charged to (``Session.export_array``): the object handle and
+    the data handle each keep it, so freeing one of the two does not end the charge while the other
+    still holds the array."""
 
     array: np.ndarray
     data_handle: int
+    memory: Any = None
 
 
 @dataclass

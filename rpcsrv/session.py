@@ -160,7 +160,7 @@ class Session(SyscallsMixin):
         self.account.charge_object(raw, raw.nbytes, "returned array")
         data = self.handles.put_buffer(raw)
         try:
-            ref = self.handles.put_object(NDArrayRef(arr, data))
+            ref = self.handles.put_object(NDArrayRef(arr, data, raw))
         except BaseException:
             self.handles.free_buffer(data)
             raise
