@@ -149,8 +149,10 @@ def lower_priority(tids: list[int], increment: int) -> None:
     for tid in tids if increment > 0 else ():
         try:
             os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + increment)
-        except (OSError, AttributeError):
-            return
+        except AttributeError:
+            return  # no per-thread priorities here
+        except OSError:
+            continue  # a thread that ended meanwhile
 
 
 class OthersBusy:
@@ -270,8 +272,9 @@ class ComputePolicy:
             return
         self._niced.done = True
         ours = [threading.get_native_id()]
-        if not self._blas_niced:
-            self._blas_niced = True
+        with self._lock:
+            blas, self._blas_niced = not self._blas_niced, True
+        if blas:
             python = {t.native_id for t in threading.enumerate()}
             ours += [tid for tid in thread_ids() if tid not in python]
         lower_priority(ours, self.nice)

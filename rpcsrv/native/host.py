@@ -124,6 +124,7 @@ class NativeSession:
 
             if self.worker is not None:
                 self.worker.close()
+                self.worker = None  # closed: not closed again if no new worker can be taken
             self._open_arena()
             self.worker = take_worker(self.arena, self._deadline, self.account)
         return self.worker.load(os.path.abspath(path))

@@ -140,7 +140,12 @@ class Worker:
 
     def _settle(self, answer: tuple) -> tuple:
         """Charge (or release) what the worker reports holding after a request; returns ``answer``."""
-        held = answer[-1]
+        try:
+            held = int(answer[-1])
+        except (TypeError, ValueError):
+            held = self.charged
+        if held < 0:  # the worker's word only within sense: never a credit against the budgets
+            held = self.charged
         if self.account is not None and held != self.charged:
             if held > self.charged:
                 self.account.add_held(held - self.charged)

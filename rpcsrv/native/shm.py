@@ -101,7 +101,12 @@ class Arena:
         return np.ndarray(shape, dt, buffer=self.map, offset=offset, strides=strides)
 
     def close(self) -> None:
+        """Close the arena's descriptor, once: a second close could hit a descriptor the number was given
+        to since (another session's socket or arena)."""
+        fd, self.fd = self.fd, -1
+        if fd < 0:
+            return
         try:
-            os.close(self.fd)
+            os.close(fd)
         except OSError:
             pass

@@ -252,8 +252,9 @@ def main(argv: list[str]) -> int:
             answer = _error_answer(exc)
         try:
             _send(sock, answer + (state.budget.held,))
-        except (OSError, pickle.PicklingError) as exc:
-            _send(sock, ("err", f"the worker could not send its answer: {exc}", None, state.budget.held))
+        except Exception as exc:  # an answer pickle refuses (TypeError, ValueError too): an error, not an exit
+            _send(sock, ("err", f"the worker could not send its answer: {type(exc).__name__}: {exc}", None,
+                         state.budget.held))
 
 
 if __name__ == "__main__":
