@@ -59,6 +59,7 @@ class Worker:
         self.lock = threading.Lock()
         self.dead: Optional[str] = None
         self._garbage: list[int] = []
+        self._garbage_lock = threading.RLock()  # reentrant: a finalizer may run inside the swap below
         self.account: Any = None  # the session's MemoryAccount (rpcsrv.accounts), once taken by a session
         self.charged = 0  # bytes the worker holds for the session, as last reported and charged
         self.cost = 0  # WORKER_COST, while charged to ``account``
@@ -165,7 +166,8 @@ class Worker:
                                   f"load the module again")
             try:
                 if self._garbage:
-                    garbage, self._garbage = self._garbage, []
+                    with self._garbage_lock:
+                        garbage, self._garbage = self._garbage, []
                     _send(self.sock, (None, ("free", garbage)))
                     if self._settle(_recv(self.sock))[0] != "ok":
                         raise EOFError
@@ -205,7 +207,8 @@ class Worker:
                     return answer
 
     def forget(self, oid: int) -> None:
-        self._garbage.append(oid)
+        with self._garbage_lock:  # finalizers run in any thread, also while a request takes the list
+            self._garbage.append(oid)
 
     def close(self) -> None:
         if self.dead is None:
@@ -309,8 +312,12 @@ def take_worker(arena: Optional[Arena], deadline: Callable[[], Optional[float]],
         if worker is not None and worker.alive and worker.proc.poll() is None:
             worker.attach(arena, deadline)
         else:
+            if worker is not None:
+                worker.close()  # a dead spare: its process reaped, its arena descriptor closed
             worker = Worker(arena, deadline)
-    except (NativeError, OSError):
+    except (NativeError, OSError, EOFError):  # the spare died or refused its session: a fresh worker
+        if worker is not None:
+            worker.close()
         worker = Worker(arena, deadline)
     threading.Thread(target=_refill, name="rpcsrv-spare-worker", daemon=True).start()
     return worker

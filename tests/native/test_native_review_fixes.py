@@ -40,3 +40,30 @@ def test_a_negative_or_garbled_held_report_is_no_credit():
         assert worker.account.used == 4096 and worker.charged == 4096
     worker._settle(("ok", None, 0))
     assert worker.account.used == 0
+
+
+def test_a_dead_spare_worker_is_closed_and_replaced():
+    """take_worker: a spare whose process died is closed (process reaped, descriptors closed), and the
+    session gets a fresh worker that works."""
+    import time
+
+    from rpcsrv.native import proxy
+
+    first = proxy.take_worker(None, lambda: None)  # starts a spare in the background
+    try:
+        for _ in range(300):
+            if proxy._spare is not None:
+                break
+            time.sleep(0.1)
+        spare = proxy._spare
+        assert spare is not None, "no spare worker started"
+        spare.proc.kill()
+        spare.proc.wait(10)
+        second = proxy.take_worker(None, lambda: None)
+        try:
+            assert second is not spare and second.alive and second.proc.poll() is None
+            assert spare.dead is not None  # closed, not left to the garbage collector
+        finally:
+            second.close()
+    finally:
+        first.close()
