@@ -103,8 +103,8 @@ def _conv2d(x, w, bias, strides, dilations, begin, end, out, shuffle=1):
     y = np.empty(shape, x.dtype)
     # the products' scratch, later the result (never larger): one allocation less per call
     scratch = np.empty(max(n * oh_r * cq, n * c * oh * ow), x.dtype)
-    if sh == 1 and cs == 1 and EINSUM:
-        _taps_einsum(x, w, begin, dilations, wvec, y, image, slack, qw, rows, rstep, shuffle)
+    if EINSUM:
+        _taps_einsum(x, w, begin, dilations, wvec, y, hq, qw, cs, rstep, shuffle)
     else:
         flat = np.zeros(n * image + slack, x.dtype)
         _fill(flat[:n * image].reshape(n, sh, cs, hq, c, qw), x, begin, sh, cs, shuffle)
@@ -128,29 +128,40 @@ def _conv2d(x, w, bias, strides, dilations, begin, end, out, shuffle=1):
     return res
 
 
-def _taps_einsum(x, w, begin, dilations, wvec, y, image, slack, qw, rows, rstep, shuffle) -> None:
-    """All taps of a conv without column phases (stride-1 columns, or all columns computed; rows ``rstep``
-    layout rows apart) as one ``einsum`` into y: no product buffer, each output written once instead of
-    twice per tap.
+def _taps_einsum(x, w, begin, dilations, wvec, y, hq, qw, cs, rstep, shuffle) -> None:
+    """All taps as one ``einsum`` into y (rows read ``rstep`` layout rows apart): no product buffer, each
+    output written once instead of twice per tap.
 
     einsum walks its operands along their smallest stride; a tap's column offset (1 value) would tie
     with the run's own stride and make the inner loop 3 values long, so the layout is copied once per
-    column offset, shifted: tap (i, j) then sits at row offset ``i * dh`` of copy j, both large strides.
+    kernel column, each copy starting at that column: tap (i, j) then sits at row offset ``i * dh`` of
+    copy j, both large strides.  With ``cs`` column phases (stride-2 columns), copy j holds the columns
+    ``j * dw``, ``j * dw + cs``, ... only: the einsum computes the kept columns alone.  A copy is a shifted
+    memcpy of an earlier one of the same phase, or else filled from x (a strided gather when cs > 1).
     Measured against a product and a sum per tap (1 thread): 28x28x136 1.7x faster for the taps alone,
-    1.35x with the two extra copies.
+    1.35x with the two extra copies; stride 2 on 56x56x112: 1.6x (``bench/depthwise_bench.py``).
     """
     n, c = x.shape[:2]
     kh, kw = w.shape[2:]
     dh, dw = dilations
-    cq, size, it = c * qw, n * image, x.itemsize
+    cq, it = c * qw, x.itemsize
+    image = hq * cq
+    size = n * image
+    cols = [divmod(j * dw, cs) for j in range(kw)]  # (offset in the phase, phase) of each kernel column
+    slack = max(u for u, _ in cols)  # a shifted copy reads this far past its source's last image
     pitch = _unaliased(size + slack, it)
-    shifted = np.empty(kw * pitch, x.dtype)
-    shifted[:size + slack] = 0
-    _fill(shifted[:size].reshape(n, 1, 1, image // cq, c, qw), x, begin, 1, 1, shuffle)
-    for j in range(1, kw):
-        shifted[j * pitch:j * pitch + size] = shifted[j * dw:j * dw + size]
-    taps = np.ndarray((kh, kw) + y.shape, x.dtype, shifted, 0,
-                      (dh * cq * it, pitch * it, image * it, rstep * rows * cq * it, it))
+    copies = np.empty(kw * pitch, x.dtype)
+    for j, (u, r) in enumerate(cols):
+        at = j * pitch
+        src = next((k for k in range(j) if cols[k][1] == r and cols[k][0] <= u), None)
+        if src is None:
+            copies[at:at + size + slack] = 0
+            _fill(copies[at:at + size].reshape(n, 1, 1, hq, c, qw), x, begin, 1, cs, shuffle, (u * cs + r,))
+        else:
+            shift = src * pitch + u - cols[src][0]
+            copies[at:at + size] = copies[shift:shift + size]
+    taps = np.ndarray((kh, kw) + y.shape, x.dtype, copies, 0,
+                      (dh * cq * it, pitch * it, image * it, rstep * y.shape[2] * it, it))
     np.einsum("ijnrl,ijl->nrl", taps, wvec.reshape(kh, kw, -1), out=y)
 
 
@@ -182,13 +193,14 @@ def _plan(chw, kernel, strides, dilations, begin, end, out, bufsize, choices):
     rows per phase ``HQ``, each tap's start in an image's layout, the zeros after the last image, and the
     layout rows from one output row to the next.  ``choices``: (COLUMN_PHASES, PHASE_MIN_WIDTH, EINSUM).
 
-    Without column phases, einsum reads strided rows directly (no row phases); its output rows are then
-    not adjacent in the layout, so each weight vector covers one row."""
+    einsum reads strided rows directly (no row phases; column phases are its copies' starts, see
+    ``_taps_einsum``); its output rows are then not adjacent in the layout, so each weight vector covers
+    one row."""
     c, h, wd = chw
     kh, kw = kernel
     (sh, sw), (dh, dw), (oh, _) = strides, dilations, out
     cs = sw if sw in choices[0] and wd >= choices[1] else 1  # column phases in the layout
-    rstep = sh if cs == 1 and choices[2] else 1  # output row -> layout rows (einsum: strided rows)
+    rstep = sh if choices[2] else 1  # output row -> layout rows (einsum: strided rows)
     sh //= rstep
     ph, pw = h + begin[0] + end[0], wd + begin[1] + end[1]
     qw = -(-pw // cs)
@@ -204,10 +216,11 @@ def _plan(chw, kernel, strides, dilations, begin, end, out, bufsize, choices):
     return sh, cs, sw // cs, qw, rows, oh_r, hq, starts, slack, rstep
 
 
-def _fill(buf: np.ndarray, x: np.ndarray, begin, sh: int, cs: int, shuffle: int = 1) -> None:
-    """Copy x (N, C, H, W) into the zeroed layout buf (N, sh, cs, HQ, C, QW) at padded position
-    (row hq * sh + a, column q * cs + r) = (input row + begin[0], input column + begin[1]); with
-    ``shuffle`` > 1, x's channels shuffled in that many groups (``channel_shuffle``) on the way.
+def _fill(buf: np.ndarray, x: np.ndarray, begin, sh: int, cs: int, shuffle: int = 1, starts=None) -> None:
+    """Copy x (N, C, H, W) into the zeroed layout buf (N, sh, P, HQ, C, QW) at padded position
+    (row hq * sh + a, column q * cs + starts[p]) = (input row + begin[0], input column + begin[1]); the
+    P column phases start at ``starts`` (default 0 .. cs - 1).  With ``shuffle`` > 1, x's channels are
+    shuffled in that many groups (``channel_shuffle``) on the way.
 
     The channel axis is split as (C / g, g) on both sides for a shuffle, so the copy moves the same rows
     from a permuted source: the shuffle costs no pass of its own."""
@@ -224,13 +237,13 @@ def _fill(buf: np.ndarray, x: np.ndarray, begin, sh: int, cs: int, shuffle: int 
         if h0 >= h:
             continue
         nh = (h - 1 - h0) // sh + 1
-        for r in range(cs):
+        for phase, r in enumerate(range(cs) if starts is None else starts):
             p0 = -(-(begin[1] - r) // cs) if begin[1] > r else 0
             w0 = p0 * cs + r - begin[1]
             if w0 >= wd:
                 continue
             nw = (wd - 1 - w0) // cs + 1
-            dst = buf[:, a, r, q0:q0 + nh, :, :, p0:p0 + nw]
+            dst = buf[:, a, phase, q0:q0 + nh, :, :, p0:p0 + nw]
             src = xt[:, h0::sh, :, :, w0::cs][:, :nh, :, :, :nw]
             if whole_rows:
                 np.copyto(_as_rows(dst), _as_rows(src))
