@@ -14,8 +14,9 @@ Also reported: the BLAS library and kernel (threadpoolctl), the first run after 
 steady state, and the peak resident memory each engine adds while loading and running (the process's
 high-water mark is reset through ``/proc/self/clear_refs`` before each engine starts).
 
-The light models fill their weights with ``ConstantOfShape``; the fills are made initializers here
-(same values), so neither engine computes weights per run.
+The light models fill their weights with ``ConstantOfShape``; the fills are made initializers here, so
+neither engine computes weights per run, with varied values (``tests/models/test_light_zoo.varied``: a
+uniform fill gives every class the same score, and the error column would compare nothing).
 
     python bench/zoo_bench.py [--threads 1,2,auto] [--repeat 10] [--models shufflenet,...,encoder]
 """
@@ -36,6 +37,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "models"))
 
 import onnx  # noqa: E402
 from onnx import numpy_helper  # noqa: E402
@@ -70,7 +73,11 @@ def load_model(name: str) -> onnx.ModelProto:
 
         # BERT-small-class: 4 layers, width 256, 4 heads, FFN 1024, 128 tokens
         return build_encoder(seq=128, width=256, heads=4, ffn=1024, layers=4)
-    return fills_as_initializers(onnx.load(str(LIGHT / f"light_{name}.onnx")))
+    # the weights varied as the zoo test varies them (a uniform fill makes every output equal, so the
+    # error column would compare nothing); the huge dense fills stay uniform
+    from test_light_zoo import varied
+
+    return fills_as_initializers(varied(onnx.load(str(LIGHT / f"light_{name}.onnx"))))
 
 
 def feeds_of(model: onnx.ModelProto) -> dict[str, np.ndarray]:
