@@ -23,10 +23,10 @@ the speed is the shape of those passes (numpy 2.x, measured on this project's ma
   the rows layout (long rows again), then the result is copied once into NCHW (where a fused relu, run
   by the caller, is one contiguous pass).
 
-Without column phases (stride-1 columns, or every column computed) all taps are summed by one ``einsum``
-over a strided view instead (``_taps_einsum``; rows at any stride, read in place): no product buffer,
-and each output is written once rather than twice per tap (1.2-1.35x faster per layer, the taps alone
-1.7x).
+By default (``EINSUM``) all taps are summed by one ``einsum`` over strided views of the layout instead
+(``_einsum_conv``; rows at any stride, read in place): no product buffer, and each output is written once
+rather than twice per tap (1.2-1.35x faster per layer, the taps alone 1.7x).  Everything that depends on
+the geometry alone (the copies' offsets, the views' strides) is worked out once (``_einsum_plan``).
 
 Strides split the input into phases (``sh * sw`` planes) in the layout copy, so each tap reads a
 stride-1 slice of one phase; ``COLUMN_PHASES`` chooses, per column stride, between splitting columns
@@ -38,6 +38,7 @@ each variant per ShuffleNet layer against a plain copy of its input.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple, Optional
 
 import numpy as np
 
@@ -50,7 +51,7 @@ from .prepared import prepared
 #: strided gather copies rows of W/2 values, the other copy whole rows) and at strides 3 and 4
 COLUMN_PHASES = frozenset({2})
 PHASE_MIN_WIDTH = 20
-#: convs without phases sum their taps in one einsum (``_taps_einsum``); False: a product and a sum per tap
+#: all taps summed in one einsum (``_einsum_conv``); False: a product and a sum per tap (``_products_conv``)
 EINSUM = True
 
 
@@ -90,11 +91,19 @@ def channel_shuffle(x: np.ndarray, groups: int) -> np.ndarray:
 
 
 def _conv2d(x, w, bias, strides, dilations, begin, end, out, shuffle=1):
+    geometry = (x.shape[1:], w.shape[2:], tuple(strides), tuple(dilations), tuple(begin), tuple(end), tuple(out),
+                np.getbufsize(), (COLUMN_PHASES, PHASE_MIN_WIDTH, EINSUM))
+    if EINSUM:
+        return _einsum_conv(x, w, bias, _einsum_plan(x.shape, x.strides, x.itemsize, shuffle, *geometry))
+    return _products_conv(x, w, bias, out, shuffle, begin, geometry)
+
+
+def _products_conv(x, w, bias, out, shuffle, begin, geometry):
+    """All taps as a product and a sum each over contiguous slices of the rows layout (row and column
+    phases for strides; ``EINSUM`` False: the variant ``bench/depthwise_bench.py`` compares)."""
     n, c = x.shape[:2]
     oh, ow = out
-    sh, cs, step, qw, rows, oh_r, hq, starts, slack, rstep = _plan(
-        x.shape[1:], w.shape[2:], tuple(strides), tuple(dilations), tuple(begin), tuple(end), tuple(out),
-        np.getbufsize(), (COLUMN_PHASES, PHASE_MIN_WIDTH, EINSUM))
+    sh, cs, step, qw, rows, oh_r, hq, starts, slack, rstep = _plan(*geometry)
     cq = c * qw
     image = sh * cs * hq * cq
     wvec, bvec = prepared(w, ("depthwise", qw, rows), bias, lambda: _vectors(w, bias, qw, rows))
@@ -103,19 +112,16 @@ def _conv2d(x, w, bias, strides, dilations, begin, end, out, shuffle=1):
     y = np.empty(shape, x.dtype)
     # the products' scratch, later the result (never larger): one allocation less per call
     scratch = np.empty(max(n * oh_r * cq, n * c * oh * ow), x.dtype)
-    if EINSUM:
-        _taps_einsum(x, w, begin, dilations, wvec, y, hq, qw, cs, rstep, shuffle)
-    else:
-        flat = np.zeros(n * image + slack, x.dtype)
-        _fill(flat[:n * image].reshape(n, sh, cs, hq, c, qw), x, begin, sh, cs, shuffle)
-        tmp = scratch[:y.size].reshape(shape)
-        for k, start in enumerate(starts):
-            src = np.ndarray(shape, x.dtype, flat, start * it, (image * it, rows * cq * it, it))
-            if k == 0:
-                np.multiply(src, wvec[0], out=y)
-            else:
-                np.multiply(src, wvec[k], out=tmp)
-                y += tmp
+    flat = np.zeros(n * image + slack, x.dtype)
+    _fill(flat[:n * image].reshape(n, sh, cs, hq, c, qw), x, begin, sh, cs, shuffle)
+    tmp = scratch[:y.size].reshape(shape)
+    for k, start in enumerate(starts):
+        src = np.ndarray(shape, x.dtype, flat, start * it, (image * it, rows * cq * it, it))
+        if k == 0:
+            np.multiply(src, wvec[0], out=y)
+        else:
+            np.multiply(src, wvec[k], out=tmp)
+            y += tmp
     if bvec is not None:
         y += bvec
     # (N, rows, C, QW) -> (N, C, OH, OW): the only copy out, cropping the extra rows and columns
@@ -128,9 +134,30 @@ def _conv2d(x, w, bias, strides, dilations, begin, end, out, shuffle=1):
     return res
 
 
-def _taps_einsum(x, w, begin, dilations, wvec, y, hq, qw, cs, rstep, shuffle) -> None:
-    """All taps as one ``einsum`` into y (rows read ``rstep`` layout rows apart): no product buffer, each
-    output written once instead of twice per tap.
+class _EinsumPlan(NamedTuple):
+    """Everything ``_einsum_conv`` derives from one geometry (``_einsum_plan``), so that a call only
+    allocates, copies and computes: the per-call Python work of a layer went from 40-50 us to ~15 us."""
+
+    qw: int
+    rows: int
+    size: int  # values of one copy of the layout (all images)
+    copies: int  # values of the buffer holding the kw copies
+    split: tuple  # x reshaped to (N, g, C/g, H, W) for the fill's channel shuffle
+    #: (start, end of the zeroed span, layout shape, ((layout index, source index, row dtype), ...)); with a
+    #: row dtype, rows are copied as single opaque elements (``_as_rows``), else value by value
+    fills: tuple
+    shifts: tuple  # (start, start of the earlier copy it is shifted from)
+    taps: tuple  # (shape, byte strides) of the (KH, KW, N, R, L) view of the copies einsum reads
+    weights: tuple  # the weight vectors' (KH, KW, L) shape
+    y: tuple  # einsum's output shape (N, R, L)
+    out: tuple  # the result's shape (N, C, OH, OW)
+    crop: tuple  # (shape, byte strides) of the result's values in y, as (N, C, OH, OW) or rows of OW values
+    row: Optional[np.dtype]  # the crop copies rows of this opaque dtype, or values
+
+
+def _einsum_conv(x: np.ndarray, w: np.ndarray, bias, p: _EinsumPlan) -> np.ndarray:
+    """All taps as one ``einsum`` (rows read ``rstep`` layout rows apart): no product buffer, each output
+    written once instead of twice per tap.
 
     einsum walks its operands along their smallest stride; a tap's column offset (1 value) would tie
     with the run's own stride and make the inner loop 3 values long, so the layout is copied once per
@@ -139,30 +166,72 @@ def _taps_einsum(x, w, begin, dilations, wvec, y, hq, qw, cs, rstep, shuffle) ->
     ``j * dw``, ``j * dw + cs``, ... only: the einsum computes the kept columns alone.  A copy is a shifted
     memcpy of an earlier one of the same phase, or else filled from x (a strided gather when cs > 1).
     Measured against a product and a sum per tap (1 thread): 28x28x136 1.7x faster for the taps alone,
-    1.35x with the two extra copies; stride 2 on 56x56x112: 1.6x (``bench/depthwise_bench.py``).
+    1.35x with the two extra copies; stride 2 on 56x56x112: 1.15x (``bench/depthwise_bench.py``).
     """
-    n, c = x.shape[:2]
-    kh, kw = w.shape[2:]
+    wvec, bvec = prepared(w, ("depthwise", p.qw, p.rows), bias, lambda: _vectors(w, bias, p.qw, p.rows))
+    copies = np.empty(p.copies, x.dtype)
+    xt = x.reshape(p.split).transpose(0, 3, 2, 1, 4)  # (N, H, C/g, g, W): see ``_fill``
+    for start, stop, shape, pieces in p.fills:
+        copies[start:stop] = 0
+        layout = copies[start:start + p.size].reshape(shape)
+        for dst, src, row in pieces:
+            if row is None:
+                layout[dst] = xt[src]
+            else:
+                np.copyto(layout[dst].view(row)[..., 0], xt[src].view(row)[..., 0])
+    for start, source in p.shifts:
+        copies[start:start + p.size] = copies[source:source + p.size]
+    y = np.empty(p.y, x.dtype)
+    np.einsum("ijnrl,ijl->nrl", np.ndarray(p.taps[0], x.dtype, copies, 0, p.taps[1]), wvec.reshape(p.weights),
+              out=y)
+    if bvec is not None:
+        y += bvec
+    # (N, R, C, QW) -> (N, C, OH, OW): the only copy out, cropping the extra rows and columns
+    res = np.empty(p.out, x.dtype)
+    if p.row is None:
+        np.copyto(res, np.ndarray(p.crop[0], x.dtype, y, 0, p.crop[1]))
+    else:
+        np.copyto(res.view(p.row)[..., 0], np.ndarray(p.crop[0], p.row, y, 0, p.crop[1]))
+    return res
+
+
+@functools.lru_cache(maxsize=256)
+def _einsum_plan(xshape, xstrides, itemsize, shuffle, chw, kernel, strides, dilations, begin, end, out, bufsize,
+                 choices) -> _EinsumPlan:
+    """The :class:`_EinsumPlan` of one geometry (``_plan``'s layout; x's shape and strides, for the fill)."""
+    _, cs, step, qw, rows, oh_r, hq, _, _, rstep = _plan(chw, kernel, strides, dilations, begin, end, out, bufsize,
+                                                         choices)
+    n, c, h, wd = xshape
+    kh, kw = kernel
     dh, dw = dilations
-    cq, it = c * qw, x.itemsize
+    oh, ow = out
+    cq, it = c * qw, itemsize
     image = hq * cq
     size = n * image
     cols = [divmod(j * dw, cs) for j in range(kw)]  # (offset in the phase, phase) of each kernel column
     slack = max(u for u, _ in cols)  # a shifted copy reads this far past its source's last image
     pitch = _unaliased(size + slack, it)
-    copies = np.empty(kw * pitch, x.dtype)
+    g = shuffle
+    whole = cs == 1 and xstrides[3] == itemsize  # the fill copies whole rows (``_as_rows``)
+    fills, shifts = [], []
     for j, (u, r) in enumerate(cols):
-        at = j * pitch
         src = next((k for k in range(j) if cols[k][1] == r and cols[k][0] <= u), None)
         if src is None:
-            copies[at:at + size + slack] = 0
-            _fill(copies[at:at + size].reshape(n, 1, 1, hq, c, qw), x, begin, 1, cs, shuffle, (u * cs + r,))
+            pieces = _fill_pieces((n, c, h, wd), begin, 1, cs, (u * cs + r,))
+            fills.append((j * pitch, j * pitch + size + slack, (n, hq, c // g, g, qw),
+                          tuple((d[:1] + d[3:], s, _void(nw * it) if whole else None) for d, s, nw in pieces)))
         else:
-            shift = src * pitch + u - cols[src][0]
-            copies[at:at + size] = copies[shift:shift + size]
-    taps = np.ndarray((kh, kw) + y.shape, x.dtype, copies, 0,
-                      (dh * cq * it, pitch * it, image * it, rstep * y.shape[2] * it, it))
-    np.einsum("ijnrl,ijl->nrl", taps, wvec.reshape(kh, kw, -1), out=y)
+            shifts.append((j * pitch, src * pitch + u - cols[src][0]))
+    y = (n, oh_r // rows, rows * cq)
+    if step == 1:  # rows of OW values, each copied as one opaque element
+        row = _void(ow * it)
+        crop = ((n, c, oh), (oh_r * cq * it, qw * it, cq * it))
+    else:
+        row = None
+        crop = ((n, c, oh, ow), (oh_r * cq * it, qw * it, cq * it, step * it))
+    return _EinsumPlan(qw, rows, size, kw * pitch, (n, g, c // g, h, wd), tuple(fills), tuple(shifts),
+                       ((kh, kw) + y, (dh * cq * it, pitch * it, image * it, rstep * y[2] * it, it)), (kh, kw, -1),
+                       y, (n, c, oh, ow), crop, row)
 
 
 def _unaliased(count: int, itemsize: int) -> int:
@@ -183,7 +252,13 @@ def _as_rows(a: np.ndarray) -> np.ndarray:
     per row; copied as single elements, each row is one memcpy in a loop over all of them: 1.5-2.2x
     faster (ShuffleNet's layers, 9-12 us against 18-25 us per copy).
     """
-    return a.view(np.dtype((np.void, a.shape[-1] * a.itemsize)))[..., 0]
+    return a.view(_void(a.shape[-1] * a.itemsize))[..., 0]
+
+
+@functools.lru_cache(maxsize=None)
+def _void(nbytes: int) -> np.dtype:
+    """The opaque dtype of ``nbytes`` bytes (built once: building one per call cost 2-3 us)."""
+    return np.dtype((np.void, nbytes))
 
 
 @functools.lru_cache(maxsize=256)
@@ -194,7 +269,7 @@ def _plan(chw, kernel, strides, dilations, begin, end, out, bufsize, choices):
     layout rows from one output row to the next.  ``choices``: (COLUMN_PHASES, PHASE_MIN_WIDTH, EINSUM).
 
     einsum reads strided rows directly (no row phases; column phases are its copies' starts, see
-    ``_taps_einsum``); its output rows are then not adjacent in the layout, so each weight vector covers
+    ``_einsum_conv``); its output rows are then not adjacent in the layout, so each weight vector covers
     one row."""
     c, h, wd = chw
     kh, kw = kernel
@@ -230,6 +305,19 @@ def _fill(buf: np.ndarray, x: np.ndarray, begin, sh: int, cs: int, shuffle: int 
     xt = x.reshape(n, g, c // g, h, wd).transpose(0, 3, 2, 1, 4)
     buf = buf.reshape(buf.shape[:4] + (c // g, g, buf.shape[5]))
     whole_rows = cs == 1 and x.strides[3] == x.itemsize  # rows copied as single elements (``_as_rows``)
+    for dst, src, _ in _fill_pieces(x.shape, tuple(begin), sh, cs, tuple(range(cs) if starts is None else starts)):
+        if whole_rows:
+            np.copyto(_as_rows(buf[dst]), _as_rows(xt[src]))
+        else:
+            buf[dst] = xt[src]
+
+
+@functools.lru_cache(maxsize=256)
+def _fill_pieces(xshape, begin, sh: int, cs: int, starts: tuple) -> tuple:
+    """``_fill``'s copies, computed once per geometry: (layout index into (N, sh, P, HQ, C/g, g, QW), source
+    index into x as (N, H, C/g, g, W), values per row) for each row phase and column phase."""
+    _, _, h, wd = xshape
+    pieces = []
     for a in range(sh):
         # padded rows hq * sh + a holding input rows h0, h0 + sh, ...
         q0 = -(-(begin[0] - a) // sh) if begin[0] > a else 0
@@ -237,18 +325,17 @@ def _fill(buf: np.ndarray, x: np.ndarray, begin, sh: int, cs: int, shuffle: int 
         if h0 >= h:
             continue
         nh = (h - 1 - h0) // sh + 1
-        for phase, r in enumerate(range(cs) if starts is None else starts):
+        for phase, r in enumerate(starts):
             p0 = -(-(begin[1] - r) // cs) if begin[1] > r else 0
             w0 = p0 * cs + r - begin[1]
             if w0 >= wd:
                 continue
             nw = (wd - 1 - w0) // cs + 1
-            dst = buf[:, a, phase, q0:q0 + nh, :, :, p0:p0 + nw]
-            src = xt[:, h0::sh, :, :, w0::cs][:, :nh, :, :, :nw]
-            if whole_rows:
-                np.copyto(_as_rows(dst), _as_rows(src))
-            else:
-                dst[...] = src
+            every = slice(None)
+            pieces.append(((every, a, phase, slice(q0, q0 + nh), every, every, slice(p0, p0 + nw)),
+                           (every, slice(h0, h0 + (nh - 1) * sh + 1, sh), every, every,
+                            slice(w0, w0 + (nw - 1) * cs + 1, cs)), nw))
+    return tuple(pieces)
 
 
 def _vectors(w: np.ndarray, bias, qw: int, rows: int):
