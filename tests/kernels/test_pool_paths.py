@@ -63,9 +63,9 @@ CASES = [  # (input shape, attributes): 3x3/2 like ShuffleNet and ResNet, wide r
     ((2, 3, 22), dict(kernel_shape=[3], strides=[2], pads=[1, 1], ceil_mode=1)),
     ((1, 2, 7, 6, 12), dict(kernel_shape=[3, 3, 3], strides=[2, 2, 2], pads=[1, 1, 1, 1, 1, 1])),
     ((1, 2, 5, 8, 9), dict(kernel_shape=[2, 3, 3], strides=[1, 2, 1], pads=[0, 1, 1, 1, 0, 1], ceil_mode=1)),
-    # halved by ``_halve`` (average pools): 3-high and 2-wide windows and the reverse, images in a batch
-    ((2, 3, 6, 8), dict(kernel_shape=[3, 2], strides=[2, 2], pads=[1, 0, 1, 0])),
-    ((3, 2, 8, 6), dict(kernel_shape=[2, 3], strides=[2, 2], pads=[0, 1, 0, 0])),
+    # halved by ``_halve``: images in a batch, the smallest size, no end pads
+    ((2, 3, 6, 8), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+    ((3, 2, 4, 2), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
     ((2, 4, 4, 4), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 0, 0])),
 ]
 
@@ -117,17 +117,18 @@ def test_average_pool_float16(row_min):
     np.testing.assert_allclose(got.astype(np.float64), reference("AveragePool", x, **attrs), rtol=2e-3, atol=2e-3)
 
 
-def test_halving_path_takes_the_common_stride_2_average_pools(monkeypatch):
-    """3x3/2 pad 1 and 2x2/2 average pools of even sizes go through ``_halve`` (the cases above check its
-    values); odd sizes, other strides and max pools do not."""
+def test_halving_path_takes_the_common_stride_2_pools(monkeypatch):
+    """3x3/2 pad 1 pools of even sizes go through ``_halve`` (the cases above check its values); odd sizes,
+    other windows and strides and MaxPool with indices do not."""
     seen = []
     real = pool._halve
     monkeypatch.setattr(pool, "_halve", lambda x, *a: seen.append(x.shape) or real(x, *a))
     x = np.ones((1, 2, 8, 8), np.float32)
     pool.average_pool(x, kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
-    pool.average_pool(x, kernel_shape=[2, 2], strides=[2, 2])
+    pool.max_pool(x, kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
     assert seen == [(1, 2, 8, 8)] * 2
+    pool.average_pool(x, kernel_shape=[2, 2], strides=[2, 2])
     pool.average_pool(np.ones((1, 2, 9, 9), np.float32), kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
     pool.average_pool(x, kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1])
-    pool.max_pool(x, kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    pool.max_pool(x, kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], return_indices=1)
     assert len(seen) == 2

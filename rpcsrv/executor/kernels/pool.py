@@ -2,8 +2,8 @@
 
 Max and average pools reduce with contiguous whole-buffer ufunc passes (``_pool_reduce``: one pass per
 kernel tap and spatial dim, separable, no strided tap views; the edge windows that reach into the padding
-combine their valid taps only); the common stride-2 average pools (2x2, and 3x3 pad 1, even sizes) halve
-rows then columns in long passes instead (``_halve``).  The padding value never wins a max and adds nothing
+combine their valid taps only); the common 3x3 stride-2 pad-1 pools of even sizes halve rows then columns
+in long passes instead (``_halve``).  The padding value never wins a max and adds nothing
 to a sum; average pooling divides by a per-position count computed once per geometry: the explicit pads count when
 ``count_include_pad=1``; the extra end padding that ``ceil_mode`` adds never counts.  MaxPool's indices
 output and LpPool reduce the strided window view of a padded copy tap by tap."""
@@ -95,8 +95,8 @@ def _pool_reduce(x: np.ndarray, kernel, strides, dilations, begin, end, out, fil
     32..272 channels, 3x3 stride 2 (ShuffleNet, ResNet, Inception): 1.5-3x faster than reducing
     strided tap views of a fully padded copy (``bench/pool_bench.py``).
     """
-    if ufunc is np.add and _halving(x.shape, kernel, strides, dilations, begin, out):
-        return _halve(x, kernel, ufunc)
+    if _halving(x.shape, kernel, strides, dilations, begin, out):
+        return _halve(x, ufunc)
     k = len(kernel)
     lead = x.ndim - k
     width = x.shape[-1]
@@ -129,48 +129,46 @@ def _pool_reduce(x: np.ndarray, kernel, strides, dilations, begin, end, out, fil
 
 
 def _halving(shape, kernel, strides, dilations, begin, out) -> bool:
-    """Whether a pool is the common downsampling one ``_halve`` computes: 2-D, stride 2, each dim's window
-    2 wide from the output's first input (begin 0) or 3 wide centred on it (begin 1), even sizes halved."""
-    return (len(kernel) == 2 and all(s == 2 for s in strides) and all(d == 1 for d in dilations)
-            and all((kk, b) in ((2, 0), (3, 1)) for kk, b in zip(kernel, begin))
-            and all(n % 2 == 0 and o == n // 2 for n, o in zip(shape[-2:], out)))
+    """Whether a pool is the common downsampling one ``_halve`` computes: 2-D, 3x3 windows centred on the
+    input at twice the output position (stride 2, begin 1), even sizes halved."""
+    return (tuple(kernel) == (3, 3) and tuple(strides) == (2, 2) and tuple(dilations) == (1, 1)
+            and tuple(begin) == (1, 1) and all(n % 2 == 0 and o == n // 2 for n, o in zip(shape[-2:], out)))
 
 
-def _halve(x: np.ndarray, kernel, ufunc) -> np.ndarray:
-    """A ``_halving`` pool (3x3 or 2x2 windows, stride 2: ResNet, ShuffleNet, DenseNet) as a fresh (..., H/2, W/2).
+def _halve(x: np.ndarray, ufunc) -> np.ndarray:
+    """A ``_halving`` pool (3x3, stride 2, pad 1: ResNet, ShuffleNet, DenseNet) as a fresh (..., H/2, W/2).
 
-    Output row i reads input rows 2i (and 2i - 1, 2i + 1 for 3-high windows; row -1 is padding), and the
-    same for columns.  Rows first, in passes of whole rows: for 3-high windows ``a[r] = x[r] (op) x[r + 1]``
-    over all rows at once (contiguous; where it crosses from one image to the next nothing reads it), then
-    row i = a[2i] (op) x[2i - 1] (row 0: a[0]).  Then columns of that half-height result: its even and odd
-    columns are each one strided run of the flat buffer (W is even), so ``c = even (op) odd`` and, for 3-wide
-    windows, ``c[j] (op)= odd[j - 1]`` are single inner loops whatever the row length; the latter is wrong
-    only at each row's column 0 (it reads the previous row's last odd column), recomputed after.
-    Used for sums (average pools): ShuffleNet's 3x3/2 average pools 1.15-1.3x faster than the passes below
-    (paired, 1 thread).  Not for maxima: numpy's maximum over strided runs is not vectorised (2x the time of
-    an add), which made ResNet's and ShuffleNet's max pools 1.03-1.14x slower this way.
+    Output row i reads input rows 2i - 1, 2i, 2i + 1 (row -1 is padding), and the same for columns.  Every
+    pass but the last is one contiguous ufunc call over a whole buffer (numpy vectorises those; its
+    maximum over strided runs is not, at twice an add's cost):
+
+    * rows: ``a[r] = x[r] (op) x[r + 1]`` over all rows at once (where it crosses from one image to the next
+      nothing reads it), then row i = a[2i] (op) x[2i - 1] (row 0: a[0]), in whole rows;
+    * columns of that half-height result, at every column: ``u[j] = r[j - 1] (op) r[j] (op) r[j + 1]`` as two
+      shifted passes over the flat buffer, then every other column is kept (one strided copy); column 0
+      (its window's left is padding) is recomputed.
+
+    Twice the column work of the kept columns alone, in vectorised passes: 3x3/2 max pools 1.04-1.14x and
+    average pools 1.1-1.3x faster than the padded shift passes (ShuffleNet, ResNet; paired, 1 thread).
     """
     x = np.ascontiguousarray(x)
     *lead, h, w = x.shape
     m, h2, w2 = math.prod(lead), h // 2, w // 2
-    x3 = x.reshape(m, h, w)
+    flat = x.reshape(-1)
+    a = np.empty_like(flat)
+    ufunc(flat[:-w], flat[w:], out=a[:-w])  # a[r] = x[r] (op) x[r + 1]; the last row is never read
+    a3 = a.reshape(m, h, w)
     r = np.empty((m, h2, w), x.dtype)
-    if kernel[0] == 2:
-        ufunc(x3[:, 0::2], x3[:, 1::2], out=r)
-    else:
-        flat = x.reshape(-1)
-        a = np.empty_like(flat)
-        ufunc(flat[:-w], flat[w:], out=a[:-w])  # a[r] = x[r] (op) x[r + 1]; the last row is never read
-        a3 = a.reshape(m, h, w)
-        r[:, 0] = a3[:, 0]
-        ufunc(a3[:, 2::2], x3[:, 1:h - 2:2], out=r[:, 1:])
+    r[:, 0] = a3[:, 0]
+    ufunc(a3[:, 2::2], x.reshape(m, h, w)[:, 1:h - 2:2], out=r[:, 1:])
     flat = r.reshape(-1)
-    even, odd = flat[0::2], flat[1::2]
-    y = ufunc(even, odd)  # window columns 2j, 2j + 1
-    if kernel[1] == 3:
-        ufunc(y[1:], odd[:-1], out=y[1:])
-        pairs = r.reshape(m * h2, w)
-        ufunc(pairs[:, 0], pairs[:, 1], out=y.reshape(m * h2, w2)[:, 0])  # column 0: its window's left is padding
+    u = np.empty_like(flat)
+    ufunc(flat[:-1], flat[1:], out=u[1:])  # u[j] = r[j - 1] (op) r[j]
+    ufunc(u[1:-1], flat[2:], out=u[1:-1])  # ... (op) r[j + 1]
+    y = np.empty((m * h2, w2), x.dtype)
+    y[:, 1:] = u.reshape(m * h2, w)[:, 2::2]
+    rows = r.reshape(m * h2, w)
+    ufunc(rows[:, 0], rows[:, 1], out=y[:, 0])  # column 0: its window's left is padding
     return y.reshape(tuple(lead) + (h2, w2))
 
 
