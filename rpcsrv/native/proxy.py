@@ -67,34 +67,51 @@ class Worker:
         fds = [theirs.fileno()] + ([arena.fd] if arena else [])
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rpcsrv.native.worker", str(theirs.fileno()),
-             str(arena.fd if arena else -1), str(arena.capacity if arena else 0)],
-            pass_fds=fds, env=env, stdin=subprocess.DEVNULL)
-        theirs.close()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "rpcsrv.native.worker", str(theirs.fileno()),
+                 str(arena.fd if arena else -1), str(arena.capacity if arena else 0)],
+                pass_fds=fds, env=env, stdin=subprocess.DEVNULL)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
         self.sock = ours
         self.worker_arena: Optional[Arena] = None
         self._start()
 
     def _start(self) -> None:
-        if not self._wait(time.monotonic() + START_TIMEOUT):
-            self.kill("did not start")
-            raise NativeError(f"the native worker did not start within {START_TIMEOUT:.0f}s")
-        msg, fds, _flags, _addr = socket.recv_fds(self.sock, 8, 1)
-        if len(msg) < 8 or not fds:
-            self.kill("failed to start")
-            raise NativeError(f"the native worker failed to start ({self._exit_text()})")
-        n = int.from_bytes(msg, "little")
-        data = b""
-        while len(data) < n:
-            chunk = self.sock.recv(n - len(data))
-            if not chunk:
+        """The worker's hello: its arena's descriptor and (ready, pid, arena size).  Whatever goes wrong
+        on the way, the process is killed and reaped and every descriptor received or held is closed."""
+        fds: list[int] = []
+        why = "failed to start"
+        try:
+            if not self._wait(time.monotonic() + START_TIMEOUT):
+                why = "did not start"
+                raise NativeError(f"the native worker did not start within {START_TIMEOUT:.0f}s")
+            msg, fds, _flags, _addr = socket.recv_fds(self.sock, 8, 1)
+            if len(msg) < 8 or not fds:
                 raise NativeError("the native worker failed to start")
-            data += chunk
-        import pickle
+            n = int.from_bytes(msg, "little")
+            data = b""
+            while len(data) < n:
+                chunk = self.sock.recv(n - len(data))
+                if not chunk:
+                    raise NativeError("the native worker failed to start (it closed its socket)")
+                data += chunk
+            import pickle
 
-        _ready, self.pid, size = pickle.loads(data)
-        self.worker_arena = Arena(size, fd=fds[0])
+            _ready, self.pid, size = pickle.loads(data)
+            self.worker_arena = Arena(size, fd=fds[0])
+        except BaseException as exc:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self.kill(why)
+            if isinstance(exc, NativeError) and why == "failed to start":
+                raise NativeError(f"{exc} ({self._exit_text()})") from None
+            raise
 
     def _wait(self, until: Optional[float]) -> bool:
         poller = select.poll()

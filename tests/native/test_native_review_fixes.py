@@ -67,3 +67,43 @@ def test_a_dead_spare_worker_is_closed_and_replaced():
             second.close()
     finally:
         first.close()
+
+
+FAKE_WORKERS = {  # worker scripts that fail the hello at each step (argv[1]: the socket's descriptor)
+    "closes at once": "import sys",
+    "sends a descriptor, then closes": (
+        "import os, socket, sys\n"
+        "s = socket.socket(fileno=int(sys.argv[1]))\n"
+        "fd = os.memfd_create('x')\n"
+        "socket.send_fds(s, [(100).to_bytes(8, 'little')], [fd])\n"),
+    "sends garbage": (
+        "import os, socket, sys\n"
+        "s = socket.socket(fileno=int(sys.argv[1]))\n"
+        "fd = os.memfd_create('x')\n"
+        "socket.send_fds(s, [(4).to_bytes(8, 'little')], [fd])\n"
+        "s.sendall(b'junk')\n"),
+}
+
+
+@pytest.mark.parametrize("script", FAKE_WORKERS, ids=list(FAKE_WORKERS))
+def test_a_worker_that_fails_its_hello_leaves_no_process_or_descriptor(script, monkeypatch):
+    """Each way the start handshake can fail raises, reaps the process and closes every descriptor the
+    server opened or received for it (before: a worker that closed after sending its arena left the
+    process, the socket and the arena's descriptor open)."""
+    import subprocess
+
+    from rpcsrv.native import proxy
+
+    real = subprocess.Popen
+    started = []
+
+    def fake(argv, **kw):
+        started.append(real([sys.executable, "-c", FAKE_WORKERS[script], argv[3]], **kw))
+        return started[-1]
+
+    monkeypatch.setattr(proxy.subprocess, "Popen", fake)
+    before = set(os.listdir("/proc/self/fd"))
+    with pytest.raises(Exception, match="failed to start|truncated|pickle|invalid load key"):
+        proxy.Worker(None)
+    assert started and started[0].returncode is not None  # reaped
+    assert set(os.listdir("/proc/self/fd")) <= before
