@@ -19,6 +19,8 @@ neither engine computes weights per run, with varied values (``tests/models/test
 uniform fill gives every class the same score, and the error column would compare nothing).
 
     python bench/zoo_bench.py [--threads 1,2,auto] [--repeat 10] [--models shufflenet,...,encoder]
+
+Where one model's time goes, per kind of op, in both engines: ``bench/zoo_profile.py``.
 """
 
 from __future__ import annotations
