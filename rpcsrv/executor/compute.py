@@ -192,6 +192,18 @@ class OthersBusy:
             return None
 
 
+class SlotTimeout(TimeoutError):
+    """No compute slot came free before the deadline of the job that waited for it."""
+
+
+def _acquire(semaphore: threading.Semaphore, deadline: Optional[float]) -> None:
+    """Take ``semaphore``, waiting until ``deadline`` (``time.monotonic()``) at most; None: for as long as it takes."""
+    if deadline is None:
+        semaphore.acquire()
+    elif not semaphore.acquire(timeout=max(0.0, deadline - time.monotonic())):
+        raise SlotTimeout("no compute slot came free before the deadline")
+
+
 class ComputePolicy:
     """A pool of ``cores`` job slots and the BLAS thread count that goes with the jobs running."""
 
@@ -228,11 +240,13 @@ class ComputePolicy:
         return int(self.others.cores() + 0.5)
 
     @contextlib.contextmanager
-    def job(self, choice: Optional[ThreadChoice] = None, local: bool = True) -> Iterator[int]:
+    def job(self, choice: Optional[ThreadChoice] = None, local: bool = True,
+            deadline: Optional[float] = None) -> Iterator[int]:
         """Hold a job slot while computing; yields the BLAS threads set for it (``choice``: the
         model's own :class:`ThreadChoice` among the threads allowed).  Inside a job of the same
         thread, the outer job's slot and threads stand.  ``local=False``: the job computes in another
-        process (a native worker's slot, held here), so it does not wait for this interpreter."""
+        process (a native worker's slot, held here), so it does not wait for this interpreter.
+        ``deadline`` (``time.monotonic()``): wait for the slot until then at most, else :class:`SlotTimeout`."""
         depth = getattr(self._depth, "n", 0)
         if depth:
             threads, share = max(1, self.blas.current or 1), 1
@@ -240,9 +254,9 @@ class ComputePolicy:
             local = local and self._remote is None
             if local:
                 self._yield_to_event_loop()
-                self._interpreter.acquire()
+                _acquire(self._interpreter, deadline)
             try:
-                threads, share = self._take(choice)
+                threads, share = self._take(choice, deadline)
             except BaseException:
                 if local:
                     self._interpreter.release()
@@ -279,16 +293,16 @@ class ComputePolicy:
             ours += [tid for tid in thread_ids() if tid not in python]
         lower_priority(ours, self.nice)
 
-    def _take(self, choice: Optional[ThreadChoice]) -> tuple[int, int]:
-        """Wait for a slot (here, or granted by the remote policy) and set the BLAS threads for it:
-        (threads, the most the policy allowed)."""
+    def _take(self, choice: Optional[ThreadChoice], deadline: Optional[float] = None) -> tuple[int, int]:
+        """Wait for a slot (here, or granted by the remote policy; ``deadline`` only bounds the wait here)
+        and set the BLAS threads for it: (threads, the most the policy allowed)."""
         if self._remote is not None:
             granted = self._remote[0]()  # the slot is taken even when the threads are pinned here
             share = self._fixed or granted
             threads = share if choice is None or self._fixed else choice.pick(share)
             self.blas.set(threads)
             return threads, share
-        self._slots.acquire()
+        _acquire(self._slots, deadline)
         with self._lock:
             self.running += 1
             share = self.threads_for(self.running)

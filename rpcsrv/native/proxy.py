@@ -217,7 +217,13 @@ class Worker:
                 answer = _recv(self.sock)
                 if answer[0] == "slot":
                     held.close()
-                    _send(self.sock, ("slot", held.enter_context(compute.job(local=False))))
+                    try:
+                        threads = held.enter_context(compute.job(local=False, deadline=self.deadline()))
+                    except compute.SlotTimeout:  # the worker waits for the slot: it is stopped, as at a deadline
+                        self.kill("stopped at the session deadline")
+                        raise NativeError(f"{what}: no compute slot came free before the session deadline "
+                                          f"(other sessions held them all); its worker was stopped") from None
+                    _send(self.sock, ("slot", threads))
                 elif answer[0] == "slot-done":
                     held.close()
                 else:

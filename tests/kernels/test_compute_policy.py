@@ -218,3 +218,33 @@ def test_threads_that_compute_yield_to_the_event_loop_only_in_a_server():
     before, during = priority_in_job(server)
     assert during == min(before + 3, 19)
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == main_before  # the caller's stays
+
+
+def test_a_job_waits_for_a_slot_until_its_deadline_at_most():
+    """With every slot held (a hung native call of another session), a job with a deadline gives up at
+    the deadline with SlotTimeout, and the policy's count stays right; without one it would wait on."""
+    from rpcsrv.executor.compute import SlotTimeout
+
+    p = ComputePolicy(cores=1)
+    taken, done = threading.Event(), threading.Event()
+
+    def hold():
+        with p.job(local=False):
+            taken.set()
+            done.wait(30)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        assert taken.wait(10)
+        start = time.monotonic()
+        with pytest.raises(SlotTimeout):
+            with p.job(local=False, deadline=start + 0.2):
+                pass
+        assert 0.15 < time.monotonic() - start < 5 and p.running == 1
+    finally:
+        done.set()
+        t.join(10)
+    with p.job(local=False, deadline=time.monotonic() + 5) as n:  # free again: taken at once
+        assert n == 1 and p.running == 1
+    assert p.running == 0

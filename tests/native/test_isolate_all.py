@@ -179,3 +179,45 @@ def test_isolate_auto_sends_a_session_to_its_worker_only_while_another_computes_
     finally:
         for native in (first, second, third):
             native.close()
+
+
+def test_a_worker_waiting_for_a_compute_slot_stops_at_the_session_deadline(library):
+    """A model run in a worker asks the server for a compute slot; while other sessions hold every slot
+    (here: held by the test), it waits until the session's deadline at most, then the worker is stopped
+    and the call fails with a clear error (before: it waited for as long as the slots stayed taken)."""
+    import threading
+    import time
+
+    from rpcsrv.executor import compute
+    from rpcsrv.native.host import NativeSession
+    from rpcsrv.native.library import NativeError
+    from rpcsrv.protocol.dtypes import Device
+
+    _model, path = library
+    native = NativeSession("isolated", 1 << 30, timeout=3.0, isolate="all")
+    release, holders, held = threading.Event(), [], threading.Semaphore(0)
+
+    def hold():
+        with compute.POLICY.job(local=False):
+            held.release()
+            release.wait(60)
+
+    try:
+        ex = native.load(str(path)).get_function("default")(Device(1, 0))
+        ex.get_function("set_input")("x", np.ones((1, 3, 8, 8), "float32"))
+        for _ in range(compute.POLICY.cores):
+            holders.append(threading.Thread(target=hold))
+            holders[-1].start()
+        for _ in holders:
+            assert held.acquire(timeout=30)
+        start = time.monotonic()
+        with pytest.raises(NativeError, match="no compute slot came free before the session deadline"):
+            ex.get_function("run")()
+        assert time.monotonic() - start < 20
+        assert native.worker.dead and "deadline" in native.worker.dead
+    finally:
+        release.set()
+        for t in holders:
+            t.join(30)
+        native.close()
+    assert compute.POLICY.running == 0
