@@ -20,6 +20,8 @@ import pickle
 import signal
 import socket
 import sys
+import threading
+import time
 import traceback
 from typing import Any
 
@@ -29,6 +31,8 @@ from .budget import WorkerBudget, refusal_in
 from .wire import Copied, Ref, Shared
 
 WORKER_ARENA = 4 << 30 if sys.maxsize > 2 ** 32 else 256 << 20
+#: seconds between a worker's checks that the server that started it is still there (``watch_parent``)
+PARENT_CHECK = 1.0
 
 
 class WorkerState:
@@ -214,10 +218,32 @@ def _slot(sock: socket.socket) -> int:
 WORKER_NICE = 5
 
 
+def watch_parent(interval: float = PARENT_CHECK) -> threading.Thread:
+    """End this process once the process that started it is gone (this one reparented).
+
+    An idle worker ends when the server's end of its socket closes; one inside a long or hung native
+    call does not read the socket until the call returns, so a server that stopped (drain timeout) or
+    died would leave it running.  A thread checks the parent every ``interval`` seconds: native calls
+    release the interpreter lock, so it runs while they do.  (``PR_SET_PDEATHSIG`` would fire when the
+    server *thread* that started the worker ends, and those come and go.)"""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval)
+            if os.getppid() != parent:
+                os._exit(3)
+
+    thread = threading.Thread(target=watch, name="rpcsrv-parent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
 def main(argv: list[str]) -> int:
     from .shm import Arena
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server's Ctrl-C is the server's to handle
+    watch_parent()
     sock = socket.socket(fileno=int(argv[0]))
     session_arena = Arena(int(argv[2]), fd=int(argv[1])) if int(argv[1]) >= 0 else None
     own = Arena(WORKER_ARENA, name="rpcsrv-worker")

@@ -107,3 +107,37 @@ def test_a_worker_that_fails_its_hello_leaves_no_process_or_descriptor(script, m
         proxy.Worker(None)
     assert started and started[0].returncode is not None  # reaped
     assert set(os.listdir("/proc/self/fd")) <= before
+
+
+def test_a_worker_whose_server_is_gone_ends_even_inside_a_long_call():
+    """A worker busy in a long native call (here: a sleep after ``watch_parent``) ends soon after the
+    process that started it is gone, instead of running on as an orphan (an idle worker ends on its
+    socket's EOF; a busy one never reads it)."""
+    import subprocess
+    import time
+
+    grandchild = ("import time\nfrom rpcsrv.native.worker import watch_parent\nwatch_parent(0.1)\n"
+                  "print('watching', flush=True)\ntime.sleep(60)\n")
+    starter = ("import subprocess, sys\n"
+               f"p = subprocess.Popen([sys.executable, '-c', {grandchild!r}], stdout=subprocess.PIPE, "
+               "stderr=subprocess.DEVNULL)\n"
+               "assert p.stdout.readline() == b'watching\\n'\n"
+               "print(p.pid, flush=True)\n")  # and end, leaving it behind in its "native call"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    pid = int(subprocess.run([sys.executable, "-c", starter], capture_output=True, text=True, env=env,
+                             timeout=60, check=True).stdout)
+
+    def running() -> bool:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                return not any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
+        except FileNotFoundError:
+            return False
+
+    until = time.monotonic() + 20
+    while running() and time.monotonic() < until:
+        time.sleep(0.05)
+    ended = not running()
+    if not ended:
+        os.kill(pid, 9)
+    assert ended
