@@ -5,9 +5,8 @@ and match onnxruntime.
 
 The light models fill every weight with one value (``ConstantOfShape`` 0.02), which makes many
 mistakes invisible (a uniform softmax looks right whatever the axis).  So each fill is also replaced
-by varied values (0.5x-1.5x the fill, a golden-ratio sequence) as an initializer,
-except the few huge dense layers (they would make 500 MB libraries): the same architecture and opset,
-with numbers that tell wrong arithmetic apart.  Compiled libraries are cached per session.
+by varied values (``zoo_weights.varied``): the same architecture and opset, with numbers that tell
+wrong arithmetic apart.  Compiled libraries are cached per session.
 """
 
 from __future__ import annotations
@@ -17,40 +16,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import numpy_helper
 
 from client.compiler import compile_onnx
 from conftest import need_module
+from zoo_weights import varied
 
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
-MAX_VARIED = 1 << 21  # elements; bigger fills (VGG's 100M-weight dense layers) stay uniform
 MODELS = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet",
           "squeezenet", "vgg19", "zfnet512"]
-
-
-def varied(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProto:
-    """``model`` with each constant fill (ConstantOfShape of an initializer shape) made an initializer
-    of varied positive values around the fill (positive keeps BatchNormalization's variance valid)."""
-    rng = np.random.default_rng(seed)
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    inits = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
-    keep = []
-    for node in out.graph.node:
-        if node.op_type == "ConstantOfShape" and node.input[0] in inits \
-                and np.prod(inits[node.input[0]], dtype=np.int64) <= MAX_VARIED:
-            fill = numpy_helper.to_array(node.attribute[0].t).reshape(-1)[0]
-            shape = tuple(int(d) for d in inits[node.input[0]])
-            n = int(np.prod(shape, dtype=np.int64))
-            steps = (np.arange(n, dtype=np.float32) * np.float32(0.6180339) + np.float32(rng.random())) % 1
-            value = (fill * (steps + np.float32(0.5))).reshape(shape)
-            out.graph.initializer.append(numpy_helper.from_array(value, node.output[0]))
-        else:
-            keep.append(node)
-    del out.graph.node[:]
-    out.graph.node.extend(keep)
-    out.ir_version = max(out.ir_version, 4)  # initializers that are not graph inputs need IR 4
-    return out
 
 
 def test_all_nine_architectures_are_there():
