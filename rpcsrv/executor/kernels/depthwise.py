@@ -291,11 +291,10 @@ def _plan(chw, kernel, strides, dilations, begin, end, out, bufsize, choices):
     return sh, cs, sw // cs, qw, rows, oh_r, hq, starts, slack, rstep
 
 
-def _fill(buf: np.ndarray, x: np.ndarray, begin, sh: int, cs: int, shuffle: int = 1, starts=None) -> None:
-    """Copy x (N, C, H, W) into the zeroed layout buf (N, sh, P, HQ, C, QW) at padded position
-    (row hq * sh + a, column q * cs + starts[p]) = (input row + begin[0], input column + begin[1]); the
-    P column phases start at ``starts`` (default 0 .. cs - 1).  With ``shuffle`` > 1, x's channels are
-    shuffled in that many groups (``channel_shuffle``) on the way.
+def _fill(buf: np.ndarray, x: np.ndarray, begin, sh: int, cs: int, shuffle: int = 1) -> None:
+    """Copy x (N, C, H, W) into the zeroed layout buf (N, sh, cs, HQ, C, QW) at padded position
+    (row hq * sh + a, column q * cs + r) = (input row + begin[0], input column + begin[1]); with
+    ``shuffle`` > 1, x's channels shuffled in that many groups (``channel_shuffle``) on the way.
 
     The channel axis is split as (C / g, g) on both sides for a shuffle, so the copy moves the same rows
     from a permuted source: the shuffle costs no pass of its own."""
@@ -305,7 +304,7 @@ def _fill(buf: np.ndarray, x: np.ndarray, begin, sh: int, cs: int, shuffle: int 
     xt = x.reshape(n, g, c // g, h, wd).transpose(0, 3, 2, 1, 4)
     buf = buf.reshape(buf.shape[:4] + (c // g, g, buf.shape[5]))
     whole_rows = cs == 1 and x.strides[3] == x.itemsize  # rows copied as single elements (``_as_rows``)
-    for dst, src, _ in _fill_pieces(x.shape, tuple(begin), sh, cs, tuple(range(cs) if starts is None else starts)):
+    for dst, src, _ in _fill_pieces(x.shape, tuple(begin), sh, cs, tuple(range(cs))):
         if whole_rows:
             np.copyto(_as_rows(buf[dst]), _as_rows(xt[src]))
         else:
@@ -314,8 +313,10 @@ def _fill(buf: np.ndarray, x: np.ndarray, begin, sh: int, cs: int, shuffle: int 
 
 @functools.lru_cache(maxsize=256)
 def _fill_pieces(xshape, begin, sh: int, cs: int, starts: tuple) -> tuple:
-    """``_fill``'s copies, computed once per geometry: (layout index into (N, sh, P, HQ, C/g, g, QW), source
-    index into x as (N, H, C/g, g, W), values per row) for each row phase and column phase."""
+    """The copies of x into a rows layout, computed once per geometry: (layout index into (N, sh, P, HQ, C/g,
+    g, QW), source index into x as (N, H, C/g, g, W), values per row) for each row phase and each of the P
+    column phases, phase p holding padded columns ``q * cs + starts[p]`` (``_fill``; ``_einsum_plan``'s
+    copies start at a kernel column each)."""
     _, _, h, wd = xshape
     pieces = []
     for a in range(sh):
