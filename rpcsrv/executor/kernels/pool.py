@@ -3,10 +3,10 @@
 Max and average pools reduce with contiguous whole-buffer ufunc passes (``_pool_reduce``: one pass per
 kernel tap and spatial dim, separable, no strided tap views; the edge windows that reach into the padding
 combine their valid taps only); the common 3x3 stride-2 pad-1 pools of even sizes halve rows then columns
-in long passes instead (``_halve``).  The padding value never wins a max and adds nothing
-to a sum; average pooling divides by a per-position count computed once per geometry: the explicit pads count when
-``count_include_pad=1``; the extra end padding that ``ceil_mode`` adds never counts.  MaxPool's indices
-output and LpPool reduce the strided window view of a padded copy tap by tap."""
+in long passes instead (``_halve``).  The padding value never wins a max and adds nothing to a sum;
+average pooling divides by a per-position count computed once per geometry: the explicit pads count
+when ``count_include_pad=1``; the extra end padding that ``ceil_mode`` adds never counts.  MaxPool's
+indices output and LpPool reduce the strided window view of a padded copy tap by tap."""
 
 from __future__ import annotations
 
