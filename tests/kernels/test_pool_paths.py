@@ -63,10 +63,17 @@ CASES = [  # (input shape, attributes): 3x3/2 like ShuffleNet and ResNet, wide r
     ((2, 3, 22), dict(kernel_shape=[3], strides=[2], pads=[1, 1], ceil_mode=1)),
     ((1, 2, 7, 6, 12), dict(kernel_shape=[3, 3, 3], strides=[2, 2, 2], pads=[1, 1, 1, 1, 1, 1])),
     ((1, 2, 5, 8, 9), dict(kernel_shape=[2, 3, 3], strides=[1, 2, 1], pads=[0, 1, 1, 1, 0, 1], ceil_mode=1)),
-    # halved by ``_halve``: images in a batch, the smallest size, no end pads
+    # halved by ``_halve``: images in a batch, the smallest size, no end pads, windows from the output
+    # position (Caffe's end padding), one dim each way
     ((2, 3, 6, 8), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
     ((3, 2, 4, 2), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
     ((2, 4, 4, 4), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 0, 0])),
+    ((2, 3, 8, 10), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[0, 0, 1, 1])),
+    ((1, 2, 6, 8), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 0, 1, 1])),
+    ((1, 2, 2, 2), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[0, 0, 1, 1])),
+    # same size, 3x3 stride 1 pad 1 (``_same3``): batches, the smallest size, wide and narrow
+    ((2, 3, 5, 2), dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1])),
+    ((1, 2, 2, 9), dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1])),
 ]
 
 
@@ -117,18 +124,21 @@ def test_average_pool_float16(row_min):
     np.testing.assert_allclose(got.astype(np.float64), reference("AveragePool", x, **attrs), rtol=2e-3, atol=2e-3)
 
 
-def test_halving_path_takes_the_common_stride_2_pools(monkeypatch):
-    """3x3/2 pad 1 pools of even sizes go through ``_halve`` (the cases above check its values); odd sizes,
-    other windows and strides and MaxPool with indices do not."""
+def test_the_common_3x3_pools_take_the_whole_buffer_paths(monkeypatch):
+    """3x3/2 pools of even sizes go through ``_halve``, 3x3/1 pad 1 ones through ``_same3`` (the cases above
+    check their values); odd sizes, other windows, strides and pads, and MaxPool with indices do not."""
     seen = []
-    real = pool._halve
-    monkeypatch.setattr(pool, "_halve", lambda x, *a: seen.append(x.shape) or real(x, *a))
+    for name in ("_halve", "_same3"):
+        real = getattr(pool, name)
+        monkeypatch.setattr(pool, name, lambda x, *a, real=real, name=name: seen.append(name) or real(x, *a))
     x = np.ones((1, 2, 8, 8), np.float32)
     pool.average_pool(x, kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
-    pool.max_pool(x, kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
-    assert seen == [(1, 2, 8, 8)] * 2
+    pool.max_pool(x, kernel_shape=[3, 3], strides=[2, 2], pads=[0, 0, 1, 1])
+    pool.average_pool(x, kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1])
+    pool.max_pool(x, kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1])
+    assert seen == ["_halve", "_halve", "_same3", "_same3"]
     pool.average_pool(x, kernel_shape=[2, 2], strides=[2, 2])
     pool.average_pool(np.ones((1, 2, 9, 9), np.float32), kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
-    pool.average_pool(x, kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1])
+    pool.average_pool(x, kernel_shape=[3, 3], strides=[1, 1], pads=[0, 0, 2, 2])
     pool.max_pool(x, kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], return_indices=1)
-    assert len(seen) == 2
+    assert len(seen) == 4

@@ -2,11 +2,12 @@
 
 Max and average pools reduce with contiguous whole-buffer ufunc passes (``_pool_reduce``: one pass per
 kernel tap and spatial dim, separable, no strided tap views; the edge windows that reach into the padding
-combine their valid taps only); the common 3x3 stride-2 pad-1 pools of even sizes halve rows then columns
-in long passes instead (``_halve``).  The padding value never wins a max and adds nothing to a sum;
-average pooling divides by a per-position count computed once per geometry: the explicit pads count
-when ``count_include_pad=1``; the extra end padding that ``ceil_mode`` adds never counts.  MaxPool's
-indices output and LpPool reduce the strided window view of a padded copy tap by tap."""
+combine their valid taps only); the common 3x3 pools (stride 2 halving even sizes, stride 1 pad 1) take
+shifted passes over whole buffers per dim instead (``_halve``, ``_same3``).  The padding value never wins
+a max and adds nothing to a sum; average pooling divides by a per-position count computed once per
+geometry: the explicit pads count when ``count_include_pad=1``; the extra end padding that ``ceil_mode``
+adds never counts.  MaxPool's indices output and LpPool reduce the strided window view of a padded copy
+tap by tap."""
 
 from __future__ import annotations
 
@@ -96,7 +97,9 @@ def _pool_reduce(x: np.ndarray, kernel, strides, dilations, begin, end, out, fil
     strided tap views of a fully padded copy (``bench/pool_bench.py``).
     """
     if _halving(x.shape, kernel, strides, dilations, begin, out):
-        return _halve(x, ufunc)
+        return _halve(x, begin, ufunc)
+    if _same(x.shape, kernel, strides, dilations, begin, end, out):
+        return _same3(x, ufunc)
     k = len(kernel)
     lead = x.ndim - k
     width = x.shape[-1]
@@ -129,24 +132,32 @@ def _pool_reduce(x: np.ndarray, kernel, strides, dilations, begin, end, out, fil
 
 
 def _halving(shape, kernel, strides, dilations, begin, out) -> bool:
-    """Whether a pool is the common downsampling one ``_halve`` computes: 2-D, 3x3 windows centred on the
-    input at twice the output position (stride 2, begin 1), even sizes halved."""
+    """Whether a pool is a common downsampling one ``_halve`` computes: 2-D, 3x3 windows at stride 2
+    starting one before (begin 1: ResNet, ShuffleNet) or at (begin 0, end padding: Inception's Caffe
+    exports) twice the output position, even sizes halved."""
     return (tuple(kernel) == (3, 3) and tuple(strides) == (2, 2) and tuple(dilations) == (1, 1)
-            and tuple(begin) == (1, 1) and all(n % 2 == 0 and o == n // 2 for n, o in zip(shape[-2:], out)))
+            and all(b in (0, 1) for b in begin)
+            and all(n % 2 == 0 and n >= 2 and o == n // 2 for n, o in zip(shape[-2:], out)))
 
 
-def _halve(x: np.ndarray, ufunc) -> np.ndarray:
-    """A ``_halving`` pool (3x3, stride 2, pad 1: ResNet, ShuffleNet, DenseNet) as a fresh (..., H/2, W/2).
+def _same(shape, kernel, strides, dilations, begin, end, out) -> bool:
+    """Whether a pool keeps the size with centred 3x3 windows (stride 1, pad 1: Inception's pool
+    branches), on inputs at least 2 wide: ``_same3``."""
+    return (tuple(kernel) == (3, 3) and tuple(strides) == (1, 1) and tuple(dilations) == (1, 1)
+            and tuple(begin) == (1, 1) and tuple(end) == (1, 1) and min(shape[-2:]) >= 2)
 
-    Output row i reads input rows 2i - 1, 2i, 2i + 1 (row -1 is padding), and the same for columns.  Every
-    pass but the last is one contiguous ufunc call over a whole buffer (numpy vectorises those; its
-    maximum over strided runs is not, at twice an add's cost):
+
+def _halve(x: np.ndarray, begin, ufunc) -> np.ndarray:
+    """A ``_halving`` pool as a fresh (..., H/2, W/2).  Every pass but the last is one contiguous ufunc call
+    over a whole buffer (numpy vectorises those; its maximum over strided runs is not, at twice an add's
+    cost).
 
     * rows: ``a[r] = x[r] (op) x[r + 1]`` over all rows at once (where it crosses from one image to the next
-      nothing reads it), then row i = a[2i] (op) x[2i - 1] (row 0: a[0]), in whole rows;
-    * columns of that half-height result, at every column: ``u[j] = r[j - 1] (op) r[j] (op) r[j + 1]`` as two
-      shifted passes over the flat buffer, then every other column is kept (one strided copy); column 0
-      (its window's left is padding) is recomputed.
+      nothing reads it); output row i = a[2i] (op) x[2i - 1] for begin 1 (row 0: a[0]), a[2i] (op) x[2i + 2]
+      for begin 0 (the last row: a[H - 2]), in whole rows;
+    * columns of that half-height result, at every column: ``u[j]`` = the 3 columns around j (begin 1) or
+      from j (begin 0), as two shifted passes over the flat buffer; then every other column is kept (one
+      strided copy) and the edge column whose window reaches into the padding is recomputed.
 
     Twice the column work of the kept columns alone, in vectorised passes: 3x3/2 max pools 1.04-1.14x and
     average pools 1.1-1.3x faster than the padded shift passes (ShuffleNet, ResNet; paired, 1 thread).
@@ -154,22 +165,52 @@ def _halve(x: np.ndarray, ufunc) -> np.ndarray:
     x = np.ascontiguousarray(x)
     *lead, h, w = x.shape
     m, h2, w2 = math.prod(lead), h // 2, w // 2
-    flat = x.reshape(-1)
+    flat, x3 = x.reshape(-1), x.reshape(m, h, w)
     a = np.empty_like(flat)
     ufunc(flat[:-w], flat[w:], out=a[:-w])  # a[r] = x[r] (op) x[r + 1]; the last row is never read
     a3 = a.reshape(m, h, w)
     r = np.empty((m, h2, w), x.dtype)
-    r[:, 0] = a3[:, 0]
-    ufunc(a3[:, 2::2], x.reshape(m, h, w)[:, 1:h - 2:2], out=r[:, 1:])
-    flat = r.reshape(-1)
+    if begin[0]:
+        r[:, 0] = a3[:, 0]
+        ufunc(a3[:, 2::2], x3[:, 1:h - 2:2], out=r[:, 1:])
+    else:
+        r[:, h2 - 1] = a3[:, h - 2]
+        ufunc(a3[:, 0:h - 2:2], x3[:, 2::2], out=r[:, :h2 - 1])
+    flat, rows = r.reshape(-1), r.reshape(m * h2, w)
     u = np.empty_like(flat)
-    ufunc(flat[:-1], flat[1:], out=u[1:])  # u[j] = r[j - 1] (op) r[j]
-    ufunc(u[1:-1], flat[2:], out=u[1:-1])  # ... (op) r[j + 1]
     y = np.empty((m * h2, w2), x.dtype)
-    y[:, 1:] = u.reshape(m * h2, w)[:, 2::2]
-    rows = r.reshape(m * h2, w)
-    ufunc(rows[:, 0], rows[:, 1], out=y[:, 0])  # column 0: its window's left is padding
+    if begin[1]:
+        ufunc(flat[:-1], flat[1:], out=u[1:])  # u[j] = r[j - 1] (op) r[j]
+        ufunc(u[1:-1], flat[2:], out=u[1:-1])  # ... (op) r[j + 1]
+        y[:, 1:] = u.reshape(m * h2, w)[:, 2::2]
+        ufunc(rows[:, 0], rows[:, 1], out=y[:, 0])  # column 0: its window's left is padding
+    else:
+        ufunc(flat[:-1], flat[1:], out=u[:-1])  # u[j] = r[j] (op) r[j + 1]
+        ufunc(u[:-2], flat[2:], out=u[:-2])  # ... (op) r[j + 2]
+        y[:, :w2 - 1] = u.reshape(m * h2, w)[:, 0:w - 2:2]
+        ufunc(rows[:, w - 2], rows[:, w - 1], out=y[:, w2 - 1])  # the last column: its window's right is padding
     return y.reshape(tuple(lead) + (h2, w2))
+
+
+def _same3(x: np.ndarray, ufunc) -> np.ndarray:
+    """A ``_same`` pool (3x3, stride 1, pad 1) as a fresh array of x's shape: per dim, ``v[j] = x[j - 1] (op)
+    x[j] (op) x[j + 1]`` as two shifted passes over the whole flat buffer, then the first and last row (or
+    column), whose windows reach into the padding (and whose shifted values crossed into the neighbouring
+    plane or row), recomputed from their two valid taps.  Inception-v2's 3x3/1 average pools: 4-5 passes
+    where the padded shift passes and their edge loops took 2-3x as long."""
+    x = np.ascontiguousarray(x)
+    *lead, h, w = x.shape
+    m = math.prod(lead)
+    for step, rows, size in ((w, (m, h, w), h), (1, (m * h, w, 1), w)):
+        flat = x.reshape(-1)
+        v = np.empty_like(flat)
+        ufunc(flat[:-step], flat[step:], out=v[step:])  # v[j] = x[j - 1] (op) x[j]
+        ufunc(v[step:-step], flat[2 * step:], out=v[step:-step])  # ... (op) x[j + 1]
+        src, dst = x.reshape(rows), v.reshape(rows)
+        ufunc(src[:, 0], src[:, 1], out=dst[:, 0])
+        ufunc(src[:, size - 2], src[:, size - 1], out=dst[:, size - 1])
+        x = v.reshape(x.shape)
+    return x.reshape(tuple(lead) + (h, w))
 
 
 def _shift_pass(cur: np.ndarray, step: int, taps: int, fill, ufunc) -> np.ndarray:
