@@ -58,14 +58,14 @@ BUSY_WINDOW = 0.1
 #: ``ComputePolicy._yield_to_event_loop``
 COMPUTE_NICE = 5
 
-#: jobs that compute in this interpreter at once (see the module doc; the environment variable
-#: RPCSRV_INTERPRETER_JOBS sets it for a deployment whose models are BLAS-bound enough to gain from more)
 def env_int(name: str, default: int) -> int:
     """The environment variable ``name`` as a non-negative int; ``default`` when unset or not a number."""
     value = os.environ.get(name, "").strip()
     return int(value) if value.isdigit() else default
 
 
+#: jobs that compute in this interpreter at once (see the module doc; the environment variable
+#: RPCSRV_INTERPRETER_JOBS sets it for a deployment whose models are BLAS-bound enough to gain from more)
 INTERPRETER_JOBS = max(1, env_int("RPCSRV_INTERPRETER_JOBS", 1))
 
 #: cores this process may run on
