@@ -143,9 +143,8 @@ class _EinsumPlan(NamedTuple):
     size: int  # values of one copy of the layout (all images)
     copies: int  # values of the buffer holding the kw copies
     split: tuple  # x reshaped to (N, g, C/g, H, W) for the fill's channel shuffle
-    #: (start, end of the zeroed span, layout shape, ((layout index, source index, row dtype), ...)); with a
-    #: row dtype, rows are copied as single opaque elements (``_as_rows``), else value by value
-    fills: tuple
+    fills: tuple  # (start, end of the zeroed span, layout shape, ((layout index, source index), ...))
+    whole_rows: bool  # the fills copy rows as single opaque elements (``_as_rows``), else value by value
     shifts: tuple  # (start, start of the earlier copy it is shifted from)
     taps: tuple  # (shape, byte strides) of the (KH, KW, N, R, L) view of the copies einsum reads
     weights: tuple  # the weight vectors' (KH, KW, L) shape
@@ -174,11 +173,11 @@ def _einsum_conv(x: np.ndarray, w: np.ndarray, bias, p: _EinsumPlan) -> np.ndarr
     for start, stop, shape, pieces in p.fills:
         copies[start:stop] = 0
         layout = copies[start:start + p.size].reshape(shape)
-        for dst, src, row in pieces:
-            if row is None:
-                layout[dst] = xt[src]
+        for dst, src in pieces:
+            if p.whole_rows:
+                np.copyto(_as_rows(layout[dst]), _as_rows(xt[src]))
             else:
-                np.copyto(layout[dst].view(row)[..., 0], xt[src].view(row)[..., 0])
+                layout[dst] = xt[src]
     for start, source in p.shifts:
         copies[start:start + p.size] = copies[source:source + p.size]
     y = np.empty(p.y, x.dtype)
@@ -219,7 +218,7 @@ def _einsum_plan(xshape, xstrides, itemsize, shuffle, chw, kernel, strides, dila
         if src is None:
             pieces = _fill_pieces((n, c, h, wd), begin, 1, cs, (u * cs + r,))
             fills.append((j * pitch, j * pitch + size + slack, (n, hq, c // g, g, qw),
-                          tuple((d[:1] + d[3:], s, _void(nw * it) if whole else None) for d, s, nw in pieces)))
+                          tuple((d[:1] + d[3:], s) for d, s in pieces)))
         else:
             shifts.append((j * pitch, src * pitch + u - cols[src][0]))
     y = (n, oh_r // rows, rows * cq)
@@ -229,7 +228,7 @@ def _einsum_plan(xshape, xstrides, itemsize, shuffle, chw, kernel, strides, dila
     else:
         row = None
         crop = ((n, c, oh, ow), (oh_r * cq * it, qw * it, cq * it, step * it))
-    return _EinsumPlan(qw, rows, size, kw * pitch, (n, g, c // g, h, wd), tuple(fills), tuple(shifts),
+    return _EinsumPlan(qw, rows, size, kw * pitch, (n, g, c // g, h, wd), tuple(fills), whole, tuple(shifts),
                        ((kh, kw) + y, (dh * cq * it, pitch * it, image * it, rstep * y[2] * it, it)), (kh, kw, -1),
                        y, (n, c, oh, ow), crop, row)
 
@@ -304,7 +303,7 @@ def _fill(buf: np.ndarray, x: np.ndarray, begin, sh: int, cs: int, shuffle: int 
     xt = x.reshape(n, g, c // g, h, wd).transpose(0, 3, 2, 1, 4)
     buf = buf.reshape(buf.shape[:4] + (c // g, g, buf.shape[5]))
     whole_rows = cs == 1 and x.strides[3] == x.itemsize  # rows copied as single elements (``_as_rows``)
-    for dst, src, _ in _fill_pieces(x.shape, tuple(begin), sh, cs, tuple(range(cs))):
+    for dst, src in _fill_pieces(x.shape, tuple(begin), sh, cs, tuple(range(cs))):
         if whole_rows:
             np.copyto(_as_rows(buf[dst]), _as_rows(xt[src]))
         else:
@@ -314,7 +313,7 @@ def _fill(buf: np.ndarray, x: np.ndarray, begin, sh: int, cs: int, shuffle: int 
 @functools.lru_cache(maxsize=256)
 def _fill_pieces(xshape, begin, sh: int, cs: int, starts: tuple) -> tuple:
     """The copies of x into a rows layout, computed once per geometry: (layout index into (N, sh, P, HQ, C/g,
-    g, QW), source index into x as (N, H, C/g, g, W), values per row) for each row phase and each of the P
+    g, QW), source index into x as (N, H, C/g, g, W)) for each row phase and each of the P
     column phases, phase p holding padded columns ``q * cs + starts[p]`` (``_fill``; ``_einsum_plan``'s
     copies start at a kernel column each)."""
     _, _, h, wd = xshape
@@ -335,7 +334,7 @@ def _fill_pieces(xshape, begin, sh: int, cs: int, starts: tuple) -> tuple:
             every = slice(None)
             pieces.append(((every, a, phase, slice(q0, q0 + nh), every, every, slice(p0, p0 + nw)),
                            (every, slice(h0, h0 + (nh - 1) * sh + 1, sh), every, every,
-                            slice(w0, w0 + (nw - 1) * cs + 1, cs)), nw))
+                            slice(w0, w0 + (nw - 1) * cs + 1, cs))))
     return tuple(pieces)
 
 
