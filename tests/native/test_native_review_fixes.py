@@ -1,6 +1,7 @@
-"""Fixes from the end-of-stop review of the native layer: an arena closes its descriptor once (a second
-close could hit a descriptor the number went to since), and what a worker reports holding is believed only
-within sense (never a credit against the budgets)."""
+"""Fixes from the end-of-stop reviews of the native layer: an arena closes its descriptor once (a second
+close could hit a descriptor the number went to since); what a worker reports holding is believed only
+within sense (never a credit against the budgets); a dead spare is closed and replaced; a worker that fails
+its hello leaves no process or descriptor; and a busy worker ends when its server is gone."""
 
 from __future__ import annotations
 
