@@ -3,7 +3,7 @@ makes small calls meanwhile.
 
 A fresh ``rpcsrv serve`` gets the light zoo's shufflenet (compiled by ``client.compile_onnx``, its weight
 fills made initializers).  For each K (``--sessions 1,2,4,16,32``) K client threads (our client,
-``client.rpc``; each its own connection and session, own module and executor) run the model in a loop for
+``rpcsrv.client.rpc``; each its own connection and session, own module and executor) run the model in a loop for
 ``--seconds``, while one more session calls ``tvm.rpc.server.workpath`` every 2 ms.  Printed per K:
 aggregate runs/s, its ratio to K=1, and the small calls' p50/p99/max.  Each session first runs its model past
 the runs in which its executor learns its BLAS thread count (``compute.ThreadChoice``): 32 executors learning
@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from client import rpc  # noqa: E402
+from rpcsrv.client import rpc  # noqa: E402
 
 
 def start_server(env: dict | None = None, extra: tuple = ()):
@@ -55,7 +55,7 @@ def start_server(env: dict | None = None, extra: tuple = ()):
 def build_library(path: Path) -> tuple[Path, str, tuple]:
     import onnx
 
-    from client import compile_onnx
+    from rpcsrv.client import compile_onnx
     from zoo_bench import LIGHT, feeds_of, fills_as_initializers
 
     model = fills_as_initializers(onnx.load(str(LIGHT / "light_shufflenet.onnx")))
@@ -65,7 +65,7 @@ def build_library(path: Path) -> tuple[Path, str, tuple]:
 
 
 def _worker(port, lib, name, x, stop: threading.Event, ready: threading.Barrier, counts: list, k: int):
-    from client.graph_executor import GraphModule
+    from rpcsrv.client.graph_executor import GraphModule
 
     with rpc.connect("127.0.0.1", port) as sess:
         sess.upload(str(lib), lib.name)

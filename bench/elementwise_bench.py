@@ -5,7 +5,7 @@ one process, one BLAS thread, CPU time of the calling thread (``time.thread_time
 other processes of a shared machine than wall time), best and median of ``--repeat`` runs:
 
 * ``folded``: ``compile_onnx`` as the user gets it: per-channel BatchNormalization/Mul/Add chains composed
-  (``client.compiler.simplify``), folded into the Conv before them or their scale moved through the Relu
+  (``rpcsrv.client.compiler.simplify``), folded into the Conv before them or their scale moved through the Relu
   into the Conv after them, Relu fused into its producer; concat chains written in place at run time
   (``rpcsrv.executor.concat_chain``);
 * ``no concat chains``: the same library with every concat copying all its inputs;
@@ -60,7 +60,7 @@ def _key(node) -> str:
 def measure(name: str, repeat: int, workdir: Path) -> dict:
     from threadpoolctl import threadpool_limits
 
-    from client import compile_onnx
+    from rpcsrv.client import compile_onnx
     from rpcsrv.executor.examplejson import STEP_HOOK
     from zoo_bench import feeds_of, load_model
 

@@ -274,7 +274,7 @@ def load_executor(model, workdir: Path, compiler: str):
 
     path = workdir / "model.blob"
     if compiler == "client":
-        from client import compile_onnx
+        from rpcsrv.client import compile_onnx
 
         compile_onnx(model).export_library(str(path), fmt="blob")
     else:

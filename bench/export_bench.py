@@ -3,7 +3,7 @@
     python bench/export_bench.py [--size-mb 64] [--repeat 3] [--cc CC] [--formats so,tar,tar.gz,blob]
 
 Builds a graph executor factory whose params total ``--size-mb`` MB (random float32, so they do
-not compress) and times ``client.export.export_library`` to each format, best of ``--repeat``,
+not compress) and times ``rpcsrv.client.export.export_library`` to each format, best of ``--repeat``,
 against the anchor ``blob``: building the blob and writing it as a raw blob file.
 
 Target: ``so`` and ``tar`` within a small multiple of ``blob`` (the symbol's bytes go to the
@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from client.export import export_library  # noqa: E402
+from rpcsrv.client.export import export_library  # noqa: E402
 from loader_bench import best, make_tree  # noqa: E402 (the same 16-param tree)
 from rpcsrv.loader import load_library  # noqa: E402
 

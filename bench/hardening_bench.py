@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "executor"))
 
-from client import rpc  # noqa: E402
+from rpcsrv.client import rpc  # noqa: E402
 from rpcsrv.protocol import RPC_MAGIC, RPCCode  # noqa: E402
 
 MB = 1 << 20
@@ -129,7 +129,7 @@ def soak(cycles: int, sessions: int) -> None:
 
 
 def _busy(port: int, path: str, stop, ready) -> None:
-    from client.graph_executor import GraphModule
+    from rpcsrv.client.graph_executor import GraphModule
 
     sess = rpc.connect("127.0.0.1", port)
     sess.upload(path, "busy.blob")

@@ -4,7 +4,7 @@
 
 Builds, in a temporary directory, a graph executor factory whose params total ``--size-mb`` MB
 (plus an ExampleJSON module and a const loader), as a raw blob file and as an ELF shared object
-(``client.export``, which pulls the blob in with ``.incbin``).  Then measures, best of
+(``rpcsrv.client.export``, which pulls the blob in with ``.incbin``).  Then measures, best of
 ``--repeat`` with a warm page cache:
 
   * ``read``: ``open(path, "rb").read()`` (the anchor);
@@ -26,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from client.export import export_library, find_compiler  # noqa: E402
+from rpcsrv.client.export import export_library, find_compiler  # noqa: E402
 from rpcsrv.loader import (  # noqa: E402
     ConstLoaderModule, ExampleJSONModule, GraphExecutorFactoryModule, HostLibraryModule, load_library,
 )

@@ -76,7 +76,7 @@ def _budget_ab(worker, call, calls: int, repeat: int) -> dict[str, float]:
     """The per-request cost of the memory budget: the same worker and call without a session account
     and with one (a session under a server account, as ``rpcsrv serve`` makes them), interleaved
     A/B/A/B, min of ``repeat`` runs each (the budget travels with every request either way)."""
-    from rpcsrv.accounts import MemoryAccount
+    from rpcsrv.board.accounts import MemoryAccount
 
     account = MemoryAccount(4 << 30, parent=MemoryAccount(8 << 30, name="server"))
     runs: dict[str, list[float]] = {"isolated, no account": [], "isolated, with account": []}

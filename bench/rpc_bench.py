@@ -161,7 +161,7 @@ def raw_socket(nbytes: int, repeat: int, to_file: bool = False) -> float:
 def run(size_mb: int, calls: int, repeat: int, with_tvm_server: bool = True, rounds: int = 7) -> dict[str, dict]:
     import tvm
 
-    from client import rpc as our_rpc
+    from rpcsrv.client import rpc as our_rpc
 
     nbytes = size_mb << 20
     results: dict[str, dict] = {}

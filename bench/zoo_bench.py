@@ -136,7 +136,7 @@ class Engines:
     def __init__(self, name: str, workdir: Path):
         import onnxruntime as ort
 
-        from client import compile_onnx
+        from rpcsrv.client import compile_onnx
         from rpcsrv.executor import load_module
         from rpcsrv.protocol.dtypes import Device
 

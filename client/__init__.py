@@ -1,10 +1,10 @@
 """The client side of rpcsrv: compile ONNX models into BYOC libraries, run them on a board.
 
-``compile_onnx`` (``client.compiler``) turns a model into a :class:`CompiledModel` whose
+``compile_onnx`` (``rpcsrv.client.compiler``) turns a model into a :class:`CompiledModel` whose
 ``export_library(path)`` writes a library laid out as TVM's ``relay.build`` + ``export_library``
-would; ``client.rpc`` is a pure-Python RPC client; ``client.cli`` is the ``byoc`` command.
+would; ``rpcsrv.client.rpc`` is a pure-Python RPC client; ``rpcsrv.client.cli`` is the ``byoc`` command.
 
-The compiler names are imported on first use, so that ``client.rpc`` alone stays light (no onnx).
+The compiler names are imported on first use, so that ``rpcsrv.client.rpc`` alone stays light (no onnx).
 """
 
 from __future__ import annotations

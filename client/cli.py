@@ -4,8 +4,8 @@ Subcommands are registered, each by one function ``add_parser(subparsers)`` that
 and sets ``func`` (``func(args) -> exit status``):
 
 * ``SUBCOMMANDS`` holds the ones defined here (``compile``);
-* ``PLUGIN_MODULES`` names modules that define ``add_parser`` themselves (``client.run``,
-  ``client.demo``, ``client.bench``); a module that does not exist (yet) is skipped.
+* ``PLUGIN_MODULES`` names modules that define ``add_parser`` themselves (``rpcsrv.client.run``,
+  ``rpcsrv.client.demo``, ``rpcsrv.client.bench``); a module that does not exist (yet) is skipped.
 
 User errors (``CompileError``, ``run.UserError``, RPC and loader errors, ``OSError``) print one line
 ``byoc: error: ...`` and exit with status 2, never a traceback; so does a closed pipe (``| head``).
@@ -25,7 +25,7 @@ from rpcsrv.clikit import broken_pipe, command_parser, package_version, verbose_
 from .compiler import CompileError, parse_shape
 from .export import FORMATS, LAYOUTS
 
-PLUGIN_MODULES = ("client.run", "client.demo", "client.bench", "client.profile", "client.compare")
+PLUGIN_MODULES = tuple(f"rpcsrv.client.{name}" for name in ("run", "demo", "bench", "profile", "compare"))
 
 
 def _input_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:

@@ -45,7 +45,7 @@ class Row:
 # ---------------------------------------------------------------------------------------- pairing
 def step_tensors(fn, graph) -> dict[int, str]:
     """ExampleJSON node ID → ONNX tensor name for one partitioned function, numbered the way
-    ``client.compiler.codegen.examplejson_text`` numbers them (inputs, constants, then each op's used
+    ``rpcsrv.client.compiler.codegen.examplejson_text`` numbers them (inputs, constants, then each op's used
     outputs); :func:`pair_subgraphs` checks the text it writes, so a change there cannot go unseen."""
     ids: dict[str, int] = {}
     for t in list(fn.inputs) + list(fn.constants):

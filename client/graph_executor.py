@@ -1,4 +1,4 @@
-"""``GraphModule`` for :mod:`client.rpc`, shaped like ``tvm.contrib.graph_executor.GraphModule``.
+"""``GraphModule`` for :mod:`rpcsrv.client.rpc`, shaped like ``tvm.contrib.graph_executor.GraphModule``.
 
     gmod = GraphModule(lib["default"](sess.cpu(0)))
     gmod.set_input("x", x_numpy)      # numpy arrays are copied to the board first

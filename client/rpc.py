@@ -1,6 +1,6 @@
 """A pure-Python TVM RPC client shaped like ``tvm.rpc`` (no TVM needed).
 
-    sess = client.rpc.connect("127.0.0.1", 9090)
+    sess = rpcsrv.client.rpc.connect("127.0.0.1", 9090)
     sess.upload("model.so")
     lib = sess.load_module("model.so")
     dev = sess.cpu(0)

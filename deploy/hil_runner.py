@@ -1,6 +1,6 @@
 """The hardware-in-the-loop runner: the vendor's host side of a board farm.
 
-Compiles the two demo models (``client.demo_models``: the BYOC guide's add/sub/mul graph and a small
+Compiles the two demo models (``rpcsrv.client.demo_models``: the BYOC guide's add/sub/mul graph and a small
 CNN) into raw-blob libraries with rpcsrv's client (no C compiler needed), computes reference outputs
 with onnxruntime, then asks the TVM tracker for boards with the *real* TVM client
 (``tvm.rpc.connect_tracker(host, port).request(key)``) and runs the models there, alternating, the
@@ -48,8 +48,8 @@ class Tally:
 
 def build_cases(out_dir: Path) -> list[Case]:
     """The demo models as raw-blob libraries, with inputs and onnxruntime's outputs."""
-    from client.compiler import compile_onnx
-    from client.demo_models import onnxruntime_outputs, sample_inputs, seed_model, small_cnn
+    from rpcsrv.client.compiler import compile_onnx
+    from rpcsrv.client.demo_models import onnxruntime_outputs, sample_inputs, seed_model, small_cnn
 
     cases = []
     for name, model, ops in [("byoc_seed", seed_model(), ["add", "sub", "mul"]), ("small_cnn", small_cnn(), None)]:

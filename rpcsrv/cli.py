@@ -73,8 +73,8 @@ def check_serve_args(args: argparse.Namespace) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     from .protocol import Dialect
-    from .server import ServerConfig
-    from .limits import Limits
+    from .board.server import ServerConfig
+    from .board.limits import Limits
 
     check_serve_args(args)
     cfg = ServerConfig(
@@ -87,10 +87,10 @@ def run_serve(args: argparse.Namespace) -> int:
         isolate=args.isolate,
     )
 
-    # deployment (rpcsrv/board.py): tracker, proxy, graceful SIGTERM/SIGINT, farm logs
-    from .board import BoardOptions, run_board
-    from .farmlog import configure
-    from .registration import parse_hostport
+    # deployment (rpcsrv/farm/): tracker, proxy, graceful SIGTERM/SIGINT, farm logs
+    from .farm.run import BoardOptions, run_board
+    from .farm.logs import configure
+    from .farm.registration import parse_hostport
 
     configure(args.verbose, args.log_json)
     try:
@@ -116,13 +116,13 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-#: the limit flags (``_add_limit_flags``) that are rpcsrv.limits.Limits fields as given, and those in MB
+#: the limit flags (``_add_limit_flags``) that are rpcsrv.board.limits.Limits fields as given, and those in MB
 _LIMIT_FLAGS = ("max_connections", "max_sessions", "max_handles", "max_ndim", "idle_timeout", "max_threads")
 _LIMIT_MB_FLAGS = {"max_total_memory_mb": "max_total_memory", "max_packet_mb": "max_packet"}
 
 
 def _hardening_limits(args: argparse.Namespace) -> dict:
-    """The limits of issue 11 given on the command line (absent ones keep rpcsrv.limits' defaults)."""
+    """The limits of issue 11 given on the command line (absent ones keep rpcsrv.board.limits' defaults)."""
     out = {name: getattr(args, name) for name in _LIMIT_FLAGS if getattr(args, name, None) is not None}
     for flag, field in _LIMIT_MB_FLAGS.items():
         if getattr(args, flag, None) is not None:
@@ -131,7 +131,7 @@ def _hardening_limits(args: argparse.Namespace) -> dict:
 
 
 def _add_limit_flags(s: argparse.ArgumentParser) -> None:
-    """Flags of rpcsrv.limits.Limits (defaults and their reasons are documented there and in the README)."""
+    """Flags of rpcsrv.board.limits.Limits (defaults and their reasons are documented there and in the README)."""
     s.add_argument("--max-total-memory-mb", type=int, default=None,
                    help="memory budget of all sessions together (default: half of physical memory)")
     s.add_argument("--max-connections", type=int, default=None, help="open sockets at once (default 512)")

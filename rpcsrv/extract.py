@@ -2,7 +2,7 @@
 
 For a user who wants "a binary file with the content that I fully control": what is inside a
 ``.so``/``.tar``/raw blob, written out so that each part can be read, diffed or rebuilt
-(``client.export`` takes them back).  Files in the output folder:
+(``rpcsrv.client.export`` takes them back).  Files in the output folder:
 
 * ``payloads/NN_<type key>.bin``: each module entry's payload exactly as it sits in the blob (the
   bytes the module's ``SaveToBinary`` wrote; for the vendor's own module kind, its own format);

@@ -18,4 +18,4 @@ done
 port=$(sed -n 's/.*serving on [0-9.]*:\([0-9]*\).*/\1/p' "$log")
 [ -n "$port" ] || { cat "$log"; exit 1; }
 echo "rpcsrv is serving on 127.0.0.1:$port"
-"$PY" -m client.cli demo --host 127.0.0.1 --port "$port"
+"$PY" -m rpcsrv.client.cli demo --host 127.0.0.1 --port "$port"

@@ -244,7 +244,7 @@ def local_board(port: int = 19090, port_end: int = 19390):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m client.compiler.conformance [--ops add,sub] [--rpc HOST:PORT [--client tvm]]``:
+    """``python -m rpcsrv.client.compiler.conformance [--ops add,sub] [--rpc HOST:PORT [--client tvm]]``:
     run the cases on a board (a local ``rpcsrv serve`` unless ``--rpc`` names one), print the table."""
     import argparse
     import warnings
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", help="restrict to these kernels (default: the whole table)")
     parser.add_argument("--rpc", metavar="HOST:PORT", help="run on this rpcsrv board (default: start one locally)")
     parser.add_argument("--client", choices=("ours", "tvm"), default="ours",
-                        help="RPC client: client.rpc (default) or the real TVM client")
+                        help="RPC client: rpcsrv.client.rpc (default) or the real TVM client")
     parser.add_argument("--key", default="", help="device key for --rpc")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")

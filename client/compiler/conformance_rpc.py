@@ -4,11 +4,11 @@ Each runner keeps one RPC session open and, per case, does what a user's script 
 upload the library, ``load_module``, ``lib["default"](dev)``, ``set_input`` with remote tensors,
 ``run``, ``get_output(i).numpy()``, then removes the file again so the workspace stays small.
 
-* :class:`OurClientRunner` drives the board with ``client.rpc`` (no TVM needed);
+* :class:`OurClientRunner` drives the board with ``rpcsrv.client.rpc`` (no TVM needed);
 * :class:`TvmClientRunner` drives it with the real TVM client (``pip install apache-tvm``: the
   tvm-ffi dialect), the judge of protocol compatibility.
 
-Both are the ``runner`` argument of :func:`client.compiler.conformance.run_case`.
+Both are the ``runner`` argument of :func:`rpcsrv.client.compiler.conformance.run_case`.
 """
 
 from __future__ import annotations
@@ -48,10 +48,10 @@ class _Runner:
 
 
 class OurClientRunner(_Runner):
-    """Cases through ``client.rpc`` (the project's own pure-Python client)."""
+    """Cases through ``rpcsrv.client.rpc`` (the project's own pure-Python client)."""
 
     def _connect(self):
-        from client import rpc
+        from rpcsrv.client import rpc
 
         return rpc.connect(self.host, self.port, key=self.key)
 

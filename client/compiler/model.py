@@ -64,7 +64,7 @@ class CompiledModel:
 
     def export_library(self, path, fmt: str | None = None, layout: str = "classic",
                        cc: str | None = None, executor: str = "graph") -> str:
-        """Write the library (``.so``/``.tar``/raw blob, see ``client.export``); returns the path.
+        """Write the library (``.so``/``.tar``/raw blob, see ``rpcsrv.client.export``); returns the path.
 
         ``executor="relax"``: a Relax VM executable (TVM >= 0.21 clients), always the tvm-ffi layout."""
         from ..export import export_library

@@ -1,7 +1,7 @@
 """A native worker's side of its session's memory budget.
 
 What a worker allocates for its session (executor storage in its arena, ...) happens in another
-process, where the session's :class:`rpcsrv.accounts.MemoryAccount` cannot see it.  So every request
+process, where the session's :class:`rpcsrv.board.accounts.MemoryAccount` cannot see it.  So every request
 carries the session's budget (``wire.py``): what the session has charged for this worker so far, and
 ``(name, used, limit)`` of the session's account and each parent (``MemoryAccount.room``).  In the
 worker, :meth:`WorkerBudget.charge` is the executors' allocation hook

@@ -60,7 +60,7 @@ class Worker:
         self.dead: Optional[str] = None
         self._garbage: list[int] = []
         self._garbage_lock = threading.RLock()  # reentrant: a finalizer may run inside the swap below
-        self.account: Any = None  # the session's MemoryAccount (rpcsrv.accounts), once taken by a session
+        self.account: Any = None  # the session's MemoryAccount (rpcsrv.board.accounts), once taken by a session
         self.charged = 0  # bytes the worker holds for the session, as last reported and charged
         self.cost = 0  # WORKER_COST, while charged to ``account``
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)

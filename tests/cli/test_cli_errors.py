@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from client.compiler import compile_onnx
-from client.demo_models import seed_model
+from rpcsrv.client.compiler import compile_onnx
+from rpcsrv.client.demo_models import seed_model
 from conftest import need_module
 
 
@@ -64,7 +64,7 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
 
 
 def run_args(lib, inputs, port, *extra, skip=()):
-    args = ["client.cli", "run", lib, "--port", port, "--no-progress"]
+    args = ["rpcsrv.client.cli", "run", lib, "--port", port, "--no-progress"]
     for name in ("input0", "input1", "input2", "input3"):
         if name not in skip:
             args += ["--input", f"{name}={inputs[name]}"]
@@ -101,7 +101,7 @@ def test_run_unreachable_board(seed_lib, inputs):
 
 
 def test_run_wrong_input_name(seed_lib, inputs):
-    proc = cli("client.cli", "run", seed_lib, "--port", 9, "--input", f"bogus={inputs['input0']}")
+    proc = cli("rpcsrv.client.cli", "run", seed_lib, "--port", 9, "--input", f"bogus={inputs['input0']}")
     err = one_error_line(proc, "byoc")
     assert "no input 'bogus'" in err and "input0 10x10 float32" in err
 
@@ -148,7 +148,7 @@ def test_run_unwritable_output_is_checked_before_the_run(seed_lib, inputs, tmp_p
 
 
 def test_demo_against_a_dead_port():
-    err = one_error_line(cli("client.cli", "demo", "--port", dead_port(), timeout=120), "byoc")
+    err = one_error_line(cli("rpcsrv.client.cli", "demo", "--port", dead_port(), timeout=120), "byoc")
     assert "cannot reach the board" in err
 
 
@@ -198,7 +198,7 @@ def test_output_piped_into_head(prog, seed_lib, tmp_path):
 
     onnx.save(seed_model(), tmp_path / "m.onnx")
     argv = ["rpcsrv", "inspect", "--json", seed_lib] if prog == "rpcsrv" else \
-        ["client.cli", "compile", tmp_path / "m.onnx", "-o", tmp_path / "m.blob", "-v"]
+        ["rpcsrv.client.cli", "compile", tmp_path / "m.onnx", "-o", tmp_path / "m.blob", "-v"]
     writer = subprocess.Popen([sys.executable, "-m", *map(str, argv)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE)
     writer.stdout.close()  # like `head` that has had enough: gone before the command writes
@@ -255,7 +255,7 @@ def test_run_board_refusal_is_one_line(tmp_path, inputs):
     assert lib.stat().st_size > 2 << 20
     srv = ServerProcess("--max-workspace-mb", "1", workdir=tmp_path / "work")
     try:
-        err = one_error_line(cli("client.cli", "run", lib, "--port", srv.port, "--no-progress",
+        err = one_error_line(cli("rpcsrv.client.cli", "run", lib, "--port", srv.port, "--no-progress",
                                  "--input", f"input0={inputs['input0']}"), "byoc")
         assert "the board reported" in err and "workspace" in err
     finally:
@@ -263,6 +263,6 @@ def test_run_board_refusal_is_one_line(tmp_path, inputs):
 
 
 def test_run_takes_all_inputs_from_one_npz(server, seed_lib, inputs):
-    proc = cli("client.cli", "run", seed_lib, "--port", server.port, "--no-progress", "--input", inputs["npz"])
+    proc = cli("rpcsrv.client.cli", "run", seed_lib, "--port", server.port, "--no-progress", "--input", inputs["npz"])
     assert proc.returncode == 0, proc.stderr
     assert "out: shape (10, 10)" in proc.stdout

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from client.compiler import compile_onnx
-from client.demo_models import sample_inputs, small_cnn
-from client.export import export_library
+from rpcsrv.client.compiler import compile_onnx
+from rpcsrv.client.demo_models import sample_inputs, small_cnn
+from rpcsrv.client.export import export_library
 from rpcsrv.extract import extract_library, split_examplejson
 from rpcsrv.loader import (
     ConstLoaderModule, ExampleJSONModule, GraphExecutorFactoryModule, HostLibraryModule, UnknownModule,

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from client.cli import build_parser as byoc_parser
+from rpcsrv.client.cli import build_parser as byoc_parser
 from rpcsrv.cli import build_parser as rpcsrv_parser
 
 

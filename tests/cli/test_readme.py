@@ -3,7 +3,7 @@
 The apache-tvm (>= 0.21) snippet runs with the real TVM client against ``rpcsrv serve``; only the port
 number is replaced by the test server's.  The classic (<= 0.20) snippet needs a classic TVM, which does
 not install on this Python: it runs with a stand-in ``tvm`` package made of our own client
-(``client.rpc``, ``client.graph_executor.GraphModule``), which checks the snippet's calls and order;
+(``rpcsrv.client.rpc``, ``rpcsrv.client.graph_executor.GraphModule``), which checks the snippet's calls and order;
 the classic client's own bytes are covered by the recorded sessions (tests/server/test_replay.py).
 Both work in a folder holding ``model.so`` and ``x.npy``, as a user's would.
 """
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from client.compiler import compile_onnx
+from rpcsrv.client.compiler import compile_onnx
 from conftest import need_module
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -72,7 +72,7 @@ def test_tvm_ffi_snippet_with_apache_tvm(server, user_folder):
 
 
 def test_classic_snippet_with_our_client_as_tvm(server, user_folder, monkeypatch):
-    from client import graph_executor, rpc
+    from rpcsrv.client import graph_executor, rpc
 
     tvm = types.ModuleType("tvm")
     tvm.rpc = rpc

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from client import rpc
+from rpcsrv.client import rpc
 from rpcsrv.protocol import NEED_DATA, Connection, HandshakeRequest, InitServer, Role
 
 

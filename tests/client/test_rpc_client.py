@@ -7,7 +7,7 @@ import gc
 import numpy as np
 import pytest
 
-from client import rpc
+from rpcsrv.client import rpc
 from rpcsrv.protocol import Dialect
 
 DTYPES = ["float32", "float16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool"]

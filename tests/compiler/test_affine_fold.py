@@ -1,4 +1,4 @@
-"""Per-channel affine chains (client.compiler.simplify.fold_affine) and constant folding at the model's
+"""Per-channel affine chains (rpcsrv.client.compiler.simplify.fold_affine) and constant folding at the model's
 opset: BatchNormalization → Mul → Add → Relu becomes one fused batch_normalization, exactly where the
 constants are per channel, the inner tensors are read once and none is a model output."""
 
@@ -9,10 +9,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from client import compile_onnx
-from client.compiler.onnx_import import import_onnx
-from client.compiler.simplify import fold_affine
-from client.demo_models import sample_inputs
+from rpcsrv.client import compile_onnx
+from rpcsrv.client.compiler.onnx_import import import_onnx
+from rpcsrv.client.compiler.simplify import fold_affine
+from rpcsrv.client.demo_models import sample_inputs
 from compiler_helpers import make_model, reference, run_compiled
 from conftest import need_module
 
@@ -188,7 +188,7 @@ def test_positive_scales_move_through_the_relu_into_the_conv(tmp_path):
     (sg,) = compiled.subgraphs
     assert sg.ops == ["add", "conv"] and sg.patterns == ["examplejson.add_relu"]
     graph = import_onnx(preact_conv_model())
-    from client.compiler.simplify import simplify_inference
+    from rpcsrv.client.compiler.simplify import simplify_inference
 
     w = graph.constants["w"]
     simplify_inference(graph)

@@ -1,4 +1,4 @@
-"""A Conv's bias moved through the 1x1 Conv that alone reads it (client.compiler.simplify.fold_bias_forward):
+"""A Conv's bias moved through the 1x1 Conv that alone reads it (rpcsrv.client.compiler.simplify.fold_bias_forward):
 ShuffleNet's depthwise conv + folded BatchNorm then grouped 1x1 conv.  Checked against onnxruntime, and
 left alone where it would change the result (padding in the 1x1 conv, a second reader, a kernel > 1)."""
 
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from client.compiler.onnx_import import import_onnx
-from client.compiler.simplify import fold_bias_forward
-from client.demo_models import sample_inputs
+from rpcsrv.client.compiler.onnx_import import import_onnx
+from rpcsrv.client.compiler.simplify import fold_bias_forward
+from rpcsrv.client.demo_models import sample_inputs
 from compiler_helpers import make_model, reference, run_compiled
 from conftest import need_module
 
@@ -40,7 +40,7 @@ def folds(model) -> int:
 
 @pytest.mark.parametrize("groups_b,stride_b", [(1, 1), (3, 1), (6, 1), (3, 2)])
 def test_bias_moves_into_the_pointwise_conv_and_results_stay(tmp_path, groups_b, stride_b):
-    from client import compile_onnx
+    from rpcsrv.client import compile_onnx
 
     need_module("onnxruntime")
     model = shuffle_unit(groups_b=groups_b, stride_b=stride_b)

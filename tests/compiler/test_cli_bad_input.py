@@ -6,9 +6,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from client import CompileError, compile_onnx
-from client.cli import build_parser, main
-from client.demo_models import seed_model, small_cnn
+from rpcsrv.client import CompileError, compile_onnx
+from rpcsrv.client.cli import build_parser, main
+from rpcsrv.client.demo_models import seed_model, small_cnn
 from compiler_helpers import chain_model
 from conftest import need_program
 from rpcsrv.cli import main as rpcsrv_main

@@ -1,5 +1,5 @@
-"""The client may import only ``rpcsrv.protocol`` and ``rpcsrv.loader`` (the wire and the library
-formats), never the board's executor or server.
+"""The client (``client/``, installed as ``rpcsrv.client``) may import only ``rpcsrv.protocol`` and
+``rpcsrv.loader`` (the wire and the library formats), never the board's executor or server.
 
 Checked twice: statically on every client module's import statements at any depth (top level,
 inside functions, ``importlib.import_module`` of a literal name), and by importing every client
@@ -19,7 +19,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT = ROOT / "client"
-ALLOWED = ("rpcsrv.protocol", "rpcsrv.loader", "rpcsrv.clikit")  # clikit: the CLI plumbing both commands share
+ALLOWED = ("rpcsrv.protocol", "rpcsrv.loader", "rpcsrv.clikit",  # clikit: the CLI plumbing both commands share
+           "rpcsrv.client")  # itself: client/ installs as rpcsrv.client
 
 
 def imported_names(source: str, module: str) -> list[tuple[int, str]]:
@@ -52,22 +53,25 @@ MODULES = sorted(CLIENT.rglob("*.py"))
 
 
 def _module_name(path: Path) -> str:
-    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+    """``client/x/y.py`` -> ``rpcsrv.client.x.y`` (the name it installs under)."""
+    return "rpcsrv." + ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
 
 
 @pytest.mark.parametrize("path", MODULES, ids=[str(p.relative_to(ROOT)) for p in MODULES])
 def test_client_module_imports_only_protocol_and_loader(path):
-    assert forbidden(imported_names(path.read_text(), _module_name(path))) == []
+    importer = _module_name(path) + (".__init__" if path.name == "__init__.py" else "")  # a package is its own base
+    assert forbidden(imported_names(path.read_text(), importer)) == []
 
 
 def test_the_static_check_sees_every_spelling():
-    source = ("import rpcsrv.executor\nfrom rpcsrv import server\nfrom rpcsrv.executor.kernels import KERNELS\n"
-              "def f():\n    from rpcsrv.session import Session\n    importlib.import_module('rpcsrv.cli')\n"
+    source = ("import rpcsrv.executor\nfrom rpcsrv.board import server\nfrom rpcsrv.executor.kernels import KERNELS\n"
+              "def f():\n    from rpcsrv.board.session import Session\n    importlib.import_module('rpcsrv.cli')\n"
               "from rpcsrv.loader.opset import OPS\nfrom rpcsrv.protocol import Connection\nfrom . import rpc\n")
-    assert [n for _, n in forbidden(imported_names(source, "client.m"))] == [
-        "rpcsrv.executor", "rpcsrv.server", "rpcsrv.executor.kernels", "rpcsrv.executor.kernels.KERNELS",
-        "rpcsrv.session", "rpcsrv.session.Session", "rpcsrv.cli"]
-    assert ("client.rpc" in {n for _, n in imported_names("from .. import rpc", "client.compiler.model")})
+    assert [n for _, n in forbidden(imported_names(source, "rpcsrv.client.m"))] == [
+        "rpcsrv.executor", "rpcsrv.board", "rpcsrv.board.server", "rpcsrv.executor.kernels",
+        "rpcsrv.executor.kernels.KERNELS",
+        "rpcsrv.board.session", "rpcsrv.board.session.Session", "rpcsrv.cli"]
+    assert ("rpcsrv.client.rpc" in {n for _, n in imported_names("from .. import rpc", "rpcsrv.client.compiler.model")})
 
 
 def test_importing_every_client_module_loads_no_executor_or_server():

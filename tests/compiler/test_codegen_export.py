@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from client import CompileError, compile_onnx
-from client.compiler.codegen import _Planner, graph_json
-from client.compiler.onnx_import import Graph, TensorInfo
-from client.compiler.partition import Function
-from client.demo_models import sample_inputs, small_cnn
-from client.export import symbol_bytes
+from rpcsrv.client import CompileError, compile_onnx
+from rpcsrv.client.compiler.codegen import _Planner, graph_json
+from rpcsrv.client.compiler.onnx_import import Graph, TensorInfo
+from rpcsrv.client.compiler.partition import Function
+from rpcsrv.client.demo_models import sample_inputs, small_cnn
+from rpcsrv.client.export import symbol_bytes
 from compiler_helpers import chain_model, make_model, run_compiled
 from conftest import need_program
 from rpcsrv.executor.graph_json import parse_graph_json

@@ -7,8 +7,8 @@ import onnx
 import pytest
 from onnx import helper
 
-from client import UnsupportedNodesError, compile_onnx
-from client.demo_models import sample_inputs, seed_model, small_cnn
+from rpcsrv.client import UnsupportedNodesError, compile_onnx
+from rpcsrv.client.demo_models import sample_inputs, seed_model, small_cnn
 from compiler_helpers import (
     chain_model, dense_model, make_model, parse_examplejson, reference, run_compiled,
 )

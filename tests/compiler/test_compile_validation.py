@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from client.compiler import CompileError, UnsupportedNodesError, compile_onnx
+from rpcsrv.client.compiler import CompileError, UnsupportedNodesError, compile_onnx
 from compiler_helpers import chain_model, make_model, reference, run_compiled
 
 

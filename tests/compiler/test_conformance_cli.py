@@ -1,4 +1,4 @@
-"""``python -m client.compiler.conformance`` runs the cases on a board over RPC: one it starts itself
+"""``python -m rpcsrv.client.compiler.conformance`` runs the cases on a board over RPC: one it starts itself
 (``rpcsrv serve`` in a child process, stopped afterwards) unless ``--rpc`` names one."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from client.compiler import conformance
+from rpcsrv.client.compiler import conformance
 
 
 def test_cli_runs_on_a_local_board_and_stops_it(capsys):

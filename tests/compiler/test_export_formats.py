@@ -14,10 +14,10 @@ import numpy as np
 import onnx
 import pytest
 
-from client import CompileError
-from client.cli import main
-from client.demo_models import seed_model
-from client.export import export_library, output_kind, symbol_bytes
+from rpcsrv.client import CompileError
+from rpcsrv.client.cli import main
+from rpcsrv.client.demo_models import seed_model
+from rpcsrv.client.export import export_library, output_kind, symbol_bytes
 from conftest import need_program
 from rpcsrv.loader import (
     BLOB_SYMBOL, FFI_BLOB_SYMBOL, GraphExecutorFactoryModule, HostLibraryModule, load_library,

@@ -1,4 +1,4 @@
-"""Conv → BatchNormalization folding (client.compiler.simplify): folded where it is safe, results
+"""Conv → BatchNormalization folding (rpcsrv.client.compiler.simplify): folded where it is safe, results
 still match onnxruntime, BatchNormalization kept everywhere else."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from client import compile_onnx
-from client.compiler.onnx_import import import_onnx
-from client.compiler.simplify import fold_conv_batchnorm
-from client.demo_models import sample_inputs
+from rpcsrv.client import compile_onnx
+from rpcsrv.client.compiler.onnx_import import import_onnx
+from rpcsrv.client.compiler.simplify import fold_conv_batchnorm
+from rpcsrv.client.demo_models import sample_inputs
 from compiler_helpers import make_model, reference, run_compiled
 from conftest import need_module
 

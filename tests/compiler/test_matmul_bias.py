@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from client import compile_onnx
-from client.demo_models import sample_inputs
+from rpcsrv.client import compile_onnx
+from rpcsrv.client.demo_models import sample_inputs
 from compiler_helpers import make_model, reference, run_compiled
 from conftest import need_module
 

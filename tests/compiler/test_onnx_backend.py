@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from client.compiler.conformance import report, run_case, select_cases
+from rpcsrv.client.compiler.conformance import report, run_case, select_cases
 from compiler_helpers import run_in_process
 
 PASS_RATE = 0.95

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from client.compiler.conformance import report, run_case, select_cases
-from client.compiler.conformance_rpc import RUNNERS
+from rpcsrv.client.compiler.conformance import report, run_case, select_cases
+from rpcsrv.client.compiler.conformance_rpc import RUNNERS
 from compiler_helpers import run_in_process
 from conftest import need_module
 

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import helper
 
-from client import UnsupportedNodesError, compile_onnx
+from rpcsrv.client import UnsupportedNodesError, compile_onnx
 from compiler_helpers import make_model, run_compiled
 
 UNARY = {"Relu": lambda a: np.maximum(a, 0), "Neg": np.negative, "Tanh": np.tanh}

@@ -1,4 +1,5 @@
-"""A channel shuffle read by a Conv becomes the Conv's ``input_shuffle`` (client.compiler.partition.merge_shuffles):
+"""A channel shuffle read by a Conv becomes the Conv's ``input_shuffle``
+(rpcsrv.client.compiler.partition.merge_shuffles):
 ShuffleNet's Reshape → Transpose → Reshape before its depthwise conv.  Checked against onnxruntime for depthwise,
 grouped and plain convs, and left alone where the three nodes are no channel shuffle or a tensor between them has
 another reader."""
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from client.demo_models import sample_inputs
+from rpcsrv.client.demo_models import sample_inputs
 from compiler_helpers import make_model, reference, run_compiled
 from conftest import need_module
 
@@ -63,7 +64,7 @@ def ops_of(compiled) -> list[str]:
     (3, 1, 1, 7),       # plain conv
 ])
 def test_the_shuffle_rides_in_the_conv_and_results_stay(tmp_path, groups, conv_groups, stride, side):
-    from client import compile_onnx
+    from rpcsrv.client import compile_onnx
 
     need_module("onnxruntime")
     model = shuffle_model(groups=groups, conv_groups=conv_groups, stride=stride, side=side)
@@ -80,7 +81,7 @@ def test_the_shuffle_rides_in_the_conv_and_results_stay(tmp_path, groups, conv_g
     {"second_reader": True},                       # the transposed tensor is read elsewhere too
 ])
 def test_left_alone_where_it_is_no_channel_shuffle(tmp_path, kwargs):
-    from client import compile_onnx
+    from rpcsrv.client import compile_onnx
 
     need_module("onnxruntime")
     model = shuffle_model(**kwargs)

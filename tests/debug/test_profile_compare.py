@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from client.cli import main as byoc
+from rpcsrv.client.cli import main as byoc
 from conftest import need_module
 from debug_helpers import chain_inputs, chain_library, chain_reference
 from onnx_models import cnn_input, small_cnn
@@ -28,7 +28,7 @@ def chain(tmp_path_factory):
 def cnn(tmp_path_factory):
     """The small CNN as ONNX, compiled by byoc; plus copies compiled with one constant perturbed."""
     onnx = need_module("onnx")
-    from client.compiler import compile_onnx
+    from rpcsrv.client.compiler import compile_onnx
 
     d = tmp_path_factory.mktemp("cnn")
     onnx.save(small_cnn(), d / "cnn.onnx")
@@ -162,8 +162,8 @@ def test_profile_dump_root_writes_tvms_debug_files(server, chain, tmp_path, caps
 def test_plot_without_matplotlib_is_a_clear_error(monkeypatch, tmp_path):
     import sys
 
-    from client.profile import plot_report
-    from client.run import UserError
+    from rpcsrv.client.profile import plot_report
+    from rpcsrv.client.run import UserError
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
     report = {"nodes": [], "total_node_seconds": 0.0, "number": 1, "repeat": 1}

@@ -135,7 +135,7 @@ def test_classic_flow_on_a_library_with_host_functions_and_params(tvm, server, t
     ``tvm.graph_executor.create`` + ``load_params`` from the real client; same output as the
     factory's ``lib["default"]``, and without the params it differs."""
     need_module("onnx")
-    from client.compiler import compile_onnx
+    from rpcsrv.client.compiler import compile_onnx
     from onnx_models import cnn_input, small_cnn
 
     compiled = compile_onnx(small_cnn(), ops="conv,relu,global_average_pool,flatten,gemm")

@@ -102,7 +102,7 @@ def test_rpcsrv_profile_through_the_real_client(tvm, server, vm_libs):
 
 
 def test_byoc_profile_of_a_relax_library(tvm, server, vm_libs, tmp_path, capsys):
-    from client.cli import main as byoc
+    from rpcsrv.client.cli import main as byoc
 
     (x,) = vm_models.inputs("cnn")
     np.save(tmp_path / "x.npy", x)

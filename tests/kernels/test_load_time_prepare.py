@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from onnx import helper
 
-from client import compile_onnx
+from rpcsrv.client import compile_onnx
 from rpcsrv.executor import load_module
 from rpcsrv.executor.kernels import prepared, winograd
 from rpcsrv.executor.kernels.load_time import prepare_constants

@@ -13,8 +13,8 @@ import numpy as np
 import onnx
 import pytest
 
-from client.compiler import CompileError, compile_onnx
-from client.demo_models import sample_inputs, small_cnn
+from rpcsrv.client.compiler import CompileError, compile_onnx
+from rpcsrv.client.demo_models import sample_inputs, small_cnn
 from rpcsrv.loader.inspect import inspect_library
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "compiler"))

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 import pytest
 
-from client.compiler import compile_onnx
+from rpcsrv.client.compiler import compile_onnx
 from conftest import need_module
 from zoo_weights import varied
 

@@ -17,9 +17,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from client.compiler import compile_onnx
-from client.compiler.opsets import since_version
-from client.compiler.onnx_import import Node
+from rpcsrv.client.compiler import compile_onnx
+from rpcsrv.client.compiler.opsets import since_version
+from rpcsrv.client.compiler.onnx_import import Node
 from conftest import need_module
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "compiler"))

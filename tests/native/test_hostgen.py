@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from client import compile_onnx
+from rpcsrv.client import compile_onnx
 from conftest import need_module
 from rpcsrv.native import load_native_module
 from rpcsrv.protocol import Device

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from client import compile_onnx
+from rpcsrv.client import compile_onnx
 from conftest import module_server, need_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "compiler"))

@@ -29,7 +29,7 @@ def test_an_arena_closes_its_descriptor_once():
 
 
 def test_a_negative_or_garbled_held_report_is_no_credit():
-    from rpcsrv.accounts import MemoryAccount
+    from rpcsrv.board.accounts import MemoryAccount
     from rpcsrv.native.proxy import Worker
 
     worker = Worker.__new__(Worker)  # only _settle's state: no process

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from client import compile_onnx
-from client.rpc import RPCError, connect
+from rpcsrv.client import compile_onnx
+from rpcsrv.client.rpc import RPCError, connect
 from conftest import module_server, need_program
 from native_helpers import build_c
 from rpcsrv.protocol import Dialect

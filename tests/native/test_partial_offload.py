@@ -13,7 +13,7 @@ import onnx
 import pytest
 from onnx import helper
 
-from client import UnsupportedNodesError, compile_onnx
+from rpcsrv.client import UnsupportedNodesError, compile_onnx
 from conftest import module_server, need_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "compiler"))

@@ -248,7 +248,7 @@ def test_what_the_worker_really_holds_is_charged_and_given_back(libs):
     import os
     import signal
 
-    from rpcsrv.accounts import MemoryAccount
+    from rpcsrv.board.accounts import MemoryAccount
     from rpcsrv.native.host import NativeSession
     from rpcsrv.protocol import Device
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from client import rpc
-from client.graph_executor import GraphModule
+from rpcsrv.client import rpc
+from rpcsrv.client.graph_executor import GraphModule
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "executor"))
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from client import rpc
-from client.graph_executor import GraphModule
+from rpcsrv.client import rpc
+from rpcsrv.client.graph_executor import GraphModule
 from conftest import ServerProcess
 from rpcsrv.protocol import Connection, Dialect, Role, RPCCode
 from test_hostile import handshake

@@ -23,8 +23,8 @@ from rpcsrv.executor.examplejson import parse_examplejson
 from rpcsrv.executor.graph_json import parse_graph_json
 from rpcsrv.executor.kernels import KERNELS
 from rpcsrv.executor.runtime import ExecutorError
-from rpcsrv.limits import Limits
-from rpcsrv.server import ServerConfig, serve_connection
+from rpcsrv.board.limits import Limits
+from rpcsrv.board.server import ServerConfig, serve_connection
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "executor"))

@@ -7,7 +7,7 @@ import socket
 import struct
 import time
 
-from client import rpc
+from rpcsrv.client import rpc
 from rpcsrv.protocol import RPC_MAGIC, RPCCode
 
 

@@ -11,7 +11,7 @@ import threading
 import numpy as np
 import pytest
 
-from client import rpc
+from rpcsrv.client import rpc
 from conftest import ServerProcess
 
 

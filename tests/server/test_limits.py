@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from client import rpc
+from rpcsrv.client import rpc
 from conftest import ServerProcess
 from rpcsrv.protocol import RPCCode
 from test_hostile import handshake

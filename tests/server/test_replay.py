@@ -18,7 +18,7 @@ from conftest import need_shared
 from recordings import packets, reencode
 from rpcsrv.protocol import (CallFunc, Connection, CopyAck, CopyFromRemote, CopyToRemote,
                              Dialect, Handle, RemoteError, Return, Role, RPCCode, Syscall, TensorHeader)
-from rpcsrv.server import ServerConfig, serve
+from rpcsrv.board.server import ServerConfig, serve
 
 RECORDED_WORKSPACE = "/srv/rpc-workspa"
 

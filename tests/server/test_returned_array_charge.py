@@ -9,11 +9,11 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from rpcsrv.accounts import MemoryAccount
-from rpcsrv.globals import REGISTRY
+from rpcsrv.board.accounts import MemoryAccount
+from rpcsrv.board.globals import REGISTRY
 from rpcsrv.protocol import Dialect
-from rpcsrv.session import Session
-from rpcsrv.workspace import Workspace
+from rpcsrv.board.session import Session
+from rpcsrv.board.workspace import Workspace
 
 MB = 1 << 20
 

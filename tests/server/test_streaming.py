@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from rpcsrv.streaming import StreamedCall
+from rpcsrv.board.streaming import StreamedCall
 
 
 class Sink:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from client import rpc
+from rpcsrv.client import rpc
 from conftest import module_server, need_module
 from rpcsrv.protocol import Dialect
 

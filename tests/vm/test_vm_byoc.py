@@ -40,7 +40,7 @@ def offloaded_executable(tvm, folder: Path):
 @pytest.fixture(scope="module")
 def byoc_lib(tvm, tmp_path_factory):
     need_program("cc", "the library is a .so built by the system C compiler")
-    from client.export import export_library
+    from rpcsrv.client.export import export_library
 
     folder = tmp_path_factory.mktemp("vm-byoc")
     exe = offloaded_executable(tvm, folder)
@@ -82,8 +82,8 @@ def test_byoc_compile_executor_relax_through_the_real_client(tvm, server, tmp_pa
     import onnx  # the tvm fixture made sure of onnx and onnxruntime
     from tvm import relax
 
-    from client.cli import main as byoc
-    from client.demo_models import onnxruntime_outputs, sample_inputs, small_cnn
+    from rpcsrv.client.cli import main as byoc
+    from rpcsrv.client.demo_models import onnxruntime_outputs, sample_inputs, small_cnn
     from rpcsrv.loader.vm_executable import VMExecutableModule
 
     model = small_cnn()
@@ -117,7 +117,7 @@ def test_executor_relax_two_outputs_in_process(tmp_path):
     onnx = need_module("onnx", "the model is an ONNX graph")
     need_module("onnxruntime", "onnxruntime is the numeric reference")
 
-    from client.compiler import compile_onnx
+    from rpcsrv.client.compiler import compile_onnx
     from rpcsrv.executor import load_module
     import vm_models
 

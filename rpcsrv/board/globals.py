@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from .executor.runtime import RuntimeModule
-from .protocol import Device
+from ..executor.runtime import RuntimeModule
+from ..protocol import Device
 from .session import PackedFunction, RPCUserError, Session
 
 GlobalFactory = Callable[[Session], PackedFunction]
@@ -103,8 +103,8 @@ def _import_module(sess: Session, parent, child) -> None:
 
 def _create_executor(debug: bool):
     def create(sess: Session, *args) -> RuntimeModule:
-        from .executor import debug as debug_executor, graph  # lazily: numpy kernels
-        from .native.proxy import WorkerModule
+        from ..executor import debug as debug_executor, graph  # lazily: numpy kernels
+        from ..native.proxy import WorkerModule
 
         worker_lib = next((a for a in args if isinstance(a, WorkerModule)), None)
         if worker_lib is not None:  # the library's native code lives in a worker: build the executor there
@@ -128,8 +128,8 @@ def _time_evaluator(sess: Session, mod, name: str, device_type: int, device_id: 
 
     The loop is ``rpcsrv.native.measure.time_evaluator``; for a module in a native worker it runs in
     the worker, so the timings hold no IPC."""
-    from .native.measure import PREPROC, time_evaluator
-    from .native.proxy import WorkerFunction
+    from ..native.measure import PREPROC, time_evaluator
+    from ..native.proxy import WorkerFunction
 
     if mod is None:
         target = sess.registry.get(name, sess)
@@ -159,7 +159,7 @@ def _time_evaluator(sess: Session, mod, name: str, device_type: int, device_id: 
 
 @reg("cache_flush_cpu_non_first_arg", blocking=True)
 def _cache_flush(sess: Session, *args) -> None:
-    from .native.measure import cache_flush_cpu_non_first_arg
+    from ..native.measure import cache_flush_cpu_non_first_arg
 
     cache_flush_cpu_non_first_arg(*args)
 
@@ -167,7 +167,7 @@ def _cache_flush(sess: Session, *args) -> None:
 @reg("tvm.contrib.random.random_fill_for_measure", blocking=True)
 def _random_fill_for_measure(sess: Session, arr) -> None:
     """What MetaSchedule's runner fills its arguments with (TVM's random engine: uniform [1, 10))."""
-    from .native.measure import random_fill_for_measure
+    from ..native.measure import random_fill_for_measure
 
     random_fill_for_measure(arr)
 

@@ -24,7 +24,7 @@ class Workspace:
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
-        self.account = account  # a rpcsrv.accounts.MemoryAccount, or None
+        self.account = account  # a rpcsrv.board.accounts.MemoryAccount, or None
         self._charged: dict[Path, int] = {}  # bytes charged per file written through this workspace
         self._resolved: dict[str, Path] = {}  # nothing here creates symlinks, so results stay valid
 

@@ -2,8 +2,8 @@
 
 A session is the server side of one connection.  It turns protocol events into :class:`Answer` values
 (a value, an error, or the bytes of a copy); the server encodes them in the connection's dialect.
-What the client can name lives in the session's :class:`~rpcsrv.handles.HandleTable`, and every byte
-the client makes the server hold is charged to the session's :class:`~rpcsrv.accounts.MemoryAccount`
+What the client can name lives in the session's :class:`~rpcsrv.board.handles.HandleTable`, and every byte
+the client makes the server hold is charged to the session's :class:`~rpcsrv.board.accounts.MemoryAccount`
 (a child of the server-wide one) before it is allocated.
 
 Every error a request causes becomes an RPC exception with a message; the session goes on.  Heavy
@@ -22,22 +22,22 @@ import numpy as np
 import trio
 
 from .accounts import BudgetError, MemoryAccount, RPCUserError
-from .executor.memory import ALLOCATION_HOOK
-from .executor.runtime import RuntimeModule
+from ..executor.memory import ALLOCATION_HOOK
+from ..executor.runtime import RuntimeModule
 from .handles import HandleTable, NDArrayRef, PackedFunction
 from .limits import Limits
-from .native.host import NativeSession
-from .protocol import (BadPacket, CallFunc, CallFuncEnd, CallFuncStart, Connection, CopyFromRemote,
+from ..native.host import NativeSession
+from ..protocol import (BadPacket, CallFunc, CallFuncEnd, CallFuncStart, Connection, CopyFromRemote,
                        CopyToRemote, DataType, Device,
                        Dialect, FunctionHandle, InitServer, ModuleHandle,
                        ObjectHandle, OpaqueHandle, RemoteTensor, Syscall, TensorHeader)
-from .protocol.codes import PROTOCOL_VERSION
-from .protocol.dtypes import HOST_DEVICE_TYPES, DLDataTypeCode
+from ..protocol.codes import PROTOCOL_VERSION
+from ..protocol.dtypes import HOST_DEVICE_TYPES, DLDataTypeCode
 from .streaming import StreamedCall
 from .syscalls import SyscallsMixin
 from .workspace import Workspace
 
-log = logging.getLogger("rpcsrv.session")
+log = logging.getLogger("rpcsrv.board.session")
 
 __all__ = ["Answer", "BudgetError", "CopyData", "Failed", "Limits", "NDArrayRef", "PackedFunction",
            "RPCUserError", "Returned", "Session"]

@@ -4,7 +4,7 @@ connects out and waits there for clients.
 One connection waits at the proxy at a time (the proxy refuses a second board under the same key
 with ``RPC_CODE_DUPLICATE``).  When the proxy pairs it with a client it answers with the client's key
 (see :mod:`rpcsrv.protocol.tracker`), which reads exactly like a client's handshake, so the
-connection is handed to the ordinary :func:`rpcsrv.server.serve_connection` (told not to answer the
+connection is handed to the ordinary :func:`rpcsrv.board.server.serve_connection` (told not to answer the
 handshake again) and a new connection goes to wait at the proxy.  Errors reconnect with backoff.
 """
 
@@ -15,8 +15,8 @@ import socket
 
 import trio
 
-from .protocol import tracker as tp
-from .server import ServerConfig, serve_connection
+from ..protocol import tracker as tp
+from ..board.server import ServerConfig, serve_connection
 
 log = logging.getLogger("rpcsrv.proxy")
 

@@ -23,7 +23,7 @@ from typing import Optional
 
 import trio
 
-from .protocol import tracker as tp
+from ..protocol import tracker as tp
 
 log = logging.getLogger("rpcsrv.tracker")
 

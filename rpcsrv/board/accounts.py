@@ -8,8 +8,8 @@ is charged, and where (tests in ``tests/server/test_budgets.py`` name each path)
 * arrays returned to the client (NDArray handles): ``Session.export_array``;
 * executor storage sized from a client's graph JSON, and Relax VM storage: the allocation hook of
   :mod:`rpcsrv.executor.memory`, which the session sets around its worker-thread calls;
-* workspace files (uploads, written files): :class:`rpcsrv.workspace.Workspace`;
-* handle table entries: a fixed cost per entry (:data:`HANDLE_COST`) in :class:`rpcsrv.handles.HandleTable`;
+* workspace files (uploads, written files): :class:`rpcsrv.board.workspace.Workspace`;
+* handle table entries: a fixed cost per entry (:data:`HANDLE_COST`) in :class:`rpcsrv.board.handles.HandleTable`;
 * native workers (``--native isolated``): a fixed cost per worker process, and what the worker holds
   for the session (its executors' storage, ...), checked in the worker against the room the session
   sends with each request and charged here after it (:mod:`rpcsrv.native.budget`).

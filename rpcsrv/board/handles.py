@@ -7,7 +7,7 @@ foreign handle is an error answer, never a crash.  Two kinds share one numbering
 * object handles name functions, modules and NDArrays handed to the client.
 
 The table is bounded (``max_handles``) and each entry is charged to the session's memory account
-(:data:`rpcsrv.accounts.HANDLE_COST`), so a client cannot grow it without limit.  A global function
+(:data:`rpcsrv.board.accounts.HANDLE_COST`), so a client cannot grow it without limit.  A global function
 asked for twice gets the same handle, counted: it stays valid until freed as many times.
 """
 

@@ -1,7 +1,7 @@
 """The session's syscalls (``rpc_endpoint.cc``'s EventHandler, ``rpc_device_api.cc``): global
 function lookup, handle freeing, the host device API (alloc, free, attributes, streams) and tensor
-copies.  Mixed into :class:`rpcsrv.session.Session`, whose handle table, memory account and views
-these use; every failure is an :class:`~rpcsrv.accounts.RPCUserError` the session answers.
+copies.  Mixed into :class:`rpcsrv.board.session.Session`, whose handle table, memory account and views
+these use; every failure is an :class:`~rpcsrv.board.accounts.RPCUserError` the session answers.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import numpy as np
 
 from .accounts import RPCUserError
 from .handles import NDArrayRef, PackedFunction
-from .protocol import (CopyFromRemote, CopyToRemote, Device, DeviceAttrKind, Handle, OpaqueHandle, RPCCode,
+from ..protocol import (CopyFromRemote, CopyToRemote, Device, DeviceAttrKind, Handle, OpaqueHandle, RPCCode,
                        Syscall, TensorHeader)
-from .protocol.dtypes import HOST_DEVICE_TYPES
+from ..protocol.dtypes import HOST_DEVICE_TYPES
 
 
 class SyscallsMixin:

@@ -22,9 +22,9 @@ from typing import Optional
 import trio
 
 from .registration import TrackerRegistration
-from .server import ServerConfig, serve
+from ..board.server import ServerConfig, serve
 
-log = logging.getLogger("rpcsrv.board")
+log = logging.getLogger("rpcsrv.farm.run")
 
 
 @dataclass

@@ -4,7 +4,7 @@ Every limit is a ``rpcsrv serve`` flag; the defaults (and their reasons, repeate
 
 * ``max_memory`` 4 GiB per session: device arrays, returned arrays, executor storage, workspace
   files, handle entries and the native worker with what it holds, together (see
-  :mod:`rpcsrv.accounts`); a ResNet-50 session needs ~0.3 GiB.
+  :mod:`rpcsrv.board.accounts`); a ResNet-50 session needs ~0.3 GiB.
 * ``max_total_memory``: half of physical memory for all sessions together, so the system, the server
   itself and the page cache keep the rest; 16 sessions of 4 GiB on a 2 GiB board are refused.
 * ``max_workspace`` 4 GiB per session: files in the session's workspace (also charged to memory).
@@ -28,8 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .accounts import default_total_memory
-from .protocol.codec import MAX_NDIM
-from .protocol.connection import DEFAULT_MAX_PACKET
+from ..protocol.codec import MAX_NDIM
+from ..protocol.connection import DEFAULT_MAX_PACKET
 
 
 @dataclass

@@ -18,19 +18,19 @@ from typing import Any, Optional
 import trio
 
 from .accounts import MemoryAccount
-from .executor import compute
-from .farmlog import SessionRecord
+from ..executor import compute
+from .records import SessionRecord
 from .globals import REGISTRY, Registry
 from .limits import Limits
-from .protocol import (CallFuncChunk, CallFuncStart, Connection, ConnectionClosed,
+from ..protocol import (CallFuncChunk, CallFuncStart, Connection, ConnectionClosed,
                        CopyToRemoteStart, Dialect,
                        HandshakeRequest, Role, Shutdown, pack_return)
-from .native.host import NativeSession
+from ..native.host import NativeSession
 from .session import INIT_DONE, Answer, CopyData, Failed, Returned, Session
 from .transport import IdleTimeout, Transport
 from .workspace import Workspace
 
-log = logging.getLogger("rpcsrv.server")
+log = logging.getLogger("rpcsrv.board.server")
 
 HANDSHAKE_TIMEOUT = 30.0
 
@@ -45,7 +45,7 @@ class ServerConfig:
     dialect: Optional[Dialect] = None  # None: detect per connection
     limits: Limits = field(default_factory=Limits)
     registry: Registry = field(default_factory=lambda: REGISTRY)
-    # deployment hooks (rpcsrv/registration.py, rpcsrv/cli.py): a tracker registration admits only its
+    # deployment hooks (rpcsrv/farm/registration.py, rpcsrv/cli.py): a tracker registration admits only its
     # match keys; ``draining`` + ``sessions`` let SIGTERM close running sessions with a message
     gate: Optional[Any] = None
     draining: bool = False
