@@ -181,6 +181,7 @@ def layer_norm(node, a: Attrs, shapes) -> Prepared:
         g = g if scale else np.ones_like(g)
         beta = beta if center else np.zeros_like(beta)
         y = KERNELS["layer_normalization"](np.moveaxis(x, axis, -1), g, beta, axis=-1, epsilon=eps)
+        y = y[0] if isinstance(y, tuple) else y  # ONNX's LayerNormalization also gives mean and 1/std
         return np.moveaxis(y, -1, axis)
 
     return Prepared(run)

@@ -28,7 +28,7 @@ from .table import lookup
 
 def _describe(graph: JSONGraph, nid: int) -> str:
     node = graph.nodes[nid]
-    return f"node {nid} ({node.name!r})" if node.op == "kernel" else f"node {nid} ({node.op} {node.name!r})"
+    return f"node {nid}" if node.op == "kernel" else f"node {nid} ({node.op} {node.name!r})"
 
 
 def _np_dtype(text: str, where: str) -> np.dtype:
@@ -169,8 +169,8 @@ class JSONRuntime(RuntimeModule):
                 raise ExecutorError(f"{step.where} op {step.node.name!r} failed: {type(exc).__name__}: {exc}") from exc
             results = result if isinstance(result, tuple) else (result,)
             if len(results) != len(step.outputs):
-                raise ExecutorError(f"{step.where}: the op gave {len(results)} output(s), the node declares "
-                                    f"{len(step.outputs)}")
+                raise ExecutorError(f"{step.where} op {step.node.name!r}: the op gave {len(results)} output(s), "
+                                    f"the node declares {len(step.outputs)}")
             for eid, value, (shape, dtype) in zip(step.outputs, results, step.out_types):
                 value = np.asarray(value)
                 if value.shape != shape or value.dtype != dtype:
