@@ -145,8 +145,10 @@ def _attrs(raw: Any, where: str) -> tuple[list, list[str], dict[str, list[str]],
             dtypes = _strings(_wrapped(value, where, key), where, "dtype")
             for d in dtypes:
                 try:
-                    DataType.parse(d)
+                    ok = DataType.parse(d).bits in (1, 4, 8, 16, 32, 64, 128)
                 except ValueError:
+                    ok = False
+                if not ok:
                     _fail(where, f"unknown dtype {d!r}")
         else:
             attrs[key] = _strings(_wrapped(value, where, key), where, f"attribute {key!r}")

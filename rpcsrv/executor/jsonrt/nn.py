@@ -66,13 +66,14 @@ def _layouts(a: Attrs, rank: int, key: str = "data_layout"):
     if not 1 <= k <= 3:
         raise OpError(f"data of rank {rank} is not supported (1 to 3 spatial axes)")
     data = a.str(key, "NC" + "DHW"[3 - k:])
+    first = to_first(data)
     if len(data) != rank:
         raise OpError(f"{key} {data!r} does not fit data of rank {rank}")
     out = a.str("out_layout", data)
     back = inverse(to_first(out, "out"))
     if sorted(out) != sorted(data):
         raise OpError(f"out_layout {out!r} has other axes than {key} {data!r}")
-    return data, to_first(data), back, k
+    return data, first, back, k
 
 
 def conv(node, a: Attrs, shapes, *, bias: Optional[bool] = None, sum_input: bool = False,
