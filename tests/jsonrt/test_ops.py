@@ -236,3 +236,44 @@ def test_layer_norm_like_a_transformer_block():
     (out,) = run_graph(g, [ln], [x], {"g": gamma, "b": beta})
     mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
     close(out, (x - mu) / np.sqrt(var + 1e-5) * gamma + beta)
+
+
+def test_deconv_conv1d_and_instance_norm():
+    x, w, b = rand(1, 4, 5, 5), rand(4, 3, 3, 3), rand(3)  # conv2d_transpose weights: IOHW
+    s, sw = rand(2, 3, 9), rand(5, 3, 3)
+    x3, gamma, beta = rand(2, 3, 4, 4), rand(3), rand(3)
+    g = GraphBuilder()
+    xi, si, x3i = g.input("x", x.shape), g.input("s", s.shape), g.input("x3", x3.shape)
+    y = g.kernel("dnnl.deconv2d_bias", [xi, g.const("w", w.shape), g.const("b", b.shape)], (1, 3, 10, 10),
+                 strides=[2, 2], padding=[1, 1, 1, 1], dilation=[1, 1], groups=1, output_padding=[1, 1],
+                 data_layout="NCHW", kernel_layout="IOHW", out_layout="", out_dtype="")
+    c1 = g.kernel("nn.conv1d", [si, g.const("sw", sw.shape)], (2, 5, 9), strides=[1], padding=[1, 1], dilation=[1],
+                  groups=1, data_layout="NCW", kernel_layout="OIW", out_layout="", out_dtype="")
+    inorm = g.kernel("nn.instance_norm", [x3i, g.const("g", (3,)), g.const("be", (3,))], x3.shape, axis=1,
+                     epsilon=1e-5, center=1, scale=1)
+    outs = run_graph(g, [y, c1, inorm], [x, s, x3], {"w": w, "b": b, "sw": sw, "g": gamma, "be": beta},
+                     type_key="dnnl_json")
+    close(outs[0], onnx_ref("ConvTranspose", [x, w, b], strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1]))
+    close(outs[1], onnx_ref("Conv", [s, sw], pads=[1, 1]))
+    close(outs[2], onnx_ref("InstanceNormalization", [x3, gamma, beta], epsilon=1e-5))
+
+
+def test_tensorrt_pad_split_layout_transform_adaptive_pool():
+    x = rand(1, 4, 6, 6)
+    g = GraphBuilder()
+    xi = g.input("x", x.shape)
+    pad = g.kernel("tensorrt.nn.pad", [xi], (1, 4, 9, 8), padding=[1, 2, 2, 0], pad_mode="constant")
+    sp = g.kernel("tensorrt.split", [xi], (1, 1, 6, 6), indices_or_sections=[1, 3], mode="indices", axis=1)
+    node = g.nodes[sp.node]
+    node.shapes += [(1, 2, 6, 6), (1, 1, 6, 6)]
+    node.dtypes += ["float32", "float32"]
+    lt = g.kernel("layout_transform", [xi], (1, 6, 6, 4), src_layout="NCHW", dst_layout="NHWC")
+    ap = g.kernel("tensorrt.nn.adaptive_avg_pool2d", [xi], (1, 4, 2, 3), output_size=[2, 3], layout="NCHW",
+                  out_layout="")
+    third = type(sp)(sp.node, 2)
+    outs = run_graph(g, [pad, type(sp)(sp.node, 1), third, lt, ap], [x], type_key="tensorrt")
+    close(outs[0], np.pad(x, [(0, 0), (0, 0), (1, 2), (2, 0)]))
+    close(outs[1], x[:, 1:3])
+    close(outs[2], x[:, 3:])
+    close(outs[3], x.transpose(0, 2, 3, 1))
+    close(outs[4], x.reshape(1, 4, 2, 3, 3, 2).mean(axis=(3, 5)))
