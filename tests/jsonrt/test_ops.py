@@ -277,3 +277,18 @@ def test_tensorrt_pad_split_layout_transform_adaptive_pool():
     close(outs[2], x[:, 3:])
     close(outs[3], x.transpose(0, 2, 3, 1))
     close(outs[4], x.reshape(1, 4, 2, 3, 3, 2).mean(axis=(3, 5)))
+
+
+def test_strided_slice_forms():
+    x = rand(4, 6)
+    g = GraphBuilder()
+    xi = g.input("x", x.shape)
+    rev = g.kernel("strided_slice", [xi], (4, 3), begin=[0, -1], end=[4, -7], strides=[1, -2], axes="",
+                   slice_mode="end")
+    size = g.kernel("strided_slice", [xi], (2, 5), begin=[1, 1], end=[2, -1], strides=[1], axes="",
+                    slice_mode="size")
+    trt = g.kernel("tensorrt.strided_slice", [xi], (2, 2), start=[1, 0], size=[2, 2], strides=[2, 3])
+    outs = run_graph(g, [rev, size, trt], [x], type_key="tensorrt")
+    close(outs[0], x[:, ::-2])
+    close(outs[1], x[1:3, 1:])
+    close(outs[2], x[1::2, ::3][:2, :2])

@@ -82,6 +82,14 @@ class JSONRuntime(RuntimeModule):
                 self.entry_types[graph.node_row_ptr[nid] + i] = (tuple(s), _np_dtype(d, where))
         self.input_eids = [graph.entry_id(e) for e in graph.input_entries]
         self.output_eids = [graph.entry_id(h) for h in graph.heads]
+        # an intermediate is dropped after the last step that reads it, so memory stays near the live set
+        last_use = {eid: k for k, step in enumerate(self.steps) for eid in step.inputs}
+        kept = set(self.output_eids)
+        self.drops: list[list[int]] = [[] for _ in self.steps]
+        for k, step in enumerate(self.steps):
+            for eid in step.outputs:
+                if eid not in kept:
+                    self.drops[last_use.get(eid, k)].append(eid)
         self.const_eids = {graph.nodes[n].name: graph.node_row_ptr[n] for n in graph.const_nodes}
         self.constants: dict[int, np.ndarray] = {}
         # weights in a kernel's layout: (step index, input position) -> array, made once per constant
@@ -177,6 +185,8 @@ class JSONRuntime(RuntimeModule):
                     raise ExecutorError(f"{step.where} op {step.node.name!r}: kernel produced {value.dtype} "
                                         f"{list(value.shape)} but the node declares {dtype} {list(shape)}")
                 values[eid] = value
+            for eid in self.drops[k]:
+                del values[eid]
         for out, eid in zip(outs, self.output_eids):
             np.copyto(out, values[eid], casting="no")
 

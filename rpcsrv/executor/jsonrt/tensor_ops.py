@@ -151,10 +151,10 @@ def strided_slice(node, a: Attrs, shapes) -> Prepared:
         mode = a.str("slice_mode", "end")
         index = [slice(None)] * rank
         for k, ax in enumerate(axes):
-            s = step[k] if k < len(step) else step[-1]
-            b = begin[k]
-            e = end[k] if mode == "end" else (shape[ax] if end[k] == -1 else b % shape[ax] + end[k] * s)
-            index[ax] = slice(b, e if -shape[ax] <= e or s > 0 else None, s)
+            if mode == "size":  # end is the slice's length (-1: to the end), strides do not apply
+                index[ax] = slice(begin[k], None if end[k] == -1 else begin[k] % shape[ax] + end[k])
+            else:
+                index[ax] = slice(begin[k], end[k], step[k] if k < len(step) else step[-1])
         index = tuple(index)
     return Prepared(lambda x: np.ascontiguousarray(x[index]))
 
