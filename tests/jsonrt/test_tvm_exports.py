@@ -23,7 +23,7 @@ import pytest
 
 from client.graph_executor import GraphModule as OurGraphModule
 from client.rpc import RPCError, connect
-from conftest import module_server, need_module
+from conftest import SHARED, module_server, need_module
 from jsonrt_helpers import EXPORTS, FIXTURES
 from rpcsrv.protocol import Dialect
 
@@ -35,6 +35,10 @@ def test_every_fixture_is_copied():
     for name in FIXTURES:
         for suffix in ("_inputs.npz", "_expect.npz", ".expect.json"):
             assert (EXPORTS / f"{name}{suffix}").exists()
+    shared = SHARED / "tvm-exports"
+    if shared.is_dir():  # the copy is the shared folder's, byte for byte
+        for f in shared.iterdir():
+            assert (EXPORTS / f.name).read_bytes() == f.read_bytes(), f"{f.name} differs from ../shared or is missing"
 
 
 @pytest.fixture(scope="module", params=["isolated", "inprocess"])
