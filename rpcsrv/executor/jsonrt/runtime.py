@@ -53,6 +53,8 @@ class Step:
             self.op = factory(node, Attrs(node), shapes)
         except OpError as exc:
             raise ExecutorError(f"{where} op {node.name!r}: {exc}") from None
+        except Exception as exc:  # attributes no check foresaw: still an answer naming the node
+            raise ExecutorError(f"{where} op {node.name!r}: cannot prepare it: {type(exc).__name__}: {exc}") from None
         self.inputs = [graph.entry_id(e) for e in node.inputs]
         self.outputs = [graph.node_row_ptr[nid] + i for i in range(node.num_outputs)]
         self.out_types = [(tuple(s), _np_dtype(d, where)) for s, d in zip(node.shapes, node.dtypes)]
