@@ -45,11 +45,13 @@ def test_fixture_payloads_round_trip_byte_for_byte():
     assert seen == 9  # one TensorRT module, eight ACL ones
 
 
+@pytest.mark.parametrize("layout", ["classic", "ffi"])
 @pytest.mark.parametrize("key", sorted(JSON_RUNTIME_KEYS))
-def test_built_tree_round_trips(key):
+def test_built_tree_round_trips(key, layout):
+    """Both blob layouts: TVM HEAD's JSONRuntimeBase (``SaveToBytes``) writes the same three fields."""
     g, heads = small()
     mod = json_module(g, heads, type_key=key)
-    tree = parse_blob(build_blob(with_consts(mod, {"ext_0_const_0": np.ones(3, "float32")})))
+    tree = parse_blob(build_blob(with_consts(mod, {"ext_0_const_0": np.ones(3, "float32")}), layout))
     back = tree.imports[0]
     assert isinstance(back, JSONRuntimeModule) and back.type_key == key
     assert (back.symbol, back.graph_json, back.const_names) == (mod.symbol, mod.graph_json, mod.const_names)
