@@ -105,9 +105,14 @@ def test_dnnl_sum_and_dense_composites():
     y = g.kernel("dnnl.conv2d_bias_sum_relu", [xi, g.const("w", w.shape), g.const("b", b.shape), ri],
                  (1, 4, 5, 5), **_conv_attrs(padding=(0, 0, 0, 0)))
     z = g.kernel("dnnl.dense_bias_sum", [di, g.const("dw", dw.shape), g.const("db", db.shape), dri], (3, 2))
-    gl = g.kernel("dnnl.dense_bias_gelu", [di, g.const("dw2", dw.shape), g.const("db2", db.shape)], (3, 2))
+    # DNNL's gelu pattern: x * (erf(x / c1) + c2) * c3; its wildcard constants are composite arguments
+    gelu_consts = [g.const(n, ()) for n in ("c1", "c2", "c3")]
+    gl = g.kernel("dnnl.dense_bias_gelu", [di, g.const("dw2", dw.shape), g.const("db2", db.shape), *gelu_consts],
+                  (3, 2))
+    c = {"c1": np.float32(np.sqrt(2)), "c2": np.float32(1), "c3": np.float32(0.5)}
     out, dense_out, gelu_out = run_graph(g, [y, z, gl], [x, res, d, dres],
-                                         {"w": w, "b": b, "dw": dw, "db": db, "dw2": dw, "db2": db},
+                                         {"w": w, "b": b, "dw": dw, "db": db, "dw2": dw, "db2": db,
+                                          **{k: np.asarray(v) for k, v in c.items()}},
                                          type_key="dnnl_json")
     close(out, np.maximum(onnx_ref("Conv", [x, w, b]) + res, 0))
     close(dense_out, d @ dw.T + db + dres)
@@ -292,3 +297,17 @@ def test_strided_slice_forms():
     close(outs[0], x[:, ::-2])
     close(outs[1], x[1:3, 1:])
     close(outs[2], x[1::2, ::3][:2, :2])
+
+
+def test_bnns_composites():
+    x, w, b = rand(1, 3, 5, 5), rand(4, 3, 3, 3), rand(4)
+    d, dw, db = rand(2, 6), rand(3, 6), rand(3)
+    g = GraphBuilder()
+    xi, di = g.input("x", x.shape), g.input("d", d.shape)
+    y = g.kernel("bnns.conv2d_bias_sigmoid", [xi, g.const("w", w.shape), g.const("b", (4,))], (1, 4, 5, 5),
+                 **_conv_attrs())
+    z = g.kernel("bnns.dense_bias_gelu", [di, g.const("dw", dw.shape), g.const("db", (3,))], (2, 3), units=3)
+    conv_out, gelu_out = run_graph(g, [y, z], [x, d], {"w": w, "b": b, "dw": dw, "db": db}, type_key="bnns_json")
+    close(conv_out, 1 / (1 + np.exp(-onnx_ref("Conv", [x, w, b], pads=[1, 1, 1, 1]))))
+    pre = d @ dw.T + db  # BNNS's pattern: the tanh approximation of gelu
+    close(gelu_out, 0.5 * pre * (1 + np.tanh(np.sqrt(2 / np.pi) * (pre + 0.044715 * pre ** 3))))

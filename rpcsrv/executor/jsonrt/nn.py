@@ -37,6 +37,10 @@ def _gelu(y):
     return KERNELS["gelu"](y)
 
 
+def _gelu_tanh(y):
+    return KERNELS["gelu"](y, approximate="tanh")
+
+
 #: fused activations by name: ``factory(attrs) -> function of the result``
 ACTIVATIONS: dict[str, Callable[[Attrs], Callable[[np.ndarray], np.ndarray]]] = {
     "relu": lambda a: KERNELS["relu"],
@@ -45,7 +49,8 @@ ACTIVATIONS: dict[str, Callable[[Attrs], Callable[[np.ndarray], np.ndarray]]] = 
         a.float("a_min"), a.float("a_max")),
     "tanh": lambda a: KERNELS["tanh"],
     "sigmoid": lambda a: KERNELS["sigmoid"],
-    "gelu": lambda a: _gelu,
+    "gelu": lambda a: _gelu,  # DNNL's gelu_erf
+    "gelu_tanh": lambda a: _gelu_tanh,  # BNNS's dense_bias_gelu pattern: the tanh approximation
     "swish": lambda a: lambda y: KERNELS["swish"](y),
     "mish": lambda a: KERNELS["mish"],
 }
@@ -77,8 +82,9 @@ def _layouts(a: Attrs, rank: int, key: str = "data_layout"):
 
 
 def conv(node, a: Attrs, shapes, *, bias: Optional[bool] = None, sum_input: bool = False,
-         act: Optional[str] = None, transpose: bool = False) -> Prepared:
-    """nn.conv{1,2,3}d / nn.depthwise_conv2d / nn.conv2d_transpose and their composites."""
+         act: Optional[str] = None, transpose: bool = False, ignore: int = 0) -> Prepared:
+    """nn.conv{1,2,3}d / nn.depthwise_conv2d / nn.conv2d_transpose and their composites (``ignore``:
+    trailing inputs the composite carries but does not need, DNNL's gelu and mish constants)."""
     data, xperm, back, k = _layouts(a, len(shapes[0]))
     spatial_axes = "".join(c for c in data if c not in "NC")
     order = "IO" if transpose else "OI"
@@ -89,11 +95,11 @@ def conv(node, a: Attrs, shapes, *, bias: Optional[bool] = None, sum_input: bool
     pads = spatial_pads(a.ints("padding", [0]), k)
     a.out_dtype()
     bn = a.raw("batchnorm", None)  # CLML: axis, epsilon, center, scale
-    extra = len(node.inputs) - 2 - (4 if bn else 0) - int(sum_input)
+    extra = len(node.inputs) - 2 - (4 if bn else 0) - int(sum_input) - ignore
     if bias is None:
         bias = extra == 1
     if extra != int(bias):
-        raise OpError(f"takes {2 + int(bias) + (4 if bn else 0) + int(sum_input)} inputs here "
+        raise OpError(f"takes {2 + int(bias) + (4 if bn else 0) + int(sum_input) + ignore} inputs here "
                       f"(data, weight{', bias' if bias else ''}{', 4 batch-norm' if bn else ''}"
                       f"{', sum' if sum_input else ''}), got {len(node.inputs)}")
     post = activation(a, act)
@@ -103,6 +109,7 @@ def conv(node, a: Attrs, shapes, *, bias: Optional[bool] = None, sum_input: bool
     kernel_fn = KERNELS["conv_transpose" if transpose else "conv"]
 
     def run(x, w, *rest):
+        rest = rest[:len(rest) - ignore]
         b = rest[0].reshape(-1) if bias else None
         y = kernel_fn(permute(x, xperm), w, b, group=groups, pads=pads, strides=strides,
                       dilations=dilations, **({"activation": "relu"} if fuse else extra_attrs))
@@ -118,17 +125,18 @@ def conv(node, a: Attrs, shapes, *, bias: Optional[bool] = None, sum_input: bool
 
 
 def dense(node, a: Attrs, shapes, *, bias: Optional[bool] = None, sum_input: bool = False,
-          act: Optional[str] = None) -> Prepared:
+          act: Optional[str] = None, ignore: int = 0) -> Prepared:
     """nn.dense (weight ``(units, in)``) with an optional bias, residual sum and activation."""
     a.out_dtype()
-    extra = len(node.inputs) - 2 - int(sum_input)
+    extra = len(node.inputs) - 2 - int(sum_input) - ignore
     if bias is None:
         bias = extra == 1
     if extra != int(bias):
-        raise OpError(f"takes {2 + int(bias) + int(sum_input)} inputs here, got {len(node.inputs)}")
+        raise OpError(f"takes {2 + int(bias) + int(sum_input) + ignore} inputs here, got {len(node.inputs)}")
     post = activation(a, act)
 
     def run(x, wt, *rest):
+        rest = rest[:len(rest) - ignore]
         y = KERNELS["matmul"](x, wt, rest[0].reshape(-1) if bias else None)
         if sum_input:
             y = KERNELS["add"](y, rest[-1])

@@ -68,6 +68,7 @@ OPS: dict[str, Factory] = {
 }
 
 _ACTS = ("relu", "tanh", "sigmoid", "clip", "gelu", "swish", "mish")
+_DNNL_IGNORED = {"gelu": 3, "mish": 1}
 
 
 def _dnnl_composites() -> dict[str, Factory]:
@@ -82,7 +83,8 @@ def _dnnl_composites() -> dict[str, Factory]:
             for act in (*_ACTS, None):
                 if bias or act:
                     name = f"dnnl.{base}{'_bias' if bias else ''}{'_' + act if act else ''}"
-                    table[name] = partial(factory, bias=bias, act=act)
+                    # the gelu and mish patterns' constants are composite arguments DNNL does not read
+                    table[name] = partial(factory, bias=bias, act=act, ignore=_DNNL_IGNORED.get(act, 0))
     table["dnnl.conv2d_bias_sum"] = partial(nn.conv, bias=True, sum_input=True)
     table["dnnl.conv2d_bias_sum_relu"] = partial(nn.conv, bias=True, sum_input=True, act="relu")
     table["dnnl.dense_bias_sum"] = partial(nn.dense, bias=True, sum_input=True)
@@ -97,7 +99,7 @@ COMPOSITES: dict[str, Factory] = {
     "bnns.conv2d_bias_sigmoid": partial(nn.conv, bias=True, act="sigmoid"),
     "bnns.conv2d_bias": partial(nn.conv, bias=True),
     "bnns.dense_bias": partial(nn.dense, bias=True),
-    "bnns.dense_bias_gelu": partial(nn.dense, bias=True, act="gelu"),
+    "bnns.dense_bias_gelu": partial(nn.dense, bias=True, act="gelu_tanh"),
     # ACL's pattern names, as the plain JSON serializer would keep them (ACL's own writes nn.*)
     "arm_compute_lib.conv2d": nn.conv,
     "arm_compute_lib.dense": nn.dense,
