@@ -311,3 +311,24 @@ def test_bnns_composites():
     close(conv_out, 1 / (1 + np.exp(-onnx_ref("Conv", [x, w, b], pads=[1, 1, 1, 1]))))
     pre = d @ dw.T + db  # BNNS's pattern: the tanh approximation of gelu
     close(gelu_out, 0.5 * pre * (1 + np.tanh(np.sqrt(2 / np.pi) * (pre + 0.044715 * pre ** 3))))
+
+
+def test_clml_depth_to_space_and_upsampling():
+    x = rand(1, 8, 3, 4)
+    g = GraphBuilder()
+    xi = g.input("x", x.shape)
+    d2s = g.kernel("nn.depth_to_space", [xi], (1, 2, 6, 8), block_size=2, layout="NCHW", mode="CRD")
+    near = g.kernel("nn.upsampling", [xi], (1, 8, 6, 12), scale_h=2, scale_w=3, layout="NCHW",
+                    method="nearest_neighbor", align_corners=0)
+    lin = g.kernel("nn.upsampling", [xi], (1, 8, 6, 8), scale_h=2, scale_w=2, layout="NCHW", method="bilinear",
+                   align_corners=1)
+    outs = run_graph(g, [d2s, near, lin], [x], type_key="clml")
+    close(outs[0], onnx_ref("DepthToSpace", [x], blocksize=2, mode="CRD"))
+    close(outs[1], x.repeat(2, axis=2).repeat(3, axis=3))
+    h = np.linspace(0, 2, 6)  # align_corners: the corners map onto each other
+    w = np.linspace(0, 3, 8)
+    h0, w0 = np.minimum(h.astype(int), 1), np.minimum(w.astype(int), 2)
+    fh, fw = (h - h0)[:, None], (w - w0)[None, :]
+    ref = (x[..., h0, :][..., w0] * (1 - fh) * (1 - fw) + x[..., h0 + 1, :][..., w0] * fh * (1 - fw)
+           + x[..., h0, :][..., w0 + 1] * (1 - fh) * fw + x[..., h0 + 1, :][..., w0 + 1] * fh * fw)
+    close(outs[2], ref)

@@ -65,6 +65,8 @@ OPS: dict[str, Factory] = {
     "nn.pad": t.pad,
     "strided_slice": t.strided_slice,
     "split": t.split,
+    "nn.depth_to_space": t.depth_to_space,
+    "nn.upsampling": t.upsampling,
 }
 
 _ACTS = ("relu", "tanh", "sigmoid", "clip", "gelu", "swish", "mish")

@@ -168,3 +168,43 @@ def split(node, a: Attrs, shapes) -> Prepared:
     parts = a.ints("indices_or_sections")
     cut = parts[0] if mode == "sections" and len(parts) == 1 else parts
     return Prepared(lambda x: tuple(np.split(x, cut, axis=axis)))
+
+
+def depth_to_space(node, a: Attrs, shapes) -> Prepared:
+    """nn.depth_to_space (``block_size``, ``layout``, ``mode`` DCR or CRD)."""
+    _arity(node, 1)
+    layout = a.str("layout", "NCHW")
+    perm = to_first(layout)
+    back = None if perm is None else [int(i) for i in np.argsort(perm)]
+    size, mode = a.int("block_size"), a.str("mode", "DCR")
+    if mode not in ("DCR", "CRD") or size < 1:
+        raise OpError(f"block_size {size} / mode {mode!r} not supported (DCR or CRD, size >= 1)")
+
+    def run(x):
+        y = KERNELS["depth_to_space"](x if perm is None else x.transpose(perm), blocksize=size, mode=mode)
+        return y if back is None else np.ascontiguousarray(y.transpose(back))
+
+    return Prepared(run)
+
+
+def upsampling(node, a: Attrs, shapes) -> Prepared:
+    """nn.upsampling: relay resizes with ``asymmetric`` coordinates (``align_corners`` when asked) and,
+    for nearest neighbour, floor rounding (topi ``upsampling`` / ``resize2d``)."""
+    _arity(node, 1)
+    perm = to_first(a.str("layout", "NCHW"))
+    back = None if perm is None else [int(i) for i in np.argsort(perm)]
+    scales = np.array([1, 1, a.float("scale_h"), a.float("scale_w")], "float32")
+    method = a.str("method", "nearest_neighbor")
+    modes = {"nearest_neighbor": "nearest", "bilinear": "linear", "bicubic": "cubic"}
+    if method not in modes:
+        raise OpError(f"method {method!r} is not supported ({', '.join(modes)})")
+    coords = "align_corners" if a.bool("align_corners", False) else "asymmetric"
+    opts = dict(mode=modes[method], coordinate_transformation_mode=coords, nearest_mode="floor")
+    if method == "bicubic":
+        opts["cubic_coeff_a"] = -0.5  # topi's bicubic
+
+    def run(x):
+        y = KERNELS["resize"](x if perm is None else x.transpose(perm), None, scales, **opts)
+        return y if back is None else np.ascontiguousarray(y.transpose(back))
+
+    return Prepared(run)
