@@ -9,6 +9,7 @@ For a user who wants "a binary file with the content that I fully control": what
 * ``graph/<module>.json``, ``graph/<module>.params`` (TVM param dict) and ``graph/<module>.npz``:
   each graph executor factory's graph JSON and params;
 * ``examplejson/<symbol>.txt``: each ExampleJSON subgraph as text;
+* ``jsonrt/<symbol>.json``: each JSON-runtime module's graph JSON (``tensorrt``, ``arm_compute_lib``, ...);
 * ``constants/<n>.npz`` and the symbol -> constant names list in the manifest: const loader arrays;
 * ``host_symbols.txt``: the host library's function symbols, one per line;
 * ``manifest.json``: the library (container, layout, arch), the module tree (type key, imports,
@@ -32,6 +33,7 @@ from .loader import (
     save_param_dict,
 )
 from .loader.blob import ClassicBlob, FfiBlob
+from .loader.jsonrt import JSONRuntimeModule
 from .loader.containers import find_blob
 from .loader.modules import IMPORT_TREE_KEY, LIB_KEY
 
@@ -158,6 +160,10 @@ def extract_library(path: str, out_dir: str, only: str | None = None) -> dict:
         elif isinstance(m, ConstLoaderModule):
             entry["constants"] = w.npz(f"constants/{i:02d}.npz", m.arrays, "const loader arrays by name")
             entry["const_vars_by_symbol"] = {k: list(v) for k, v in m.const_vars_by_symbol.items()}
+        elif isinstance(m, JSONRuntimeModule):  # TVM's JSON-runtime BYOC kinds (tensorrt, ...)
+            entry["symbol"], entry["const_names"] = m.symbol, list(m.const_names)
+            entry["graph_json"] = w.write(f"jsonrt/{_safe(m.symbol)}.json", m.graph_json,
+                                          f"{m.type_key} graph JSON of function {m.symbol!r}", symbol=m.symbol)
         elif isinstance(m, HostLibraryModule) and not any(f["path"] == "host_symbols.txt" for f in w.files):
             w.write("host_symbols.txt", "".join(f"{s}\n" for s in lib.symbols),
                     "function symbols of the host library, one per line")

@@ -20,6 +20,7 @@ ConstLoaderModule           ``ConstLoaderRuntime`` (binds constants into its imp
 HostLibraryModule           ``options.host_library(node, imports)``: native functions by symbol
                             (``rpcsrv.native``), or by default ``HostLibraryRuntime``, which
                             lists the symbols and refuses to run them
+JSONRuntimeModule           ``JSONRuntime`` (``jsonrt/``: TensorRT, ACL, DNNL, ... graphs on numpy)
 UnknownModule (any other)   ``OpaqueRuntime`` (kept in the tree, exports nothing)
 ==========================  =================================================================
 
@@ -135,6 +136,10 @@ def _bind_constants(modules: list[RuntimeModule]) -> None:
                     raise ExecutorError(f"ExampleJSON subgraph {symbol!r}: constant(s) "
                                         f"{', '.join(map(repr, missing))} not found in a const loader "
                                         f"module or the graph params")
+    for mod in modules:  # JSON-runtime modules (jsonrt/): their constants come from a const loader only
+        if isinstance(mod, JSONRuntime) and mod.unbound():
+            raise ExecutorError(f"{mod.head}: constant(s) {', '.join(map(repr, mod.unbound()))} not found "
+                                "in a const loader module")
 
 
 def load_module(path: str, options: BuildOptions | None = None) -> RuntimeModule:
@@ -148,3 +153,8 @@ from ..loader.vm_executable import VMExecutableModule  # noqa: E402  (the Relax 
 from .vm.loading import vm_executable_runtime  # noqa: E402
 
 register_runtime(VMExecutableModule, vm_executable_runtime)
+
+from ..loader.jsonrt import JSONRuntimeModule  # noqa: E402  (TVM's JSON-runtime BYOC kinds, issue 23)
+from .jsonrt import JSONRuntime, jsonrt_runtime  # noqa: E402
+
+register_runtime(JSONRuntimeModule, jsonrt_runtime)

@@ -15,6 +15,8 @@ import json
 import numpy as np
 
 from ..protocol.dtypes import dtype_str
+from .jsonrt import JSONRuntimeModule
+from .jsonrt_inspect import format_json_runtime, summarize_json_runtime
 from .library import load_library
 from .vm_executable import VMExecutableModule
 from .vm_text import format_vm, summarize_vm
@@ -103,6 +105,8 @@ def _module_info(mod, index: dict) -> dict:
         info["symbols"] = list(mod.symbols)
     elif isinstance(mod, VMExecutableModule):
         info["vm"] = summarize_vm(mod)
+    elif isinstance(mod, JSONRuntimeModule):
+        info["json_graph"] = summarize_json_runtime(mod)
     elif isinstance(mod, UnknownModule):
         info["payload_bytes"] = len(mod.payload)
         info["note"] = "unknown type key: rpcsrv cannot run this module"
@@ -128,12 +132,14 @@ def inspect_library(source) -> dict:
 def _function_kinds(infos: list[dict], host_symbols: list[str]) -> dict:
     """Each graph ``func_name``: ExampleJSON subgraph, host code (a native symbol), builtin or missing."""
     subgraphs = {sg["name"] for m in infos for sg in m.get("subgraphs", [])}
+    json_functions = {m["json_graph"]["symbol"] for m in infos if "json_graph" in m}
     host = set(host_symbols)
     kinds = {}
     for m in infos:
         for op in m.get("graph", {}).get("ops", []):
             name = op["func_name"]
             kinds[name] = ("ExampleJSON subgraph" if name in subgraphs
+                           else "JSON-runtime function" if name in json_functions
                            else "host code" if name in host or f"__tvm_ffi_{name}" in host
                            else "builtin" if name in ("__nop", "__copy") else "missing")
     return kinds
@@ -194,6 +200,8 @@ def format_inspection(info: dict, disasm: bool = False) -> str:
             out.extend(f"  {s}" for s in m["symbols"])
         elif "vm" in m:
             out.extend(format_vm(head, m["vm"], disasm))
+        elif "json_graph" in m:
+            out.extend(format_json_runtime(head, m["json_graph"]))
         elif "payload_bytes" in m:
             out.append(f"{head}: {m['payload_bytes']} bytes, {m['note']}")
     if info.get("functions"):

@@ -11,6 +11,8 @@ Type keys (TVM's ``type_key()`` / ``kind()``):
 * ``examplejson``: the ExampleJSON text (``docs/examplejson.md``);
 * ``const_loader`` (0.7-0.8: ``metadata``): named constant arrays and which external symbol needs
   which of them;
+* ``tensorrt``, ``arm_compute_lib``, ``dnnl_json``, ``clml``, ``bnns_json``, ``json``: TVM's
+  JSON-runtime BYOC modules (``jsonrt.py``);
 * ``_lib``: placeholder for the host library itself (the shared object the blob sits in); it has
   no payload, its functions are the library's symbols.
 """
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .formats import ConstLoaderPayload, ExampleJSONPayload, GraphExecutorFactoryPayload
+from .jsonrt import PAYLOADS as _JSON_RUNTIME_PAYLOADS
 from .node import ModuleNode, PayloadCodec, walk_imports  # noqa: F401  (declared in the leaf node.py; re-exported)
 from .vm_executable import PAYLOAD as _VM_EXECUTABLE
 
@@ -115,6 +118,7 @@ PAYLOADS: dict[str, PayloadCodec] = {
 }
 
 PAYLOADS["relax.VMExecutable"] = _VM_EXECUTABLE
+PAYLOADS.update(_JSON_RUNTIME_PAYLOADS)  # TVM's JSON-runtime BYOC kinds (tensorrt, arm_compute_lib, ...): jsonrt.py
 
 
 def require_known(mod: ModuleNode) -> ModuleNode:
