@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from client.graph_executor import GraphModule
-from client.rpc import RPCError, connect
+from rpcsrv.client.graph_executor import GraphModule
+from rpcsrv.client.rpc import RPCError, connect
 from conftest import need_module
 from jsonrt_helpers import json_module, library
 from rpcsrv.loader.jsonrt_graph import GraphBuilder

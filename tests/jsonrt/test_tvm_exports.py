@@ -21,8 +21,8 @@ import sys
 import numpy as np
 import pytest
 
-from client.graph_executor import GraphModule as OurGraphModule
-from client.rpc import RPCError, connect
+from rpcsrv.client.graph_executor import GraphModule as OurGraphModule
+from rpcsrv.client.rpc import RPCError, connect
 from conftest import SHARED, module_server, need_module
 from jsonrt_helpers import EXPORTS, FIXTURES
 from rpcsrv.protocol import Dialect
