@@ -1,6 +1,8 @@
-"""BYOC partitioning, the way TVM's Relay passes do it, on the ONNX graph IR.
+"""BYOC partitioning, the way TVM's Relay passes do it, on the ONNX graph IR, for one codegen
+(``codegens.py``: its op set, its composite patterns, its own refusals; without one, ExampleJSON's).
 
-1. **Merge composites** (TVM's ``MergeComposite``): a pattern table, tried in order, fuses chains
+1. **Merge composites** (TVM's ``MergeComposite``): the codegen's pattern table; ExampleJSON's, below,
+   tried in order, fuses chains
    such as Conv(+Add bias) → Relu (``examplejson.conv2d_bias_relu``), BatchNormalization → Relu
    (``batch_norm_relu``, pre-activation networks), Add or Sum → Relu (``add_relu``, ``sum_relu``:
    residual connections) or MatMul → Add(bias) (``dense_bias``: a Gemm for 2-D operands, else a
@@ -15,7 +17,7 @@
    the regions of its supported producers, unless that would make a cycle (a path leaving the
    region and coming back into it through an op outside it).
 4. **Partition** (``PartitionGraph``): each region becomes a function with an external symbol
-   ``tvmgen_<module>_examplejson_main_<k>``, numbered in execution order; its parameters are the
+   ``tvmgen_<module>_<codegen>_main_<k>``, numbered in execution order; its parameters are the
    tensors it reads from outside (constants stay inside, for the const loader), its results the
    tensors used after it or returned by the model.  With ``host=True`` every op left out becomes a
    host function of its own (``tvmgen_<module>_fused_<kernel>_<k>``, kind ``"host"``), ordered with
@@ -54,7 +56,7 @@ class Op:
 
 @dataclass
 class Function:
-    """One partitioned region: an external function of the ExampleJSON codegen, or (``kind ==
+    """One partitioned region: an external function of the codegen ``kind``, or (``kind ==
     "host"``) one op left on the host CPU, compiled to C by ``hostgen``."""
 
     symbol: str
@@ -73,7 +75,7 @@ class Partition:
     unsupported: list[Op]
 
 
-def _consumers(graph: Graph) -> dict[str, int]:
+def consumers(graph: Graph) -> dict[str, int]:
     uses: dict[str, int] = {}
     for n in graph.nodes:
         for i in n.inputs:
@@ -167,7 +169,7 @@ def merge_composites(graph: Graph, ops: frozenset) -> list[Op]:
 
     (A fused Conv → Add(bias) adds the reshaped bias to ``graph.constants``.)
     """
-    uses = _consumers(graph)
+    uses = consumers(graph)
     consumer_of: dict[str, list[Node]] = {}
     for n in graph.nodes:
         for i in n.inputs:
@@ -345,13 +347,18 @@ def merge_regions(ops: list[Op]) -> list[list[int]]:
     return [list(_bits(mask)) for mask in members.values()]
 
 
-def partition(graph: Graph, ops: frozenset, module_name: str = "default", host: bool = False) -> Partition:
-    """Run the four passes; functions are numbered in execution order (see the module doc for ``host``)."""
+def partition(graph: Graph, ops: frozenset, module_name: str = "default", host: bool = False,
+              codegen=None) -> Partition:
+    """Run the four passes; functions are numbered in execution order (see the module doc for ``host``).
+
+    ``codegen``: a ``codegens.Codegen`` (its composites, its ``check``, its name in the symbols);
+    None: ExampleJSON's pattern table above."""
     from .hostgen import data_inputs
 
-    all_ops = merge_composites(graph, ops)
+    name = codegen.name if codegen is not None else COMPILER
+    all_ops = codegen.merge_composites(graph, ops) if codegen is not None else merge_composites(graph, ops)
     for op in all_ops:
-        op.reason = annotate(op, ops, graph)
+        op.reason = annotate(op, ops, graph) or (codegen.check(op, graph) if codegen is not None else "")
     regions = merge_regions(all_ops)
     host_ops = {j for j, op in enumerate(all_ops) if op.reason} if host else set()
     regions = _execution_order(regions + [[j] for j in sorted(host_ops)], all_ops)
@@ -361,7 +368,7 @@ def partition(graph: Graph, ops: frozenset, module_name: str = "default", host: 
         for t in op.inputs:
             readers.setdefault(t, set()).add(j)
     functions: list[Function] = []
-    counts = {COMPILER: 0, "host": 0}
+    counts = {name: 0, "host": 0}
     for region in regions:
         inside = set(region)
         if region[0] in host_ops:
@@ -385,9 +392,9 @@ def partition(graph: Graph, ops: frozenset, module_name: str = "default", host: 
                 if o and (o in outputs or readers.get(o, set()) - inside)]
         if not outs:
             continue  # dead code: TVM's dead-code pass drops it too
-        symbol = f"tvmgen_{module_name}_{COMPILER}_main_{counts[COMPILER]}"
-        counts[COMPILER] += 1
-        functions.append(Function(symbol, [all_ops[j] for j in region], inputs, outs, consts))
+        symbol = f"tvmgen_{module_name}_{name}_main_{counts[name]}"
+        counts[name] += 1
+        functions.append(Function(symbol, [all_ops[j] for j in region], inputs, outs, consts, name))
     return Partition(functions, [op for op in all_ops if op.reason])
 
 
