@@ -10,7 +10,10 @@ A codegen is the compiler side of an accelerator (TVM's BYOC ``relay.ext.<name>`
   chain of ONNX ops, every one reading the previous one's only output, that becomes one op;
 * ``check(op, graph)``: why one (composite) op cannot go to it, beyond the op set ("" when it can);
 * ``generate(function, graph)``: one partitioned region → an :class:`External`, the loader node of
-  its module (its type key and payload) and the constants a const loader hands it (if any).
+  its module (its type key and payload) and the constants a const loader hands it (if any);
+* ``codec``: the payload codec of its type key (``rpcsrv.loader.node.PayloadCodec``), so that the
+  library can be written where the board plugin is not installed (None: the key's codec must already
+  be known, as ExampleJSON's is).
 
 The partitioner (``partition.py``) annotates, merges regions and partitions with these; whatever the
 codegen refuses goes to the host C (``hostgen``).  ExampleJSON (``codegen.py``) is the built-in one and
@@ -26,7 +29,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from rpcsrv.loader.node import ModuleNode
+from rpcsrv.loader.node import ModuleNode, PayloadCodec
 from rpcsrv.loader.opset import onnx_op_to_kernel
 
 from .errors import CompileError
@@ -74,6 +77,7 @@ class Codegen:
     name: str = ""
     ops: frozenset = frozenset()
     patterns: tuple[Pattern, ...] = ()
+    codec: PayloadCodec | None = None
 
     def merge_composites(self, graph: Graph, ops: frozenset) -> list[Op]:
         """``MergeComposite``: every node once, in execution order; a chain matching a pattern becomes one op."""

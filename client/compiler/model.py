@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rpcsrv.loader import ConstLoaderModule, GraphExecutorFactoryModule, HostLibraryModule, ModuleNode
+from rpcsrv.loader.node import PAYLOADS
 from rpcsrv.loader.opset import OPS, onnx_op_to_kernel
+from rpcsrv.loader.plugins import add_codec
 
 from .codegen import graph_json
 from .codegens import Codegen, get_codegen
@@ -173,8 +175,14 @@ def build(graph: Graph, part: Partition, module_name: str = "default", codegen: 
         if fn.kind == "host":
             continue
         ext = codegen.generate(fn, graph)
-        if ext.node.type_key in ("", "module", "_lib", "_import_tree"):
+        key = ext.node.type_key
+        if key in ("", "module", "_lib", "_import_tree"):
             raise CompileError(f"codegen {codegen.name!r} made a module without a type key of its own for {fn.symbol}")
+        if codegen.codec is not None:
+            add_codec(key, codegen.codec)
+        elif key not in PAYLOADS:
+            raise CompileError(f"codegen {codegen.name!r} made a {key!r} module, whose payload no codec writes "
+                               f"(set the codegen's codec)")
         subgraphs.append(Subgraph(fn.symbol, ext.text, dict(ext.constants), fn.inputs, fn.outputs,
                                   [op.kernel for op in fn.ops], [op.pattern for op in fn.ops if op.pattern],
                                   ext.node))

@@ -100,6 +100,9 @@ def _factory(node: Any) -> RuntimeFactory:
     for cls in type(node).__mro__:
         factory = RUNTIME_KINDS.get(cls)
         if factory is not None:
+            if cls is ModuleNode and type(node).__name__ != "UnknownModule":  # decoded, but nothing runs it
+                raise ExecutorError(f"module of type key {node.type_key!r}: this board has no runtime for it "
+                                    f"(no installed plugin registers it)")
             return factory
     raise ExecutorError(f"{type(node).__name__} is not a module of the loader's tree")
 

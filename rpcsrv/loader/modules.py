@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .examplejson import PLUGIN as _EXAMPLEJSON, ExampleJSONModule  # noqa: F401  (re-exported)
+from .examplejson import PLUGIN as _EXAMPLEJSON
 from .formats import ConstLoaderPayload, GraphExecutorFactoryPayload
 from .node import PAYLOADS, ModuleNode, PayloadCodec, walk_imports  # noqa: F401  (declared in the leaf node.py)
 from .plugins import ModuleKind, RuntimePlugin, install

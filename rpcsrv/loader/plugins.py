@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator, Sequence, Union
 
 from .node import PAYLOADS, ModuleNode, PayloadCodec
 
-__all__ = ["GROUP", "ENV", "KINDS", "ModuleKind", "RuntimePlugin", "PluginError", "install", "kind_of",
+__all__ = ["GROUP", "ENV", "KINDS", "ModuleKind", "RuntimePlugin", "PluginError", "add_codec", "install", "kind_of",
            "load_plugins", "load_plugins_from_env", "report", "isolated"]
 
 #: the entry-point group of board plugins
@@ -131,7 +131,7 @@ def install(plugin: Any, source: str = "built-in") -> None:
             if key in OWNERS:
                 raise PluginError(f"plugin {plugin.name!r} ({source}) registers type key {key!r}, which plugin "
                                   f"{OWNERS[key]!r} ({_STATE.installed[OWNERS[key]]['source']}) already has")
-            if key in PAYLOADS:
+            if key in PAYLOADS and PAYLOADS[key] is not kind.codec:  # (a codegen may have put the codec)
                 raise PluginError(f"plugin {plugin.name!r} ({source}) registers type key {key!r}, which "
                                   f"rpcsrv.loader's PAYLOADS table already has")
     for kind in plugin.kinds:
@@ -141,6 +141,18 @@ def install(plugin: Any, source: str = "built-in") -> None:
             OWNERS[key] = plugin.name
     _STATE.installed[plugin.name] = {"source": source, "type_keys": sorted(seen),
                                      "description": plugin.description}
+
+
+def add_codec(key: str, codec: PayloadCodec) -> None:
+    """Let this process write (and read) payloads of ``key`` without running them: what a codegen needs
+    to export its modules (``rpcsrv.client.compiler``).  The board plugin with the same codec object
+    can still be installed after it; another codec for a taken key is a :class:`PluginError`."""
+    if not isinstance(codec, PayloadCodec):
+        raise PluginError(f"type key {key!r}: codec must be a PayloadCodec")
+    if PAYLOADS.get(key, codec) is not codec:
+        raise PluginError(f"type key {key!r} already has another payload codec"
+                          + (f" (plugin {OWNERS[key]!r})" if key in OWNERS else ""))
+    PAYLOADS[key] = codec
 
 
 def kind_of(node: Any) -> ModuleKind | None:

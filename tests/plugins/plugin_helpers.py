@@ -53,3 +53,27 @@ def reference(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
 
     sess = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return sess.run(None, {"x": x})[0]
+
+
+#: a module of the fake distribution: a plugin that claims the built-in ``examplejson`` type key
+DUP_PLUGIN = '''
+from rpcsrv.loader.examplejson import KIND
+from rpcsrv.loader.plugins import ModuleKind, RuntimePlugin
+
+PLUGIN = RuntimePlugin("dup", (ModuleKind(("examplejson",), KIND.codec, KIND.runtime),))
+'''
+
+
+def fake_site(root) -> str:
+    """A folder to put on ``sys.path`` / ``PYTHONPATH``: an installed distribution ``fake-plugins``
+    whose entry points name the example vendor plugin (its source folder is added too), a plugin
+    that does not import and one that claims a taken type key.  Returns the path list to prepend."""
+    site = root / "site"
+    info = site / "fake_plugins-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-plugins\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[rpcsrv.runtimes]\nbroken = no_such_module_for_rpcsrv:PLUGIN\ndup = fake_dup_plugin:PLUGIN\n"
+        "vendor_npu = vendor_npu.runtime:PLUGIN\n\n[byoc.codegens]\nvendor_npu = vendor_npu.codegen:CODEGEN\n")
+    (site / "fake_dup_plugin.py").write_text(DUP_PLUGIN)
+    return f"{site}:{VENDOR}"

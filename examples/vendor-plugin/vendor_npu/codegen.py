@@ -25,7 +25,7 @@ from rpcsrv.client.compiler.partition import Function, Op
 
 from . import TYPE_KEY
 from .program import ALIGN, MAX_RANK, Program, Payload
-from .runtime import VendorProgramModule
+from .runtime import KIND, VendorProgramModule
 
 #: the board's op name -> this accelerator's opcode
 OPCODE = {"conv": "conv2d", "relu": "relu", "add": "add", "max_pool": "maxpool", "gemm": "dense",
@@ -39,6 +39,7 @@ def _ints(value, n: int, default: int) -> list[int]:
 class VendorNPUCodegen(Codegen):
     name = TYPE_KEY
     ops = frozenset(OPCODE)
+    codec = KIND.codec  # byoc writes the program with the payload declaration the board reads
     patterns = (
         Pattern(f"{TYPE_KEY}.conv2d_relu", ("Conv", "Relu"), attrs={"activation": "relu"}),
         Pattern(f"{TYPE_KEY}.dense_relu", ("Gemm", "Relu"), attrs={"activation": "relu"}),
