@@ -162,8 +162,8 @@ def summarize(node: VendorProgramModule) -> dict:
     return {"vendor_npu": {
         "symbol": p.symbol, "pool_bytes": len(p.pool),
         "tensors": [{"id": k, "kind": str(t.kind), "shape": list(tensor_shape(t))} for k, t in enumerate(p.tensors)],
-        "ops": [{"opcode": str(op.opcode), "relu": bool(op.flags.relu), "inputs": [int(i) for i in op.inputs if i != -1],
-                 "output": int(op.output)} for op in p.ops]}}
+        "ops": [{"opcode": str(op.opcode), "relu": bool(op.flags.relu),
+                 "inputs": [int(i) for i in op.inputs if i != -1], "output": int(op.output)} for op in p.ops]}}
 
 
 def format_lines(head: str, info: dict) -> list[str]:
