@@ -55,7 +55,7 @@ def run_compile(args: argparse.Namespace) -> int:
         print(compiled.summary())
     if args.verbose:
         for sg in compiled.subgraphs:
-            print(f"\n# {compiled.codegen} of {sg.symbol}\n{sg.code}", end="")
+            print(f"\n# {compiled.codegen_title} of {sg.symbol}\n{sg.code}", end="")
         print(f"\n# graph JSON\n{compiled.graph_json}")
     return 0
 

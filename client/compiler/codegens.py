@@ -4,6 +4,7 @@ A codegen is the compiler side of an accelerator (TVM's BYOC ``relay.ext.<name>`
 
 * ``name``: what ``--codegen`` picks, and the middle of its functions' symbols
   (``tvmgen_<module>_<name>_main_<k>``, TVM's spelling);
+* ``title``: how ``byoc`` names it in messages (default: ``name``);
 * ``ops``: its op set, in the board's op vocabulary (``rpcsrv.loader.opset``: ``conv``, ``relu``,
   ``max_pool``, ``gemm`` ...; ``--ops`` can narrow it);
 * ``patterns``: its composite patterns (TVM's ``MergeComposite`` table, tried in order): each a
@@ -75,6 +76,7 @@ class Codegen:
     """Base of a codegen: set ``name``, ``ops`` and ``patterns``; implement ``generate``."""
 
     name: str = ""
+    title: str = ""  # how messages name it (default: ``name``)
     ops: frozenset = frozenset()
     patterns: tuple[Pattern, ...] = ()
     codec: PayloadCodec | None = None

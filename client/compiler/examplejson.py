@@ -64,6 +64,7 @@ class ExampleJSONCodegen(Codegen):
     """ExampleJSON on the board's numpy kernels (the codegen ``byoc compile`` uses by default)."""
 
     name = "examplejson"
+    title = "ExampleJSON"
     ops = frozenset(OPS)
 
     def merge_composites(self, graph: Graph, ops: frozenset) -> list[Op]:

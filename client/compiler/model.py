@@ -56,6 +56,7 @@ class CompiledModel:
     host_code: str = ""  # C source of the host functions (partial offload), compiled into the .so
     host_functions: list[str] = field(default_factory=list)  # their symbols, in execution order
     codegen: str = "examplejson"
+    codegen_title: str = "ExampleJSON"  # how messages name the codegen
 
     def module_tree(self) -> GraphExecutorFactoryModule:
         """TVM's module tree: factory → host library → const loader → the codegen's modules."""
@@ -82,7 +83,7 @@ class CompiledModel:
 
     def summary(self) -> str:
         """Human-readable: the subgraphs, their ops and constants."""
-        lines = [f"{len(self.subgraphs)} {self.codegen} subgraph(s); inputs {', '.join(self.input_names)}; "
+        lines = [f"{len(self.subgraphs)} {self.codegen_title} subgraph(s); inputs {', '.join(self.input_names)}; "
                  f"outputs {', '.join(self.output_names)}"]
         if self.host_functions:
             lines.append(f"{len(self.host_functions)} host function(s) (C, run by the board's CPU): "
@@ -195,7 +196,8 @@ def build(graph: Graph, part: Partition, module_name: str = "default", codegen: 
     text = graph_json(graph, part.functions, params) if complete else ""
     code = host_source([(fn.symbol, fn.ops[0]) for fn in host], graph) if host and complete else ""
     return CompiledModel(text, params, subgraphs, list(graph.inputs), list(graph.outputs),
-                         module_name, graph, code, [fn.symbol for fn in host], codegen.name)
+                         module_name, graph, code, [fn.symbol for fn in host], codegen.name,
+                         codegen.title or codegen.name)
 
 
 def compile_onnx(model_or_path, input_shapes: dict | None = None, ops=None, *,
