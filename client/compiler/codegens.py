@@ -17,7 +17,7 @@ A codegen is the compiler side of an accelerator (TVM's BYOC ``relay.ext.<name>`
   be known, as ExampleJSON's is).
 
 The partitioner (``partition.py``) annotates, merges regions and partitions with these; whatever the
-codegen refuses goes to the host C (``hostgen``).  ExampleJSON (``codegen.py``) is the built-in one and
+codegen refuses goes to the host C (``hostgen``).  ExampleJSON (``examplejson.py``) is the built-in one and
 is found through the same table as the installed ones: the entry-point group ``byoc.codegens``
 (:data:`GROUP`), each naming a :class:`Codegen` instance (or a function returning one).
 """
@@ -35,7 +35,8 @@ from rpcsrv.loader.opset import onnx_op_to_kernel
 
 from .errors import CompileError
 from .onnx_import import ONNX_DOMAINS, Graph, Node
-from .partition import Function, Op, consumers
+from .ops import Op, consumers, single_op
+from .partition import Function
 
 #: the entry-point group of compiler plugins
 GROUP = "byoc.codegens"
@@ -93,11 +94,6 @@ class Codegen:
         raise NotImplementedError(f"codegen {self.name!r} does not implement generate()")
 
 
-def _single(node: Node) -> Op:
-    return Op(node.name, onnx_op_to_kernel(node.op_type), list(node.inputs), list(node.outputs), dict(node.attrs),
-              [node])
-
-
 def match_patterns(graph: Graph, patterns, ops: frozenset) -> list[Op]:
     """The generic ``MergeComposite`` for :class:`Pattern` tables (first match wins, longest tried in
     table order); a chain fuses only when its inner tensors are read by nothing else."""
@@ -127,7 +123,7 @@ def match_patterns(graph: Graph, patterns, ops: frozenset) -> list[Op]:
                     {**node.attrs, **pat.attrs}, chain, pat.name, requires=needs)
             done.update(id(n) for n in chain)
             break
-        result.append(op or _single(node))
+        result.append(op or single_op(node))
     return result
 
 
