@@ -103,6 +103,10 @@ def test_vendor_library_runs_with_its_plugin_and_is_refused_without(site, tmp_pa
     model = cnn_model()
     compiled = compile_onnx(model, codegen="vendor_npu")
     assert [sg.node.type_key for sg in compiled.subgraphs] == ["vendor_npu"]
+    (sg,) = compiled.subgraphs  # the codegen's composite table (MergeComposite) fused each chain
+    assert sg.patterns == ["vendor_npu.conv2d_relu", "vendor_npu.conv2d_relu", "vendor_npu.add_relu",
+                           "vendor_npu.dense_relu"]
+    assert sg.ops == ["conv", "max_pool", "conv", "add", "max_pool", "flatten", "gemm", "gemm"]
     assert all(n.op_type != "Dropout" for n in compiled.graph.nodes)
     path = compiled.export_library(str(tmp_path / "cnn.so"))
     x = np.random.default_rng(3).standard_normal((1, 3, 16, 16)).astype("float32")
