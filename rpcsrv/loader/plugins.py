@@ -199,6 +199,8 @@ def load_plugins(select: Sequence[str] | None = None, enabled: bool = True, expo
             _fail(ep.name, f"{type(exc).__name__}: {exc}".replace("\n", " "))
         else:
             _STATE.failed.pop(ep.name, None)
+            if ep.name in _STATE.skipped:
+                _STATE.skipped.remove(ep.name)
     for name in wanted or ():
         if enabled and name not in found:
             _fail(name, f"no such plugin installed (entry-point group {GROUP}; installed: "
