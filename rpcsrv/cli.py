@@ -41,6 +41,37 @@ def _first_oserror(exc: BaseException) -> OSError | None:
     return None
 
 
+# -------------------------------------------------------------------------------- plugins (issue 23)
+
+def add_plugin_flags(p: argparse.ArgumentParser) -> None:
+    """``--plugin NAME`` / ``--no-plugins``: which installed board plugins (entry-point group
+    ``rpcsrv.runtimes``) load; the built-in module kinds are always there."""
+    p.add_argument("--plugin", action="append", metavar="NAME", default=None,
+                   help="load only this installed plugin (repeat for several; default: every installed one)")
+    p.add_argument("--no-plugins", action="store_true", help="load no installed plugin (built-in kinds only)")
+
+
+def load_plugins(args: argparse.Namespace, export: bool = False) -> dict:
+    """Load the plugins the flags choose (a broken one is one log line); returns the registry's report."""
+    from .loader.plugins import load_plugins as load
+
+    if args.plugin and args.no_plugins:
+        raise CLIError("--plugin and --no-plugins exclude each other")
+    return load(args.plugin, enabled=not args.no_plugins, export=export)
+
+
+def plugin_line(report: dict) -> str:
+    """``plugins: a (built-in), b (dist 1.0); failed: c; skipped: d``: one line for logs and inspect."""
+    line = "plugins: " + ", ".join(f"{p['name']} ({p['source']})" for p in report["loaded"])
+    if report["failed"]:
+        line += "; failed: " + ", ".join(f"{p['name']} ({p['error']})" for p in report["failed"])
+    if report["skipped"]:
+        line += "; not loaded: " + ", ".join(report["skipped"])
+    return line
+
+
+# ------------------------------------------------------------------------- end plugins (issue 23)
+
 # ---------------------------------------------------------------------------------------------- serve
 
 def check_serve_args(args: argparse.Namespace) -> None:
@@ -93,6 +124,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from .farm.registration import parse_hostport
 
     configure(args.verbose, args.log_json)
+    logging.getLogger("rpcsrv.plugins").info(plugin_line(load_plugins(args, export=True)))  # issue 23
     try:
         opts = BoardOptions(tracker=parse_hostport(args.tracker, "--tracker") if args.tracker else None,
                             custom_addr=args.custom_addr,
@@ -176,6 +208,7 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                         "own: sessions share no interpreter lock, any crash ends only its session; a "
                         "process per session and one message per call); or auto: all for a session that "
                         "loads while another session computes in the server, else native")
+    add_plugin_flags(s)  # issue 23
     s.set_defaults(func=run_serve)
     return s
 
@@ -186,12 +219,15 @@ def run_inspect(args: argparse.Namespace) -> int:
     from .loader import LoaderError
     from .loader.inspect import format_inspection, inspect_library
 
+    plugins = load_plugins(args)  # issue 23
     try:
         info = inspect_library(args.file)
     except (LoaderError, OSError) as exc:
         text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise CLIError(text if text.startswith(f"{args.file}:") else f"{args.file}: {text}") from None
-    print(json.dumps(info, indent=2) if args.json else format_inspection(info, disasm=args.disasm))
+    info["plugins"] = plugins  # issue 23
+    print(json.dumps(info, indent=2) if args.json else
+          format_inspection(info, disasm=args.disasm) + "\n" + plugin_line(plugins))
     return 0
 
 
@@ -202,6 +238,7 @@ def add_inspect_parser(sub) -> argparse.ArgumentParser:
     i.add_argument("file", help="the library (.so, .dylib, .o, .tar or raw blob)")
     i.add_argument("--json", action="store_true", help="machine-readable output")
     i.add_argument("--disasm", action="store_true", help="disassemble Relax VM executables")
+    add_plugin_flags(i)  # issue 23
     i.set_defaults(func=run_inspect)
     return i
 
@@ -212,6 +249,7 @@ def run_extract(args: argparse.Namespace) -> int:
     from .extract import extract_library
     from .loader import LoaderError
 
+    load_plugins(args)  # issue 23
     try:
         manifest = extract_library(args.file, args.output, only=args.only)
     except (LoaderError, OSError, ValueError) as exc:
@@ -232,6 +270,7 @@ def add_extract_parser(sub) -> argparse.ArgumentParser:
     e.add_argument("-o", "--output", required=True, metavar="DIR", help="folder to write (created)")
     e.add_argument("--only", metavar="TYPE_KEY", default=None,
                    help="only the modules of this type key (e.g. examplejson, GraphExecutorFactory)")
+    add_plugin_flags(e)  # issue 23
     e.set_defaults(func=run_extract)
     return e
 

@@ -1,6 +1,12 @@
 """Inference simplifications on the graph IR, before partitioning (TVM's ``SimplifyInference`` +
 ``FoldScaleAxis`` + ``FoldConstant`` for the one pattern that matters in CNNs).
 
+**No-ops vanish** (``remove_noops``, always applied): Dropout (not in training mode), Identity, and a
+Cast, Reshape, Flatten, Squeeze, Unsqueeze or Expand whose output has its input's shape and dtype do
+nothing at inference, so no codegen nor the host must run them: their readers read the input
+instead.  When the no-op's output is a model output, the node producing its input is renamed to
+write that output (unless that input is a model input, a constant or another output: then it stays).
+
 **Conv → BatchNormalization folding.**  In inference, BatchNormalization is a per-channel affine
 map ``y = x * s + t`` with ``s = scale / sqrt(var + epsilon)`` and ``t = B - mean * s``.  Right after
 a convolution it can be folded into the convolution's constants::
@@ -324,3 +330,49 @@ def simplify_inference(graph: Graph, ops=None) -> int:
         count += fold_scale_into_conv(graph)
     count += fold_bias_forward(graph)
     return count
+
+
+#: ops that copy their first input at inference whatever their attributes (Dropout: unless training)
+_ALWAYS_NOOP = ("Dropout", "Identity")
+#: ops that copy their first input when the output keeps its shape and dtype
+_NOOP_IF_SAME = ("Cast", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Expand")
+
+
+def _is_noop(node: Node, graph: Graph, uses: dict) -> bool:
+    if node.domain not in ONNX_DOMAINS or not node.inputs or not node.inputs[0] or not node.outputs:
+        return False
+    if any(o and uses.get(o) for o in node.outputs[1:]):  # Dropout's mask is read: keep it
+        return False
+    if node.op_type == "Dropout":
+        training = node.inputs[2] if len(node.inputs) > 2 else ""
+        return not (training and (training not in graph.constants or bool(np.any(graph.constants[training]))))
+    if node.op_type in _ALWAYS_NOOP:
+        return True
+    x, y = graph.tensors.get(node.inputs[0]), graph.tensors.get(node.outputs[0])
+    return node.op_type in _NOOP_IF_SAME and x is not None and y is not None and x == y
+
+
+def remove_noops(graph: Graph) -> int:
+    """Drop the no-ops of the module docstring; how many were dropped."""
+    uses = _uses(graph)
+    producer = {o: n for n in graph.nodes for o in n.outputs if o}
+    dropped = 0
+    for node in list(graph.nodes):
+        if not _is_noop(node, graph, uses):
+            continue
+        x, y = node.inputs[0], node.outputs[0]
+        if y in graph.outputs:  # the producer of x writes y instead
+            src = producer.get(x)
+            if src is None or x in graph.outputs or x in graph.inputs or x in graph.constants:
+                continue
+            src.outputs = [y if o == x else o for o in src.outputs]
+            producer[y] = src
+            old, new = x, y
+        else:
+            old, new = y, x
+        graph.nodes.remove(node)
+        for n in graph.nodes:
+            n.inputs = [new if i == old else i for i in n.inputs]
+        uses = _uses(graph)
+        dropped += 1
+    return dropped

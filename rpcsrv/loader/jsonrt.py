@@ -9,9 +9,9 @@ TensorRT (``tensorrt``), Arm Compute Library (``arm_compute_lib``), DNNL (``dnnl
 * the names of its constants (vector of strings), in the order of the graph's ``const`` nodes.  The
   arrays themselves sit in the library's const loader (``metadata`` before 0.9), keyed by these names.
 
-``PAYLOADS`` maps each of these type keys to the codec; ``modules.py`` adds it to its table with one
-``update``.  Decoding checks the graph (:meth:`JSONRuntimeModule.graph`), so a library with a broken
-graph is refused when it is loaded, with the node named.
+``CODEC`` serves each of these type keys; ``jsonrt_inspect.PLUGIN`` declares the kind (a built-in
+plugin).  Decoding checks the graph (:meth:`JSONRuntimeModule.graph`), so a library with a broken graph
+is refused when it is loaded, with the node named.
 """
 
 from __future__ import annotations
@@ -84,4 +84,3 @@ def _encode(m: JSONRuntimeModule):
 
 CODEC = PayloadCodec(JSONRuntimePayload, _decode, _encode)
 
-PAYLOADS: dict[str, PayloadCodec] = {key: CODEC for key in JSON_RUNTIME_KEYS}

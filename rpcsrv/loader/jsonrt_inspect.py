@@ -3,12 +3,16 @@
 :func:`summarize_json_runtime` returns a JSON-serialisable summary of one module: its symbol, inputs,
 constants, kernel counts, every node and its outputs; a graph that does not parse is reported as
 such (the executor refuses it at ``load_module``).  :func:`format_json_runtime` renders it as lines.
+
+:data:`PLUGIN` declares the kind for the plugin interface (``plugins.py``), built in like ExampleJSON:
+the codec (``jsonrt.py``), the runtime (``rpcsrv.executor.jsonrt``) and this summary.
 """
 
 from __future__ import annotations
 
-from .jsonrt import JSONRuntimeModule
+from .jsonrt import CODEC, JSON_RUNTIME_KEYS, JSONRuntimeModule
 from .jsonrt_graph import JSONGraphError
+from .plugins import ModuleKind, RuntimePlugin, file_name
 
 
 def _type(shape, dtype) -> str:
@@ -57,3 +61,20 @@ def format_json_runtime(head: str, info: dict) -> list[str]:
         what = f"{n['name']}({args})" if n["op"] == "kernel" else f"{n['op']} {n['name']}"
         lines.append(f"  %{n['index']} = {what} -> {', '.join(n['outputs'])}")
     return lines
+
+
+KIND = ModuleKind(
+    type_keys=tuple(JSON_RUNTIME_KEYS),
+    codec=CODEC,
+    runtime="rpcsrv.executor.jsonrt:jsonrt_runtime",
+    summarize=lambda m: {"json_graph": summarize_json_runtime(m)},
+    format=lambda head, info: format_json_runtime(head, info["json_graph"]),
+    functions=lambda m: [m.symbol],
+    label="JSON-runtime function",
+    extract=lambda m: ({"symbol": m.symbol, "const_names": list(m.const_names)},
+                       [("graph_json", f"jsonrt/{file_name(m.symbol)}.json", m.graph_json,
+                         f"{m.type_key} graph JSON of function {m.symbol!r}")]),
+)
+
+PLUGIN = RuntimePlugin("jsonrt", (KIND,), "TVM's JSON-runtime BYOC modules (TensorRT, ACL, DNNL, CLML, BNNS, json) "
+                       "on the board's numpy kernels")

@@ -252,6 +252,9 @@ def main(argv: list[str]) -> int:
     graph.STORAGE_ALLOCATOR = own.zeros  # executor storage lives where the session can map it
     from ..executor.memory import ALLOCATION_HOOK
     from . import runtime  # noqa: F401  (the executor and the native layer, imported before "ready")
+    from ..loader.plugins import load_plugins_from_env
+
+    load_plugins_from_env()  # the board plugins the server chose (issue 23)
 
     from ..executor import compute
 

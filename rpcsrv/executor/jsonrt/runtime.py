@@ -102,6 +102,12 @@ class JSONRuntime(RuntimeModule):
         """Constant names not bound yet."""
         return [name for name, eid in self.const_eids.items() if eid not in self.constants]
 
+    def check_constants(self) -> None:
+        """Its constants come from a const loader only (TVM's ``__init_<symbol>``), never the graph params."""
+        if self.unbound():
+            raise ExecutorError(f"{self.head}: constant(s) {', '.join(map(repr, self.unbound()))} not found "
+                                "in a const loader module")
+
     def bind(self, arrays: Mapping[str, Any], source: str) -> None:
         """Bind the constants found in ``arrays`` by name, checked against their const nodes."""
         for name, eid in self.const_eids.items():
