@@ -58,9 +58,14 @@ def erf_approx(x: np.ndarray) -> np.ndarray:
 
 
 def _sigmoid(x):
-    # split by sign so exp never overflows
-    e = np.exp(-np.abs(x))
-    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+    """1 / (1 + exp(-x)) in place on one temporary.  Accurate to a few ulp everywhere (below -88 exp
+    overflows to inf and the result is 0, its limit); splitting by sign (exp(-|x|) and a select) was
+    12x slower (11.7 against 0.96 ms on 96x112x112 float32): EfficientNet spent 25 ms per run here."""
+    t = np.negative(x)
+    with np.errstate(over="ignore"):
+        np.exp(t, out=t)
+    t += 1
+    return np.reciprocal(t, out=t)
 
 
 def _softplus(x):
