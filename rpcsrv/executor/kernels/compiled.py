@@ -101,8 +101,7 @@ def library() -> Optional[ctypes.CDLL]:
                 lib = ctypes.CDLL(str(path))
                 fn = lib.rpcsrv_dwconv2d_f32
                 fn.restype = ctypes.c_int
-                fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 15 + [ctypes.c_int, ctypes.c_float,
-                                                                               ctypes.c_float]
+                fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 15 + [ctypes.c_int]
                 _state.update(lib=lib, path=str(path), reason="")
             except (OSError, subprocess.SubprocessError, AttributeError) as exc:
                 _state.update(lib=None, path=None, reason=str(exc))
@@ -154,7 +153,7 @@ def depthwise_conv2d(x, w, bias, strides, dilations, begin, out, activation=None
         return y
     rc = lib.rpcsrv_dwconv2d_f32(x.ctypes.data, w.ctypes.data, None if b is None else b.ctypes.data, y.ctypes.data,
                                  n, c, h, wd, m // c, w.shape[2], w.shape[3], strides[0], strides[1],
-                                 dilations[0], dilations[1], begin[0], begin[1], out[0], out[1], act, 0.0, 0.0)
+                                 dilations[0], dilations[1], begin[0], begin[1], out[0], out[1], act)
     if rc != 0:
         raise MemoryError("depthwise conv: the compiled kernel could not allocate its scratch plane")
     return y
