@@ -11,8 +11,8 @@ Where the library comes from, first found wins:
 
 1. ``RPCSRV_KERNELS_LIB=/path/libdwconv.so``: prebuilt (boards without a compiler; build it elsewhere
    with ``cc -O3 -shared -fPIC -o libdwconv.so rpcsrv/executor/kernels/dwconv.c``);
-2. the cache ``$RPCSRV_CACHE_DIR`` (default ``~/.cache/rpcsrv``), keyed by the source's hash, the
-   compiler and the machine;
+2. the cache ``$RPCSRV_CACHE_DIR`` (default ``~/.cache/rpcsrv``), keyed by the source's hash and the
+   machine (a compiler removed after the build leaves the cached library in use);
 3. built now with ``$RPCSRV_CC``, ``$CC``, ``cc``, ``gcc`` or ``clang`` (-O3 with ``-march=native``
    where the compiler takes it, else plain -O3): about 0.3 s, once per board.
 
@@ -64,7 +64,7 @@ def _build() -> Path:
         return Path(prebuilt)
     cc = compiler()
     source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + f"{cc}|{platform.machine()}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(source + platform.machine().encode()).hexdigest()[:16]  # not the compiler: found without
     target = cache_dir() / f"libdwconv-{key}.so"
     if target.is_file():
         return target
@@ -131,18 +131,17 @@ ACTIVATIONS = {"relu": 1, "hard_swish": 3}
 
 def depthwise_conv2d(x, w, bias, strides, dilations, begin, out, activation=None, activation_attrs=None):
     """Depthwise conv of float32 x (N, C, H, W) with w (C * mult, 1, KH, KW) by the compiled kernel, the
-    bias and a fused relu or hard_swish included: a fresh (N, C * mult, OH, OW) array, or None when the
-    kernel is unavailable or does not take this case (then ``depthwise.py`` runs)."""
+    bias and the activation included (relu and hard_swish inside the kernel, others after it): a fresh
+    (N, C * mult, OH, OW) array, or None when the kernel is unavailable or does not take this case (then
+    ``depthwise.py`` runs)."""
     import numpy as np
+
+    from .registry import apply_activation
 
     lib = library()
     if lib is None or x.dtype != np.float32 or x.ndim != 4 or w.dtype != np.float32:
         return None
-    act = 0
-    if activation is not None:
-        act = ACTIVATIONS.get(activation, -1) if not activation_attrs else -1
-        if act < 0:
-            return None
+    act = 0 if activation_attrs else ACTIVATIONS.get(activation, 0)
     n, c, h, wd = x.shape
     m = w.shape[0]
     x = np.ascontiguousarray(x)
@@ -156,4 +155,4 @@ def depthwise_conv2d(x, w, bias, strides, dilations, begin, out, activation=None
                                  dilations[0], dilations[1], begin[0], begin[1], out[0], out[1], act)
     if rc != 0:
         raise MemoryError("depthwise conv: the compiled kernel could not allocate its scratch plane")
-    return y
+    return y if act else apply_activation(y, activation, activation_attrs, "conv")
