@@ -11,6 +11,9 @@ bias, ReLU6 as ``Clip(0, 6)``, HardSwish and HardSigmoid (alpha 1/6) as their ON
   HardSigmoid gates).
 * ``efficientnet``: EfficientNet-B0 (MBConv with SiLU, squeeze-and-excitation with Sigmoid gates; no
   stochastic depth at inference).
+
+``side`` and the number of stages (blocks) make small versions of the same blocks for the tests
+(``tests/models/test_mobile_blocks.py``).
 """
 
 from __future__ import annotations
@@ -66,12 +69,12 @@ class _Net:
         return b.op("Gemm", [x, b.weight((classes, c)), b.weight((classes,), 0.01)], transB=1)
 
 
-def build_mobilenet_v2():
+def build_mobilenet_v2(side: int = 224, stages: int = 7):
     n = _Net(10)
     x = n.conv("data", 3, 32, 3, 2, act="relu6")
     cin = 32
     for t, c, reps, s in ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
-                          (6, 160, 3, 2), (6, 320, 1, 1)):
+                          (6, 160, 3, 2), (6, 320, 1, 1))[:stages]:
         for r in range(reps):
             stride, hidden = s if r == 0 else 1, cin * t
             y = n.conv(x, cin, hidden, act="relu6") if t != 1 else x
@@ -80,7 +83,7 @@ def build_mobilenet_v2():
             x = n.b.op("Add", [x, y]) if stride == 1 and cin == c else y
             cin = c
     x = n.conv(x, cin, 1280, act="relu6")
-    return n.b.model([("data", [1, 3, 224, 224])], n.head(x, 1280))
+    return n.b.model([("data", [1, 3, side, side])], n.head(x, 1280))
 
 
 #: MobileNetV3-Large: kernel, expanded width, output width, squeeze-and-excitation, activation, stride
@@ -91,11 +94,11 @@ V3_LARGE = ((3, 16, 16, False, "relu", 1), (3, 64, 24, False, "relu", 2), (3, 72
             (5, 672, 160, True, "hswish", 2), (5, 960, 160, True, "hswish", 1), (5, 960, 160, True, "hswish", 1))
 
 
-def build_mobilenet_v3():
+def build_mobilenet_v3(side: int = 224, blocks: int = len(V3_LARGE)):
     n = _Net(11)
     x = n.conv("data", 3, 16, 3, 2, act="hswish")
     cin = 16
-    for k, exp, c, se, act, s in V3_LARGE:
+    for k, exp, c, se, act, s in V3_LARGE[:blocks]:
         y = n.conv(x, cin, exp, act=act) if exp != cin else x
         y = n.conv(y, exp, exp, k, s, group=exp, act=act)
         if se:
@@ -104,10 +107,10 @@ def build_mobilenet_v3():
         x = n.b.op("Add", [x, y]) if s == 1 and cin == c else y
         cin = c
     x = n.conv(x, cin, 960, act="hswish")
-    x = n.b.op("Flatten", [n.b.op("GlobalAveragePool", [x])])
+    x = n.b.op("Flatten", [n.b.op("GlobalAveragePool", [x])])  # (torchvision: Linear + HardSwish + Linear)
     x = n.b.op("HardSwish", [n.b.op("Gemm", [x, n.b.weight((1280, 960)), n.b.weight((1280,), 0.01)], transB=1)])
     out = n.b.op("Gemm", [x, n.b.weight((1000, 1280)), n.b.weight((1000,), 0.01)], transB=1)
-    return n.b.model([("data", [1, 3, 224, 224])], out)
+    return n.b.model([("data", [1, 3, side, side])], out)
 
 
 #: EfficientNet-B0: expansion, kernel, stride, output width, repeats
@@ -115,11 +118,11 @@ B0 = ((1, 3, 1, 16, 1), (6, 3, 2, 24, 2), (6, 5, 2, 40, 2), (6, 3, 2, 80, 3), (6
       (6, 5, 2, 192, 4), (6, 3, 1, 320, 1))
 
 
-def build_efficientnet():
+def build_efficientnet(side: int = 224, stages: int = len(B0)):
     n = _Net(12)
     x = n.conv("data", 3, 32, 3, 2, act="swish")
     cin = 32
-    for t, k, s, c, reps in B0:
+    for t, k, s, c, reps in B0[:stages]:
         for r in range(reps):
             stride, hidden = s if r == 0 else 1, cin * t
             y = n.conv(x, cin, hidden, act="swish") if t != 1 else x
@@ -129,7 +132,7 @@ def build_efficientnet():
             x = n.b.op("Add", [x, y]) if stride == 1 and cin == c else y
             cin = c
     x = n.conv(x, cin, 1280, act="swish")
-    return n.b.model([("data", [1, 3, 224, 224])], n.head(x, 1280))
+    return n.b.model([("data", [1, 3, side, side])], n.head(x, 1280))
 
 
 BUILDERS = {"mobilenetv2": build_mobilenet_v2, "mobilenetv3": build_mobilenet_v3, "efficientnet": build_efficientnet}

@@ -52,15 +52,24 @@ def test_compiled_matches_onnx_reference(case, bias, c_kernels):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("activation", ["relu", "hard_swish", "sigmoid"])
+ACTIVATIONS = {  # fused activation (name, attrs) -> what it computes
+    ("relu", None): lambda y: np.maximum(y, 0),
+    ("clip", (("min", 0.0), ("max", 6.0))): lambda y: np.clip(y, 0, 6),  # ReLU6
+    ("clip", (("max", 0.5),)): lambda y: np.minimum(y, 0.5),
+    ("hard_swish", None): lambda y: y * np.clip(y / 6 + 0.5, 0, 1),
+    ("sigmoid", None): lambda y: 1 / (1 + np.exp(-y)),  # not fused in C: applied after it
+}
+
+
+@pytest.mark.parametrize("activation", list(ACTIVATIONS), ids=lambda a: f"{a[0]}{len(a[1] or ())}")
 @pytest.mark.parametrize("case", [CASES_2D[0], CASES_2D[1], CASES_2D[-1]], ids=["s1", "s2", "mult4"])
 def test_compiled_fused_activations(case, activation, c_kernels):
-    """relu and hard_swish run inside the C kernel; others (sigmoid) after it, from the kernel table."""
+    """relu, clip (ReLU6) and hard_swish run inside the C kernel; others (sigmoid) after it."""
     x, w, b, attrs = _case(case, True, 7)
-    y = onnx_conv(x, w, b, **attrs)
-    want = {"relu": np.maximum(y, 0), "hard_swish": y * np.clip(y / 6 + 0.5, 0, 1),
-            "sigmoid": 1 / (1 + np.exp(-y))}[activation]
-    got = conv(x, w, b, activation=activation, **attrs)
+    y = onnx_conv(x, w, b, **attrs) * 3  # values on both sides of clip's and hard_swish's bounds
+    name, extra = activation
+    want = ACTIVATIONS[activation](y)
+    got = conv(x, w * 3, b * 3, activation=name, activation_attrs=dict(extra) if extra else None, **attrs)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 

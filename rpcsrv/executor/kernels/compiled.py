@@ -101,7 +101,8 @@ def library() -> Optional[ctypes.CDLL]:
                 lib = ctypes.CDLL(str(path))
                 fn = lib.rpcsrv_dwconv2d_f32
                 fn.restype = ctypes.c_int
-                fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 15 + [ctypes.c_int]
+                fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 15 + [ctypes.c_int, ctypes.c_float,
+                                                                               ctypes.c_float]
                 _state.update(lib=lib, path=str(path), reason="")
             except (OSError, subprocess.SubprocessError, AttributeError) as exc:
                 _state.update(lib=None, path=None, reason=str(exc))
@@ -126,12 +127,26 @@ def reset() -> None:
 
 
 #: fused activations the C kernel applies itself (others run after it, from the kernel table)
-ACTIVATIONS = {"relu": 1, "hard_swish": 3}
+ACTIVATIONS = {"relu": 1, "clip": 2, "hard_swish": 3}
+
+
+def _activation(activation, attrs) -> tuple:
+    """(code, low, high) of the C kernel for a fused activation; code 0: none, or applied afterwards."""
+    code = ACTIVATIONS.get(activation, 0)
+    if code == 2:  # clip: float bounds only (``min``/``max``, either may be absent)
+        if not attrs or not set(attrs) <= {"min", "max"}:
+            return 0, 0.0, 0.0
+        try:
+            lo, hi = float(attrs.get("min", float("-inf"))), float(attrs.get("max", float("inf")))
+        except (TypeError, ValueError):
+            return 0, 0.0, 0.0
+        return code, lo, hi
+    return (0 if attrs else code), 0.0, 0.0
 
 
 def depthwise_conv2d(x, w, bias, strides, dilations, begin, out, activation=None, activation_attrs=None):
     """Depthwise conv of float32 x (N, C, H, W) with w (C * mult, 1, KH, KW) by the compiled kernel, the
-    bias and the activation included (relu and hard_swish inside the kernel, others after it): a fresh
+    bias and the activation included (relu, clip and hard_swish inside the kernel, others after it): a fresh
     (N, C * mult, OH, OW) array, or None when the kernel is unavailable or does not take this case (then
     ``depthwise.py`` runs)."""
     import numpy as np
@@ -141,7 +156,7 @@ def depthwise_conv2d(x, w, bias, strides, dilations, begin, out, activation=None
     lib = library()
     if lib is None or x.dtype != np.float32 or x.ndim != 4 or w.dtype != np.float32:
         return None
-    act = 0 if activation_attrs else ACTIVATIONS.get(activation, 0)
+    act, lo, hi = _activation(activation, activation_attrs)
     n, c, h, wd = x.shape
     m = w.shape[0]
     x = np.ascontiguousarray(x)
@@ -152,7 +167,7 @@ def depthwise_conv2d(x, w, bias, strides, dilations, begin, out, activation=None
         return y
     rc = lib.rpcsrv_dwconv2d_f32(x.ctypes.data, w.ctypes.data, None if b is None else b.ctypes.data, y.ctypes.data,
                                  n, c, h, wd, m // c, w.shape[2], w.shape[3], strides[0], strides[1],
-                                 dilations[0], dilations[1], begin[0], begin[1], out[0], out[1], act)
+                                 dilations[0], dilations[1], begin[0], begin[1], out[0], out[1], act, lo, hi)
     if rc != 0:
         raise MemoryError("depthwise conv: the compiled kernel could not allocate its scratch plane")
     return y if act else apply_activation(y, activation, activation_attrs, "conv")

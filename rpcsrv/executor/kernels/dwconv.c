@@ -30,14 +30,20 @@ typedef float vfu __attribute__((vector_size(VW * 4), aligned(4), may_alias));
 static inline vf loadv(const float *p) { return *(const vfu *)p; }
 static inline void storev(float *p, vf v) { *(vfu *)p = v; }
 
-enum { ACT_NONE = 0, ACT_RELU = 1, ACT_HARDSWISH = 3 };
+enum { ACT_NONE = 0, ACT_RELU = 1, ACT_CLIP = 2, ACT_HARDSWISH = 3 };
 
 /* Rows of ow outputs from the flat accumulator (rows qw apart), with the activation: one loop per
  * activation so that each vectorises. */
-static void store(float *dst, const float *acc, long oh, long ow, long qw, int act) {
+static void store(float *dst, const float *acc, long oh, long ow, long qw, int act, float lo, float hi) {
     for (long r = 0; r < oh; r++, dst += ow, acc += qw) {
         if (act == ACT_RELU) {
-            for (long j = 0; j < ow; j++) dst[j] = acc[j] > 0.f ? acc[j] : 0.f;
+            for (long j = 0; j < ow; j++) dst[j] = acc[j] < 0.f ? 0.f : acc[j];  /* NaN stays NaN */
+        } else if (act == ACT_CLIP) {  /* NaN stays NaN, as np.clip */
+            for (long j = 0; j < ow; j++) {
+                float v = acc[j];
+                v = v < lo ? lo : v;
+                dst[j] = v > hi ? hi : v;
+            }
         } else if (act == ACT_HARDSWISH) {
             for (long j = 0; j < ow; j++) {
                 float v = acc[j], g = v * (1.f / 6.f) + 0.5f;
@@ -67,7 +73,7 @@ static void gather(float *dst, const float *src, long count, long step) {
 int rpcsrv_dwconv2d_f32(const float *x, const float *w, const float *bias, float *y,
                         long n, long c, long h, long wd, long mult, long kh, long kw,
                         long sh, long sw, long dh, long dw, long pt, long pl,
-                        long oh, long ow, int act) {
+                        long oh, long ow, int act, float lo, float hi) {
     long qw = ((ow - 1) * sw + (kw - 1) * dw) / sw + 1;  /* phase width: the widest column a tap reads + 1 */
     long maxu = 0;
     for (long i = 0; i < kh; i++)
@@ -125,7 +131,7 @@ int rpcsrv_dwconv2d_f32(const float *x, const float *w, const float *bias, float
 #pragma GCC unroll 8
                     for (int v = 0; v < NV; v++) storev(acc + j0 + v * VW, a[v]);
                 }
-                store(y + (b * c * mult + o) * oh * ow, acc, oh, ow, qw, act);
+                store(y + (b * c * mult + o) * oh * ow, acc, oh, ow, qw, act, lo, hi);
             }
         }
     free(buf);
