@@ -1,7 +1,8 @@
-"""The compiled depthwise convolution (``kernels/compiled.py``, ``dwconv.c``) against ``onnx.reference`` on
-the numpy kernel's cases (stride 2, channel multipliers, dilation, asymmetric pads, ...) plus the fused
-bias, relu and hard_swish; and the fallback: turned off by ``RPCSRV_COMPILED_KERNELS=0``, or no compiler
-on the board, the numpy kernel runs and ``status()`` says why."""
+"""The compiled depthwise convolution (``kernels/compiled.py``, ``dwconv.c``) against ``onnx.reference``
+on the numpy kernel's cases (stride 2, channel multipliers, dilation, asymmetric pads, ...) plus the
+fused bias, relu, clip and hard_swish, in both of its loop forms (rows, packed); and the fallback: turned
+off by ``RPCSRV_COMPILED_KERNELS=0``, or no compiler on the board, the numpy kernel runs and ``status()``
+says why."""
 
 from __future__ import annotations
 
@@ -20,9 +21,11 @@ CASES_2D = [c for c in CASES if len(c[3]) == 2] + [
 ]
 
 
-@pytest.fixture
-def c_kernels(monkeypatch):
-    """The compiled kernel, in use (skips without a C compiler, fails under RPCSRV_REQUIRE_ALL=1)."""
+@pytest.fixture(params=["rows", "packed"])
+def c_kernels(request, monkeypatch):
+    """The compiled kernel, in use (skips without a C compiler, fails under RPCSRV_REQUIRE_ALL=1), with
+    its per-channel rows loops or its channels-side-by-side (packed) loops for every width."""
+    monkeypatch.setattr(compiled, "PACKED_MAX_WIDTH", 10**9 if request.param == "packed" else 0)
     need_program("cc", "the compiled depthwise kernel is built with the board's C compiler")
     monkeypatch.delenv("RPCSRV_COMPILED_KERNELS", raising=False)
     assert compiled.status()["in_use"], compiled.status()

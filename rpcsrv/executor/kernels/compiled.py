@@ -99,10 +99,10 @@ def library() -> Optional[ctypes.CDLL]:
             try:
                 path = _build()
                 lib = ctypes.CDLL(str(path))
-                fn = lib.rpcsrv_dwconv2d_f32
-                fn.restype = ctypes.c_int
-                fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 15 + [ctypes.c_int, ctypes.c_float,
-                                                                               ctypes.c_float]
+                for fn in (lib.rpcsrv_dwconv2d_f32, lib.rpcsrv_dwconv2d_packed_f32):
+                    fn.restype = ctypes.c_int
+                    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 15 + [ctypes.c_int, ctypes.c_float,
+                                                                                   ctypes.c_float]
                 _state.update(lib=lib, path=str(path), reason="")
             except (OSError, subprocess.SubprocessError, AttributeError) as exc:
                 _state.update(lib=None, path=None, reason=str(exc))
@@ -125,6 +125,13 @@ def reset() -> None:
     with _lock:
         _state.clear()
 
+
+#: outputs at most this wide run the channels-side-by-side kernel (``rpcsrv_dwconv2d_packed_f32``), wider
+#: ones the per-channel rows kernel.  Measured per layer (1 thread, MobileNetV2/V3 and EfficientNet shapes):
+#: packed wins on every layer 16 wide or less (14x14x576 s1 179 -> 143 us, 7x7x960 133 -> 74, 14x14x576
+#: s2 210 -> 66, 672x14 5x5 s2 268 -> 117), rows on 28 wide and more at stride 1 (28x28x192 146 against
+#: 195, 112x112x32 228 against 517), about even at 28 wide stride 2
+PACKED_MAX_WIDTH = 16
 
 #: fused activations the C kernel applies itself (others run after it, from the kernel table)
 ACTIVATIONS = {"relu": 1, "clip": 2, "hard_swish": 3}
@@ -165,9 +172,10 @@ def depthwise_conv2d(x, w, bias, strides, dilations, begin, out, activation=None
     y = np.empty((n, m) + tuple(out), np.float32)
     if y.size == 0:
         return y
-    rc = lib.rpcsrv_dwconv2d_f32(x.ctypes.data, w.ctypes.data, None if b is None else b.ctypes.data, y.ctypes.data,
-                                 n, c, h, wd, m // c, w.shape[2], w.shape[3], strides[0], strides[1],
-                                 dilations[0], dilations[1], begin[0], begin[1], out[0], out[1], act, lo, hi)
+    fn = lib.rpcsrv_dwconv2d_packed_f32 if out[1] <= PACKED_MAX_WIDTH else lib.rpcsrv_dwconv2d_f32
+    rc = fn(x.ctypes.data, w.ctypes.data, None if b is None else b.ctypes.data, y.ctypes.data,
+            n, c, h, wd, m // c, w.shape[2], w.shape[3], strides[0], strides[1],
+            dilations[0], dilations[1], begin[0], begin[1], out[0], out[1], act, lo, hi)
     if rc != 0:
         raise MemoryError("depthwise conv: the compiled kernel could not allocate its scratch plane")
     return y if act else apply_activation(y, activation, activation_attrs, "conv")

@@ -32,6 +32,17 @@ static inline void storev(float *p, vf v) { *(vfu *)p = v; }
 
 enum { ACT_NONE = 0, ACT_RELU = 1, ACT_CLIP = 2, ACT_HARDSWISH = 3 };
 
+static inline float act1(float v, int act, float lo, float hi) {
+    if (act == ACT_RELU) return v < 0.f ? 0.f : v;
+    if (act == ACT_CLIP) { v = v < lo ? lo : v; return v > hi ? hi : v; }
+    if (act == ACT_HARDSWISH) {
+        float g = v * (1.f / 6.f) + 0.5f;
+        g = g < 0.f ? 0.f : g;
+        return v * (g > 1.f ? 1.f : g);
+    }
+    return v;
+}
+
 /* Rows of ow outputs from the flat accumulator (rows qw apart), with the activation: one loop per
  * activation so that each vectorises. */
 static void store(float *dst, const float *acc, long oh, long ow, long qw, int act, float lo, float hi) {
@@ -133,6 +144,58 @@ int rpcsrv_dwconv2d_f32(const float *x, const float *w, const float *bias, float
                 }
                 store(y + (b * c * mult + o) * oh * ow, acc, oh, ow, qw, act, lo, hi);
             }
+        }
+    free(buf);
+    free(off);
+    return 0;
+}
+
+/* The same convolution with VW output channels side by side (small planes, where a plane's rows are too
+ * short for the per-channel loops above): the padded input of VW channels is interleaved once, (PH, PW,
+ * VW), so each tap of an output pixel is one vector load and one multiply-add for VW channels, at any
+ * stride or dilation, with no computed-and-dropped columns.  Outputs are scattered back to NCHW with the
+ * activation.  Lanes past the last channel compute zeros and are not stored. */
+int rpcsrv_dwconv2d_packed_f32(const float *x, const float *w, const float *bias, float *y,
+                               long n, long c, long h, long wd, long mult, long kh, long kw,
+                               long sh, long sw, long dh, long dw, long pt, long pl,
+                               long oh, long ow, int act, float lo, float hi) {
+    long ph = (oh - 1) * sh + (kh - 1) * dh + 1, pw = (ow - 1) * sw + (kw - 1) * dw + 1;
+    long taps = kh * kw, m = c * mult, groups = (m + VW - 1) / VW;
+    float *buf = calloc((size_t)(ph * pw * VW + taps * VW + VW), sizeof(float));
+    long *off = malloc(sizeof(long) * (size_t)taps);
+    if (!buf || !off) { free(buf); free(off); return -1; }
+    float *wv = buf + ph * pw * VW, *bv = wv + taps * VW;
+    for (long i = 0; i < kh; i++)
+        for (long j = 0; j < kw; j++) off[i * kw + j] = ((i * dh) * pw + j * dw) * VW;
+    long r0 = pt > 0 ? 0 : -pt, r1 = h < ph - pt ? h : ph - pt;   /* input rows inside the padded extent */
+    long c0 = pl > 0 ? 0 : -pl, c1 = wd < pw - pl ? wd : pw - pl;
+    for (long b = 0; b < n; b++)
+        for (long g = 0; g < groups; g++) {
+            long o0 = g * VW, lanes = m - o0 < VW ? m - o0 : VW;
+            for (long l = 0; l < lanes; l++) {
+                const float *src = x + (b * c + (o0 + l) / mult) * h * wd;
+                for (long r = r0; r < r1; r++) {
+                    float *dst = buf + ((r + pt) * pw + pl) * VW + l;
+                    for (long col = c0; col < c1; col++) dst[col * VW] = src[r * wd + col];
+                }
+                for (long t = 0; t < taps; t++) wv[t * VW + l] = w[(o0 + l) * taps + t];
+                bv[l] = bias ? bias[o0 + l] : 0.f;
+            }
+            for (long l = lanes; l < VW; l++) {  /* unused lanes: zero weights (their inputs are stale) */
+                for (long t = 0; t < taps; t++) wv[t * VW + l] = 0.f;
+                bv[l] = 0.f;
+            }
+            float *dst = y + (b * m + o0) * oh * ow;
+            for (long r = 0; r < oh; r++)
+                for (long col = 0; col < ow; col++) {
+                    const float *p = buf + ((r * sh) * pw + col * sw) * VW;
+                    vf a = loadv(bv);
+                    for (long t = 0; t < taps; t++) a += loadv(wv + t * VW) * loadv(p + off[t]);
+                    float out[VW];
+                    storev(out, a);
+                    long k = r * ow + col;
+                    for (long l = 0; l < lanes; l++) dst[l * oh * ow + k] = act1(out[l], act, lo, hi);
+                }
         }
     free(buf);
     free(off);
