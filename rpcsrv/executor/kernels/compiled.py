@@ -33,7 +33,7 @@ import threading
 from pathlib import Path
 from typing import Optional
 
-SOURCE = Path(__file__).with_name("dwconv.c")
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("dwconv.c", "sigmoid.c"))
 ENV_SWITCH = "RPCSRV_COMPILED_KERNELS"
 _lock = threading.Lock()
 _state: dict = {}  # "lib": the loaded library or None, "reason": why not, "path": where from
@@ -63,9 +63,9 @@ def _build() -> Path:
             raise OSError(f"RPCSRV_KERNELS_LIB={prebuilt} does not exist")
         return Path(prebuilt)
     cc = compiler()
-    source = SOURCE.read_bytes()
+    source = b"".join(path.read_bytes() for path in SOURCES)
     key = hashlib.sha256(source + platform.machine().encode()).hexdigest()[:16]  # not the compiler: found without
-    target = cache_dir() / f"libdwconv-{key}.so"
+    target = cache_dir() / f"libkernels-{key}.so"
     if target.is_file():
         return target
     if cc is None:
@@ -76,13 +76,13 @@ def _build() -> Path:
     try:
         err = ""
         for flags in (["-O3", "-march=native"], ["-O3"]):
-            proc = subprocess.run([cc, *flags, "-shared", "-fPIC", "-o", tmp, str(SOURCE)],
+            proc = subprocess.run([cc, *flags, "-shared", "-fPIC", "-o", tmp, *map(str, SOURCES), "-lm"],
                                   capture_output=True, text=True, timeout=120)
             if proc.returncode == 0:
                 os.replace(tmp, target)
                 return target
             err = proc.stderr.strip()[-300:]
-        raise OSError(f"building {SOURCE.name} with {cc} failed: {err}")
+        raise OSError(f"building {', '.join(p.name for p in SOURCES)} with {cc} failed: {err}")
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -103,6 +103,8 @@ def library() -> Optional[ctypes.CDLL]:
                     fn.restype = ctypes.c_int
                     fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 15 + [ctypes.c_int, ctypes.c_float,
                                                                                    ctypes.c_float]
+                lib.rpcsrv_sigmoid_f32.restype = None
+                lib.rpcsrv_sigmoid_f32.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
                 _state.update(lib=lib, path=str(path), reason="")
             except (OSError, subprocess.SubprocessError, AttributeError) as exc:
                 _state.update(lib=None, path=None, reason=str(exc))
@@ -117,7 +119,7 @@ def status() -> dict:
                 "library": None}
     lib = library()
     return {"in_use": lib is not None, "reason": _state.get("reason", "") if lib is None else
-            "compiled depthwise convolution (dwconv.c) in use", "library": _state.get("path")}
+            "compiled kernels in use (depthwise convolution, sigmoid, swish)", "library": _state.get("path")}
 
 
 def reset() -> None:
@@ -179,3 +181,19 @@ def depthwise_conv2d(x, w, bias, strides, dilations, begin, out, activation=None
     if rc != 0:
         raise MemoryError("depthwise conv: the compiled kernel could not allocate its scratch plane")
     return y if act else apply_activation(y, activation, activation_attrs, "conv")
+
+
+def sigmoid(x, times_x: bool = False):
+    """sigmoid(x), or x * sigmoid(x) (SiLU) with ``times_x``, of float32 x in one pass (``sigmoid.c``): a
+    fresh array, or None when the compiled kernels are unavailable or x is not float32."""
+    import numpy as np
+
+    if x.dtype != np.float32 or not enabled():
+        return None
+    lib = library()
+    if lib is None:
+        return None
+    x = np.ascontiguousarray(x)
+    y = np.empty_like(x)
+    lib.rpcsrv_sigmoid_f32(x.ctypes.data, y.ctypes.data, x.size, int(times_x))
+    return y
