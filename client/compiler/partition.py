@@ -5,7 +5,7 @@
    (``batch_norm_relu``, pre-activation networks), Add or Sum → Relu (``add_relu``, ``sum_relu``:
    residual connections) or MatMul → Add(bias) (``dense_bias``: a Gemm for 2-D operands, else a
    MatMul with a bias input) into one op whose kernel applies the activation (``"activation": "relu"``;
-   also Clip with constant bounds, ReLU6, as ``"clip"`` with ``activation_attrs``, and HardSwish).
+   also Clip with constant bounds, ReLU6, as ``"clip"`` with ``activation_attrs``, HardSwish and Swish).
    A channel shuffle (Reshape → Transpose → Reshape, ShuffleNet) read by a Conv becomes the Conv's
    ``input_shuffle`` (``shuffle_conv2d``, ``merge_shuffles``).
    A chain only fuses when the inner tensors are used by nothing else.
@@ -98,10 +98,11 @@ def _fusable(first: Node, second: Node, uses: dict) -> bool:
 
 def _fused_activation(kernel: str, act: Node, ops: frozenset, graph: Graph) -> tuple | None:
     """(kernel name, attrs or None) of ``act`` fused into ``kernel``: Relu; Clip with constant scalar bounds
-    (ReLU6 of mobile networks, as ``clip`` with ``min``/``max``); HardSwish.  None: not fusable."""
+    (ReLU6 of mobile networks, as ``clip`` with ``min``/``max``); HardSwish; Swish (SiLU, from
+    ``simplify.fuse_swish``).  None: not fusable."""
     if kernel not in OPS or "activation" not in OPS[kernel].attrs:
         return None
-    name = {"Relu": "relu", "Clip": "clip", "HardSwish": "hard_swish"}.get(act.op_type)
+    name = {"Relu": "relu", "Clip": "clip", "HardSwish": "hard_swish", "Swish": "swish"}.get(act.op_type)
     if name is None or name not in ops or (name != "clip" and act.attrs):
         return None
     if name != "clip":

@@ -1,6 +1,6 @@
 """The compiled depthwise convolution (``kernels/compiled.py``, ``dwconv.c``) against ``onnx.reference``
 on the numpy kernel's cases (stride 2, channel multipliers, dilation, asymmetric pads, ...) plus the
-fused bias, relu, clip and hard_swish, in both of its loop forms (rows, packed); and the fallback: turned
+fused bias, relu, clip, hard_swish and swish, in both of its loop forms (rows, packed); and the fallback: turned
 off by ``RPCSRV_COMPILED_KERNELS=0``, or no compiler on the board, the numpy kernel runs and ``status()``
 says why."""
 
@@ -60,6 +60,7 @@ ACTIVATIONS = {  # fused activation (name, attrs) -> what it computes
     ("clip", (("min", 0.0), ("max", 6.0))): lambda y: np.clip(y, 0, 6),  # ReLU6
     ("clip", (("max", 0.5),)): lambda y: np.minimum(y, 0.5),
     ("hard_swish", None): lambda y: y * np.clip(y / 6 + 0.5, 0, 1),
+    ("swish", None): lambda y: y / (1 + np.exp(-y)),  # SiLU: the C kernel's sigmoid over each plane
     ("sigmoid", None): lambda y: 1 / (1 + np.exp(-y)),  # not fused in C: applied after it
 }
 
@@ -67,7 +68,7 @@ ACTIVATIONS = {  # fused activation (name, attrs) -> what it computes
 @pytest.mark.parametrize("activation", list(ACTIVATIONS), ids=lambda a: f"{a[0]}{len(a[1] or ())}")
 @pytest.mark.parametrize("case", [CASES_2D[0], CASES_2D[1], CASES_2D[-1]], ids=["s1", "s2", "mult4"])
 def test_compiled_fused_activations(case, activation, c_kernels):
-    """relu, clip (ReLU6) and hard_swish run inside the C kernel; others (sigmoid) after it."""
+    """relu, clip (ReLU6), hard_swish and swish run inside the C kernel; others (sigmoid) after it."""
     x, w, b, attrs = _case(case, True, 7)
     y = onnx_conv(x, w, b, **attrs) * 3  # values on both sides of clip's and hard_swish's bounds
     name, extra = activation

@@ -1,7 +1,7 @@
 """The depthwise family's blocks (``bench/zoo_mobile.py``: MobileNetV2's inverted residuals with ReLU6 as
 Clip, MobileNetV3's HardSwish and HardSigmoid squeeze-and-excitation, EfficientNet's SiLU and Sigmoid
-squeeze-and-excitation), at small sizes: the compiler fuses Clip and HardSwish into the convs, and the
-executor's results match onnxruntime with the compiled depthwise kernel and without it."""
+squeeze-and-excitation), at small sizes: the compiler fuses Clip, HardSwish and x * Sigmoid(x) into the
+convs, and the executor's results match onnxruntime with the compiled kernels and without them."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ SMALL = {  # reduced depth and resolution: every kind of block, strides 1 and 2,
     "efficientnet": lambda: zoo_mobile.build_efficientnet(side=64, stages=3),
 }
 FUSED = {"mobilenetv2": {"conv2d_bias_clip"}, "mobilenetv3": {"conv2d_bias_hard_swish", "conv2d_bias_relu"},
-         "efficientnet": set()}
+         "efficientnet": {"conv2d_bias_swish"}}
 
 
 @pytest.fixture(scope="module")

@@ -136,7 +136,7 @@ def reset() -> None:
 PACKED_MAX_WIDTH = 16
 
 #: fused activations the C kernel applies itself (others run after it, from the kernel table)
-ACTIVATIONS = {"relu": 1, "clip": 2, "hard_swish": 3}
+ACTIVATIONS = {"relu": 1, "clip": 2, "hard_swish": 3, "swish": 4}
 
 
 def _activation(activation, attrs) -> tuple:
@@ -150,12 +150,12 @@ def _activation(activation, attrs) -> tuple:
         except (TypeError, ValueError):
             return 0, 0.0, 0.0
         return code, lo, hi
-    return (0 if attrs else code), 0.0, 0.0
+    return (0 if attrs else code), 0.0, 0.0  # (swish: alpha 1 only, no attrs)
 
 
 def depthwise_conv2d(x, w, bias, strides, dilations, begin, out, activation=None, activation_attrs=None):
     """Depthwise conv of float32 x (N, C, H, W) with w (C * mult, 1, KH, KW) by the compiled kernel, the
-    bias and the activation included (relu, clip and hard_swish inside the kernel, others after it): a fresh
+    bias and the activation included (relu, clip, hard_swish and swish inside the kernel, others after it): a fresh
     (N, C * mult, OH, OW) array, or None when the kernel is unavailable or does not take this case (then
     ``depthwise.py`` runs)."""
     import numpy as np
@@ -183,9 +183,10 @@ def depthwise_conv2d(x, w, bias, strides, dilations, begin, out, activation=None
     return y if act else apply_activation(y, activation, activation_attrs, "conv")
 
 
-def sigmoid(x, times_x: bool = False):
+def sigmoid(x, times_x: bool = False, out=None):
     """sigmoid(x), or x * sigmoid(x) (SiLU) with ``times_x``, of float32 x in one pass (``sigmoid.c``): a
-    fresh array, or None when the compiled kernels are unavailable or x is not float32."""
+    fresh array (``out``: into x itself, C-contiguous), or None when the compiled kernels are unavailable
+    or x is not float32."""
     import numpy as np
 
     if x.dtype != np.float32 or not enabled():
@@ -193,7 +194,9 @@ def sigmoid(x, times_x: bool = False):
     lib = library()
     if lib is None:
         return None
+    if out is not None and (out is not x or not x.flags.c_contiguous or not x.flags.writeable):
+        return None
     x = np.ascontiguousarray(x)
-    y = np.empty_like(x)
+    y = np.empty_like(x) if out is None else out
     lib.rpcsrv_sigmoid_f32(x.ctypes.data, y.ctypes.data, x.size, int(times_x))
     return y

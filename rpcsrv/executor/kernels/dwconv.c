@@ -30,7 +30,11 @@ typedef float vfu __attribute__((vector_size(VW * 4), aligned(4), may_alias));
 static inline vf loadv(const float *p) { return *(const vfu *)p; }
 static inline void storev(float *p, vf v) { *(vfu *)p = v; }
 
-enum { ACT_NONE = 0, ACT_RELU = 1, ACT_CLIP = 2, ACT_HARDSWISH = 3 };
+enum { ACT_NONE = 0, ACT_RELU = 1, ACT_CLIP = 2, ACT_HARDSWISH = 3, ACT_SWISH = 4 };
+
+/* sigmoid.c: y = x * sigmoid(x) (times_x 1), in place when y == x; SiLU runs over a channel's finished
+ * plane (or a packed group's planes), long runs for its vector loop */
+void rpcsrv_sigmoid_f32(const float *x, float *y, long count, int times_x);
 
 static inline float act1(float v, int act, float lo, float hi) {
     if (act == ACT_RELU) return v < 0.f ? 0.f : v;
@@ -142,7 +146,9 @@ int rpcsrv_dwconv2d_f32(const float *x, const float *w, const float *bias, float
 #pragma GCC unroll 8
                     for (int v = 0; v < NV; v++) storev(acc + j0 + v * VW, a[v]);
                 }
-                store(y + (b * c * mult + o) * oh * ow, acc, oh, ow, qw, act, lo, hi);
+                float *plane = y + (b * c * mult + o) * oh * ow;
+                store(plane, acc, oh, ow, qw, act, lo, hi);
+                if (act == ACT_SWISH) rpcsrv_sigmoid_f32(plane, plane, oh * ow, 1);
             }
         }
     free(buf);
@@ -196,6 +202,7 @@ int rpcsrv_dwconv2d_packed_f32(const float *x, const float *w, const float *bias
                     long k = r * ow + col;
                     for (long l = 0; l < lanes; l++) dst[l * oh * ow + k] = act1(out[l], act, lo, hi);
                 }
+            if (act == ACT_SWISH) rpcsrv_sigmoid_f32(dst, dst, lanes * oh * ow, 1);
         }
     free(buf);
     free(off);
