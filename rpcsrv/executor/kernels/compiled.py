@@ -11,8 +11,8 @@ Where the library comes from, first found wins:
 
 1. ``RPCSRV_KERNELS_LIB=/path/libdwconv.so``: prebuilt (boards without a compiler; build it elsewhere
    with ``cc -O3 -shared -fPIC -o libdwconv.so rpcsrv/executor/kernels/dwconv.c``);
-2. the cache ``$RPCSRV_CACHE_DIR`` (default ``~/.cache/rpcsrv``), keyed by the source's hash and the
-   machine (a compiler removed after the build leaves the cached library in use);
+2. the cache ``$RPCSRV_CACHE_DIR`` (default ``~/.cache/rpcsrv``), keyed by the sources' hash, the
+   machine and the CPU's features (a compiler removed after the build leaves the cached library in use);
 3. built now with ``$RPCSRV_CC``, ``$CC``, ``cc``, ``gcc`` or ``clang`` (-O3 with ``-march=native``
    where the compiler takes it, else plain -O3): about 0.3 s, once per board.
 
@@ -56,6 +56,15 @@ def cache_dir() -> Path:
     return Path(root)
 
 
+def _cpu_features() -> bytes:
+    """The first ``flags`` (x86) or ``Features`` (ARM) line of /proc/cpuinfo, or nothing."""
+    try:
+        with open("/proc/cpuinfo", "rb") as f:
+            return next((line for line in f if line.split(b":")[0].strip() in (b"flags", b"Features")), b"")
+    except OSError:
+        return b""
+
+
 def _build() -> Path:
     prebuilt = os.environ.get("RPCSRV_KERNELS_LIB")
     if prebuilt:
@@ -64,7 +73,9 @@ def _build() -> Path:
         return Path(prebuilt)
     cc = compiler()
     source = b"".join(path.read_bytes() for path in SOURCES)
-    key = hashlib.sha256(source + platform.machine().encode()).hexdigest()[:16]  # not the compiler: found without
+    # not the compiler (a cached build serves without one); the CPU's features, since -march=native builds
+    # for them (a cache dir shared by boards of one architecture but other CPUs)
+    key = hashlib.sha256(source + platform.machine().encode() + _cpu_features()).hexdigest()[:16]
     target = cache_dir() / f"libkernels-{key}.so"
     if target.is_file():
         return target
@@ -75,7 +86,7 @@ def _build() -> Path:
     os.close(fd)
     try:
         err = ""
-        for flags in (["-O3", "-march=native"], ["-O3"]):
+        for flags in (["-O3", "-march=native"], ["-O3", "-mcpu=native"], ["-O3"]):  # -mcpu: older ARM gcc
             proc = subprocess.run([cc, *flags, "-shared", "-fPIC", "-o", tmp, *map(str, SOURCES), "-lm"],
                                   capture_output=True, text=True, timeout=120)
             if proc.returncode == 0:
