@@ -64,7 +64,7 @@ def conv(x, w, b=None, *, auto_pad: str = "NOTSET", dilations=None, group: int =
                        group)
     elif depthwise:
         y = None
-        if k == 2 and compiled.enabled():  # the C kernel (``compiled``), bias and relu/hard_swish fused
+        if k == 2 and compiled.library() is not None:  # the C kernel (``compiled``), bias and activation fused
             y = compiled.depthwise_conv2d(channel_shuffle(x, input_shuffle) if input_shuffle > 1 else x, w, bias,
                                           strides, dilations, begin, out, activation, activation_attrs)
         if y is None:

@@ -21,6 +21,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ...loader.opset import OPS, REQUIRED, OpSpec
+from . import compiled
 
 Kernel = Callable[..., Any]
 
@@ -156,9 +157,7 @@ def apply_activation(y: np.ndarray, activation, activation_attrs, op: str) -> np
         if activation == "clip" and activation_attrs and set(activation_attrs) <= {"min", "max"}:
             return np.clip(y, activation_attrs.get("min"), activation_attrs.get("max"), out=y)
         if activation == "swish" and not activation_attrs:  # SiLU (EfficientNet), compiled, in place
-            from .compiled import sigmoid
-
-            done = sigmoid(y, times_x=True, out=y)
+            done = compiled.sigmoid(y, times_x=True, out=y)
             if done is not None:
                 return done
         if activation == "hard_swish" and not activation_attrs:
