@@ -137,3 +137,28 @@ def test_built_once_and_cached(monkeypatch, tmp_path):
         assert compiled.status() == first
     finally:
         compiled.reset()
+
+
+def test_prebuilt_library(monkeypatch, tmp_path):
+    """``RPCSRV_KERNELS_LIB``: a library built elsewhere serves a board without a compiler; a missing one is
+    reported, and the numpy kernels run."""
+    need_program("cc", "the prebuilt library is built here with the C compiler")
+    monkeypatch.delenv("RPCSRV_COMPILED_KERNELS", raising=False)
+    monkeypatch.setenv("RPCSRV_CACHE_DIR", str(tmp_path / "build"))
+    compiled.reset()
+    try:
+        built = compiled.status()["library"]
+        monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+        monkeypatch.setenv("RPCSRV_CACHE_DIR", str(tmp_path / "empty-cache"))
+        monkeypatch.setenv("RPCSRV_KERNELS_LIB", built)
+        compiled.reset()
+        assert compiled.status() == {"in_use": True, "library": built,
+                                     "reason": "compiled kernels in use (depthwise convolution, sigmoid, swish)"}
+        monkeypatch.setenv("RPCSRV_KERNELS_LIB", str(tmp_path / "nowhere.so"))
+        compiled.reset()
+        state = compiled.status()
+        assert not state["in_use"] and "nowhere.so does not exist" in state["reason"], state
+        x, w, b, attrs = _case(CASES_2D[0], True, 8)
+        np.testing.assert_allclose(conv(x, w, b, **attrs), onnx_conv(x, w, b, **attrs), rtol=1e-5, atol=1e-5)
+    finally:
+        compiled.reset()
