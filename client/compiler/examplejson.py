@@ -1,9 +1,10 @@
 """The built-in ExampleJSON codegen: one ExampleJSON text per partitioned function (``docs/examplejson.md``).
 
 Its op set is every kernel of the board (``rpcsrv.loader.opset``), its composites the pattern table of
-:func:`merge_composites` (Conv+bias+Relu, dense+bias, BatchNorm+Relu, residual Add+Relu, channel
-shuffles: see ``partition.py``'s first step), and each function becomes an ``examplejson`` module
-whose constants the const loader binds by name.  It is found through ``codegens.get_codegen`` like
+:func:`merge_composites` (Conv+bias+activation, the activation Relu, ReLU6 as Clip, HardSwish or Swish;
+dense+bias, BatchNorm+Relu, residual Add+Relu, channel shuffles: see ``partition.py``'s first step),
+and each function becomes an ``examplejson`` module whose constants the const loader binds by name.  It
+is found through ``codegens.get_codegen`` like
 any installed codegen.
 """
 
@@ -73,9 +74,25 @@ def _fusable(first: Node, second: Node, uses: dict) -> bool:
             and second.domain in ONNX_DOMAINS)
 
 
-def _can_fuse_activation(kernel: str, act: Node, ops: frozenset) -> bool:
-    return (act.op_type == "Relu" and "relu" in ops and kernel in OPS
-            and "activation" in OPS[kernel].attrs)
+def _fused_activation(kernel: str, act: Node, ops: frozenset, graph: Graph) -> tuple | None:
+    """(kernel name, attrs or None) of ``act`` fused into ``kernel``: Relu; Clip with constant scalar bounds
+    (ReLU6 of mobile networks, as ``clip`` with ``min``/``max``); HardSwish; Swish (SiLU, from
+    ``simplify.fuse_swish``).  None: not fusable."""
+    if kernel not in OPS or "activation" not in OPS[kernel].attrs:
+        return None
+    name = {"Relu": "relu", "Clip": "clip", "HardSwish": "hard_swish", "Swish": "swish"}.get(act.op_type)
+    if name is None or name not in ops or (name != "clip" and act.attrs):
+        return None
+    if name != "clip":
+        return name, None
+    bounds = {k: act.attrs[k] for k in ("min", "max") if k in act.attrs}  # opset 6: attributes
+    for key, tensor in zip(("min", "max"), act.inputs[1:3]):
+        if tensor:
+            value = graph.constants.get(tensor)
+            if value is None or value.size != 1:
+                return None
+            bounds[key] = float(value.reshape(-1)[0])
+    return name, bounds
 
 
 def _dense_bias(mm: Node, add: Node, graph: Graph) -> list[str] | None:
@@ -179,14 +196,16 @@ def merge_composites(graph: Graph, ops: frozenset) -> list[Op]:
                         [node, nxt], f"{COMPILER}.conv2d_bias", requires={"conv", "add"})
                 done.add(id(nxt))
                 nxt = next_node(nxt)
-        if node.op_type in ("Conv", "Gemm", "MatMul", "BatchNormalization", "Add", "Sum") and nxt is not None \
-                and _can_fuse_activation(op.kernel, nxt, ops) and op.requires <= ops:
+        fused = _fused_activation(op.kernel, nxt, ops, graph) if nxt is not None else None
+        if node.op_type in ("Conv", "Gemm", "MatMul", "BatchNormalization", "Add", "Sum") and fused \
+                and op.requires <= ops:
             base = {"Conv": "conv2d_bias" if op.pattern or len(node.inputs) > 2 and node.inputs[2] else "conv2d",
                     "Gemm": "dense_bias", "MatMul": "dense_bias" if op.pattern else "dense",
                     "BatchNormalization": "batch_norm", "Add": "add", "Sum": "sum"}
-            op = Op(f"{op.name}+{nxt.name}", op.kernel, op.inputs, list(nxt.outputs),
-                    {**op.attrs, "activation": "relu"}, op.nodes + [nxt],
-                    f"{COMPILER}.{base[node.op_type]}_relu", requires=op.requires | {"relu"})
+            act, act_attrs = fused
+            attrs = {**op.attrs, "activation": act, **({"activation_attrs": act_attrs} if act_attrs else {})}
+            op = Op(f"{op.name}+{nxt.name}", op.kernel, op.inputs, list(nxt.outputs), attrs, op.nodes + [nxt],
+                    f"{COMPILER}.{base[node.op_type]}_{act}", requires=op.requires | {act})
             done.add(id(nxt))
         result.append(op)
     return merge_shuffles(result, graph, uses) if {"reshape", "transpose", "conv"} <= ops else result

@@ -48,6 +48,9 @@ which alone reads the normalization; the weights get a new name.
 stride and groups) is ``Conv_B(Conv_A(x)) + W_B b``: ``fold_bias_forward`` moves ``W_B b`` into
 ``Conv_B``'s bias and drops ``Conv_A``'s, which saves a pass where the bias cost one (ShuffleNet's
 depthwise convs, each followed by a grouped 1x1 conv, after their BatchNormalization was folded in).
+
+**SiLU as one op.**  ``Mul(x, Sigmoid(x))`` (EfficientNet's activation as PyTorch exports it) becomes
+``Swish(x)`` (``fuse_swish``): one pass instead of two, and the partitioner fuses it into the Conv before it.
 """
 
 from __future__ import annotations
@@ -318,8 +321,29 @@ def fold_bias_forward(graph: Graph) -> int:
     return count
 
 
+def fuse_swish(graph: Graph) -> int:
+    """``Mul(x, Sigmoid(x))`` (SiLU, as PyTorch exports it) becomes one ``Swish(x)`` node, which the
+    partitioner then fuses into the Conv before it; the Sigmoid's output must be read by that Mul alone.
+    Returns how many."""
+    uses, readers = _uses(graph), _readers(graph)
+    drop, count = set(), 0
+    for sig in graph.nodes:
+        mul = _sole_reader(sig.outputs[0], readers, uses) if sig.op_type == "Sigmoid" and sig.outputs else None
+        if mul is None or mul.op_type != "Mul" or sorted(mul.inputs) != sorted([sig.inputs[0], sig.outputs[0]]) \
+                or {sig.domain, mul.domain} - set(ONNX_DOMAINS) or sig.outputs[0] in graph.outputs:
+            continue
+        info = graph.tensors.get(sig.inputs[0])
+        if info is None or info.dtype not in _FLOATS:
+            continue
+        mul.op_type, mul.inputs, mul.attrs = "Swish", [sig.inputs[0]], {}
+        drop.add(id(sig))
+        count += 1
+    graph.nodes[:] = [n for n in graph.nodes if id(n) not in drop]
+    return count
+
+
 def simplify_inference(graph: Graph, ops=None) -> int:
-    """The four folds above, in the order that lets each feed the next; how many nodes they changed.
+    """The five folds above, in the order that lets each feed the next; how many nodes they changed.
 
     ``ops``: the accelerator's op set (kernel names; None: all): a fold whose result needs an op the set
     lacks is skipped (a composed BatchNormalization has no host implementation to fall back on).
@@ -329,6 +353,8 @@ def simplify_inference(graph: Graph, ops=None) -> int:
     if ops is None or "add" in ops:
         count += fold_scale_into_conv(graph)
     count += fold_bias_forward(graph)
+    if ops is None or "swish" in ops:
+        count += fuse_swish(graph)
     return count
 
 
