@@ -4,8 +4,7 @@ Its op set is every kernel of the board (``rpcsrv.loader.opset``), its composite
 :func:`merge_composites` (Conv+bias+activation, the activation Relu, ReLU6 as Clip, HardSwish or Swish;
 dense+bias, BatchNorm+Relu, residual Add+Relu, channel shuffles: see ``partition.py``'s first step),
 and each function becomes an ``examplejson`` module whose constants the const loader binds by name.  It
-is found through ``codegens.get_codegen`` like
-any installed codegen.
+is found through ``codegens.get_codegen`` like any installed codegen.
 """
 
 from __future__ import annotations
