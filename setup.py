@@ -17,6 +17,7 @@ the sdist (package data).
 
 import importlib.util
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -35,6 +36,7 @@ class BuildWithShims(build_py):
         shimbuild = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(shimbuild)
         dest = Path(self.build_lib) / "rpcsrv" / "native" / "prebuilt"
+        shutil.rmtree(dest, ignore_errors=True)  # an earlier build's shims may be stale (pip builds in-tree)
         built = shimbuild.build_prebuilt(dest, log=lambda m: print(m, file=sys.stderr))
         if os.environ.get("RPCSRV_PREBUILT_REQUIRE") == "1" and len(built) < len(shimbuild.COMPILERS):
             raise SystemExit(f"RPCSRV_PREBUILT_REQUIRE=1: prebuilt shims for {sorted(built)} only; "
