@@ -4,11 +4,12 @@ run under qemu-user emulation, serves the real apache-tvm client, which cross-co
 VM executable: 32-bit pointers in DLTensor, TVMValue/TVMFFIAny and the shape objects, checked by
 the results.  ``rpcsrv check`` there takes the prebuilt armv7 shim.
 
-Needs an armhf root filesystem with python3 and python3-numpy (``debootstrap --arch=armhf
---variant=minbase --include=python3,python3-numpy bookworm DIR``, about 5 minutes) named by
-``RPCSRV_ARMHF_ROOTFS``, qemu-user binfmt (Debian's qemu-user-static), root (chroot) and
-arm-linux-gnueabihf-gcc.  Without ``RPCSRV_ARMHF_ROOTFS`` it skips; the Docker armv7 board image
-covers the same ground in the HIL scenario.  The server runs in a private mount namespace
+Needs an armhf root filesystem with python3 and python3-numpy: ``RPCSRV_ARMHF_ROOTFS`` (a folder, e.g.
+``debootstrap --arch=armhf --variant=minbase --include=python3,python3-numpy bookworm DIR``, about 5
+minutes), else the armv7 board base that docker/base-image.sh caches as a tarball
+(``$RPCSRV_DOCKER_CACHE/bookworm-board-armv7-*.tar``, unpacked for the module); and qemu-user binfmt
+(Debian's qemu-user-static), root (chroot) and arm-linux-gnueabihf-gcc.  With neither rootfs it skips;
+the Docker armv7 board covers the same ground in the HIL scenario.  The server runs in a private mount namespace
 (``unshare -m``) with /proc mounted there, so nothing stays mounted.
 """
 
@@ -30,16 +31,38 @@ from conftest import need_module, need_program
 from install_fixtures import board_requirements
 
 built_wheel = install_fixtures.built_wheel  # the shared fixture
-ROOTFS = os.environ.get("RPCSRV_ARMHF_ROOTFS")
-pytestmark = pytest.mark.skipif(not ROOTFS, reason="RPCSRV_ARMHF_ROOTFS (an armhf rootfs with python3-numpy) "
-                                                   "is not set")
+
+
+def _rootfs_source() -> Path | None:
+    """The armhf userland: a folder (RPCSRV_ARMHF_ROOTFS) or the Docker armv7 base's cached tarball."""
+    if os.environ.get("RPCSRV_ARMHF_ROOTFS"):
+        return Path(os.environ["RPCSRV_ARMHF_ROOTFS"])
+    cache = Path(os.environ.get("RPCSRV_DOCKER_CACHE", "/var/cache/rpcsrv-docker"))
+    tars = sorted(cache.glob("bookworm-board-armv7-*.tar"), key=lambda p: p.stat().st_mtime)
+    return tars[-1] if tars else None
+
+
+SOURCE = _rootfs_source()
+pytestmark = pytest.mark.skipif(SOURCE is None, reason="no armhf userland: set RPCSRV_ARMHF_ROOTFS, or build the "
+                                                       "armv7 Docker board base (docker/base-image.sh board armv7)")
 TRIPLE = "armv7a-linux-gnueabihf"
 SITE = "/opt/rpcsrv-site"
 
 
 @pytest.fixture(scope="module")
-def rootfs(built_wheel):
-    root = Path(ROOTFS)
+def rootfs(built_wheel, tmp_path_factory):
+    root = SOURCE
+    if SOURCE.is_file():  # the Docker base's tarball, unpacked for this module and removed after it
+        root = tmp_path_factory.mktemp("armhf")
+        subprocess.run(["tar", "-C", str(root), "-xf", str(SOURCE)], check=True, timeout=600)
+    try:
+        yield _prepare(root, built_wheel)
+    finally:
+        if root != SOURCE:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _prepare(root: Path, built_wheel: Path) -> Path:
     if not (root / "usr/bin/python3").exists() or os.geteuid() != 0:
         pytest.fail(f"{root} has no usr/bin/python3, or this is not root (chroot)", pytrace=False)
     need_program("unshare", "a private mount namespace for /proc")
