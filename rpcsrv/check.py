@@ -274,7 +274,8 @@ def _mb(n: int) -> str:
 def format_report(r: dict) -> str:
     m, n, lim = r["machine"], r["native"], r["limits"]
     blas = "; ".join(f"{b['internal_api']} {b['version']} ({b.get('architecture') or '?'}), "
-                     f"{b['num_threads']} threads" for b in r["blas"]) or r.get("blas_error", "none threadpoolctl can see (a reference BLAS?)")
+                     f"{b['num_threads']} threads" for b in r["blas"]) \
+        or r.get("blas_error", "none threadpoolctl can see (a reference BLAS?)")
     prebuilt = ", ".join(f"{t} ({w})" for t, w in n["prebuilt"].items()) or "none"
     lines = [f"machine   {m['uname']}; {m['elf']}; {m['cpus']} CPUs",
              f"python    {r['python']} ({r['executable']})",
