@@ -34,7 +34,6 @@ from typing import Iterator
 
 from .abi import LookupFunc
 from .machine import board, machine_of
-from .shimbuild import BuildError, compile_library, host_compiler
 
 SOURCE = Path(__file__).with_name("shim.c")
 PREBUILT = Path(__file__).with_name("prebuilt")
@@ -46,6 +45,13 @@ _tried: list[str] = []  # why earlier candidates were passed over (status, error
 
 class ShimUnavailable(RuntimeError):
     """No shim could be found or built (no compiler, no prebuilt shim for this board)."""
+
+
+def host_compiler() -> str | None:
+    # shimbuild is imported where used: `python -m rpcsrv.native.shimbuild` must find it not yet imported
+    from .shimbuild import host_compiler as find
+
+    return find()
 
 
 def cache_dir() -> Path:
@@ -78,6 +84,8 @@ def compiled(name: str = "libshim.so") -> Path | None:
         return target
     if cc is None:
         return None
+    from .shimbuild import compile_library
+
     return compile_library(cc, name, target)
 
 
@@ -98,6 +106,8 @@ def _candidates(tried: list[str]) -> Iterator[tuple[Path, str]]:
     for target, path, fits in prebuilt():
         if fits:
             yield path, f"prebuilt for {target}"
+    from .shimbuild import BuildError
+
     try:
         path = compiled()
     except BuildError as exc:
@@ -143,7 +153,7 @@ def status() -> dict:
     try:
         load_shim()
         out["shim"], out["error"] = _origin, None
-    except (ShimUnavailable, BuildError, OSError) as exc:
+    except (ShimUnavailable, OSError) as exc:  # (a compiler's failure is in ShimUnavailable's message)
         out["shim"], out["error"] = None, str(exc)
     out["passed_over"] = list(_tried)
     return out

@@ -31,6 +31,9 @@ LIBRARIES = {"libshim.so": ("shim.c", ["-lpthread"]), "libcheck.so": ("check_ker
 #: rpcsrv is tested on (arm64 and armv7 hard-float; ``.ci/run`` installs them)
 COMPILERS = ("cc", "aarch64-linux-gnu-gcc", "arm-linux-gnueabihf-gcc")
 FLAGS = ["-O2", "-shared", "-fPIC"]
+#: prebuilt (glibc) shims: the oldest pthread symbol versions and libpthread.so.0 as a dependency, so a
+#: shim built against glibc >= 2.34 also loads on older boards (see shim.c)
+PORTABLE = ["-DRPCSRV_PORTABLE_GLIBC", "-Wl,--no-as-needed", "-l:libpthread.so.0", "-Wl,--as-needed"]
 
 
 class BuildError(RuntimeError):
@@ -53,14 +56,16 @@ def target_of(cc: str) -> str:
     return proc.stdout.strip()
 
 
-def compile_library(cc: str, name: str, out: Path) -> Path:
-    """``LIBRARIES[name]`` compiled by ``cc`` into ``out`` (written atomically)."""
+def compile_library(cc: str, name: str, out: Path, portable: bool = False) -> Path:
+    """``LIBRARIES[name]`` compiled by ``cc`` into ``out`` (written atomically); ``portable``: for other
+    boards of the machine (:data:`PORTABLE`, glibc targets only)."""
     source, libs = LIBRARIES[name]
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        proc = subprocess.run([cc, *FLAGS, "-o", tmp, str(HERE / source), *libs],
+        extra = PORTABLE if portable and name == "libshim.so" else []
+        proc = subprocess.run([cc, *FLAGS, "-o", tmp, str(HERE / source), *libs, *extra],
                               capture_output=True, text=True, timeout=300)
         if proc.returncode != 0:
             raise BuildError(f"building {name} with {cc} failed: {proc.stderr.strip()[-500:]}")
@@ -84,7 +89,7 @@ def build_prebuilt(dest: Path, compilers=COMPILERS, log=print) -> dict[str, str]
         if target in built:
             continue
         for lib in LIBRARIES:
-            compile_library(cc, lib, dest / target / lib)
+            compile_library(cc, lib, dest / target / lib, portable=target.endswith(("-gnu", "-gnueabihf")))
         built[target] = cc
         log(f"rpcsrv shimbuild: built {', '.join(LIBRARIES)} for {target} with {name}")
     return built

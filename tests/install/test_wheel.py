@@ -39,6 +39,26 @@ def test_the_wheel_holds_rpcsrv_only_with_the_shim_source_and_prebuilt_shims(bui
     assert built_wheel.name.endswith("-py3-none-any.whl"), "one wheel for every board (docs/native.md)"
 
 
+def test_the_prebuilt_shims_load_on_old_glibc_boards(built_wheel, tmp_path):
+    """glibc 2.34 moved pthread_* into libc under a new symbol version; the prebuilt shims ask for the
+    first versions instead (shim.c, RPCSRV_PORTABLE_GLIBC), so they load on glibc >= 2.17 (checked by
+    hand on Debian 11, glibc 2.31, where a plain build of shim.c fails: GLIBC_2.34 not found)."""
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.gnuversions import GNUVerNeedSection
+
+    with zipfile.ZipFile(built_wheel) as z:
+        shims = [n for n in z.namelist() if n.endswith("/libshim.so")]
+        assert shims
+        for name in shims:
+            path = tmp_path / name.replace("/", "_")
+            path.write_bytes(z.read(name))
+            with open(path, "rb") as f:
+                needed = {aux.name for sec in ELFFile(f).iter_sections() if isinstance(sec, GNUVerNeedSection)
+                          for _, auxes in sec.iter_versions() for aux in auxes}
+            versions = [tuple(int(x) for x in v.split("_")[1].split(".")) for v in needed if v.startswith("GLIBC_")]
+            assert versions and max(versions) <= (2, 17), f"{name} needs {sorted(needed)}"
+
+
 def _x86_64() -> bool:
     import platform
 
