@@ -40,9 +40,16 @@ def _pip(*args: str, timeout: float = 600) -> None:
 
 
 def _checkout_copy(dest: Path) -> Path:
-    """The files git knows (committed or not, minus ignored ones), copied: a clean checkout."""
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True,
-                            text=True, check=True).stdout.split("\n")
+    """The files git knows (committed or not, minus ignored ones), copied: a clean checkout.  Outside a
+    git checkout, the tree without what builds and runs leave behind."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True,
+                                text=True, check=True).stdout.split("\n")
+    except (OSError, subprocess.CalledProcessError):
+        junk = shutil.ignore_patterns("build", "dist", "*.egg-info", ".venv", "__pycache__", ".git", "prebuilt",
+                                      ".pytest_cache", ".hypothesis")
+        shutil.copytree(REPO, dest, ignore=junk)
+        return dest
     for name in filter(None, listed):
         src = REPO / name
         if src.is_file():
