@@ -113,6 +113,9 @@ def _candidates(tried: list[str]) -> Iterator[tuple[Path, str]]:
     except BuildError as exc:
         tried.append(str(exc))
         path = None
+    except OSError as exc:  # e.g. a read-only home: no cache to build into
+        tried.append(f"cannot build it in {cache_dir()} ({exc.strerror or exc}; set RPCSRV_CACHE_DIR)")
+        path = None
     if path is not None:
         yield path, f"built with {host_compiler() or 'cc'} (cached in {path.parent})"
     elif host_compiler() is None:
