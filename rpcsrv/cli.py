@@ -1,4 +1,5 @@
-"""``rpcsrv`` command line: ``serve`` (the board's RPC server), ``inspect`` and ``extract`` (read a library).
+"""``rpcsrv`` command line: ``serve`` (the board's RPC server), ``inspect`` and ``extract`` (read a library),
+``check`` (the board's self-test, rpcsrv/check.py).
 
 One function adds each subcommand's parser (``SUBCOMMANDS``), so a new flag or subcommand is a few
 lines in one place.  Every failure the user can act on (a busy port, a bad flag value, a file that is
@@ -275,11 +276,20 @@ def add_extract_parser(sub) -> argparse.ArgumentParser:
     return e
 
 
+# ---------------------------------------------------------------------------------------------- check
+
+def add_check_parser(sub) -> argparse.ArgumentParser:
+    """``rpcsrv check`` (rpcsrv/check.py): takes serve's limit and native flags, copied from its parser."""
+    from .check import add_parser
+
+    return add_parser(sub, add_serve_parser(argparse.ArgumentParser().add_subparsers()))
+
+
 # ---------------------------------------------------------------------------------------------- main
 
 #: subcommand name -> function adding its parser
 SUBCOMMANDS: dict[str, Callable] = {"serve": add_serve_parser, "inspect": add_inspect_parser,
-                                    "extract": add_extract_parser}
+                                    "extract": add_extract_parser, "check": add_check_parser}
 
 
 def build_parser() -> argparse.ArgumentParser:
