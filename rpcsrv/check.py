@@ -240,14 +240,16 @@ def _stop_spare() -> None:
 # -------------------------------------------------------------------------------------------- report
 
 def collect(args: argparse.Namespace) -> dict:
-    from .cli import check_serve_args
+    from .cli import check_serve_args, load_plugins, plugin_line
 
     check_serve_args(argparse.Namespace(**{**vars(args), "port": 9090, "port_end": None, "workdir": None}))
     report: dict[str, Any] = {"machine": machine(), **python_numpy()}
     lim = limits(args)
     report["limits"] = lim
     report["native"] = native(lim["native"])
-    report["sections"] = hooks()
+    plugins = load_plugins(args)  # the board plugins the flags choose, as `rpcsrv serve` loads them
+    report["sections"] = {"plugins": {"ok": not plugins["failed"], "summary": plugin_line(plugins),
+                                      "required": bool(args.plugin), **plugins}, **hooks()}
     with tempfile.TemporaryDirectory(prefix="rpcsrv-check-") as folder:
         report["smoke"] = {"examplejson": smoke_examplejson(Path(folder)),
                            "native": smoke_native(lim["native"], lim["max_memory"])}

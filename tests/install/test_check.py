@@ -153,3 +153,26 @@ def test_shimbuild_builds_for_a_cross_compiler_from_the_command_line(tmp_path):
         with open(tmp_path / "aarch64-linux-gnu" / lib, "rb") as f:
             assert str(machine_of(f)) == "AArch64 ELF64 le"
     assert shutil.which(cc)
+
+
+def test_check_names_the_plugins_in_use_and_fails_for_a_requested_one_that_is_missing():
+    done = _run("--json")
+    loaded = [p["name"] for p in json.loads(done.stdout)["sections"]["plugins"]["loaded"]]
+    assert {"examplejson", "jsonrt", "graph_executor", "relax_vm"} <= set(loaded)
+    text = _run().stdout
+    assert "plugins   ok: plugins: graph_executor (built-in), examplejson (built-in)" in text
+    # a plugin the flags ask for and that is not installed: the board lacks what it was told to have
+    missing = _run("--plugin", "no_such_plugin")
+    assert missing.returncode == 1, missing.stdout + missing.stderr
+    assert "result    FAILED: plugins:" in missing.stdout
+    assert "no_such_plugin (no such plugin installed" in missing.stdout
+
+
+def test_check_says_when_the_compiled_kernels_fall_back_to_numpy():
+    on = json.loads(_run("--json").stdout)["sections"]["kernels"]
+    off = _run("--json", env={"RPCSRV_COMPILED_KERNELS": "0"})
+    assert off.returncode == 0, off.stdout + off.stderr  # numpy is a fallback, not a failure
+    kernels = json.loads(off.stdout)["sections"]["kernels"]
+    assert not kernels["in_use"] and kernels["summary"].startswith("numpy fallback")
+    assert "RPCSRV_COMPILED_KERNELS=0" in kernels["summary"]
+    assert on["in_use"] and on["summary"].startswith("compiled kernels in use")

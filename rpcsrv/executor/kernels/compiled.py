@@ -135,6 +135,15 @@ def status() -> dict:
             "compiled kernels in use (depthwise convolution, sigmoid, swish)", "library": _state.get("path")}
 
 
+def report() -> dict:
+    """The ``kernels`` section of ``rpcsrv check``: never a failure (numpy is the fallback every board
+    has), but it says which path the board takes and why."""
+    s = status()
+    summary = (f"compiled kernels in use ({s['library']})" if s["in_use"]
+               else f"numpy fallback (no compiled kernels: {s['reason']})")
+    return {"ok": True, "required": False, "summary": summary, **s}
+
+
 def reset() -> None:
     """Forget the loaded library and the reason (tests that change the environment)."""
     with _lock:
