@@ -92,6 +92,7 @@ class Session(SyscallsMixin):
         self.errors = 0  # requests answered with an exception (for the per-session log line)
         self.native = native or NativeSession("isolated", self.limits.max_memory)  # the board's native policy
         self.native.account = self.account  # a native worker and what it holds count for this session
+        self.native.workspace = str(workspace.root)  # the only folder its confined worker may write
 
     # ------------------------------------------------------------------ compatibility views
     @property

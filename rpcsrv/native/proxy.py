@@ -65,7 +65,10 @@ class Worker:
         self.cost = 0  # WORKER_COST, while charged to ``account``
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         fds = [theirs.fileno()] + ([arena.fd] if arena else [])
-        env = dict(os.environ)
+        from . import confine
+
+        self.confining = confine.SETTINGS.enabled  # a scrubbed environment; confined before its first load
+        env = confine.worker_env(os.environ) if self.confining else dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
         try:
             self.proc = subprocess.Popen(
@@ -332,6 +335,11 @@ def take_worker(arena: Optional[Arena], deadline: Callable[[], Optional[float]],
     with _pool_lock:
         worker, _spare = _spare, None
     try:
+        from .confine import SETTINGS
+
+        if worker is not None and worker.confining != SETTINGS.enabled:  # started under other settings
+            worker.close()
+            worker = None
         if worker is not None and worker.alive and worker.proc.poll() is None:
             worker.attach(arena, deadline)
         else:

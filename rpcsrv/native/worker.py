@@ -9,6 +9,11 @@ its descriptor sent back in the first message.  What it allocates for the sessio
 against the budget each request carries, before it is allocated, and each answer says how much
 it holds (``budget.py``).  If native code crashes, this process dies and the
 session sees a closed socket; nothing else is affected.
+
+Started with ``RPCSRV_CONFINE=1`` (``confine.worker_env``), it loads the runtime shim and the modules it
+may need while it can, starts no thread, and refuses to load a library until the session has sent its
+``("confine", policy)``: then it confines itself in its main thread (``confine.apply``) and answers what
+is in force.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ class WorkerState:
         self.ids = itertools.count(1)
         self.arenas = {"session": session_arena, "worker": own_arena}
         self.budget = WorkerBudget()
+        self.confined: dict | None = None  # the layers in force, once confined
 
     # values ---------------------------------------------------------------
     def to_local(self, v: Any, copied: list) -> Any:
@@ -144,6 +150,16 @@ class WorkerState:
         raise ValueError(f"unknown worker request {op!r}")
 
 
+def _confine(state: WorkerState, policy: dict) -> dict:
+    """Confine this worker once (``confine.apply``), then start its parent watch."""
+    if state.confined is None:
+        from .confine import apply
+
+        state.confined = apply(policy)
+        watch_parent()
+    return state.confined
+
+
 def _worker_globals() -> dict:
     """Global functions that take a module of this worker and build on it here."""
     from ..executor import debug, graph
@@ -239,11 +255,39 @@ def watch_parent(interval: float = PARENT_CHECK) -> threading.Thread:
     return thread
 
 
+def _preload() -> None:
+    """Everything a confined worker may import or open later, now: the runtime shim (loaded with the
+    server's rights) and the executor, loader and native modules (after the identity drop Python's own
+    folders may not be readable, e.g. a Python installed in root's home)."""
+    import importlib
+    import pkgutil
+
+    from .shim import ShimUnavailable, load_shim
+
+    try:
+        load_shim()
+    except ShimUnavailable:
+        pass  # load_module names what the library needed
+    from .. import executor, loader
+
+    for package in (executor, loader):
+        for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+            importlib.import_module(info.name)
+    from . import measure, runtime  # noqa: F401
+    from .machine import board
+
+    board()  # read from the interpreter's file once (cached)
+
+
 def main(argv: list[str]) -> int:
     from .shm import Arena
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server's Ctrl-C is the server's to handle
-    watch_parent()
+    confining = os.environ.get("RPCSRV_CONFINE") == "1"
+    if confining:
+        _preload()
+    else:  # a confined worker starts its threads after it has confined itself (Landlock binds those)
+        watch_parent()
     sock = socket.socket(fileno=int(argv[0]))
     session_arena = Arena(int(argv[2]), fd=int(argv[1])) if int(argv[1]) >= 0 else None
     own = Arena(WORKER_ARENA, name="rpcsrv-worker")
@@ -272,6 +316,10 @@ def main(argv: list[str]) -> int:
             if req[0] == "attach":  # a spare worker joins a session: map its arena
                 state.arenas["session"] = Arena(req[1], fd=fds[0]) if fds else None
                 answer = ("ok", None, [])
+            elif req[0] == "confine":
+                answer = ("ok", _confine(state, req[1]), [])
+            elif confining and state.confined is None and req[0] in ("load", "get", "call", "timer", "global"):
+                raise RuntimeError("the native worker runs nothing before it is confined")
             else:
                 answer = ("ok", *state.handle(req))
         except Exception as exc:
