@@ -246,6 +246,25 @@ def _status(key: str) -> str:
     return ""
 
 
+def reachable(path: str) -> bool:
+    """Whether the worker's user can reach ``path``: every folder above it searchable by that user (a
+    session workspace under a private folder is not: the session's worker then works in a folder of its
+    own, ``host.py``)."""
+    ids = _user_ids() if SETTINGS.enabled else None
+    if ids is None:
+        return True
+    uid, gid = ids
+    parent = os.path.dirname(os.path.realpath(path))
+    while True:
+        st = os.stat(parent)
+        bit = 0o100 if st.st_uid == uid else (0o010 if st.st_gid == gid else 0o001)
+        if not st.st_mode & bit:
+            return False
+        if parent == os.path.dirname(parent):
+            return True
+        parent = os.path.dirname(parent)
+
+
 def hand_over(path: str) -> None:
     """Make a library the worker is about to load readable by the worker's user (a root server's
     uploads are root's)."""

@@ -145,7 +145,7 @@ class NativeSession:
 
         from . import confine
 
-        root = self.workspace
+        root = self.workspace if self.workspace is not None and confine.reachable(self.workspace) else None
         if root is None:
             if self._own_workspace is None:
                 self._own_workspace = tempfile.mkdtemp(prefix="rpcsrv-native-")
