@@ -14,13 +14,23 @@ on 16 float32: its own work is a few nanoseconds, so every figure is overhead.  
   * ``isolated, no account`` / ``isolated, with account``: the shared-arrays call without and with a
     session memory account (the budget check each request carries), interleaved, min of the runs;
   * ``isolated, copied arrays``: the same with arrays outside the arena (copied both ways);
-  * ``RPC inprocess`` / ``RPC isolated``: ``lib["add_one"](a, b)`` from apache-tvm's client (skipped
-    without it), the user-visible round trip.
+  * ``RPC inprocess`` / ``RPC isolated`` / ``RPC isolated, unconfined``: ``lib["add_one"](a, b)`` from
+    apache-tvm's client (skipped without it), the user-visible round trip (``--native-confine on``, the
+    default, and ``off``).
+
+Confinement (``rpcsrv/native/confine.py``), interleaved unconfined/confined rounds, medians (``--starts``
+rounds; no spare worker is refilled meanwhile):
+
+  * ``start, unconfined`` / ``start, confined``: a worker process from spawn to ready (ms; the confined
+    one preloads the executor, loader and shim before it is ready);
+  * ``confine``: the ``("confine", policy)`` request (ms; all layers);
+  * ``call, unconfined`` / ``call, confined``: the shared-arrays call through each (us/call).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -54,8 +64,9 @@ def _rpc_rows(lib_path: Path, calls: int, repeat: int) -> dict[str, float]:
     import re
 
     rows = {}
-    for mode in ("inprocess", "isolated"):
-        proc = subprocess.Popen([sys.executable, "-m", "rpcsrv", "serve", "--port", "0", "--native", mode],
+    for mode, flags in (("inprocess", []), ("isolated", []), ("isolated, unconfined", ["--native-confine", "off"])):
+        proc = subprocess.Popen([sys.executable, "-m", "rpcsrv", "serve", "--port", "0", "--native",
+                                 mode.split(",")[0], *flags],
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
         try:
             port = int(re.search(r":(\d+)", proc.stdout.readline()).group(1))
@@ -88,7 +99,71 @@ def _budget_ab(worker, call, calls: int, repeat: int) -> dict[str, float]:
     return {name: min(r) for name, r in runs.items()}
 
 
-def run(calls: int = 2000, repeat: int = 5) -> dict[str, float]:
+def _confine_ab(lib_path: Path, calls: int, starts: int) -> dict[str, float]:
+    """Worker start-up, the confine request and a call, unconfined and confined, interleaved."""
+    from rpcsrv.native import confine, proxy
+    from rpcsrv.native.host import NativeSession
+
+    runs: dict[str, list[float]] = {}
+    refill, proxy._refill = proxy._refill, lambda: None  # no background spare during the timings
+    try:
+        for _ in range(starts):
+            for on in (False, True):
+                label = "confined" if on else "unconfined"
+                confine.configure(enabled=on)
+                t0 = time.perf_counter()
+                worker = proxy.Worker(None)
+                runs.setdefault(f"start, {label} (ms)", []).append((time.perf_counter() - t0) * 1e3)
+                worker.close()
+                session = NativeSession("isolated", max_memory=1 << 30)
+                try:
+                    session._open_arena()
+                    session.worker = proxy.Worker(session.arena, session._deadline)
+                    t0 = time.perf_counter()
+                    path = session._confine_worker(str(lib_path)) if on else str(lib_path)
+                    if on:
+                        runs.setdefault("confine (ms)", []).append((time.perf_counter() - t0) * 1e3)
+                    wfn = session.worker.load(path).get_function("add_one")
+                    sa, sb = session.zeros(64).view(np.float32), session.zeros(64).view(np.float32)
+                    runs.setdefault(f"call, {label} (us)", []).append(_per_call(lambda: wfn(sa, sb), calls, 1))
+                finally:
+                    session.close()
+    finally:
+        proxy._refill = refill
+        confine.configure()
+    return {name: statistics.median(r) for name, r in runs.items()}
+
+
+def _worker_data() -> dict[int, tuple[int, int]]:
+    """pid -> (VmData bytes, uid) of every native worker now running on this machine."""
+    out = {}
+    for pid in os.listdir("/proc"):
+        try:
+            if not pid.isdigit() or b"rpcsrv.native.worker" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                continue
+            status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+            out[int(pid)] = (int(status["VmData"].split()[0]) << 10, int(status["Uid"].split()[1]))
+        except (OSError, KeyError, ValueError):
+            continue
+    return out
+
+
+def headroom(command: list[str], interval: float = 0.01) -> int:
+    """Run ``command`` (e.g. pytest on the native tests) and sample every worker's data segment: the most
+    any worker grew beyond its size when it confined itself (its uid changed; as root) or first seen."""
+    base: dict[int, int] = {}
+    peak = 0
+    proc = subprocess.Popen(command, cwd=ROOT)
+    while proc.poll() is None:
+        for pid, (data, uid) in _worker_data().items():
+            if pid not in base or (uid != 0 and base.get(-pid) == 0):
+                base[pid], base[-pid] = data, uid  # first sight, or the sample just after the drop
+            peak = max(peak, data - base[pid])
+        time.sleep(interval)
+    return peak
+
+
+def run(calls: int = 2000, repeat: int = 5, starts: int = 5) -> dict[str, float]:
     from rpcsrv.native import load_native_module
     from rpcsrv.native.host import NativeSession
 
@@ -116,11 +191,12 @@ def run(calls: int = 2000, repeat: int = 5) -> dict[str, float]:
         finally:
             session.close()
         rows.update(rpc_rows)
+        rows.update(_confine_ab(lib_path, calls, starts))
     return rows
 
 
 def report(rows: dict[str, float]) -> str:
-    lines = [f"{name:<26} {us:8.2f} us/call" for name, us in rows.items()]
+    lines = [f"{name:<26} {v:8.2f}" + ("" if "(m" in name or "(u" in name else " us/call") for name, v in rows.items()]
     base = rows["in-process call"]
     lines.append(f"isolated (shared) / in-process call: {rows['isolated, shared arrays'] / base:.1f}x")
     if "RPC isolated" in rows:
@@ -132,8 +208,17 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--calls", type=int, default=2000)
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--starts", type=int, default=5, help="unconfined/confined rounds (worker starts)")
+    p.add_argument("--headroom", nargs=argparse.REMAINDER, metavar="COMMAND",
+                   help="instead: run COMMAND and report the largest growth of a native worker's data")
     args = p.parse_args()
-    print(report(run(args.calls, args.repeat)))
+    if args.headroom:
+        from rpcsrv.native.confine import HEADROOM
+
+        print(f"largest worker data growth: {headroom(args.headroom) / 2 ** 20:.1f} MiB "
+              f"(confine.HEADROOM is {HEADROOM >> 20} MiB)")
+        return
+    print(report(run(args.calls, args.repeat, args.starts)))
 
 
 if __name__ == "__main__":
