@@ -16,7 +16,8 @@ on 16 float32: its own work is a few nanoseconds, so every figure is overhead.  
   * ``isolated, copied arrays``: the same with arrays outside the arena (copied both ways);
   * ``RPC inprocess`` / ``RPC isolated`` / ``RPC isolated, unconfined``: ``lib["add_one"](a, b)`` from
     apache-tvm's client (skipped without it), the user-visible round trip (``--native-confine on``, the
-    default, and ``off``).
+    default, and ``off``), rounds interleaved in alternating order; ``...: CPU/call`` is the CPU time
+    the server and its workers spent per call (schedstat), steadier than wall time on a loaded machine.
 
 Confinement (``rpcsrv/native/confine.py``), interleaved unconfined/confined rounds, medians (``--starts``
 rounds; no spare worker is refilled meanwhile):
@@ -24,7 +25,9 @@ rounds; no spare worker is refilled meanwhile):
   * ``start, unconfined`` / ``start, confined``: a worker process from spawn to ready (ms; the confined
     one preloads the executor, loader and shim before it is ready);
   * ``confine``: the ``("confine", policy)`` request (ms; all layers);
-  * ``call, unconfined`` / ``call, confined``: the shared-arrays call through each (us/call).
+  * ``call, unconfined`` / ``call, confined``: the shared-arrays call through each (us/call), and the
+    worker's own CPU time per call (``/proc/<pid>/task/*/schedstat``; what the filter and Landlock could
+    add shows there, not hidden by the wait for a CPU on a loaded machine).
 """
 
 from __future__ import annotations
@@ -55,6 +58,18 @@ def _per_call(fn, calls: int, repeat: int) -> float:
     return statistics.median(runs)
 
 
+def _cpu_ns(pid: int) -> int:
+    """Nanoseconds process ``pid``'s threads have run on a CPU (schedstat: not its wait for one, which on
+    a loaded machine dwarfs a small call)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+        except (OSError, ValueError):
+            continue
+    return total
+
+
 def _rpc_rows(lib_path: Path, calls: int, repeat: int) -> dict[str, float]:
     try:
         import tvm
@@ -63,12 +78,14 @@ def _rpc_rows(lib_path: Path, calls: int, repeat: int) -> dict[str, float]:
         return {}
     import re
 
-    rows = {}
-    for mode, flags in (("inprocess", []), ("isolated", []), ("isolated, unconfined", ["--native-confine", "off"])):
-        proc = subprocess.Popen([sys.executable, "-m", "rpcsrv", "serve", "--port", "0", "--native",
-                                 mode.split(",")[0], *flags],
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
-        try:
+    modes = {"RPC inprocess": ["--native", "inprocess"], "RPC isolated": [],
+             "RPC isolated, unconfined": ["--native-confine", "off"]}
+    procs, calls_of, runs = [], {}, {name: [] for name in modes}
+    try:  # every server up at once, their rounds interleaved (the machine's load falls on all alike)
+        for name, flags in modes.items():
+            proc = subprocess.Popen([sys.executable, "-m", "rpcsrv", "serve", "--port", "0", *flags],
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
+            procs.append(proc)
             port = int(re.search(r":(\d+)", proc.stdout.readline()).group(1))
             remote = rpc.connect("127.0.0.1", port)
             remote.upload(str(lib_path), "k.so")
@@ -76,10 +93,20 @@ def _rpc_rows(lib_path: Path, calls: int, repeat: int) -> dict[str, float]:
             dev = remote.cpu()
             a = tvm.runtime.tensor(np.ones(16, "float32"), dev)
             b = tvm.runtime.tensor(np.zeros(16, "float32"), dev)
-            rows[f"RPC {mode}"] = _per_call(lambda: f(a, b), calls // 4, repeat)
-        finally:
+            kids = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+            calls_of[name] = (remote, lambda f=f, a=a, b=b: f(a, b), [proc.pid, *map(int, kids)])
+        for r in range(repeat):  # the order alternates: no mode always runs right after another
+            for name, (_remote, call, pids) in (list(calls_of.items())[::-1] if r % 2 else calls_of.items()):
+                cpu0 = sum(_cpu_ns(p) for p in pids)
+                runs[name].append(_per_call(call, calls // 4, 1))
+                runs.setdefault(f"{name}: CPU/call", []).append(
+                    (sum(_cpu_ns(p) for p in pids) - cpu0) / (calls // 4) / 1e3)
+    finally:
+        calls_of.clear()
+        for proc in procs:
             proc.terminate()
             proc.wait()
+    rows = {name: statistics.median(r) for name, r in runs.items() if r}
     return rows
 
 
@@ -125,7 +152,10 @@ def _confine_ab(lib_path: Path, calls: int, starts: int) -> dict[str, float]:
                         runs.setdefault("confine (ms)", []).append((time.perf_counter() - t0) * 1e3)
                     wfn = session.worker.load(path).get_function("add_one")
                     sa, sb = session.zeros(64).view(np.float32), session.zeros(64).view(np.float32)
+                    cpu0 = _cpu_ns(session.worker.pid)
                     runs.setdefault(f"call, {label} (us)", []).append(_per_call(lambda: wfn(sa, sb), calls, 1))
+                    runs.setdefault(f"worker CPU/call, {label} (us)", []).append(
+                        (_cpu_ns(session.worker.pid) - cpu0) / calls / 1e3)
                 finally:
                     session.close()
     finally:

@@ -40,7 +40,8 @@ from ..executor.runtime import RuntimeModule
 from .library import NativeError
 from .shm import Arena
 from .wire import Copied, Ref, Shared
-from .worker import _recv, _send
+from .confine_wire import ProtocolViolation, loads, message_limit, recv
+from .worker import _send
 
 START_TIMEOUT = 30.0
 #: what a native worker itself costs its session: a started worker holds ~25 MiB of private memory
@@ -103,9 +104,7 @@ class Worker:
                 if not chunk:
                     raise NativeError("the native worker failed to start (it closed its socket)")
                 data += chunk
-            import pickle
-
-            _ready, self.pid, size = pickle.loads(data)
+            _ready, self.pid, size = loads(data)  # a worker's word is checked (confine_wire.py)
             self.worker_arena = Arena(size, fd=fds[0])
         except BaseException as exc:
             for fd in fds:
@@ -115,6 +114,10 @@ class Worker:
             if isinstance(exc, NativeError) and why == "failed to start":
                 raise NativeError(f"{exc} ({self._exit_text()})") from None
             raise
+
+    def _recv(self) -> Any:
+        """The worker's next message, read as from an untrusted peer (``confine_wire.py``)."""
+        return recv(self.sock, message_limit(self.account))
 
     def _wait(self, until: Optional[float]) -> bool:
         poller = select.poll()
@@ -189,10 +192,13 @@ class Worker:
                     with self._garbage_lock:
                         garbage, self._garbage = self._garbage, []
                     _send(self.sock, (None, ("free", garbage)))
-                    if self._settle(_recv(self.sock))[0] != "ok":
+                    if self._settle(self._recv())[0] != "ok":
                         raise EOFError
                 _send(self.sock, (self._budget(), req))
                 answer = self._settle(self._answer(what))
+            except ProtocolViolation as exc:  # forged by native code: the worker goes, as after a crash
+                self.kill(f"broke the protocol: {exc}")
+                raise NativeError(f"{what}: {exc}; its worker was stopped, load the module again") from None
             except (EOFError, OSError, ConnectionError):
                 text = self._exit_text()
                 self.kill(f"crashed: {text}")
@@ -217,7 +223,7 @@ class Worker:
                     self.kill("stopped at the session deadline")
                     raise NativeError(f"{what}: native code was still running at the session deadline; "
                                       f"its worker was stopped")
-                answer = _recv(self.sock)
+                answer = self._recv()
                 if answer[0] == "slot":
                     held.close()
                     try:
@@ -301,7 +307,7 @@ class Worker:
         """Give a spare worker its session: the session's arena (mapped there) and deadline."""
         with self.lock:
             _send(self.sock, (None, ("attach", arena.capacity if arena else 0)), [arena.fd] if arena else [])
-            if not self._wait(time.monotonic() + START_TIMEOUT) or _recv(self.sock)[0] != "ok":
+            if not self._wait(time.monotonic() + START_TIMEOUT) or self._recv()[0] != "ok":
                 raise NativeError("the spare native worker did not take its session")
         self.arena, self.deadline = arena, deadline
 

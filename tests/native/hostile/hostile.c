@@ -259,3 +259,43 @@ FN(benign) { /* threads, a file in $TMPDIR (the workspace when confined), memory
   ret_code[0] = kTVMArgInt;
   return 0;
 }
+
+/* Attacks on the channel to the server (guarded on the server's side, confined or not). */
+static int socket_fds(int* fds, int max) {
+  int k = 0;
+  for (int fd = 3; fd < 1024 && k < max; ++fd) {
+    struct stat st;
+    if (fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode)) fds[k++] = fd;
+  }
+  return k;
+}
+
+FN(h_forge_answer) { /* (path): send the server a pickle that would run `touch path` in it */
+  UNUSED;
+  char pickle[600];
+  int len = snprintf(pickle, sizeof pickle, "cposix\nsystem\n(Vtouch %s\ntR.", args[0].v_str);
+  int fds[8], k = socket_fds(fds, 8);
+  if (k == 0) return refused("no socket to the server", ENOENT);
+  for (int i = 0; i < k; ++i) {
+    uint64_t n = (uint64_t)len;
+    if (write(fds[i], &n, 8) != 8 || write(fds[i], pickle, len) != len) return refused("write", errno);
+  }
+  return 0;
+}
+
+FN(h_shrink_arenas) { /* truncate every shared memory file the worker holds (the server maps them) */
+  UNUSED;
+  int found = 0, shrunk = 0, err = 0;
+  for (int fd = 3; fd < 1024; ++fd) {
+    char link[64], target[256];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t k = readlink(link, target, sizeof target - 1);
+    if (k <= 0) continue;
+    target[k] = 0;
+    if (strncmp(target, "/memfd:", 7) != 0) continue;
+    ++found;
+    if (ftruncate(fd, 0) == 0) ++shrunk; else err = errno;
+  }
+  if (!found) return refused("no shared memory file", ENOENT);
+  return shrunk ? 0 : refused("ftruncate", err);
+}

@@ -155,3 +155,36 @@ def test_filter_kill_ends_only_that_worker(board, hostile_lib):
     assert lib["benign"]() == 42
     assert board["lib"]["benign"]() == 42, "another session's worker is untouched"
     assert board["srv"].alive()
+
+
+def _fresh_session(board, hostile_lib):
+    remote = rpc.connect(board["srv"].host, board["srv"].port)
+    remote.upload(str(hostile_lib), "k.so")
+    return remote, remote.load_module("k.so")
+
+
+def test_forged_answer_stops_only_that_worker(board, hostile_lib, world):
+    """Native code writes the server a pickle that would run a command there: the server reads its worker's
+    messages as untrusted (rpcsrv/native/confine_wire.py, confined or not), so it runs nothing and stops
+    that worker; the session loads again and goes on."""
+    marker = world["base"] / f"forged-{board['confined']}"
+    remote, lib = _fresh_session(board, hostile_lib)
+    with pytest.raises(Exception, match=r"posix\.system"):
+        lib["h_forge_answer"](str(marker))
+    assert not marker.exists(), "the forged message ran in the server"
+    assert remote.load_module("k.so")["benign"]() == 42
+    assert board["srv"].alive()
+
+
+def test_shared_memory_cannot_shrink_under_the_server(board, hostile_lib):
+    """The arenas the server maps are sealed against shrinking: truncating them (which would make the
+    server's next read of a session buffer a SIGBUS) fails, and the session's buffers stay usable."""
+    import numpy as np
+
+    remote, lib = _fresh_session(board, hostile_lib)
+    a = tvm.runtime.tensor(np.arange(16, dtype="float32"), remote.cpu())
+    with pytest.raises(Exception, match=re.escape(EPERM)):
+        lib["h_shrink_arenas"]()
+    np.testing.assert_array_equal(a.numpy(), np.arange(16, dtype="float32"))
+    assert lib["benign"]() == 42
+    assert board["srv"].alive()
