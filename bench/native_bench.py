@@ -193,6 +193,57 @@ def headroom(command: list[str], interval: float = 0.01) -> int:
     return peak
 
 
+def breakdown(lib_path: Path, calls: int, repeat: int) -> dict[str, float]:
+    """Where a remote native call's time goes, part by part (us per call, median of ``repeat``): the
+    thread hop of a blocking call (``trio.to_thread``), the argument conversion and call in process, the
+    worker round trip (empty request, and the call), the pickling of a call request and answer, and the
+    worker's own handling of the call (its ``WorkerState.handle`` run here)."""
+    import pickle
+
+    import trio
+
+    from rpcsrv.native import load_native_module
+    from rpcsrv.native.host import NativeSession
+    from rpcsrv.native.shm import Arena
+    from rpcsrv.native.wire import Shared
+    from rpcsrv.native.worker import WorkerState
+
+    rows: dict[str, float] = {}
+
+    async def hops() -> None:
+        limiter = trio.CapacityLimiter(4)
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                await trio.to_thread.run_sync(lambda: None, limiter=limiter)
+            rows.setdefault("thread hop", []).append((time.perf_counter() - t0) / calls * 1e6)
+
+    trio.run(hops)
+    arena = Arena(1 << 20)
+    state = WorkerState(arena, None)
+    ref = state.to_wire(load_native_module(str(lib_path)))
+    fn = state.handle(("get", ref.id, "add_one", True))[0]
+    a, b = arena.zeros(64).view(np.float32), arena.zeros(64).view(np.float32)
+    args = [Shared("session", arena.offset_of(x), "<f4", (16,), (4,)) for x in (a, b)]
+    req = (None, ("call", fn.id, args))
+    answer = ("ok", None, [], 0)
+    rows["pickle request+answer"] = [_per_call(lambda: pickle.loads(pickle.dumps(req, 5)) and pickle.loads(
+        pickle.dumps(answer, 5)), calls, 1) for _ in range(repeat)]
+    rows["worker handling (here)"] = [_per_call(lambda: state.handle(req[1]), calls, 1) for _ in range(repeat)]
+    session = NativeSession("isolated")
+    try:
+        wfn = session.load(str(lib_path)).get_function("add_one")
+        sa, sb = session.zeros(64).view(np.float32), session.zeros(64).view(np.float32)
+        worker = session.worker
+        rows["worker round trip, empty"] = [_per_call(lambda: worker.request(("stats",), "stats"), calls, 1)
+                                            for _ in range(repeat)]
+        rows["worker round trip, call"] = [_per_call(lambda: wfn(sa, sb), calls, 1) for _ in range(repeat)]
+    finally:
+        session.close()
+        arena.close()
+    return {f"breakdown: {name}": statistics.median(v) for name, v in rows.items()}
+
+
 def run(calls: int = 2000, repeat: int = 5, starts: int = 5) -> dict[str, float]:
     from rpcsrv.native import load_native_module
     from rpcsrv.native.host import NativeSession
@@ -239,9 +290,22 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=2000)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--starts", type=int, default=5, help="unconfined/confined rounds (worker starts)")
+    p.add_argument("--breakdown", action="store_true", help="instead: where a remote native call's time goes")
     p.add_argument("--headroom", nargs=argparse.REMAINDER, metavar="COMMAND",
                    help="instead: run COMMAND and report the largest growth of a native worker's data")
     args = p.parse_args()
+    if args.breakdown:
+        with tempfile.TemporaryDirectory() as tmp:
+            lib_path = Path(tmp) / "k.so"
+            subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(lib_path), str(FIXTURE)], check=True)
+            rows = breakdown(lib_path, args.calls, args.repeat)
+            from rpcsrv.native import load_native_module
+
+            f = load_native_module(str(lib_path)).get_function("add_one")
+            x, y = np.ones(16, np.float32), np.zeros(16, np.float32)
+            rows["breakdown: native call in process"] = _per_call(lambda: f(x, y), args.calls, args.repeat)
+        print("\n".join(f"{name:<45} {us:8.2f} us/call" for name, us in rows.items()))
+        return
     if args.headroom:
         from rpcsrv.native.confine import HEADROOM
 
