@@ -111,9 +111,11 @@ def policy(workspace: str, budget: int) -> dict[str, Any]:
     """What the session sends its worker (``("confine", policy)``); the workspace is made the
     worker user's (the server keeps its own rights over it)."""
     ids = _user_ids()
-    if ids is not None:
-        os.chown(workspace, *ids)
+    if ids is not None and confine_landlock.abi_version() > 0:
+        os.chown(workspace, *ids)  # Landlock keeps symlinks, FIFOs and sockets out of it (confine_landlock.py)
         os.chmod(workspace, 0o700)
+    elif ids is not None:  # without Landlock the worker's user gets no folder the server works in: it
+        os.chmod(workspace, 0o711)  # reads the libraries it loads (by name), and writes nothing
     roots = {os.path.realpath(p) for p in [sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path] if p}
     import rpcsrv
 
@@ -267,7 +269,6 @@ def reachable(path: str) -> bool:
 
 def hand_over(path: str) -> None:
     """Make a library the worker is about to load readable by the worker's user (a root server's
-    uploads are root's)."""
-    ids = _user_ids() if SETTINGS.enabled else None
-    if ids is not None:
-        os.chown(path, *ids)
+    uploads are root's, and may be private under its umask); it stays the server's."""
+    if SETTINGS.enabled and _user_ids() is not None:
+        os.chmod(path, os.stat(path).st_mode | 0o044)

@@ -36,8 +36,10 @@ NET_BIND_TCP, NET_CONNECT_TCP = 1, 2  # ABI 4
 SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1, 2  # ABI 6
 
 READ_ONLY = READ_FILE | READ_DIR
-#: in the workspace: everything but executing and device nodes
-READ_WRITE = ((1 << 16) - 1) & ~(EXECUTE | MAKE_CHAR | MAKE_BLOCK)
+#: in the workspace: files and folders, but no executing, no device nodes, and no symlinks, FIFOs or
+#: sockets: the server works in the same folder with its own rights, and a symlink there could send one of
+#: its writes (an upload) or reads outside, a FIFO could block it
+READ_WRITE = ((1 << 16) - 1) & ~(EXECUTE | MAKE_CHAR | MAKE_BLOCK | MAKE_SYM | MAKE_FIFO | MAKE_SOCK)
 
 #: struct landlock_ruleset_attr {u64 handled_access_fs; u64 handled_access_net; u64 scoped;}
 RULESET_ATTR = struct.Struct("=QQQ")

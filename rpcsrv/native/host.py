@@ -153,6 +153,13 @@ class NativeSession:
         if self.confined is None:
             self.confined, _ = self.worker.request(("confine", confine.policy(root, self.max_memory)),
                                                    "confining the native worker")
+            absent = {k: v for k, v in self.confined.items() if not v.startswith("in force")}
+            if absent:
+                import logging
+
+                logging.getLogger("rpcsrv.native").warning(
+                    "native worker %s confined without: %s", self.worker.pid,
+                    "; ".join(f"{k} ({v})" for k, v in absent.items()))
         real = os.path.realpath(path)
         if os.path.commonpath([real, os.path.realpath(root)]) != os.path.realpath(root):
             fd, copy = tempfile.mkstemp(suffix=os.path.splitext(path)[1], dir=root)

@@ -196,14 +196,22 @@ class Worker:
                         raise EOFError
                 _send(self.sock, (self._budget(), req))
                 answer = self._settle(self._answer(what))
-            except ProtocolViolation as exc:  # forged by native code: the worker goes, as after a crash
-                self.kill(f"broke the protocol: {exc}")
-                raise NativeError(f"{what}: {exc}; its worker was stopped, load the module again") from None
-            except (EOFError, OSError, ConnectionError):
-                text = self._exit_text()
-                self.kill(f"crashed: {text}")
-                raise NativeError(f"{what}: native code crashed ({text}); this session's native modules "
-                                  f"are gone, load the module again") from None
+            except (ProtocolViolation, EOFError, OSError, ConnectionError) as exc:
+                raise self._failure(exc, what) from None
+        return self._result(answer, what)
+
+    def _failure(self, exc: BaseException, what: str) -> NativeError:
+        """The worker is killed after a request failed with ``exc``: the error that says why."""
+        if isinstance(exc, ProtocolViolation):  # forged by native code: the worker goes, as after a crash
+            self.kill(f"broke the protocol: {exc}")
+            return NativeError(f"{what}: {exc}; its worker was stopped, load the module again")
+        text = self._exit_text()
+        self.kill(f"crashed: {text}")
+        return NativeError(f"{what}: native code crashed ({text}); this session's native modules are gone, "
+                           f"load the module again")
+
+    def _result(self, answer: tuple, what: str) -> tuple[Any, list]:
+        """An answer's value and copied-back arguments, or its error raised."""
         if answer[0] == "err":
             raise NativeError(answer[1])
         if answer[0] == "budget":  # refused in the worker before allocating
@@ -212,18 +220,21 @@ class Worker:
             raise self.account.refusal(*answer[1])
         return answer[1], answer[2]
 
-    def _answer(self, what: str) -> tuple:
-        """The answer to the request just sent.  Meanwhile the worker may ask for a compute slot
-        (``("slot",)``, a model run starting there): it is held in the server's compute policy
-        (``rpcsrv.executor.compute``) until ``("slot-done",)`` or the answer, so the worker's runs
-        share the cores' slots with every other session's."""
+    def _answer(self, what: str, first: Optional[tuple] = None) -> tuple:
+        """The answer to the request just sent (``first``: its first message, already read).  Meanwhile
+        the worker may ask for a compute slot (``("slot",)``, a model run starting there): it is held in
+        the server's compute policy (``rpcsrv.executor.compute``) until ``("slot-done",)`` or the
+        answer, so the worker's runs share the cores' slots with every other session's."""
         with contextlib.ExitStack() as held:
             while True:
-                if not self._wait(self.deadline()):
+                if first is not None:
+                    answer, first = first, None
+                elif not self._wait(self.deadline()):
                     self.kill("stopped at the session deadline")
                     raise NativeError(f"{what}: native code was still running at the session deadline; "
                                       f"its worker was stopped")
-                answer = self._recv()
+                else:
+                    answer = self._recv()
                 if answer[0] == "slot":
                     held.close()
                     try:
@@ -392,6 +403,12 @@ class WorkerFunction(_Proxy):
 
     def __call__(self, *args: Any) -> Any:
         return self.worker.call(("call", self.oid), args, self.name)
+
+    async def call_on_loop(self, limiter: Any, *args: Any) -> Any:
+        """The same call made from the session's trio loop, waiting there for the answer (``onloop.py``)."""
+        from .onloop import call
+
+        return await call(self.worker, ("call", self.oid), args, self.name, limiter)
 
     def time_evaluator(self, params: tuple, f_preproc: str) -> "WorkerFunction":
         """TVM's time evaluator for this function, run inside the worker (no IPC in the timings)."""

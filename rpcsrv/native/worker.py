@@ -33,11 +33,14 @@ from typing import Any
 import numpy as np
 
 from .budget import WorkerBudget, refusal_in
+from .library import NativeFunction
 from .wire import Copied, Ref, Shared
 
 WORKER_ARENA = 4 << 30 if sys.maxsize > 2 ** 32 else 256 << 20
 #: seconds between a worker's checks that the server that started it is still there (``watch_parent``)
 PARENT_CHECK = 1.0
+#: bound calls a worker keeps (``WorkerState.bound``; all dropped when full)
+BOUND_CALLS = 256
 
 
 class WorkerState:
@@ -47,6 +50,9 @@ class WorkerState:
         self.arenas = {"session": session_arena, "worker": own_arena}
         self.budget = WorkerBudget()
         self.confined: dict | None = None  # the layers in force, once confined
+        #: (function id, *Shared arguments) -> the call with its arguments converted once: a remote kernel
+        #: called again on the same arrays (a tuner, a script's loop) skips the conversion (~30 us)
+        self.bound: dict[tuple, Any] = {}
 
     # values ---------------------------------------------------------------
     def to_local(self, v: Any, copied: list) -> Any:
@@ -114,8 +120,16 @@ class WorkerState:
             return (None if fn is None else self.put("fn", fn, name)), []
         if op == "call":
             _, oid, args = req
+            bound = self.bound.get((oid, *args)) if args and all(type(a) is Shared for a in args) else None
+            if bound is not None:
+                return self.to_wire(bound()), []
             fn = self.to_local(Ref("fn", oid, ""), copied)
             local = [self.to_local(a, copied) for a in args]
+            if isinstance(fn, NativeFunction) and args and all(type(a) is Shared for a in args):
+                if len(self.bound) >= BOUND_CALLS:
+                    self.bound.clear()
+                bound = self.bound[(oid, *args)] = fn.bind(*local, returns=True)
+                return self.to_wire(bound()), []
             return self.to_wire(fn(*local)), copied
         if op == "timer":
             from .measure import PREPROC, time_evaluator
@@ -137,6 +151,8 @@ class WorkerState:
             from ..executor.runtime import RuntimeModule
 
             freed = [self.objects.pop(i, None) for i in req[1]]
+            if self.bound:
+                self.bound.clear()  # calls of freed functions go with them (arguments are re-bound cheaply)
             if self.budget.held and any(isinstance(obj, RuntimeModule) for obj in freed):
                 del freed  # executors sit in reference cycles: what they hold goes back now, and the
                 gc.collect()  # session's account with it, not at some later collection (~6 ms)
@@ -315,6 +331,7 @@ def main(argv: list[str]) -> int:
             state.budget.grant(budget)
             if req[0] == "attach":  # a spare worker joins a session: map its arena
                 state.arenas["session"] = Arena(req[1], fd=fds[0]) if fds else None
+                state.bound.clear()
                 answer = ("ok", None, [])
             elif req[0] == "confine":
                 answer = ("ok", _confine(state, req[1]), [])

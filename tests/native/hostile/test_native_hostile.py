@@ -81,8 +81,9 @@ def board(request, hostile_lib, world):
     remote = rpc.connect(srv.host, srv.port)
     remote.upload(str(hostile_lib), "hostile.so")
     lib = remote.load_module("hostile.so")
+    link = remote.get_function("tvm.rpc.server.workpath")("link")  # where an upload would go
     yield {"confined": request.param == "on", "srv": srv, "lib": lib, "other": other, "other_path": other_path,
-           "remote": remote}
+           "remote": remote, "link": link}
     del lib, remote, other
     assert srv.alive(), "the server died during the hostile tests"
     srv.stop()
@@ -115,10 +116,12 @@ def _cases(b: dict, w: dict) -> dict:
         "chmod a file outside": ("h_chmod", (str(base / "target"), 0o600), EPERM),
         "write /proc/self/comm": ("h_overwrite", ("/proc/self/comm", "hostile"), EACCES),
         "io_uring": ("h_io_uring", (), EPERM),
+        "symlink in the workspace to /etc/shadow": ("h_symlink", ("/etc/shadow", b["link"]), EACCES),
     }
 
 
-CASES = list(_cases({"srv": type("S", (), {"proc": type("P", (), {"pid": 0}), "port": 0}), "other_path": ""},
+CASES = list(_cases({"srv": type("S", (), {"proc": type("P", (), {"pid": 0}), "port": 0}), "other_path": "",
+                     "link": ""},
                     {"base": Path("/"), "victim": 0}))
 
 
