@@ -158,3 +158,28 @@ def test_layers_report(monkeypatch):
     monkeypatch.setattr(confine, "SETTINGS", confine.Settings(enabled=False))
     assert all(v.startswith("off") for v in confine.layers().values())
     assert "--native-confine off" in confine.report()
+
+
+def test_server_logs_the_layers_at_start_up():
+    from conftest import ServerProcess
+
+    srv = ServerProcess("-v")
+    try:
+        log = srv.stderr()
+    finally:
+        srv.stop()
+    assert "native worker confinement" in log
+    for name in confine.LAYERS:
+        assert re.search(rf"{name}\s+(in force|absent)", log), (name, log)
+    srv = ServerProcess("--native-confine", "off")
+    try:
+        assert "--native-confine off" in srv.stderr()  # a warning even without -v
+    finally:
+        srv.stop()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the worker user is looked up only by a root server")
+def test_unknown_native_user_stops_the_server():
+    proc = subprocess.run([sys.executable, "-m", "rpcsrv", "serve", "--port", "0", "--native-user", "no-such-user-x"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "no-such-user-x" in proc.stderr and "no such user" in proc.stderr
