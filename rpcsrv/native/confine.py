@@ -16,7 +16,8 @@ files       Landlock (``confine_landlock.py``): read-only beneath the     ``EACC
             session's workspace only; TCP and signals too from ABI 4/6
 syscalls    seccomp (``confine_seccomp.py``): no sockets, no connect, no  ``EPERM`` (``ENOSYS`` for
             fork/exec (threads allowed), no ptrace/process_vm_*, no       ``clone3``)
-            signals to others, no mounts/namespaces/io_uring/bpf
+            signals, limits or scheduling of others, no mounts,
+            namespaces, io_uring, bpf
 environment the worker starts with a scrubbed environment (:func:`worker_env`): only :data:`PASS_ENV`
             and ``--native-env`` names pass
 =========== ===================================================================================
@@ -175,6 +176,7 @@ def apply(pol: dict[str, Any]) -> dict[str, str]:
     state.  A layer the kernel refuses is reported absent and the others still apply."""
     done: dict[str, str] = {"environment": "in force: scrubbed at start"}
     os.environ["TMPDIR"] = os.environ["HOME"] = pol["workspace"]
+    os.chdir(pol["workspace"])  # not the server's folder: relative paths name the workspace's files
     import tempfile
 
     tempfile.tempdir = pol["workspace"]

@@ -8,7 +8,8 @@ What it refuses (``EPERM``, so a refused call fails clearly and the worker goes 
   ``execve``/``execveat``; ``clone3`` answers ``ENOSYS`` (its flags sit in memory a filter cannot
   read; the C library then falls back to ``clone``, which is checked), so threads stay allowed;
 * other processes: ``ptrace``, ``process_vm_readv``/``writev``, ``kcmp``, the ``pidfd_*`` calls,
-  ``kill``/``tgkill`` to any process but the worker itself, ``tkill`` and the ``sigqueueinfo`` calls;
+  ``kill``/``tgkill`` to any process but the worker itself, ``tkill`` and the ``sigqueueinfo`` calls,
+  ``prlimit64`` and the ``sched_set*`` calls on any process but the worker (0 or its pid);
 * the rest of the machine: mounts and namespaces, keys, ``bpf``, ``perf_event_open``,
   ``userfaultfd``, ``io_uring`` (it would run socket and file calls behind the filter's back),
   modules, ``kexec``, ``reboot``, handles by name, the ``set*id`` calls, ``chmod``/``chown`` and
@@ -80,8 +81,12 @@ SYSCALLS = {
     # checked by argument, not denied outright
     "clone": (56, 220, 120), "clone3": (435, 435, 435), "kill": (62, 129, 37), "tgkill": (234, 131, 268),
     "ioctl": (16, 29, 54),
+    "prlimit64": (302, 261, 369), "sched_setaffinity": (203, 122, 241), "sched_setscheduler": (144, 119, 156),
+    "sched_setparam": (142, 118, 154), "sched_setattr": (314, 274, 380),
 }
-CHECKED = ("clone", "clone3", "kill", "tgkill", "ioctl")
+#: calls on a process named by their first argument: allowed on the worker itself only (0 or its pid)
+SELF_ONLY = ("prlimit64", "sched_setaffinity", "sched_setscheduler", "sched_setparam", "sched_setattr")
+CHECKED = ("clone", "clone3", "kill", "tgkill", "ioctl", *SELF_ONLY)
 DENIED = tuple(name for name in SYSCALLS if name not in CHECKED)
 
 
@@ -126,6 +131,9 @@ def program(arch: str, own_pid: int) -> list[tuple[int, int, int, int]]:
     for name in ("kill", "tgkill"):
         prog += [_ins(JEQ_K, nr[name], 0, 4), _ins(LD_W_ABS, _arg_low(0)), _ins(JEQ_K, own_pid, 0, 1),
                  _ins(RET_K, RET_ALLOW), _ins(RET_K, eperm)]
+    for name in SELF_ONLY:  # the server's limits, CPUs and scheduling are not the worker's to set
+        prog += [_ins(JEQ_K, nr[name], 0, 5), _ins(LD_W_ABS, _arg_low(0)), _ins(JEQ_K, 0, 2, 0),
+                 _ins(JEQ_K, own_pid, 1, 0), _ins(RET_K, eperm), _ins(RET_K, RET_ALLOW)]
     prog += [_ins(JEQ_K, nr["ioctl"], 0, 5), _ins(LD_W_ABS, _arg_low(1)), _ins(JEQ_K, TIOCSTI, 1, 0),
              _ins(JEQ_K, TIOCLINUX, 0, 1), _ins(RET_K, eperm), _ins(RET_K, RET_ALLOW)]
     prog.append(_ins(RET_K, RET_ALLOW))

@@ -15,7 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <sched.h>
 #include <sys/ptrace.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -306,4 +308,18 @@ FN(h_symlink) { /* (target, link): a symlink in the workspace, where the server 
   if (symlink(args[0].v_str, args[1].v_str) != 0) return refused("symlink", errno);
   unlink(args[1].v_str);
   return 0;
+}
+
+FN(h_prlimit) { /* (pid): set its core-size limit (to what it is: a probe, not a change) */
+  UNUSED;
+  struct rlimit old;
+  if (prlimit((pid_t)args[0].v_int64, RLIMIT_CORE, NULL, &old) != 0) return refused("prlimit (read)", errno);
+  return prlimit((pid_t)args[0].v_int64, RLIMIT_CORE, &old, NULL) == 0 ? 0 : refused("prlimit", errno);
+}
+
+FN(h_setaffinity) { /* (pid): set its CPUs (to what they are) */
+  UNUSED;
+  cpu_set_t set;
+  if (sched_getaffinity((pid_t)args[0].v_int64, sizeof set, &set) != 0) return refused("sched_getaffinity", errno);
+  return sched_setaffinity((pid_t)args[0].v_int64, sizeof set, &set) == 0 ? 0 : refused("sched_setaffinity", errno);
 }

@@ -116,6 +116,8 @@ def _cases(b: dict, w: dict) -> dict:
         "chmod a file outside": ("h_chmod", (str(base / "target"), 0o600), EPERM),
         "write /proc/self/comm": ("h_overwrite", ("/proc/self/comm", "hostile"), EACCES),
         "io_uring": ("h_io_uring", (), EPERM),
+        "set the server's limits (prlimit)": ("h_prlimit", (pid,), EPERM),
+        "pin the server's CPUs": ("h_setaffinity", (pid,), EPERM),
         "symlink in the workspace to /etc/shadow": ("h_symlink", ("/etc/shadow", b["link"]), EACCES),
     }
 
