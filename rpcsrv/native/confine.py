@@ -90,8 +90,8 @@ def worker_env(environ: dict[str, str]) -> dict[str, str]:
 
     try:  # built (or found) by the server: the worker neither compiles nor looks in the server's home
         env["RPCSRV_NATIVE_SHIM"] = str(_build())
-    except ShimUnavailable:
-        pass  # the worker's load_module then names the symbols the library needed
+    except (ShimUnavailable, OSError):
+        pass  # the worker tries itself; its load_module then names the symbols the library needed
     return env
 
 

@@ -282,7 +282,7 @@ def _preload() -> None:
 
     try:
         load_shim()
-    except ShimUnavailable:
+    except (ShimUnavailable, OSError):
         pass  # load_module names what the library needed
     from .. import executor, loader
 
