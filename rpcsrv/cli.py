@@ -126,9 +126,10 @@ def _configure_confinement(args: argparse.Namespace) -> None:
     confine.configure(args.native_confine == "on", args.native_user, args.native_env)
     mode = "off" if args.no_native else args.native
     log = logging.getLogger("rpcsrv.native")
+    if mode == "inprocess":
+        log.warning("native code runs unconfined in the server process (--native inprocess): it has all the "
+                    "server's rights")
     if mode != "isolated":
-        log.info("native code: %s (no worker confinement: %s)", mode,
-                 "it runs in the server process" if mode == "inprocess" else "none runs")
         return
     layers = confine.layers()
     if args.native_confine == "on" and layers["identity"].startswith("absent"):
