@@ -126,6 +126,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     configure(args.verbose, args.log_json)
     logging.getLogger("rpcsrv.plugins").info(plugin_line(load_plugins(args, export=True)))  # issue 23
+    _configure_confinement(args)
     try:
         opts = BoardOptions(tracker=parse_hostport(args.tracker, "--tracker") if args.tracker else None,
                             custom_addr=args.custom_addr,
@@ -147,6 +148,29 @@ def run_serve(args: argparse.Namespace) -> int:
         where = f"{cfg.host}:{cfg.port}" + (f"-{cfg.port_end - 1}" if cfg.port_end else "")
         raise CLIError(f"cannot listen on {where}: {err.strerror or err}") from None
     return 0
+
+
+def _configure_confinement(args: argparse.Namespace) -> None:
+    """--native-confine/--native-user/--native-env: set, checked and logged once at start-up."""
+    import logging
+
+    from .native import confine
+
+    confine.configure(args.native_confine == "on", args.native_user, args.native_env)
+    mode = "off" if args.no_native else args.native
+    log = logging.getLogger("rpcsrv.native")
+    if mode == "inprocess":
+        log.warning("native code runs unconfined in the server process (--native inprocess): it has all the "
+                    "server's rights")
+    if mode != "isolated":
+        return
+    layers = confine.layers()
+    if args.native_confine == "on" and layers["identity"].startswith("absent"):
+        raise CLIError(layers["identity"][len("absent: "):])
+    log.info("native worker confinement:\n%s", confine.report(layers))
+    for name, state in layers.items():
+        if not state.startswith("in force"):
+            log.warning("native worker confinement: %s %s", name, state)
 
 
 #: the limit flags (``_add_limit_flags``) that are rpcsrv.board.limits.Limits fields as given, and those in MB
@@ -200,7 +224,8 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     s.add_argument("--log-json", action="store_true", help="log one JSON object per line")
     s.add_argument("--native", choices=["isolated", "inprocess", "off"], default="isolated",
                    help="native host code in uploaded libraries: run it in a worker process per session "
-                        "(a crash ends only that session), in the server process (trusted boards), or "
+                        "(a crash ends only that session; confined, see --native-confine), in the server "
+                        "process (trusted boards only: unconfined, native code has the server's rights), or "
                         "refuse it")
     s.add_argument("--no-native", action="store_true", help="refuse libraries with native code (--native off)")
     s.add_argument("--isolate", choices=["native", "all", "auto"], default="auto",
@@ -210,6 +235,19 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                         "process per session and one message per call); or auto: all for a session that "
                         "loads while another session computes in the server, else native")
     add_plugin_flags(s)  # issue 23
+    # --- native worker confinement (rpcsrv/native/confine.py) ---
+    s.add_argument("--native-confine", choices=["on", "off"], default="on",
+                   help="confine each session's native worker (--native isolated) before it loads uploaded "
+                        "code: files (Landlock: its workspace only), no sockets, no fork/exec, no signals or "
+                        "ptrace to other processes, an unprivileged user, a scrubbed environment, a memory "
+                        "limit from --max-memory-mb. 'off' gives native code the server's rights. "
+                        "--native inprocess is never confined: native code runs in the server itself")
+    s.add_argument("--native-user", default="nobody",
+                   help="the user a root server's native workers run as (default nobody)")
+    s.add_argument("--native-env", action="append", default=[], metavar="NAME",
+                   help="an environment variable passed to native workers (repeatable; NAME* for a prefix); "
+                        "besides BLAS/OpenMP thread settings, no variable of the server's reaches them")
+    # --- end native worker confinement ---
     s.set_defaults(func=run_serve)
     return s
 

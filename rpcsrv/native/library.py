@@ -259,21 +259,24 @@ class NativeFunction:
             raise self._fail()
         return _from_value(ret, ret_code.value, self.name)
 
-    def bind(self, *arrays: np.ndarray) -> Callable[[], None]:
-        """A call of this function with these arrays, its arguments converted once (graph executor)."""
+    def bind(self, *arrays: np.ndarray, returns: bool = False) -> Callable[[], Any]:
+        """A call of this function with these arrays, its arguments converted once (graph executor);
+        with ``returns``, the call returns the function's value as ``__call__`` does (the native worker's
+        repeated remote calls)."""
         keep: list = [arrays]
         n = len(arrays)
-        fail = self._fail
+        fail, name = self._fail, self.name
         if self._ffi is not None:
             anys = (TVMFFIAny * max(n, 1))()
             for i, a in enumerate(arrays):
                 _to_any(a, anys[i], keep)
             f, result = self._ffi, TVMFFIAny()
 
-            def call_ffi() -> None:
+            def call_ffi() -> Any:
                 result.type_index = FFI.NONE
                 if f(None, anys, n, result) != 0:
                     raise fail()
+                return _from_any(result, name) if returns else None
             call_ffi.keep = keep  # the argument structures live as long as the call
             return call_ffi
         values, codes = (TVMValue * max(n, 1))(), (ctypes.c_int * max(n, 1))()
@@ -281,9 +284,13 @@ class NativeFunction:
             codes[i] = _to_value(a, values[i], keep)
         fc, ret, ret_code = self._classic, TVMValue(), ctypes.c_int(Classic.NULL)
 
-        def call_classic() -> None:
+        def call_classic() -> Any:
             if fc(values, codes, n, ret, ret_code, None) != 0:
                 raise fail()
+            if not returns:
+                return None
+            value, ret_code.value = _from_value(ret, ret_code.value, name), Classic.NULL
+            return value
         call_classic.keep = keep
         return call_classic
 

@@ -40,6 +40,7 @@ PREBUILT = Path(__file__).with_name("prebuilt")
 _lock = threading.Lock()
 _shim: ctypes.CDLL | None = None
 _origin = ""  # how the loaded shim was found (status)
+_path: Path | None = None  # the loaded shim's file (shim_path)
 _tried: list[str] = []  # why earlier candidates were passed over (status, error messages)
 
 
@@ -127,7 +128,7 @@ def _candidates(tried: list[str]) -> Iterator[tuple[Path, str]]:
 
 def load_shim() -> ctypes.CDLL:
     """The shim, loaded once per process with RTLD_GLOBAL (its symbols serve every library)."""
-    global _shim, _origin
+    global _shim, _origin, _path
     with _lock:
         if _shim is None:
             _tried.clear()
@@ -144,9 +145,16 @@ def load_shim() -> ctypes.CDLL:
                 lib.rpcsrv_workspace_outstanding.restype = ctypes.c_long
                 lib.rpcsrv_cache_flush.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
                 lib.rpcsrv_cache_flush.restype = None
-                _shim, _origin = lib, f"{path} ({origin})"
+                _shim, _origin, _path = lib, f"{path} ({origin})", path
                 break
         return _shim
+
+
+def shim_path() -> Path:
+    """The file of the shim this process loaded (loading it if need be): what a confined worker is told
+    to load, since it can neither compile nor read the server's cache."""
+    load_shim()
+    return _path
 
 
 def status() -> dict:

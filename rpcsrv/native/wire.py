@@ -1,7 +1,8 @@
 """The messages between a session and its native worker (both sides of ``proxy.py``/``worker.py``).
 
-One request at a time over a Unix socket pair, each a pickled tuple (both ends are rpcsrv itself,
-never a client, so pickle is safe here), sent as ``(budget, request)``: ``budget`` is the session's
+One request at a time over a Unix socket pair, each a pickled tuple (the server loads the worker's
+messages with a restricted unpickler, ``confine_wire.py``: native code in the worker can forge them),
+sent as ``(budget, request)``: ``budget`` is the session's
 room for what the worker allocates (``budget.Budget``, None for no limit).  Requests: ``("load",
 path)``, ``("get", obj, name, query_imports)``, ``("call", obj, args)``, ``("global", name, args)``
 (executor creation over a worker's module), ``("timer", obj, params, f_preproc)``, ``("free",

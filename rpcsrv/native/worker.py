@@ -9,6 +9,11 @@ its descriptor sent back in the first message.  What it allocates for the sessio
 against the budget each request carries, before it is allocated, and each answer says how much
 it holds (``budget.py``).  If native code crashes, this process dies and the
 session sees a closed socket; nothing else is affected.
+
+Started with ``RPCSRV_CONFINE=1`` (``confine.worker_env``), it loads the runtime shim and the modules it
+may need while it can, starts no thread, and refuses to load a library until the session has sent its
+``("confine", policy)``: then it confines itself in its main thread (``confine.apply``) and answers what
+is in force.
 """
 
 from __future__ import annotations
@@ -28,11 +33,14 @@ from typing import Any
 import numpy as np
 
 from .budget import WorkerBudget, refusal_in
+from .library import NativeFunction
 from .wire import Copied, Ref, Shared
 
 WORKER_ARENA = 4 << 30 if sys.maxsize > 2 ** 32 else 256 << 20
 #: seconds between a worker's checks that the server that started it is still there (``watch_parent``)
 PARENT_CHECK = 1.0
+#: bound calls a worker keeps (``WorkerState.bound``; all dropped when full)
+BOUND_CALLS = 256
 
 
 class WorkerState:
@@ -41,6 +49,10 @@ class WorkerState:
         self.ids = itertools.count(1)
         self.arenas = {"session": session_arena, "worker": own_arena}
         self.budget = WorkerBudget()
+        self.confined: dict | None = None  # the layers in force, once confined
+        #: (function id, *Shared arguments) -> the call with its arguments converted once: a remote kernel
+        #: called again on the same arrays (a tuner, a script's loop) skips the conversion (~30 us)
+        self.bound: dict[tuple, Any] = {}
 
     # values ---------------------------------------------------------------
     def to_local(self, v: Any, copied: list) -> Any:
@@ -108,8 +120,16 @@ class WorkerState:
             return (None if fn is None else self.put("fn", fn, name)), []
         if op == "call":
             _, oid, args = req
+            bound = self.bound.get((oid, *args)) if args and all(type(a) is Shared for a in args) else None
+            if bound is not None:
+                return self.to_wire(bound()), []
             fn = self.to_local(Ref("fn", oid, ""), copied)
             local = [self.to_local(a, copied) for a in args]
+            if isinstance(fn, NativeFunction) and args and all(type(a) is Shared for a in args):
+                if len(self.bound) >= BOUND_CALLS:
+                    self.bound.clear()
+                bound = self.bound[(oid, *args)] = fn.bind(*local, returns=True)
+                return self.to_wire(bound()), []
             return self.to_wire(fn(*local)), copied
         if op == "timer":
             from .measure import PREPROC, time_evaluator
@@ -131,6 +151,8 @@ class WorkerState:
             from ..executor.runtime import RuntimeModule
 
             freed = [self.objects.pop(i, None) for i in req[1]]
+            if self.bound:
+                self.bound.clear()  # calls of freed functions go with them (arguments are re-bound cheaply)
             if self.budget.held and any(isinstance(obj, RuntimeModule) for obj in freed):
                 del freed  # executors sit in reference cycles: what they hold goes back now, and the
                 gc.collect()  # session's account with it, not at some later collection (~6 ms)
@@ -142,6 +164,16 @@ class WorkerState:
             return {"objects": len(self.objects), "held": self.budget.held, "arena_used": own.used if own else 0,
                     "workspace_outstanding": int(load_shim().rpcsrv_workspace_outstanding())}, []
         raise ValueError(f"unknown worker request {op!r}")
+
+
+def _confine(state: WorkerState, policy: dict) -> dict:
+    """Confine this worker once (``confine.apply``), then start its parent watch."""
+    if state.confined is None:
+        from .confine import apply
+
+        state.confined = apply(policy)
+        watch_parent()
+    return state.confined
 
 
 def _worker_globals() -> dict:
@@ -239,11 +271,41 @@ def watch_parent(interval: float = PARENT_CHECK) -> threading.Thread:
     return thread
 
 
+def _preload() -> None:
+    """Everything a confined worker may import or open later, now: the runtime shim and the compiled
+    executor kernels (loaded with the server's rights) and the executor, loader and native modules (after the identity drop Python's own
+    folders may not be readable, e.g. a Python installed in root's home)."""
+    import importlib
+    import pkgutil
+
+    from .shim import ShimUnavailable, load_shim
+
+    try:
+        load_shim()
+    except (ShimUnavailable, OSError):
+        pass  # load_module names what the library needed
+    from .. import executor, loader
+
+    for package in (executor, loader):
+        for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+            importlib.import_module(info.name)
+    from . import measure, runtime  # noqa: F401
+    from ..executor.kernels import compiled
+    from .machine import board
+
+    board()  # read from the interpreter's file once (cached)
+    compiled.library()  # the compiled executor kernels: a confined worker can neither run cc nor read the cache
+
+
 def main(argv: list[str]) -> int:
     from .shm import Arena
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server's Ctrl-C is the server's to handle
-    watch_parent()
+    confining = os.environ.get("RPCSRV_CONFINE") == "1"
+    if confining:
+        _preload()
+    else:  # a confined worker starts its threads after it has confined itself (Landlock binds those)
+        watch_parent()
     sock = socket.socket(fileno=int(argv[0]))
     session_arena = Arena(int(argv[2]), fd=int(argv[1])) if int(argv[1]) >= 0 else None
     own = Arena(WORKER_ARENA, name="rpcsrv-worker")
@@ -274,7 +336,12 @@ def main(argv: list[str]) -> int:
             state.budget.grant(budget)
             if req[0] == "attach":  # a spare worker joins a session: map its arena
                 state.arenas["session"] = Arena(req[1], fd=fds[0]) if fds else None
+                state.bound.clear()
                 answer = ("ok", None, [])
+            elif req[0] == "confine":
+                answer = ("ok", _confine(state, req[1]), [])
+            elif confining and state.confined is None and req[0] in ("load", "get", "call", "timer", "global"):
+                raise RuntimeError("the native worker runs nothing before it is confined")
             else:
                 answer = ("ok", *state.handle(req))
         except Exception as exc:
