@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily,
                                     InfoMetricFamily)
 
-from .stats import BOUNDS, KINDS, ServerStats
+from .stats import BOUNDS, KINDS, REQUEST_CODES, ServerStats
 
 #: every metric family the board serves (tests check the docs and the Grafana dashboard against it)
 NAMES = ("rpcsrv_board", "rpcsrv_start_time_seconds", "rpcsrv_limit", "rpcsrv_connections_open",
@@ -110,7 +110,7 @@ class BoardCollector:
         requests = CounterMetricFamily("rpcsrv_requests", "Requests answered, by RPC code", labels=["code"])
         errors = CounterMetricFamily("rpcsrv_request_errors", "Requests answered with an RPC exception, "
                                      "by RPC code", labels=["code"])
-        by_code: dict[str, list[int]] = {}
+        by_code: dict[str, list[int]] = {code: [0, 0] for code in REQUEST_CODES}  # every series from the start
         by_kind: dict[str, list] = {k: [[0] * (len(BOUNDS) + 1), 0.0] for k in KINDS}
         for (code, kind), cell in list(self.stats.cells.items()):
             c = by_code.setdefault(code, [0, 0])

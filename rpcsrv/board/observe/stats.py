@@ -38,6 +38,10 @@ ERROR_RING = 32
 _EVENTS = {InitServer: ("init_server", "small_call"), CopyToRemote: ("copy_to_remote", "copy"),
            CopyFromRemote: ("copy_from_remote", "copy"), CallFuncEnd: ("call_func", "upload")}
 _CODES = {c: c.name.lower() for c in RPCCode}
+#: the codes a client sends requests with (the ``code`` label's values, besides ``unknown``)
+REQUEST_CODES = tuple(_CODES[c] for c in RPCCode if c in (RPCCode.INIT_SERVER, RPCCode.CALL_FUNC,
+                                                           RPCCode.COPY_FROM_REMOTE, RPCCode.COPY_TO_REMOTE)
+                      or c >= RPCCode.GET_GLOBAL_FUNC)
 
 
 def function_kind(fn: Any) -> str:
