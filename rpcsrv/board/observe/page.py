@@ -22,7 +22,8 @@ _STYLE = """body{font:14px system-ui,sans-serif;margin:1.2em;color:#222;backgrou
 h1{font-size:1.3em;margin:0 0 .2em}h2{font-size:1.05em;margin:1.2em 0 .3em}
 table{border-collapse:collapse;background:#fff}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
 th{background:#eee}.num{text-align:right;font-variant-numeric:tabular-nums}.dim{color:#777}
-.bar{display:inline-block;height:.7em;background:#4a90d9;vertical-align:middle}
+.track{display:inline-block;width:200px;height:.7em;background:#ddd;vertical-align:middle}
+.bar{display:block;height:100%;background:#4a90d9}
 .ok{color:#1a7f37}.bad{color:#b3261e}"""
 
 
@@ -76,7 +77,8 @@ def render(cfg: Any, stats: Any, version: str) -> str:
         state = '<span class="ok">registered</span>' if gate.connected else '<span class="bad">not registered</span>'
         out.append(f"<p>Tracker {_e(where)}: {state} ({getattr(gate, 'registrations', 0)} registration(s))</p>")
     bar = min(200, 200 * used // total)
-    out.append(f'<p>Memory: {_mib(used)} of {_mib(total)} <span class="bar" style="width:{bar}px"></span>'
+    out.append(f'<p>Memory: {_mib(used)} of {_mib(total)} <span class="track"><span class="bar" style="width:{bar}px">'
+               f"</span></span>"
                f" &middot; sessions {len(stats.live)} of {limits.max_sessions}"
                f' &middot; connections {cfg.state.connections if cfg.state else 0} of {limits.max_connections}</p>')
     out.append("<h2>Sessions</h2>")
