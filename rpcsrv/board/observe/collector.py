@@ -19,8 +19,9 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, Hist
 
 from .stats import BOUNDS, KINDS, REQUEST_CODES, ServerStats
 
-#: every metric family the board serves (tests check the docs and the Grafana dashboard against it)
-NAMES = ("rpcsrv_board", "rpcsrv_start_time_seconds", "rpcsrv_limit", "rpcsrv_connections_open",
+#: every metric family the board serves, as a scrape names them (counters without ``_total``); tests check
+#: the docs and the Grafana dashboard against it
+NAMES = ("rpcsrv_board_info", "rpcsrv_start_time_seconds", "rpcsrv_limit", "rpcsrv_connections_open",
          "rpcsrv_sessions_open", "rpcsrv_sessions", "rpcsrv_sessions_ended", "rpcsrv_sessions_refused",
          "rpcsrv_requests", "rpcsrv_request_errors", "rpcsrv_call_seconds", "rpcsrv_model_run_seconds",
          "rpcsrv_received_bytes", "rpcsrv_sent_bytes", "rpcsrv_memory_used_bytes", "rpcsrv_memory_limit_bytes",
