@@ -23,6 +23,7 @@ from typing import Any, Optional
 from ...protocol import (BadPacket, CallFunc, CallFuncEnd, CopyFromRemote, CopyToRemote, InitServer,
                          Syscall)
 from ...protocol.codes import RPCCode
+from ..session import Failed
 
 #: function kinds of the latency histograms
 KINDS = ("small_call", "copy", "upload", "module_call", "model_run")
@@ -57,9 +58,10 @@ def function_kind(fn: Any) -> str:
 class Cell:
     """Requests of one (RPC code, kind): how many, how many failed, and their latency histogram."""
 
-    __slots__ = ("count", "errors", "sum", "buckets")
+    __slots__ = ("code", "count", "errors", "sum", "buckets")
 
-    def __init__(self):
+    def __init__(self, code: str):
+        self.code = code
         self.count = 0
         self.errors = 0
         self.sum = 0.0
@@ -76,6 +78,7 @@ class LiveSession:
     session: Any  # rpcsrv.board.session.Session (account, handles, errors, native)
     opened: float = field(default_factory=time.time)
     stream_t0: float = 0.0  # when the streamed call in progress started (perf_counter)
+    cells: dict = field(default_factory=dict)  # function handle -> its Cell (ServerStats.observe)
 
 
 @dataclass
@@ -135,24 +138,35 @@ class ServerStats:
 
     # ------------------------------------------------------------------ per request (the hot path)
     def observe(self, ev: Any, answer: Any, seconds: float, live: LiveSession) -> None:
-        t = type(ev)
-        if t is CallFunc:
-            code, kind = "call_func", function_kind(live.session.handles.objects.get(ev.handle))
-        elif t is Syscall:
-            code, kind = _CODES.get(ev.code, "unknown"), "small_call"
+        if type(ev) is CallFunc:  # the common case: the cell of the function's handle, found once per handle
+            cell = live.cells.get(ev.handle)
+            if cell is None:
+                fn = live.session.handles.objects.get(ev.handle)
+                cell = self._cell("call_func", function_kind(fn))
+                if fn is not None:  # (handles are never reused within a session)
+                    live.cells[ev.handle] = cell
         else:
-            code, kind = _EVENTS.get(t) or (_CODES.get(getattr(ev, "code", None), "unknown")
-                                            if t is BadPacket else "unknown", "small_call")
-        cell = self.cells.get((code, kind))
-        if cell is None:
-            cell = self.cells[code, kind] = Cell()
+            cell = self._event_cell(ev)
         cell.count += 1
         cell.sum += seconds
         cell.buckets[bisect_left(BOUNDS, seconds)] += 1
-        message = getattr(answer, "message", None)  # a Failed answer
-        if message is not None:
+        if type(answer) is Failed:
             cell.errors += 1
-            self.errors.append(ErrorEntry(time.time(), live.number, live.record.peer, code, message[:500]))
+            self.errors.append(ErrorEntry(time.time(), live.number, live.record.peer, cell.code, answer.message[:500]))
+
+    def _cell(self, code: str, kind: str) -> Cell:
+        cell = self.cells.get((code, kind))
+        if cell is None:
+            cell = self.cells[code, kind] = Cell(code)
+        return cell
+
+    def _event_cell(self, ev: Any) -> Cell:
+        t = type(ev)
+        if t is Syscall:
+            return self._cell(_CODES.get(ev.code, "unknown"), "small_call")
+        if t is BadPacket:
+            return self._cell(_CODES.get(ev.code, "unknown"), "small_call")
+        return self._cell(*_EVENTS.get(t, ("unknown", "small_call")))
 
     # ------------------------------------------------------------------ read at scrape time
     def traffic(self) -> tuple[int, int]:
