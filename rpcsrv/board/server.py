@@ -290,6 +290,8 @@ async def serve(cfg: ServerConfig, task_status=trio.TASK_STATUS_IGNORED) -> None
     async def handler(stream: trio.SocketStream) -> None:
         if state.connections >= cfg.limits.max_connections:
             log.warning("refused a connection: %d open, the limit (--max-connections)", state.connections)
+            if cfg.stats is not None:  # obs
+                cfg.stats.refuse("connections")
             with trio.CancelScope(shield=True):
                 await stream.aclose()  # closed at once: the client sees the connection end
             return
