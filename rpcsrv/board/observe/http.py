@@ -74,7 +74,11 @@ async def handle_client(stream: trio.SocketStream, app: MetricsApp) -> None:
                     if method not in ("GET", "HEAD"):
                         await _answer(stream, conn, 405, "text/plain", b"only GET and HEAD\n")
                     else:
-                        status, ctype, body = app.respond(method, event.target.decode("ascii", "replace"))
+                        try:
+                            status, ctype, body = app.respond(method, event.target.decode("ascii", "replace"))
+                        except Exception:  # a bug in a page: its answer is a 500, the board goes on
+                            log.exception("metrics endpoint: %s failed", event.target[:100])
+                            status, ctype, body = 500, "text/plain", b"internal error (see the board's log)\n"
                         await _answer(stream, conn, status, ctype, body, head=method == "HEAD")
                 elif isinstance(event, h11.ConnectionClosed):
                     break
