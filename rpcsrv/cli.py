@@ -101,6 +101,31 @@ def check_serve_args(args: argparse.Namespace) -> None:
             raise CLIError(f"--workdir {args.workdir!r} is not writable")
         if not path.exists() and not path.parent.is_dir():
             raise CLIError(f"--workdir {args.workdir!r}: its parent folder does not exist")
+    _check_metrics_args(args)  # obs
+
+
+# obs (issue 28): the metrics endpoint's flags ---------------------------------------------------------
+def _check_metrics_args(args: argparse.Namespace) -> None:
+    if args.metrics_port is None:
+        if args.metrics_host is not None:
+            raise CLIError("--metrics-host needs --metrics-port")
+        return
+    if not 0 <= args.metrics_port <= 65535:
+        raise CLIError(f"--metrics-port {args.metrics_port} is not a TCP port (0-65535; 0 picks a free one)")
+    for name in ("prometheus_client", "h11"):
+        try:
+            __import__(name)
+        except ImportError:
+            raise CLIError(f"--metrics-port needs the Python package {name}: pip install 'rpcsrv[metrics]'") from None
+
+
+def _add_metrics_flags(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="serve Prometheus metrics (/metrics), a status page (/) and /healthz on this port "
+                        "(default: off; needs the 'metrics' extra)")
+    s.add_argument("--metrics-host", default=None,
+                   help="address of the metrics port (default: --host)")
+# obs end
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -117,6 +142,7 @@ def run_serve(args: argparse.Namespace) -> int:
                       **_hardening_limits(args)),
         native="off" if args.no_native else args.native,
         isolate=args.isolate,
+        metrics_port=args.metrics_port, metrics_host=args.metrics_host,  # obs (issue 28)
     )
 
     # deployment (rpcsrv/farm/): tracker, proxy, graceful SIGTERM/SIGINT, farm logs
@@ -222,6 +248,7 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     s.add_argument("--custom-addr", help="address the tracker hands to clients (default: what it sees)")
     s.add_argument("--proxy", metavar="HOST:PORT", help="serve through this TVM RPC proxy instead of listening")
     s.add_argument("--log-json", action="store_true", help="log one JSON object per line")
+    _add_metrics_flags(s)  # obs
     s.add_argument("--native", choices=["isolated", "inprocess", "off"], default="isolated",
                    help="native host code in uploaded libraries: run it in a worker process per session "
                         "(a crash ends only that session; confined, see --native-confine), in the server "

@@ -72,6 +72,10 @@ class NativeSession:
         self.workspace: Optional[str] = None  # the session's workspace (set by the session): the worker's files
         self._own_workspace: Optional[str] = None  # else one of its own (sessions made without a server)
         self.confined: Optional[dict] = None  # the layers in force in the current worker (confine.py)
+        # obs (issue 28): workers this session took, and those that ended other than by closing (read by
+        # rpcsrv.board.observe through worker_counts, at scrape time)
+        self.workers_started = 0
+        self.workers_crashed = 0
 
     def _open_arena(self) -> None:
         if self.arena is not None or not sys.platform.startswith("linux"):
@@ -126,11 +130,13 @@ class NativeSession:
             from .proxy import take_worker
 
             if self.worker is not None:
+                self._count_end(self.worker)  # obs
                 self.worker.close()
                 self.worker = None  # closed: not closed again if no new worker can be taken
             self._open_arena()
             self.worker = take_worker(self.arena, self._deadline, self.account)
             self.confined = None
+            self.workers_started += 1  # obs
         path = os.path.abspath(path)
         if self.worker.confining:
             path = self._confine_worker(path)
@@ -198,6 +204,7 @@ class NativeSession:
         with _HERE_LOCK:
             _HERE.discard(self)
         if self.worker is not None:
+            self._count_end(self.worker)  # obs
             self.worker.close()
             self.worker = None
         if self.arena is not None:
@@ -207,6 +214,21 @@ class NativeSession:
 
             shutil.rmtree(self._own_workspace, ignore_errors=True)
             self._own_workspace = None
+
+    # obs (issue 28): worker counts for the board's metrics ------------------------------------------
+    def _count_end(self, worker) -> None:
+        if not worker.alive and worker.dead != "closed":
+            self.workers_crashed += 1
+
+    def worker_counts(self) -> tuple[int, int, int]:
+        """(alive, started, crashed) of this session's workers, the current one included (a crash
+        counts as soon as it happened, before the session notices)."""
+        w = self.worker
+        if w is None:
+            return 0, self.workers_started, self.workers_crashed
+        gone = 0 if w.alive or w.dead == "closed" else 1
+        return (1 if w.alive else 0), self.workers_started, self.workers_crashed + gone
+    # obs end
 
 
 def graphs_call_host_code(root: Any, libraries: list[HostLibraryModule]) -> bool:

@@ -273,8 +273,9 @@ def watch_parent(interval: float = PARENT_CHECK) -> threading.Thread:
 
 def _preload() -> None:
     """Everything a confined worker may import or open later, now: the runtime shim and the compiled
-    executor kernels (loaded with the server's rights) and the executor, loader and native modules (after the identity drop Python's own
-    folders may not be readable, e.g. a Python installed in root's home)."""
+    executor kernels (loaded with the server's rights) and the executor, loader and native modules
+    (after the identity drop Python's own folders may not be readable, e.g. a Python installed in root's
+    home)."""
     import importlib
     import pkgutil
 
