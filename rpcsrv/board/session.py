@@ -264,6 +264,10 @@ class Session(SyscallsMixin):
     async def _call(self, ev: CallFunc) -> Any:
         func = self.get_object(ev.handle, PackedFunction, "function")
         args = [self.to_local(a) for a in ev.args]
+        if func.run is not None:  # native code: from the loop, no thread hop (rpcsrv.native.fastpath)
+            done, result = await func.run(*args)
+            if done:
+                return self.to_wire(result)
         if func.blocking:
             result = await trio.to_thread.run_sync(self._run_charged, lambda: func.fn(*args), limiter=self.limiter)
         else:

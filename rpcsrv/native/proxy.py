@@ -39,7 +39,7 @@ from ..executor import compute
 from ..executor.runtime import RuntimeModule
 from .library import NativeError
 from .shm import Arena
-from .wire import Copied, Ref, Shared
+from .wire import Copied, Ref, Shared, encode_call
 from .worker import _recv, _send
 
 START_TIMEOUT = 30.0
@@ -188,13 +188,23 @@ class Worker:
                     _send(self.sock, (None, ("free", garbage)))
                     if self._settle(_recv(self.sock))[0] != "ok":
                         raise EOFError
-                _send(self.sock, (self._budget(), req))
+                budget = self._budget()
+                frame = encode_call(req[1], budget, req[2]) if req[0] == "call" else None
+                _send(self.sock, (budget, req), data=frame)
                 answer = self._settle(self._answer(what))
-            except (EOFError, OSError, ConnectionError):
-                text = self._exit_text()
-                self.kill(f"crashed: {text}")
-                raise NativeError(f"{what}: native code crashed ({text}); this session's native modules "
-                                  f"are gone, load the module again") from None
+            except (EOFError, OSError, ConnectionError, ValueError):
+                self._crashed(what)
+        return self._outcome(answer, what)
+
+    def _crashed(self, what: str) -> None:
+        """The worker's socket closed (or spoke nonsense) during a request: it is gone; raises."""
+        text = self._exit_text()
+        self.kill(f"crashed: {text}")
+        raise NativeError(f"{what}: native code crashed ({text}); this session's native modules "
+                          f"are gone, load the module again") from None
+
+    def _outcome(self, answer: tuple, what: str) -> tuple[Any, list]:
+        """(value, copied-back arguments) of a settled answer; its error raised."""
         if answer[0] == "err":
             raise NativeError(answer[1])
         if answer[0] == "budget":  # refused in the worker before allocating
@@ -203,18 +213,21 @@ class Worker:
             raise self.account.refusal(*answer[1])
         return answer[1], answer[2]
 
-    def _answer(self, what: str) -> tuple:
+    def _answer(self, what: str, first: Optional[tuple] = None) -> tuple:
         """The answer to the request just sent.  Meanwhile the worker may ask for a compute slot
         (``("slot",)``, a model run starting there): it is held in the server's compute policy
         (``rpcsrv.executor.compute``) until ``("slot-done",)`` or the answer, so the worker's runs
         share the cores' slots with every other session's."""
         with contextlib.ExitStack() as held:
             while True:
-                if not self._wait(self.deadline()):
-                    self.kill("stopped at the session deadline")
-                    raise NativeError(f"{what}: native code was still running at the session deadline; "
-                                      f"its worker was stopped")
-                answer = _recv(self.sock)
+                if first is not None:  # already read (``acall``)
+                    answer, first = first, None
+                else:
+                    if not self._wait(self.deadline()):
+                        self.kill("stopped at the session deadline")
+                        raise NativeError(f"{what}: native code was still running at the session deadline; "
+                                          f"its worker was stopped")
+                    answer = _recv(self.sock)
                 if answer[0] == "slot":
                     held.close()
                     try:
@@ -379,6 +392,12 @@ class WorkerFunction(_Proxy):
     def __call__(self, *args: Any) -> Any:
         return self.worker.call(("call", self.oid), args, self.name)
 
+    async def acall(self, *args: Any) -> tuple[bool, Any]:
+        """The call from the event loop (``fastpath.worker_call``): ``(done, value)``."""
+        from .fastpath import worker_call
+
+        return await worker_call(self.worker, self.oid, args, self.name)
+
     def time_evaluator(self, params: tuple, f_preproc: str) -> "WorkerFunction":
         """TVM's time evaluator for this function, run inside the worker (no IPC in the timings)."""
         result, _ = self.worker.request(("timer", self.oid, params, f_preproc), "time_evaluator")
@@ -394,13 +413,22 @@ class WorkerModule(_Proxy, RuntimeModule):
         RuntimeModule.__init__(self)
         _Proxy.__init__(self, worker, oid, type_key)
         self.type_key = type_key
+        #: functions found, by (name, query_imports): a client that looks a function up before every
+        #: call (``lib["f"](...)``) asks the worker once
+        self._found: dict[tuple[str, bool], WorkerFunction] = {}
 
     def get_function(self, name: str) -> Optional[WorkerFunction]:
         return self.find_function(name, False)
 
     def find_function(self, name: str, query_imports: bool = True) -> Optional[WorkerFunction]:
-        result, _ = self.worker.request(("get", self.oid, name, bool(query_imports)), f"get_function {name}")
-        return self.worker.from_wire(result)
+        key = (name, bool(query_imports))
+        fn = self._found.get(key)
+        if fn is None or not self.worker.alive:
+            result, _ = self.worker.request(("get", self.oid, name, key[1]), f"get_function {name}")
+            fn = self.worker.from_wire(result)
+            if fn is not None:
+                self._found[key] = fn
+        return fn
 
     def __repr__(self) -> str:
         return f"<WorkerModule {self.type_key!r} #{self.oid} in worker {self.worker.pid}>"

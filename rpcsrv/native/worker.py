@@ -23,12 +23,12 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
 from .budget import WorkerBudget, refusal_in
-from .wire import Copied, Ref, Shared
+from .wire import Copied, Ref, Shared, decode_call, decode_result, encode_result
 
 WORKER_ARENA = 4 << 30 if sys.maxsize > 2 ** 32 else 256 << 20
 #: seconds between a worker's checks that the server that started it is still there (``watch_parent``)
@@ -41,6 +41,7 @@ class WorkerState:
         self.ids = itertools.count(1)
         self.arenas = {"session": session_arena, "worker": own_arena}
         self.budget = WorkerBudget()
+        self.bound: dict[tuple, Any] = {}  # (function id, wire arguments) -> its bound native call
 
     # values ---------------------------------------------------------------
     def to_local(self, v: Any, copied: list) -> Any:
@@ -108,6 +109,9 @@ class WorkerState:
             return (None if fn is None else self.put("fn", fn, name)), []
         if op == "call":
             _, oid, args = req
+            bound = self._bound(oid, args)
+            if bound is not None:
+                return self.to_wire(bound()), []
             fn = self.to_local(Ref("fn", oid, ""), copied)
             local = [self.to_local(a, copied) for a in args]
             return self.to_wire(fn(*local)), copied
@@ -131,6 +135,7 @@ class WorkerState:
             from ..executor.runtime import RuntimeModule
 
             freed = [self.objects.pop(i, None) for i in req[1]]
+            self.bound.clear()  # (bound calls hold their functions)
             if self.budget.held and any(isinstance(obj, RuntimeModule) for obj in freed):
                 del freed  # executors sit in reference cycles: what they hold goes back now, and the
                 gc.collect()  # session's account with it, not at some later collection (~6 ms)
@@ -144,6 +149,34 @@ class WorkerState:
         raise ValueError(f"unknown worker request {op!r}")
 
 
+    def _bound(self, oid: int, args: list) -> Any:
+        """The call of native function ``oid`` with these wire arguments, its arguments converted once: a
+        kernel called with the same buffers again costs ~1 us here, not ~50 (views and DLTensors).  Only
+        for native functions whose arguments are shared arrays and plain scalars: their arena views stay
+        valid as long as the worker maps the arenas (the whole of its life)."""
+        from .library import NativeFunction
+
+        try:
+            key = (oid, *((type(a), a) for a in args))
+            bound = self.bound.get(key)
+        except TypeError:  # an unhashable argument (a list)
+            return None
+        if bound is None:
+            fn = self.objects.get(oid)
+            if not isinstance(fn, NativeFunction) or not all(type(a) in _BINDABLE for a in args):
+                return None
+            local = [self.to_local(a, []) for a in args]
+            if len(self.bound) >= BOUND_CALLS:
+                self.bound.clear()
+            bound = self.bound[key] = fn.bind(*local, hold=False, returns=True)
+        return bound
+
+
+#: argument types a bound call may be cached for (``WorkerState._bound``), and how many are kept
+_BINDABLE = (Shared, int, float, bool, type(None))
+BOUND_CALLS = 256
+
+
 def _worker_globals() -> dict:
     """Global functions that take a module of this worker and build on it here."""
     from ..executor import debug, graph
@@ -154,8 +187,10 @@ def _worker_globals() -> dict:
             "tvm.graph_runtime_debug.create": debug.create_graph_executor_debug}
 
 
-def _send(sock: socket.socket, obj: Any, fds: list[int] = ()) -> None:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+def _send(sock: socket.socket, obj: Any, fds: list[int] = (), data: Optional[bytes] = None) -> None:
+    """Send ``obj`` pickled, or ``data`` (a binary frame, ``wire.py``) as it is."""
+    if data is None:
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     header = len(data).to_bytes(8, "little")
     if fds:
         socket.send_fds(sock, [header], list(fds))
@@ -178,16 +213,27 @@ def _recv_exact(sock: socket.socket, n: int) -> bytearray:
 
 def _recv(sock: socket.socket) -> Any:
     n = int.from_bytes(_recv_exact(sock, 8), "little")
-    return pickle.loads(_recv_exact(sock, n))
+    return _decode(_recv_exact(sock, n))
+
+
+def _decode(data: bytearray) -> Any:
+    """A message: a binary call or result frame (``wire.py``), else a pickle."""
+    if data[:1] == b"C":
+        return decode_call(data)
+    if data[:1] == b"R":
+        return decode_result(bytes(data))
+    return pickle.loads(data)
 
 
 def _recv_with_fds(sock: socket.socket) -> tuple[Any, list[int]]:
-    """A message and the descriptors sent with its header (``attach`` carries the session's arena)."""
+    """A message (its bytes: ``_decode``) and the descriptors sent with its header (``attach`` carries the
+    session's arena)."""
     head, fds, _flags, _addr = socket.recv_fds(sock, 8, 4)
     if not head:
         raise EOFError
     head += _recv_exact(sock, 8 - len(head)) if len(head) < 8 else b""
-    return pickle.loads(_recv_exact(sock, int.from_bytes(head, "little"))), list(fds)
+    data = _recv_exact(sock, int.from_bytes(head, "little"))
+    return data, list(fds)
 
 
 def _error_answer(exc: Exception) -> tuple:
@@ -203,8 +249,17 @@ def _error_answer(exc: Exception) -> tuple:
     return ("err", text, None)
 
 
+#: the nice increment this worker's computing thread still has to take at its first model run (``main``)
+_NICE: list[int] = []
+
+
 def _slot(sock: socket.socket) -> int:
     """Ask the server for a compute slot (while a request is being handled) and wait: its BLAS threads."""
+    if _NICE:  # the first model run here: from now on this thread computes at the workers' priority
+        compute_lower = _NICE.pop()
+        from ..executor.compute import lower_priority
+
+        lower_priority([threading.get_native_id()], compute_lower)
     _send(sock, ("slot",))
     answer = _recv(sock)
     if answer[0] != "slot":
@@ -257,17 +312,23 @@ def main(argv: list[str]) -> int:
 
     # a model run here takes its slot (and BLAS threads) from the server's compute policy
     compute.POLICY.set_remote(lambda: _slot(sock), lambda: _send(sock, ("slot-done",)))
-    # every thread of the worker (BLAS's exist by now; later ones inherit it from their creator)
-    compute.lower_priority(compute.thread_ids(), compute.env_int("RPCSRV_WORKER_NICE", WORKER_NICE))
+    # every thread of the worker but this one (BLAS's exist by now; later ones inherit it from their
+    # creator); this one at its first model run (``_slot``): until then it answers requests and runs
+    # kernels called one by one at the server's priority, as the server's threads do
+    nice = compute.env_int("RPCSRV_WORKER_NICE", WORKER_NICE)
+    compute.lower_priority([t for t in compute.thread_ids() if t != threading.get_native_id()], nice)
+    _NICE.append(nice)
     state = WorkerState(session_arena, own)
     ALLOCATION_HOOK.set(state.budget.charge)  # executors check their storage against the session's budget
     _send(sock, ("ready", os.getpid(), WORKER_ARENA), [own.fd])
     while True:
         try:
-            (budget, req), fds = _recv_with_fds(sock)
+            data, fds = _recv_with_fds(sock)
         except (EOFError, OSError):
             return 0
+        binary = data[:1] == b"C"  # a binary call frame gets a binary answer when its value allows
         try:
+            budget, req = _decode(data)
             state.budget.grant(budget)
             if req[0] == "attach":  # a spare worker joins a session: map its arena
                 state.arenas["session"] = Arena(req[1], fd=fds[0]) if fds else None
@@ -277,7 +338,8 @@ def main(argv: list[str]) -> int:
         except Exception as exc:
             answer = _error_answer(exc)
         try:
-            _send(sock, answer + (state.budget.held,))
+            answer += (state.budget.held,)
+            _send(sock, answer, data=encode_result(answer) if binary else None)
         except Exception as exc:  # an answer pickle refuses (TypeError, ValueError too): an error, not an exit
             _send(sock, ("err", f"the worker could not send its answer: {type(exc).__name__}: {exc}", None,
                          state.budget.held))
