@@ -13,7 +13,10 @@ the machine: interleaving makes them share the load):
   client freeing the function handle: three requests);
 * ``f(a, b)``: the function looked up once (one request per call).
 
-Prints each figure and its ratio to TVM's server (the goal: <= 1x, isolated included).
+A third row, the small call ``tvm.rpc.server.workpath("x")``, is the floor: one request with no native
+code.  ``--baseline DIR`` adds the two rpcsrv modes run from another checkout (before/after in one run);
+``--layers`` times the layers of one call apart (``native_layers.py``).  Prints each figure and its ratio
+to TVM's server (the goal: <= 1x, isolated included).
 """
 
 from __future__ import annotations
@@ -50,16 +53,23 @@ def build(out: Path) -> Path:
     return out
 
 
-def servers() -> dict[str, list[str]]:
+def servers(baseline: str | None = None) -> dict[str, tuple[list[str], str]]:
+    """The servers: TVM's, rpcsrv in both native modes, and (``baseline``: another checkout of rpcsrv, run
+    from its own folder) the same two modes of that checkout, for before/after figures in one run."""
     p0 = free_port()
     rpcsrv = [sys.executable, "-m", "rpcsrv", "serve", "--port", "0", "--native"]
-    return {"TVM server": ([sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(p0),
-                            "--port-end", str(p0 + 50)], r"bind to [\d.]+:(\d+)"),
-            "rpcsrv isolated": (rpcsrv + ["isolated"], r":(\d+)"),
-            "rpcsrv inprocess": (rpcsrv + ["inprocess"], r":(\d+)")}
+    found = {"TVM server": ([sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(p0),
+                             "--port-end", str(p0 + 50)], r"bind to [\d.]+:(\d+)"),
+             "rpcsrv isolated": (rpcsrv + ["isolated"], r":(\d+)"),
+             "rpcsrv inprocess": (rpcsrv + ["inprocess"], r":(\d+)")}
+    if baseline:
+        for mode in ("isolated", "inprocess"):
+            found[f"before {mode}"] = (["env", "-C", baseline, f"PYTHONPATH={baseline}", *rpcsrv, mode], r":(\d+)")
+    return found
 
 
-def run(calls: int, rounds: int, which: list[str] | None = None) -> dict[str, dict[str, float]]:
+def run(calls: int, rounds: int, which: list[str] | None = None,
+        baseline: str | None = None) -> dict[str, dict[str, float]]:
     import tvm
     from tvm import rpc
 
@@ -67,7 +77,7 @@ def run(calls: int, rounds: int, which: list[str] | None = None) -> dict[str, di
     with tempfile.TemporaryDirectory() as tmp:
         lib_path = build(Path(tmp) / "add_one.so")
         try:
-            for name, (cmd, pattern) in servers().items():
+            for name, (cmd, pattern) in servers(baseline).items():
                 if which and name not in which:
                     continue
                 proc, port = start(cmd, pattern)
@@ -82,13 +92,15 @@ def run(calls: int, rounds: int, which: list[str] | None = None) -> dict[str, di
                 lib["add_one"](a, b)
                 np.testing.assert_allclose(b.numpy(), x + 1)  # the kernel really ran, on every server
                 sessions[name] = (remote, lib, a, b)
-            shapes = {'lib["add_one"](a, b)': lambda lib, a, b: (lambda: lib["add_one"](a, b)),
-                      "f(a, b)": lambda lib, a, b, f=None: (lambda f=lib["add_one"]: f(a, b))}
+            shapes = {'lib["add_one"](a, b)': lambda r, lib, a, b: (lambda: lib["add_one"](a, b)),
+                      "f(a, b)": lambda r, lib, a, b: (lambda f=lib["add_one"]: f(a, b)),
+                      "small call workpath": lambda r, lib, a, b: (
+                          lambda f=r.get_function("tvm.rpc.server.workpath"): f("x"))}
             per_round = {(s, n): [] for s in shapes for n in sessions}
             for _ in range(rounds):
                 for shape, make in shapes.items():
-                    for name, (_remote, lib, a, b) in sessions.items():
-                        call = make(lib, a, b)
+                    for name, (remote, lib, a, b) in sessions.items():
+                        call = make(remote, lib, a, b)
                         call()
                         t0 = time.perf_counter()
                         for _ in range(calls):
@@ -121,9 +133,15 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--only", action="append", help="run only this server (repeatable)")
+    ap.add_argument("--baseline", help="another rpcsrv checkout to compare with (before/after in one run)")
+    ap.add_argument("--layers", action="store_true", help="also time the layers of a call (native_layers.py)")
     args = ap.parse_args(argv)
     try:
-        print(report(run(args.calls, args.rounds, args.only)))
+        print(report(run(args.calls, args.rounds, args.only, args.baseline)))
+        if args.layers:
+            from native_layers import layers, report_layers
+
+            print(report_layers(layers()))
     except RuntimeError as exc:
         print(f"native_call_bench: error: {exc}", file=sys.stderr)
         return 2

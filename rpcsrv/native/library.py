@@ -37,6 +37,7 @@ from ..protocol.dtypes import DataType, Device
 from .abi import (ABI_CLASSIC, ABI_FFI, FFI, Classic, ClassicPackedFunc, DLTensor, FunctionHandle,
                   LookupFunc, SafeCallFunc, ShapeObject, TVMFFIAny, TVMFFIObject, TVMValue)
 from .machine import Machine, board, machine_of
+from .shm import address_of
 from .shim import CONTEXT_FUNCTIONS, PROVIDED, ShimUnavailable, load_shim
 
 FFI_PREFIX = "__tvm_ffi_"
@@ -303,7 +304,7 @@ def signature(args: tuple) -> Optional[tuple]:
     for a in args:
         t = type(a)
         if t is np.ndarray:
-            key.append((a.__array_interface__["data"][0] if a.size else 0, a.shape, a.strides, a.dtype.str))
+            key.append((address_of(a), a.shape, a.strides, a.dtype.str))
         elif t in (int, float, bool, str) or a is None:
             key.append((t, a))
         else:

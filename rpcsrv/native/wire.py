@@ -30,22 +30,20 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from construct import Int8ul, Int16ul, Int64sl, Int64ul, Struct
 
 from ..protocol.structs import fixed_struct
 
 
-@dataclass(frozen=True)
-class Ref:
+class Ref(NamedTuple):  # named tuples: built and pickled several times faster than dataclasses
     kind: str  # "mod" or "fn"
     id: int
     name: str  # type key of a module, name of a function
 
 
-@dataclass(frozen=True)
-class Shared:
+class Shared(NamedTuple):
     region: str  # "session" (the session's arena) or "worker" (the worker's)
     offset: int
     dtype: str
@@ -115,44 +113,57 @@ def encode_call(oid: int, budget: Any, args: list) -> Optional[bytes]:
 
 def decode_call(frame: bytes) -> tuple:
     """``(budget, ("call", oid, args))`` from a call frame (ValueError when it is malformed)."""
+    budget, oid, nargs, at = decode_head(frame)
+    return budget, ("call", oid, decode_args(frame, at, nargs))
+
+
+def decode_head(frame: bytes) -> tuple[Any, int, int, int]:
+    """``(budget, oid, number of arguments, where they start)`` of a call frame: a worker that has
+    seen the same argument bytes before needs no more (``worker.WorkerState.call_frame``)."""
     try:
-        view = memoryview(frame)
-        _tag, oid, charged, n_accounts, nargs = CALL.unpack_from(view, 0)
+        _tag, oid, charged, n_accounts, nargs = CALL.unpack_from(frame, 0)
         at = CALL.size
-        budget = None
-        if n_accounts != NO_BUDGET:
-            accounts = []
-            for _ in range(n_accounts):
-                used, limit, name_len = ACCOUNT.unpack_from(view, at)
-                at += ACCOUNT.size
-                accounts.append((_text(view, at, name_len), used, limit))
-                at += name_len
-            budget = (charged, tuple(accounts))
-        args: list = []
+        if n_accounts == NO_BUDGET:
+            return None, oid, nargs, at
+        accounts = []
+        for _ in range(n_accounts):
+            used, limit, name_len = ACCOUNT.unpack_from(frame, at)
+            at += ACCOUNT.size
+            accounts.append((_text(frame, at, name_len), used, limit))
+            at += name_len
+    except struct.error as exc:
+        raise ValueError(f"truncated call frame ({exc})") from None
+    return (charged, tuple(accounts)), oid, nargs, at
+
+
+def decode_args(frame: bytes, at: int, nargs: int) -> list:
+    """The ``nargs`` arguments of a call frame from offset ``at`` (ValueError when malformed)."""
+    args: list = []
+    try:
         for _ in range(nargs):
-            tag = view[at]
+            tag = frame[at]
             at += 1
             if tag == 0x53:  # S
-                region, offset, ndim, dtype_len = SHARED.unpack_from(view, at)
+                region, offset, ndim, dtype_len = SHARED.unpack_from(frame, at)
                 at += SHARED.size
                 if region >= len(REGIONS):
                     raise ValueError(f"unknown shared region {region}")
-                dtype = _text(view, at, dtype_len)
+                dtype = _text(frame, at, dtype_len)
                 at += dtype_len
-                dims = struct.unpack_from(f"<{2 * ndim}q", view, at)
+                dims = struct.unpack_from(f"<{2 * ndim}q", frame, at)
                 at += 16 * ndim
                 args.append(Shared(REGIONS[region], offset, dtype, dims[:ndim], dims[ndim:]))
             elif tag in (0x62, 0x69):  # b, i
-                value = _q.unpack_from(view, at)[0]
+                value = _q.unpack_from(frame, at)[0]
                 args.append(bool(value) if tag == 0x62 else value)
                 at += 8
             elif tag == 0x66:  # f
-                args.append(_d.unpack_from(view, at)[0])
+                args.append(_d.unpack_from(frame, at)[0])
                 at += 8
             elif tag == 0x6E:  # n
                 args.append(None)
             elif tag == 0x72:  # r
-                args.append(Ref("fn", _Q.unpack_from(view, at)[0], ""))
+                args.append(Ref("fn", _Q.unpack_from(frame, at)[0], ""))
                 at += 8
             else:
                 raise ValueError(f"unknown argument tag {tag}")
@@ -160,14 +171,14 @@ def decode_call(frame: bytes) -> tuple:
         raise ValueError(f"truncated call frame ({exc})") from None
     if at != len(frame):
         raise ValueError(f"{len(frame) - at} stray bytes after a call frame")
-    return budget, ("call", oid, args)
+    return args
 
 
-def _text(view: memoryview, at: int, n: int) -> str:
-    if at + n > len(view):
+def _text(frame: bytes, at: int, n: int) -> str:
+    if at + n > len(frame):
         raise ValueError("truncated call frame (a name runs past its end)")
     try:
-        return bytes(view[at:at + n]).decode()
+        return bytes(frame[at:at + n]).decode()
     except UnicodeDecodeError:
         raise ValueError("a name in a call frame is not UTF-8") from None
 
