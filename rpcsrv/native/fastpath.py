@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from typing import Any, Awaitable, Callable, Optional
 
 from .library import NativeError, NativeFunction
@@ -50,12 +51,13 @@ def runner(fn: Any, limiter: Any = None) -> Optional[Runner]:
 
 
 class Inline:
-    """A native function of the server process, run on the event loop while it is short."""
+    """A native function of the server process, run on the event loop while it is short.  What was
+    learned of a function (timed yet, strikes) stays with the function: a client that looks it up
+    before every call gets a new runner each time, and the same verdict."""
 
-    def __init__(self, fn: NativeFunction, limiter: Any = None):
+    def __init__(self, fn: Any, limiter: Any = None):
         self.fn, self.limiter = fn, limiter
-        self.known = False  # whether a call was timed yet (the first runs in a thread)
-        self.strikes = 0
+        self.seen = _SEEN.setdefault(fn, [False, 0])  # [timed yet, calls over the limit]
 
     def _timed(self, args: tuple) -> Any:
         start = time.thread_time()  # this thread's CPU time: a call preempted on a busy board is no strike
@@ -63,17 +65,22 @@ class Inline:
             return self.fn(*args)
         finally:
             if time.thread_time() - start > INLINE_LIMIT:
-                self.strikes += 1
-            self.known = True
+                self.seen[1] += 1
+            self.seen[0] = True
 
     async def __call__(self, *args: Any) -> tuple[bool, Any]:
-        if self.known and self.strikes < STRIKES:
+        known, strikes = self.seen
+        if strikes >= STRIKES:
+            return False, None  # the usual path (a thread)
+        if known:
             return True, self._timed(args)
         import trio
 
-        if self.strikes >= STRIKES:
-            return False, None  # the usual path (a thread)
         return True, await trio.to_thread.run_sync(self._timed, args, limiter=self.limiter)
+
+
+#: what was learned of each function (``Inline``), for as long as the function lives
+_SEEN: "weakref.WeakKeyDictionary[Any, list]" = weakref.WeakKeyDictionary()
 
 
 async def worker_call(worker: Any, oid: int, args: tuple, what: str) -> tuple[bool, Any]:
