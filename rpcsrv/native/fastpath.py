@@ -108,9 +108,9 @@ async def worker_call(worker: Any, oid: int, args: tuple, what: str) -> tuple[bo
             _send(worker.sock, None, data=frame)
             deadline = worker.deadline()
             until = math.inf if deadline is None else trio.current_time() + deadline - time.monotonic()
-            with trio.move_on_at(until):
+            with trio.move_on_at(until) as waited:
                 await trio.lowlevel.wait_readable(worker.sock)
-            if not worker._wait(time.monotonic()):  # not readable: the deadline passed
+            if waited.cancelled_caught:  # the deadline passed first
                 worker.kill("stopped at the session deadline")
                 raise NativeError(f"{what}: native code was still running at the session deadline; "
                                   f"its worker was stopped")
