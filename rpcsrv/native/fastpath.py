@@ -23,6 +23,8 @@ A runner returns ``(done, value)``; ``done`` False sends the call down the usual
 from __future__ import annotations
 
 import math
+import os
+import select
 import time
 import weakref
 from typing import Any, Awaitable, Callable, Optional
@@ -35,6 +37,9 @@ from .worker import _recv, _send
 INLINE_LIMIT = 0.0005
 #: calls over the limit after which a function never runs inline again
 STRIKES = 3
+#: how long (seconds) the loop waits for a worker's answer in a plain ``select`` before it waits through
+#: trio (an epoll registration, a cancel scope and a task switch: ~40 Python calls a request)
+QUICK_WAIT = float(os.environ.get("RPCSRV_NATIVE_QUICK_WAIT", "0.0001"))
 
 Runner = Callable[..., Awaitable[tuple[bool, Any]]]
 
@@ -106,14 +111,15 @@ async def worker_call(worker: Any, oid: int, args: tuple, what: str) -> tuple[bo
     try:
         try:
             _send(worker.sock, None, data=frame)
-            deadline = worker.deadline()
-            until = math.inf if deadline is None else trio.current_time() + deadline - time.monotonic()
-            with trio.move_on_at(until) as waited:
-                await trio.lowlevel.wait_readable(worker.sock)
-            if waited.cancelled_caught:  # the deadline passed first
-                worker.kill("stopped at the session deadline")
-                raise NativeError(f"{what}: native code was still running at the session deadline; "
-                                  f"its worker was stopped")
+            if not select.select([worker.sock], [], [], QUICK_WAIT)[0]:  # not answered at once: wait on the loop
+                deadline = worker.deadline()
+                until = math.inf if deadline is None else trio.current_time() + deadline - time.monotonic()
+                with trio.move_on_at(until) as waited:
+                    await trio.lowlevel.wait_readable(worker.sock)
+                if waited.cancelled_caught:  # the deadline passed first
+                    worker.kill("stopped at the session deadline")
+                    raise NativeError(f"{what}: native code was still running at the session deadline; "
+                                      f"its worker was stopped")
             answer = _recv(worker.sock)
             if answer[0] in ("slot", "slot-done"):  # a model run in the worker: its slot is held in a thread
                 answer = await trio.to_thread.run_sync(worker._answer, what, answer)
