@@ -30,7 +30,7 @@ import weakref
 from typing import Any, Awaitable, Callable, Optional
 
 from .library import NativeError, NativeFunction
-from .wire import encode_call
+from .wire import FrameError, encode_call
 from .worker import _recv, _send
 
 #: a native call at most this long (seconds) may run on the event loop (``--native inprocess``)
@@ -124,7 +124,7 @@ async def worker_call(worker: Any, oid: int, args: tuple, what: str) -> tuple[bo
             if answer[0] in ("slot", "slot-done"):  # a model run in the worker: its slot is held in a thread
                 answer = await trio.to_thread.run_sync(worker._answer, what, answer)
             answer = worker._settle(answer)
-        except (EOFError, OSError, ConnectionError, ValueError):
+        except (EOFError, OSError, ConnectionError, FrameError):
             worker._crashed(what)
         except BaseException:
             if worker.dead is None:  # cancelled with native code running

@@ -39,7 +39,7 @@ from ..executor import compute
 from ..executor.runtime import RuntimeModule
 from .library import NativeError
 from .shm import Arena
-from .wire import Copied, Ref, Shared, encode_call
+from .wire import Copied, FrameError, Ref, Shared, encode_call
 from .worker import _recv, _send
 
 START_TIMEOUT = 30.0
@@ -192,7 +192,7 @@ class Worker:
                 frame = encode_call(req[1], budget, req[2]) if req[0] == "call" else None
                 _send(self.sock, (budget, req), data=frame)
                 answer = self._settle(self._answer(what))
-            except (EOFError, OSError, ConnectionError, ValueError):
+            except (EOFError, OSError, ConnectionError, FrameError):
                 self._crashed(what)
         return self._outcome(answer, what)
 

@@ -23,7 +23,8 @@ and its answer when the value is a scalar or None, travel as fixed binary frames
 (:func:`encode_call`/:func:`decode_call`, :func:`encode_result`/:func:`decode_result`): they decode to the
 same tuples as their pickles, at a fraction of the cost (pickling the ``Shared`` records was ~30 us of a
 ~130 us worker round trip).  A message is a binary frame when its first byte is ``C`` or ``R`` (a pickle
-starts with ``0x80``).  A malformed frame raises ``ValueError``: the worker answers it as an error.
+starts with ``0x80``).  A malformed frame raises :class:`FrameError` (a ``ValueError``): the worker
+answers it as an error.
 """
 
 from __future__ import annotations
@@ -57,6 +58,10 @@ class Copied:
 
 
 # ---------------------------------------------------------------------------- binary frames
+class FrameError(ValueError):
+    """A malformed binary frame (the worker answers it as an error; a session takes it for a broken worker)."""
+
+
 # call: "C", the function's id, what the session has charged for the worker, the number of accounts in
 # the budget (255: no budget) and of arguments; then each account (used, limit, name length, name) and
 # each argument (a tag byte and its fields)
@@ -132,7 +137,7 @@ def decode_head(frame: bytes) -> tuple[Any, int, int, int]:
             accounts.append((_text(frame, at, name_len), used, limit))
             at += name_len
     except struct.error as exc:
-        raise ValueError(f"truncated call frame ({exc})") from None
+        raise FrameError(f"truncated call frame ({exc})") from None
     return (charged, tuple(accounts)), oid, nargs, at
 
 
@@ -147,7 +152,7 @@ def decode_args(frame: bytes, at: int, nargs: int) -> list:
                 region, offset, ndim, dtype_len = SHARED.unpack_from(frame, at)
                 at += SHARED.size
                 if region >= len(REGIONS):
-                    raise ValueError(f"unknown shared region {region}")
+                    raise FrameError(f"unknown shared region {region}")
                 dtype = _text(frame, at, dtype_len)
                 at += dtype_len
                 dims = struct.unpack_from(f"<{2 * ndim}q", frame, at)
@@ -166,21 +171,21 @@ def decode_args(frame: bytes, at: int, nargs: int) -> list:
                 args.append(Ref("fn", _Q.unpack_from(frame, at)[0], ""))
                 at += 8
             else:
-                raise ValueError(f"unknown argument tag {tag}")
+                raise FrameError(f"unknown argument tag {tag}")
     except (struct.error, IndexError) as exc:
-        raise ValueError(f"truncated call frame ({exc})") from None
+        raise FrameError(f"truncated call frame ({exc})") from None
     if at != len(frame):
-        raise ValueError(f"{len(frame) - at} stray bytes after a call frame")
+        raise FrameError(f"{len(frame) - at} stray bytes after a call frame")
     return args
 
 
 def _text(frame: bytes, at: int, n: int) -> str:
     if at + n > len(frame):
-        raise ValueError("truncated call frame (a name runs past its end)")
+        raise FrameError("truncated call frame (a name runs past its end)")
     try:
         return bytes(frame[at:at + n]).decode()
     except UnicodeDecodeError:
-        raise ValueError("a name in a call frame is not UTF-8") from None
+        raise FrameError("a name in a call frame is not UTF-8") from None
 
 
 _KINDS = {type(None): 0, bool: 1, int: 2, float: 3}
@@ -199,7 +204,7 @@ def encode_result(answer: tuple) -> Optional[bytes]:
 def decode_result(frame: bytes) -> tuple:
     """``("ok", value, [], held)`` from a result frame (ValueError when it is malformed)."""
     if len(frame) != RESULT.size:
-        raise ValueError(f"a result frame of {len(frame)} bytes (expected {RESULT.size})")
+        raise FrameError(f"a result frame of {len(frame)} bytes (expected {RESULT.size})")
     _tag, held, kind, raw = RESULT.unpack(frame)
     if kind == 0:
         value = None
@@ -210,5 +215,5 @@ def decode_result(frame: bytes) -> tuple:
     elif kind == 3:
         value = _d.unpack(_Q.pack(raw))[0]
     else:
-        raise ValueError(f"unknown result kind {kind}")
+        raise FrameError(f"unknown result kind {kind}")
     return ("ok", value, [], held)
