@@ -220,3 +220,29 @@ async def test_short_in_process_calls_run_inline_until_they_prove_long():
     results = [await slow() for _ in range(fastpath.STRIKES + 2)]
     assert results[:fastpath.STRIKES] == [(True, 1)] * fastpath.STRIKES
     assert results[fastpath.STRIKES:] == [(False, None)] * 2  # back to the session's thread for good
+
+
+# ---------------------------------------------------------------------------- the worker's priority
+def _nice(pid: int, tid: int) -> int:
+    with open(f"/proc/{pid}/task/{tid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[16])  # field 19: nice
+
+
+def test_the_worker_answers_at_the_servers_priority_until_its_first_model_run(c_target, monkeypatch):
+    import os
+
+    monkeypatch.setenv("RPCSRV_WORKER_NICE", "3")
+    here = os.getpriority(os.PRIO_PROCESS, 0)
+    worker = Worker(None)
+    try:
+        pid = worker.pid
+        others = [int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid]
+        assert others and all(_nice(pid, t) == min(here + 3, 19) for t in others)  # BLAS, the parent watch
+        assert _nice(pid, pid) == here  # the request thread: kernels called one by one are not held back
+        lib = worker.load(str(c_target))
+        timer = lib.find_function("add_one").time_evaluator((1, 1, 0, 100, 0, 1, 0), "")
+        a = np.zeros(16, "float32")
+        timer(a, np.zeros(16, "float32"))  # a job in the worker: it asks the server for a slot
+        assert _nice(pid, pid) == min(here + 3, 19)
+    finally:
+        worker.close()
