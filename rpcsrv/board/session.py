@@ -265,10 +265,11 @@ class Session(SyscallsMixin):
     async def _call(self, ev: CallFunc) -> Any:
         func = self.get_object(ev.handle, PackedFunction, "function")
         args = [self.to_local(a) for a in ev.args]
-        on_loop = getattr(func.fn, "call_on_loop", None)  # a native worker's function: it waits on the loop
-        if func.blocking and on_loop is not None:  # (rpcsrv/native/onloop.py: no thread hop)
-            result = await on_loop(self.limiter, *args)
-        elif func.blocking:
+        if func.run is not None:  # native code: from the loop, no thread hop (rpcsrv.native.fastpath)
+            done, result = await func.run(*args)
+            if done:
+                return self.to_wire(result)
+        if func.blocking:
             result = await trio.to_thread.run_sync(self._run_charged, lambda: func.fn(*args), limiter=self.limiter)
         else:
             result = self._run_charged(lambda: func.fn(*args))

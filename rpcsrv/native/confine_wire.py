@@ -72,4 +72,12 @@ def recv(sock: socket.socket, limit: int) -> Any:
     n = int.from_bytes(_recv_exact(sock, 8), "little")
     if n > limit:
         raise ProtocolViolation(f"the native worker announced a {n}-byte message (limit {limit})")
-    return loads(_recv_exact(sock, n))
+    data = _recv_exact(sock, n)
+    if data[:1] == b"R":  # a binary result frame (wire.py): checked field by field as it is decoded
+        from .wire import FrameError, decode_result
+
+        try:
+            return decode_result(bytes(data))
+        except FrameError as exc:
+            raise ProtocolViolation(f"the native worker sent a malformed result frame: {exc}") from None
+    return loads(data)

@@ -39,7 +39,7 @@ from ..executor import compute
 from ..executor.runtime import RuntimeModule
 from .library import NativeError
 from .shm import Arena
-from .wire import Copied, Ref, Shared
+from .wire import Copied, FrameError, Ref, Shared, encode_call
 from .confine_wire import ProtocolViolation, loads, message_limit, recv
 from .worker import _send
 
@@ -194,9 +194,11 @@ class Worker:
                     _send(self.sock, (None, ("free", garbage)))
                     if self._settle(self._recv())[0] != "ok":
                         raise EOFError
-                _send(self.sock, (self._budget(), req))
+                budget = self._budget()
+                frame = encode_call(req[1], budget, req[2]) if req[0] == "call" else None
+                _send(self.sock, (budget, req), data=frame)
                 answer = self._settle(self._answer(what))
-            except (ProtocolViolation, EOFError, OSError, ConnectionError) as exc:
+            except (ProtocolViolation, EOFError, OSError, ConnectionError, FrameError) as exc:
                 raise self._failure(exc, what) from None
         return self._result(answer, what)
 
@@ -404,11 +406,11 @@ class WorkerFunction(_Proxy):
     def __call__(self, *args: Any) -> Any:
         return self.worker.call(("call", self.oid), args, self.name)
 
-    async def call_on_loop(self, limiter: Any, *args: Any) -> Any:
-        """The same call made from the session's trio loop, waiting there for the answer (``onloop.py``)."""
-        from .onloop import call
+    async def acall(self, *args: Any) -> tuple[bool, Any]:
+        """The call from the event loop (``fastpath.worker_call``): ``(done, value)``."""
+        from .fastpath import worker_call
 
-        return await call(self.worker, ("call", self.oid), args, self.name, limiter)
+        return await worker_call(self.worker, self.oid, args, self.name)
 
     def time_evaluator(self, params: tuple, f_preproc: str) -> "WorkerFunction":
         """TVM's time evaluator for this function, run inside the worker (no IPC in the timings)."""
@@ -425,13 +427,22 @@ class WorkerModule(_Proxy, RuntimeModule):
         RuntimeModule.__init__(self)
         _Proxy.__init__(self, worker, oid, type_key)
         self.type_key = type_key
+        #: functions found, by (name, query_imports): a client that looks a function up before every
+        #: call (``lib["f"](...)``) asks the worker once
+        self._found: dict[tuple[str, bool], WorkerFunction] = {}
 
     def get_function(self, name: str) -> Optional[WorkerFunction]:
         return self.find_function(name, False)
 
     def find_function(self, name: str, query_imports: bool = True) -> Optional[WorkerFunction]:
-        result, _ = self.worker.request(("get", self.oid, name, bool(query_imports)), f"get_function {name}")
-        return self.worker.from_wire(result)
+        key = (name, bool(query_imports))
+        fn = self._found.get(key)
+        if fn is None or not self.worker.alive:
+            result, _ = self.worker.request(("get", self.oid, name, key[1]), f"get_function {name}")
+            fn = self.worker.from_wire(result)
+            if fn is not None:
+                self._found[key] = fn
+        return fn
 
     def __repr__(self) -> str:
         return f"<WorkerModule {self.type_key!r} #{self.oid} in worker {self.worker.pid}>"

@@ -12,6 +12,7 @@ maps the other's (the descriptor crosses once, when the worker starts), so an ar
 from __future__ import annotations
 
 import bisect
+import ctypes
 import mmap
 import os
 import threading
@@ -41,6 +42,16 @@ def _check_sealed(fd: int, capacity: int) -> None:
         raise ValueError(f"the shared arena is smaller than its announced {capacity} bytes")
     if hasattr(fcntl, "F_GET_SEALS") and not fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK:
         raise ValueError("the shared arena is not sealed against shrinking")
+
+
+def address_of(arr: np.ndarray) -> int:
+    """Where ``arr``'s memory starts: through ctypes for a writable contiguous array (~0.6 us; numpy's
+    ``__array_interface__`` builds a dict each time, ~3 us, and a call reads it for every argument),
+    else numpy's way."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(arr))
+    except (TypeError, ValueError, BufferError):  # read-only, not contiguous, empty
+        return arr.__array_interface__["data"][0]
 
 
 class Arena:
@@ -83,7 +94,7 @@ class Arena:
 
     def offset_of(self, arr: np.ndarray) -> Optional[int]:
         """Where ``arr``'s memory starts in this arena, or None when it is not inside."""
-        start = arr.__array_interface__["data"][0] - self.address
+        start = address_of(arr) - self.address
         if not 0 <= start < self.capacity:
             return None
         if arr.flags.c_contiguous:

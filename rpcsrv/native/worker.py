@@ -28,19 +28,16 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
 from .budget import WorkerBudget, refusal_in
-from .library import NativeFunction
-from .wire import Copied, Ref, Shared
+from .wire import Copied, Ref, Shared, decode_args, decode_call, decode_head, decode_result, encode_result
 
 WORKER_ARENA = 4 << 30 if sys.maxsize > 2 ** 32 else 256 << 20
 #: seconds between a worker's checks that the server that started it is still there (``watch_parent``)
 PARENT_CHECK = 1.0
-#: bound calls a worker keeps (``WorkerState.bound``; all dropped when full)
-BOUND_CALLS = 256
 
 
 class WorkerState:
@@ -49,10 +46,10 @@ class WorkerState:
         self.ids = itertools.count(1)
         self.arenas = {"session": session_arena, "worker": own_arena}
         self.budget = WorkerBudget()
-        self.confined: dict | None = None  # the layers in force, once confined
-        #: (function id, *Shared arguments) -> the call with its arguments converted once: a remote kernel
-        #: called again on the same arrays (a tuner, a script's loop) skips the conversion (~30 us)
-        self.bound: dict[tuple, Any] = {}
+        self.bound: dict[tuple, Any] = {}  # (function id, wire arguments) -> its bound native call
+        self.confined: dict | None = None  # the layers in force, once confined (``_confine``)
+        #: a confined worker (``RPCSRV_CONFINE=1``) runs nothing before its session has confined it
+        self.confining = os.environ.get("RPCSRV_CONFINE") == "1"
 
     # values ---------------------------------------------------------------
     def to_local(self, v: Any, copied: list) -> Any:
@@ -105,6 +102,26 @@ class WorkerState:
         return Ref(kind, i, name)
 
     # requests -------------------------------------------------------------
+    def request(self, data: bytearray, fds: list[int]) -> tuple[Any, list]:
+        """The value and copied-back arguments of a pickled request (``fds``: what came with it)."""
+        budget, req = _decode(data)
+        self.budget.grant(budget)
+        if req[0] == "attach":  # a spare worker joins a session: map its arena
+            from .shm import Arena
+
+            self.arenas["session"] = Arena(req[1], fd=fds[0]) if fds else None
+            self.bound.clear()
+            return None, []
+        if req[0] == "confine":
+            return _confine(self, req[1]), []
+        self.refuse_unconfined(req[0])
+        return self.handle(req)
+
+    def refuse_unconfined(self, op: str) -> None:
+        """Nothing of a session's runs in a confined worker before it is confined."""
+        if self.confining and self.confined is None and op in ("load", "get", "call", "timer", "global"):
+            raise RuntimeError("the native worker runs nothing before it is confined")
+
     def handle(self, req: tuple) -> tuple[Any, list]:
         """The value and copied-back arguments of one request (errors raise)."""
         op = req[0]
@@ -120,16 +137,8 @@ class WorkerState:
             return (None if fn is None else self.put("fn", fn, name)), []
         if op == "call":
             _, oid, args = req
-            bound = self.bound.get((oid, *args)) if args and all(type(a) is Shared for a in args) else None
-            if bound is not None:
-                return self.to_wire(bound()), []
             fn = self.to_local(Ref("fn", oid, ""), copied)
             local = [self.to_local(a, copied) for a in args]
-            if isinstance(fn, NativeFunction) and args and all(type(a) is Shared for a in args):
-                if len(self.bound) >= BOUND_CALLS:
-                    self.bound.clear()
-                bound = self.bound[(oid, *args)] = fn.bind(*local, returns=True)
-                return self.to_wire(bound()), []
             return self.to_wire(fn(*local)), copied
         if op == "timer":
             from .measure import PREPROC, time_evaluator
@@ -151,8 +160,7 @@ class WorkerState:
             from ..executor.runtime import RuntimeModule
 
             freed = [self.objects.pop(i, None) for i in req[1]]
-            if self.bound:
-                self.bound.clear()  # calls of freed functions go with them (arguments are re-bound cheaply)
+            self.bound.clear()  # (bound calls hold their functions)
             if self.budget.held and any(isinstance(obj, RuntimeModule) for obj in freed):
                 del freed  # executors sit in reference cycles: what they hold goes back now, and the
                 gc.collect()  # session's account with it, not at some later collection (~6 ms)
@@ -164,6 +172,42 @@ class WorkerState:
             return {"objects": len(self.objects), "held": self.budget.held, "arena_used": own.used if own else 0,
                     "workspace_outstanding": int(load_shim().rpcsrv_workspace_outstanding())}, []
         raise ValueError(f"unknown worker request {op!r}")
+
+
+    def call_frame(self, frame: bytearray) -> tuple[Any, list]:
+        """The value and copied-back arguments of a binary call frame (``wire.py``).  A native function
+        called with the same argument bytes again (a kernel with the same buffers: a tuner's loop) runs
+        its bound call, arguments converted once: ~1 us here instead of ~50 (views, DLTensors)."""
+        budget, oid, nargs, at = decode_head(frame)
+        self.budget.grant(budget)
+        self.refuse_unconfined("call")
+        key = (oid, bytes(frame[at:]))  # equal bytes, equal arguments (checked when first decoded)
+        bound = self.bound.get(key)
+        if bound is None:
+            args = decode_args(frame, at, nargs)
+            bound = self._bind(oid, args)
+            if bound is None:
+                return self.handle(("call", oid, args))
+            if len(self.bound) >= BOUND_CALLS:
+                self.bound.clear()
+            self.bound[key] = bound
+        return self.to_wire(bound()), []
+
+    def _bind(self, oid: int, args: list) -> Any:
+        """A bound call of native function ``oid`` with these arguments, or None when it is not one of
+        native code with shared arrays and plain scalars (their arena views stay valid as long as the
+        worker maps the arenas: the whole of its life)."""
+        from .library import NativeFunction
+
+        fn = self.objects.get(oid)
+        if not isinstance(fn, NativeFunction) or not all(type(a) in _BINDABLE for a in args):
+            return None
+        return fn.bind(*[self.to_local(a, []) for a in args], hold=False, returns=True)
+
+
+#: argument types a bound call may be cached for (``WorkerState._bound``), and how many are kept
+_BINDABLE = (Shared, int, float, bool, type(None))
+BOUND_CALLS = 256
 
 
 def _confine(state: WorkerState, policy: dict) -> dict:
@@ -186,8 +230,10 @@ def _worker_globals() -> dict:
             "tvm.graph_runtime_debug.create": debug.create_graph_executor_debug}
 
 
-def _send(sock: socket.socket, obj: Any, fds: list[int] = ()) -> None:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+def _send(sock: socket.socket, obj: Any, fds: list[int] = (), data: Optional[bytes] = None) -> None:
+    """Send ``obj`` pickled, or ``data`` (a binary frame, ``wire.py``) as it is."""
+    if data is None:
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     header = len(data).to_bytes(8, "little")
     if fds:
         socket.send_fds(sock, [header], list(fds))
@@ -210,16 +256,27 @@ def _recv_exact(sock: socket.socket, n: int) -> bytearray:
 
 def _recv(sock: socket.socket) -> Any:
     n = int.from_bytes(_recv_exact(sock, 8), "little")
-    return pickle.loads(_recv_exact(sock, n))
+    return _decode(_recv_exact(sock, n))
+
+
+def _decode(data: bytearray) -> Any:
+    """A message: a binary call or result frame (``wire.py``), else a pickle."""
+    if data[:1] == b"C":
+        return decode_call(data)
+    if data[:1] == b"R":
+        return decode_result(bytes(data))
+    return pickle.loads(data)
 
 
 def _recv_with_fds(sock: socket.socket) -> tuple[Any, list[int]]:
-    """A message and the descriptors sent with its header (``attach`` carries the session's arena)."""
+    """A message (its bytes: ``_decode``) and the descriptors sent with its header (``attach`` carries the
+    session's arena)."""
     head, fds, _flags, _addr = socket.recv_fds(sock, 8, 4)
     if not head:
         raise EOFError
     head += _recv_exact(sock, 8 - len(head)) if len(head) < 8 else b""
-    return pickle.loads(_recv_exact(sock, int.from_bytes(head, "little"))), list(fds)
+    data = _recv_exact(sock, int.from_bytes(head, "little"))
+    return data, list(fds)
 
 
 def _error_answer(exc: Exception) -> tuple:
@@ -235,8 +292,17 @@ def _error_answer(exc: Exception) -> tuple:
     return ("err", text, None)
 
 
+#: the nice increment this worker's computing thread still has to take at its first model run (``main``)
+_NICE: list[int] = []
+
+
 def _slot(sock: socket.socket) -> int:
     """Ask the server for a compute slot (while a request is being handled) and wait: its BLAS threads."""
+    if _NICE:  # the first model run here: from now on this thread computes at the workers' priority
+        compute_lower = _NICE.pop()
+        from ..executor.compute import lower_priority
+
+        lower_priority([threading.get_native_id()], compute_lower)
     _send(sock, ("slot",))
     answer = _recv(sock)
     if answer[0] != "slot":
@@ -302,8 +368,7 @@ def main(argv: list[str]) -> int:
     from .shm import Arena
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server's Ctrl-C is the server's to handle
-    confining = os.environ.get("RPCSRV_CONFINE") == "1"
-    if confining:
+    if os.environ.get("RPCSRV_CONFINE") == "1":
         _preload()
     else:  # a confined worker starts its threads after it has confined itself (Landlock binds those)
         watch_parent()
@@ -323,32 +388,28 @@ def main(argv: list[str]) -> int:
 
     # a model run here takes its slot (and BLAS threads) from the server's compute policy
     compute.POLICY.set_remote(lambda: _slot(sock), lambda: _send(sock, ("slot-done",)))
-    # every thread of the worker (BLAS's exist by now; later ones inherit it from their creator)
-    compute.lower_priority(compute.thread_ids(), compute.env_int("RPCSRV_WORKER_NICE", WORKER_NICE))
+    # every thread of the worker but this one (BLAS's exist by now; later ones inherit it from their
+    # creator); this one at its first model run (``_slot``): until then it answers requests and runs
+    # kernels called one by one at the server's priority, as the server's threads do
+    nice = compute.env_int("RPCSRV_WORKER_NICE", WORKER_NICE)
+    compute.lower_priority([t for t in compute.thread_ids() if t != threading.get_native_id()], nice)
+    _NICE.append(nice)
     state = WorkerState(session_arena, own)
     ALLOCATION_HOOK.set(state.budget.charge)  # executors check their storage against the session's budget
     _send(sock, ("ready", os.getpid(), WORKER_ARENA), [own.fd])
     while True:
         try:
-            (budget, req), fds = _recv_with_fds(sock)
+            data, fds = _recv_with_fds(sock)
         except (EOFError, OSError):
             return 0
+        binary = data[:1] == b"C"  # a binary call frame gets a binary answer when its value allows
         try:
-            state.budget.grant(budget)
-            if req[0] == "attach":  # a spare worker joins a session: map its arena
-                state.arenas["session"] = Arena(req[1], fd=fds[0]) if fds else None
-                state.bound.clear()
-                answer = ("ok", None, [])
-            elif req[0] == "confine":
-                answer = ("ok", _confine(state, req[1]), [])
-            elif confining and state.confined is None and req[0] in ("load", "get", "call", "timer", "global"):
-                raise RuntimeError("the native worker runs nothing before it is confined")
-            else:
-                answer = ("ok", *state.handle(req))
+            answer = ("ok", *(state.call_frame(data) if binary else state.request(data, fds)))
         except Exception as exc:
             answer = _error_answer(exc)
         try:
-            _send(sock, answer + (state.budget.held,))
+            answer += (state.budget.held,)
+            _send(sock, answer, data=encode_result(answer) if binary else None)
         except Exception as exc:  # an answer pickle refuses (TypeError, ValueError too): an error, not an exit
             _send(sock, ("err", f"the worker could not send its answer: {type(exc).__name__}: {exc}", None,
                          state.budget.held))
