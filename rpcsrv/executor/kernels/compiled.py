@@ -1,5 +1,7 @@
 """Compiled kernels: ``dwconv.c`` built with the board's C compiler at first use, cached, loaded by ctypes.
 
+(``epilogue.c``: a GEMM conv's bias and fused activation in one pass; ``sigmoid.c``: sigmoid and SiLU.)
+
 Why: a depthwise conv is ``kernel_size`` multiply-adds per output with no reduction over channels, so
 numpy runs it as whole-array passes at memory speed (about 5 GFLOP/s here; ``depthwise.py``), while
 onnxruntime's blocked kernels keep the taps in registers.  In MobileNetV2 that was 8.2 ms of numpy
@@ -35,7 +37,7 @@ from typing import Optional
 
 import numpy as np
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("dwconv.c", "sigmoid.c"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("dwconv.c", "sigmoid.c", "epilogue.c"))
 ENV_SWITCH = "RPCSRV_COMPILED_KERNELS"
 _lock = threading.Lock()
 _state: dict = {}  # "lib": the loaded library or None, "reason": why not, "path": where from
@@ -118,6 +120,9 @@ def library() -> Optional[ctypes.CDLL]:
                                                                                    ctypes.c_float]
                 lib.rpcsrv_sigmoid_f32.restype = None
                 lib.rpcsrv_sigmoid_f32.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
+                lib.rpcsrv_bias_act_f32.restype = None
+                lib.rpcsrv_bias_act_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 3 + [
+                    ctypes.c_int, ctypes.c_float, ctypes.c_float]
                 _state.update(lib=lib, path=str(path), reason="")
             except (OSError, subprocess.SubprocessError, AttributeError) as exc:
                 _state.update(lib=None, path=None, reason=str(exc))
@@ -132,7 +137,8 @@ def status() -> dict:
                 "library": None}
     lib = library()
     return {"in_use": lib is not None, "reason": _state.get("reason", "") if lib is None else
-            "compiled kernels in use (depthwise convolution, sigmoid, swish)", "library": _state.get("path")}
+            "compiled kernels in use (depthwise convolution, sigmoid, swish, conv epilogue)",
+            "library": _state.get("path")}
 
 
 def reset() -> None:
@@ -213,3 +219,30 @@ def sigmoid(x, times_x: bool = False, out=None):
     y = np.empty_like(x)
     lib.rpcsrv_sigmoid_f32(x.ctypes.data, y.ctypes.data, x.size, int(times_x))
     return y
+
+
+def epilogue_takes(y, activation, activation_attrs) -> bool:
+    """Whether :func:`bias_activation` can finish ``y`` with this activation (none, or one the C code has)."""
+    if y.dtype != np.float32 or library() is None:
+        return False
+    return activation is None and not activation_attrs or _activation(activation, activation_attrs)[0] != 0
+
+
+def bias_activation(y, bias, activation=None, activation_attrs=None):
+    """``y`` (M, Q) float32, C-contiguous and writeable (a GEMM's fresh result) plus ``bias`` (M,) per row,
+    through the fused activation, in place in one pass (``epilogue.c``); True when done, False when the C
+    code cannot (no library, other dtype or layout: the caller's numpy epilogue runs)."""
+    lib = library()
+    if lib is None or y.dtype != np.float32 or y.ndim != 2 or not y.flags.c_contiguous or not y.flags.writeable:
+        return False
+    act, lo, hi = _activation(activation, activation_attrs)
+    if act == 0 and (activation is not None or activation_attrs):
+        return False
+    b = None
+    if bias is not None:
+        b = np.ascontiguousarray(bias, np.float32)
+        if b.size != y.shape[0]:
+            return False
+    lib.rpcsrv_bias_act_f32(y.ctypes.data, None if b is None else b.ctypes.data, y.shape[0], y.shape[1],
+                            y.shape[1], act, lo, hi)
+    return True
