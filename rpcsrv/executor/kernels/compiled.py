@@ -148,11 +148,13 @@ def reset() -> None:
 
 
 #: outputs at most this wide run the channels-side-by-side kernel (``rpcsrv_dwconv2d_packed_f32``), wider
-#: ones the per-channel rows kernel.  Measured per layer (1 thread, MobileNetV2/V3 and EfficientNet shapes):
-#: packed wins on every layer 16 wide or less (14x14x576 s1 179 -> 143 us, 7x7x960 133 -> 74, 14x14x576
-#: s2 210 -> 66, 672x14 5x5 s2 268 -> 117), rows on 28 wide and more at stride 1 (28x28x192 146 against
-#: 195, 112x112x32 228 against 517), about even at 28 wide stride 2
-PACKED_MAX_WIDTH = 16
+#: ones the per-channel rows kernel.  Packed won on every layer 16 wide or less while the rows kernel worked
+#: out its copy offsets per channel and row (integer divisions: a quarter of its time); with them worked out
+#: once per call, rows wins on nearly every MobileNetV2/V3 and EfficientNet layer (1 thread, us, rows /
+#: packed: 14x14x576 s1 108 / 171, 14x14x384 76 / 116, 7x7x960 77 / 90, 14x14x480 5x5 160 / 256, 7x7x1152
+#: 5x5 157 / 181, 28x28x192 s2 90 / 104, 672x14 5x5 s2 136 / 143; packed only at 14x14x576 s2, 88 / 97).
+#: So 0: rows everywhere; the packed form stays, tested, for boards where it measures better.
+PACKED_MAX_WIDTH = 0
 
 #: fused activations the C kernel applies itself (others run after it, from the kernel table)
 ACTIVATIONS = {"relu": 1, "clip": 2, "hard_swish": 3, "swish": 4}

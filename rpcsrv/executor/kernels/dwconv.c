@@ -99,8 +99,24 @@ int rpcsrv_dwconv2d_f32(const float *x, const float *w, const float *bias, float
     /* the phase planes (zeroed once: every channel writes the same positions), BLOCK values of slack for
      * the last block's reads, and the flat accumulator */
     float *buf = calloc((size_t)(phases * plane + BLOCK + padded), sizeof(float));
-    long *off = malloc(sizeof(long) * (size_t)taps);
+    /* where each input row and column phase lands, worked out once (integer divisions cost more than the
+     * copies they place when done per channel); rowat[r] < 0: the row lies past the phase planes */
+    long *off = malloc(sizeof(long) * (size_t)(taps + h + 3 * sw));
     if (!buf || !off) { free(buf); free(off); return -1; }
+    long *rowat = off + taps, *pcol = rowat + h, *pdst = pcol + sw, *pcnt = pdst + sw;
+    for (long r = 0; r < h; r++) {
+        long pr = r + pt, a = pr / sh;
+        rowat[r] = a >= qh ? -1 : (pr % sh) * sw * plane + a * qw;
+    }
+    for (long q = 0; q < sw; q++) {  /* phase q: padded columns bq * sw + q */
+        long col = ((q - pl) % sw + sw) % sw;  /* the first input column of that phase */
+        long bq = (col + pl) / sw;
+        long end = (wd - col + sw - 1) / sw;  /* the phase's columns in a row */
+        if (end > qw - bq) end = qw - bq;
+        pcol[q] = col;
+        pdst[q] = q * plane + bq;
+        pcnt[q] = end;
+    }
     float *acc = buf + phases * plane + BLOCK;
     for (long i = 0; i < kh; i++)
         for (long j = 0; j < kw; j++) {
@@ -111,22 +127,13 @@ int rpcsrv_dwconv2d_f32(const float *x, const float *w, const float *bias, float
         for (long ci = 0; ci < c; ci++) {
             const float *src = x + (b * c + ci) * h * wd;
             for (long r = 0; r < h; r++) {
-                long pr = r + pt, a = pr / sh;
-                if (a >= qh) break;
-                float *rowbase = buf + (pr % sh) * sw * plane + a * qw;
+                if (rowat[r] < 0) break;
+                float *rowbase = buf + rowat[r];
                 const float *in = src + r * wd;
-                for (long q = 0; q < sw; q++) {  /* phase q: padded columns bq * sw + q */
-                    long col = ((q - pl) % sw + sw) % sw;  /* the first input column of that phase */
-                    long bq = (col + pl) / sw;
-                    float *dst = rowbase + q * plane;
-                    if (sw == 1) {
-                        long cnt = wd < qw - bq ? wd : qw - bq;
-                        if (cnt > 0) memcpy(dst + bq, in, sizeof(float) * (size_t)cnt);
-                    } else {
-                        long end = (wd - col + sw - 1) / sw;  /* the phase's columns in this row */
-                        if (end > qw - bq) end = qw - bq;
-                        gather(dst + bq, in + col, end, sw);
-                    }
+                for (long q = 0; q < sw; q++) {
+                    if (pcnt[q] <= 0) continue;
+                    if (sw == 1) memcpy(rowbase + pdst[q], in, sizeof(float) * (size_t)pcnt[q]);
+                    else gather(rowbase + pdst[q], in + pcol[q], pcnt[q], sw);
                 }
             }
             for (long m = 0; m < mult; m++) {
