@@ -28,6 +28,21 @@ typedef float vf __attribute__((vector_size(VW * 4)));
 typedef float vfu __attribute__((vector_size(VW * 4), aligned(4), may_alias));
 
 static inline vf loadv(const float *p) { return *(const vfu *)p; }
+/* the even lanes of a then b (a stride-2 column phase): one shuffle, not VW scalar moves */
+#if defined(__clang__)
+#if VW == 8
+#define EVENS(a, b) __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14)
+#else
+#define EVENS(a, b) __builtin_shufflevector(a, b, 0, 2, 4, 6)
+#endif
+#else
+typedef int vmask __attribute__((vector_size(VW * 4)));
+#if VW == 8
+#define EVENS(a, b) __builtin_shuffle(a, b, (vmask){0, 2, 4, 6, 8, 10, 12, 14})
+#else
+#define EVENS(a, b) __builtin_shuffle(a, b, (vmask){0, 2, 4, 6})
+#endif
+#endif
 static inline void storev(float *p, vf v) { *(vfu *)p = v; }
 
 enum { ACT_NONE = 0, ACT_RELU = 1, ACT_CLIP = 2, ACT_HARDSWISH = 3, ACT_SWISH = 4 };
@@ -75,12 +90,8 @@ static void store(float *dst, const float *acc, long oh, long ow, long qw, int a
 /* dst[k] = src[k * step] for k < count (a column phase); stride 2 by pairs of vectors deinterleaved. */
 static void gather(float *dst, const float *src, long count, long step) {
     long k = 0;
-    if (step == 2 && VW == 8) {
-        for (; k + 9 <= count; k += 8) {  /* reads src[2k .. 2k + 15], within the last column */
-            float tmp[16];
-            memcpy(tmp, src + 2 * k, sizeof tmp);
-            for (int i = 0; i < 8; i++) dst[k + i] = tmp[2 * i];
-        }
+    if (step == 2) {  /* reads src[2k .. 2k + 2 VW - 1]: within the last column read, 2 (count - 1) */
+        for (; k + VW + 1 <= count; k += VW) storev(dst + k, EVENS(loadv(src + 2 * k), loadv(src + 2 * k + VW)));
     }
     for (; k < count; k++) dst[k] = src[k * step];
 }
