@@ -31,10 +31,10 @@ def epilogue(request, monkeypatch):
         monkeypatch.delenv("RPCSRV_COMPILED_KERNELS", raising=False)
         assert compiled.status()["in_use"], compiled.status()
         real = compiled.bias_activation
-        monkeypatch.setattr(compiled, "bias_activation", lambda *a: calls.append(a) or real(*a))
+        monkeypatch.setattr(compiled, "bias_activation", lambda *a, **k: calls.append(a) or real(*a, **k))
     else:
         monkeypatch.setenv("RPCSRV_COMPILED_KERNELS", "0")
-        monkeypatch.setattr(compiled, "bias_activation", lambda *a: pytest.fail("C epilogue while turned off"))
+        monkeypatch.setattr(compiled, "bias_activation", lambda *a, **k: pytest.fail("C epilogue while off"))
     return request.param, calls
 
 

@@ -174,14 +174,15 @@ def _activation(activation, attrs) -> tuple:
     return (0 if attrs else code), 0.0, 0.0  # (swish: alpha 1 only, no attrs)
 
 
-def depthwise_conv2d(x, w, bias, strides, dilations, begin, out, activation=None, activation_attrs=None):
+def depthwise_conv2d(x, w, bias, strides, dilations, begin, out, activation=None, activation_attrs=None,
+                     lib=None):
     """Depthwise conv of float32 x (N, C, H, W) with w (C * mult, 1, KH, KW) by the compiled kernel, the
     bias and the activation included (relu, clip, hard_swish and swish inside the kernel, others after it): a fresh
     (N, C * mult, OH, OW) array, or None when the kernel is unavailable or does not take this case (then
-    ``depthwise.py`` runs)."""
+    ``depthwise.py`` runs).  ``lib``: the library when the caller has it already."""
     from .registry import apply_activation
 
-    lib = library()
+    lib = lib or library()
     if lib is None or x.dtype != np.float32 or x.ndim != 4 or w.dtype != np.float32:
         return None
     act, lo, hi = _activation(activation, activation_attrs)
@@ -223,18 +224,24 @@ def sigmoid(x, times_x: bool = False, out=None):
     return y
 
 
-def epilogue_takes(y, activation, activation_attrs) -> bool:
-    """Whether :func:`bias_activation` can finish ``y`` with this activation (none, or one the C code has)."""
-    if y.dtype != np.float32 or library() is None:
-        return False
-    return activation is None and not activation_attrs or _activation(activation, activation_attrs)[0] != 0
+def epilogue_library(y, activation, activation_attrs) -> Optional[ctypes.CDLL]:
+    """The library when :func:`bias_activation` can finish float32 ``y`` with this activation (none, or one
+    the C code has), else None (hand it to ``bias_activation``: one environment check per conv, not two)."""
+    if y.dtype != np.float32:
+        return None
+    lib = library()
+    if lib is None or not (activation is None and not activation_attrs or _activation(activation,
+                                                                                     activation_attrs)[0]):
+        return None
+    return lib
 
 
-def bias_activation(y, bias, activation=None, activation_attrs=None):
+def bias_activation(y, bias, activation=None, activation_attrs=None, lib=None):
     """``y`` (M, Q) float32, C-contiguous and writeable (a GEMM's fresh result) plus ``bias`` (M,) per row,
     through the fused activation, in place in one pass (``epilogue.c``); True when done, False when the C
-    code cannot (no library, other dtype or layout: the caller's numpy epilogue runs)."""
-    lib = library()
+    code cannot (no library, other dtype or layout: the caller's numpy epilogue runs).  ``lib``: the
+    library, as ``epilogue_library`` gave it."""
+    lib = lib or library()
     if lib is None or y.dtype != np.float32 or y.ndim != 2 or not y.flags.c_contiguous or not y.flags.writeable:
         return False
     act, lo, hi = _activation(activation, activation_attrs)
