@@ -19,6 +19,7 @@ import numpy as np
 from .concat_chain import chain_kernels
 from .examplejson_text import RUNTIME_ATTRS, ExampleJSONError, Kernel, Node, Subgraph, parse_examplejson
 from .runtime import ExecutorError, RuntimeModule
+from .scale_fold import fold_scales
 
 __all__ = ["STEP_HOOK", "ExampleJSONError", "ExampleJSONRuntime", "Node", "Subgraph", "SubgraphFunction",
            "examplejson_runtime", "parse_examplejson"]
@@ -51,14 +52,16 @@ class SubgraphFunction:
         self.constants = constants  # node ID -> bound array (filled by ExampleJSONRuntime.bind)
         self.inputs = graph.inputs
         self.outputs = [graph.nodes[i] for i in graph.outputs]
+        # squeeze-and-excitation's Mul goes into the 1x1 conv that reads it (see scale_fold)
+        ops, folded = fold_scales(graph, kernels)
         # ops that share op, inputs and attrs (the outputs of one multi-output op) run once per call
-        kernel_attrs = [{k: v for k, v in node.attrs.items() if k not in RUNTIME_ATTRS} for node in graph.ops]
+        kernel_attrs = [{k: v for k, v in node.attrs.items() if k not in RUNTIME_ATTRS} for node in ops]
         keys = [(node.op, node.inputs, json.dumps(kattrs, sort_keys=True))
-                for node, kattrs in zip(graph.ops, kernel_attrs)]
+                for node, kattrs in zip(ops, kernel_attrs)]
         last_of_key = {key: k for k, key in enumerate(keys)}
         # an intermediate is dropped after its last use, so peak memory stays near the live set
         last_use: dict[int, int] = {}
-        for k, node in enumerate(graph.ops):
+        for k, node in enumerate(ops):
             for i in node.inputs:
                 if i >= 0:
                     last_use[i] = k
@@ -69,8 +72,9 @@ class SubgraphFunction:
                 drops.setdefault(k, []).append(nid)
         # DenseNet's growing concats write into one buffer per chain (see concat_chain)
         in_place = chain_kernels(graph, kernels["concat"]) if "concat" in kernels else {}
+        in_place.update(folded)
         self.steps = []
-        for k, (node, key, kattrs) in enumerate(zip(graph.ops, keys, kernel_attrs)):
+        for k, (node, key, kattrs) in enumerate(zip(ops, keys, kernel_attrs)):
             shared = keys.count(key) > 1
             self.steps.append((node, in_place.get(node.id, kernels[node.op]), kattrs, key if shared else None,
                                last_of_key[key] == k, node.attrs.get("output_index", 0),
@@ -81,8 +85,9 @@ class SubgraphFunction:
         first run after loading does not."""
         from .kernels.load_time import prepare_constants
 
-        prepare_constants(self.graph.ops, self.graph.nodes, self.constants,
-                          [step[2] for step in self.steps])
+        ops = self.graph.ops  # as declared (a folded conv's weights are scaled at each call: nothing to prepare)
+        prepare_constants(ops, self.graph.nodes, self.constants,
+                          [{k: v for k, v in node.attrs.items() if k not in RUNTIME_ATTRS} for node in ops])
 
     def __call__(self, *args: Any) -> None:
         g, n_in, n_out = self.graph, len(self.inputs), len(self.outputs)

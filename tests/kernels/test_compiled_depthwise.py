@@ -153,7 +153,8 @@ def test_prebuilt_library(monkeypatch, tmp_path):
         monkeypatch.setenv("RPCSRV_KERNELS_LIB", built)
         compiled.reset()
         assert compiled.status() == {"in_use": True, "library": built,
-                                     "reason": "compiled kernels in use (depthwise convolution, sigmoid, swish)"}
+                                     "reason": "compiled kernels in use (depthwise convolution, sigmoid, swish, "
+                                               "conv epilogue)"}
         monkeypatch.setenv("RPCSRV_KERNELS_LIB", str(tmp_path / "nowhere.so"))
         compiled.reset()
         state = compiled.status()

@@ -1,5 +1,7 @@
 """Compiled kernels: ``dwconv.c`` built with the board's C compiler at first use, cached, loaded by ctypes.
 
+(``epilogue.c``: a GEMM conv's bias and fused activation in one pass; ``sigmoid.c``: sigmoid and SiLU.)
+
 Why: a depthwise conv is ``kernel_size`` multiply-adds per output with no reduction over channels, so
 numpy runs it as whole-array passes at memory speed (about 5 GFLOP/s here; ``depthwise.py``), while
 onnxruntime's blocked kernels keep the taps in registers.  In MobileNetV2 that was 8.2 ms of numpy
@@ -35,7 +37,7 @@ from typing import Optional
 
 import numpy as np
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("dwconv.c", "sigmoid.c"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("dwconv.c", "sigmoid.c", "epilogue.c"))
 ENV_SWITCH = "RPCSRV_COMPILED_KERNELS"
 _lock = threading.Lock()
 _state: dict = {}  # "lib": the loaded library or None, "reason": why not, "path": where from
@@ -118,6 +120,9 @@ def library() -> Optional[ctypes.CDLL]:
                                                                                    ctypes.c_float]
                 lib.rpcsrv_sigmoid_f32.restype = None
                 lib.rpcsrv_sigmoid_f32.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
+                lib.rpcsrv_bias_act_f32.restype = None
+                lib.rpcsrv_bias_act_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 3 + [
+                    ctypes.c_int, ctypes.c_float, ctypes.c_float]
                 _state.update(lib=lib, path=str(path), reason="")
             except (OSError, subprocess.SubprocessError, AttributeError) as exc:
                 _state.update(lib=None, path=None, reason=str(exc))
@@ -132,7 +137,8 @@ def status() -> dict:
                 "library": None}
     lib = library()
     return {"in_use": lib is not None, "reason": _state.get("reason", "") if lib is None else
-            "compiled kernels in use (depthwise convolution, sigmoid, swish)", "library": _state.get("path")}
+            "compiled kernels in use (depthwise convolution, sigmoid, swish, conv epilogue)",
+            "library": _state.get("path")}
 
 
 def report() -> dict:
@@ -151,11 +157,13 @@ def reset() -> None:
 
 
 #: outputs at most this wide run the channels-side-by-side kernel (``rpcsrv_dwconv2d_packed_f32``), wider
-#: ones the per-channel rows kernel.  Measured per layer (1 thread, MobileNetV2/V3 and EfficientNet shapes):
-#: packed wins on every layer 16 wide or less (14x14x576 s1 179 -> 143 us, 7x7x960 133 -> 74, 14x14x576
-#: s2 210 -> 66, 672x14 5x5 s2 268 -> 117), rows on 28 wide and more at stride 1 (28x28x192 146 against
-#: 195, 112x112x32 228 against 517), about even at 28 wide stride 2
-PACKED_MAX_WIDTH = 16
+#: ones the per-channel rows kernel.  Packed won on every layer 16 wide or less while the rows kernel worked
+#: out its copy offsets per channel and row (integer divisions: a quarter of its time); with them worked out
+#: once per call, rows wins on nearly every MobileNetV2/V3 and EfficientNet layer (1 thread, us, rows /
+#: packed: 14x14x576 s1 108 / 171, 14x14x384 76 / 116, 7x7x960 77 / 90, 14x14x480 5x5 160 / 256, 7x7x1152
+#: 5x5 157 / 181, 28x28x192 s2 90 / 104, 672x14 5x5 s2 136 / 143; packed only at 14x14x576 s2, 88 / 97).
+#: So 0: rows everywhere; the packed form stays, tested, for boards where it measures better.
+PACKED_MAX_WIDTH = 0
 
 #: fused activations the C kernel applies itself (others run after it, from the kernel table)
 ACTIVATIONS = {"relu": 1, "clip": 2, "hard_swish": 3, "swish": 4}
@@ -175,14 +183,15 @@ def _activation(activation, attrs) -> tuple:
     return (0 if attrs else code), 0.0, 0.0  # (swish: alpha 1 only, no attrs)
 
 
-def depthwise_conv2d(x, w, bias, strides, dilations, begin, out, activation=None, activation_attrs=None):
+def depthwise_conv2d(x, w, bias, strides, dilations, begin, out, activation=None, activation_attrs=None,
+                     lib=None):
     """Depthwise conv of float32 x (N, C, H, W) with w (C * mult, 1, KH, KW) by the compiled kernel, the
     bias and the activation included (relu, clip, hard_swish and swish inside the kernel, others after it): a fresh
     (N, C * mult, OH, OW) array, or None when the kernel is unavailable or does not take this case (then
-    ``depthwise.py`` runs)."""
+    ``depthwise.py`` runs).  ``lib``: the library when the caller has it already."""
     from .registry import apply_activation
 
-    lib = library()
+    lib = lib or library()
     if lib is None or x.dtype != np.float32 or x.ndim != 4 or w.dtype != np.float32:
         return None
     act, lo, hi = _activation(activation, activation_attrs)
@@ -222,3 +231,36 @@ def sigmoid(x, times_x: bool = False, out=None):
     y = np.empty_like(x)
     lib.rpcsrv_sigmoid_f32(x.ctypes.data, y.ctypes.data, x.size, int(times_x))
     return y
+
+
+def epilogue_library(y, activation, activation_attrs) -> Optional[ctypes.CDLL]:
+    """The library when :func:`bias_activation` can finish float32 ``y`` with this activation (none, or one
+    the C code has), else None (hand it to ``bias_activation``: one environment check per conv, not two)."""
+    if y.dtype != np.float32:
+        return None
+    lib = library()
+    if lib is None or not (activation is None and not activation_attrs or _activation(activation,
+                                                                                     activation_attrs)[0]):
+        return None
+    return lib
+
+
+def bias_activation(y, bias, activation=None, activation_attrs=None, lib=None):
+    """``y`` (M, Q) float32, C-contiguous and writeable (a GEMM's fresh result) plus ``bias`` (M,) per row,
+    through the fused activation, in place in one pass (``epilogue.c``); True when done, False when the C
+    code cannot (no library, other dtype or layout: the caller's numpy epilogue runs).  ``lib``: the
+    library, as ``epilogue_library`` gave it."""
+    lib = lib or library()
+    if lib is None or y.dtype != np.float32 or y.ndim != 2 or not y.flags.c_contiguous or not y.flags.writeable:
+        return False
+    act, lo, hi = _activation(activation, activation_attrs)
+    if act == 0 and (activation is not None or activation_attrs):
+        return False
+    b = None
+    if bias is not None:
+        b = np.ascontiguousarray(bias, np.float32)
+        if b.size != y.shape[0]:
+            return False
+    lib.rpcsrv_bias_act_f32(y.ctypes.data, None if b is None else b.ctypes.data, y.shape[0], y.shape[1],
+                            y.shape[1], act, lo, hi)
+    return True

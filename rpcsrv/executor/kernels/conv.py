@@ -63,10 +63,10 @@ def conv(x, w, b=None, *, auto_pad: str = "NOTSET", dilations=None, group: int =
         y = _gemm_conv(x, w, bias, kernel, strides, dilations, begin, end, out, activation, activation_attrs,
                        group)
     elif depthwise:
-        y = None
-        if k == 2 and compiled.library() is not None:  # the C kernel (``compiled``), bias and activation fused
+        y, lib = None, compiled.library() if k == 2 else None
+        if lib is not None:  # the C kernel (``compiled``), bias and activation fused
             y = compiled.depthwise_conv2d(channel_shuffle(x, input_shuffle) if input_shuffle > 1 else x, w, bias,
-                                          strides, dilations, begin, out, activation, activation_attrs)
+                                          strides, dilations, begin, out, activation, activation_attrs, lib)
         if y is None:
             y = apply_activation(depthwise_conv(x, w, bias, strides, dilations, begin, end, out, input_shuffle),
                                  activation, activation_attrs, "conv")
@@ -143,12 +143,15 @@ def _gemm_conv(x, w, bias, kernel, strides, dilations, begin, end, out, activati
     """
     n, m = x.shape[0], w.shape[0]
     rows, mg = w[0].size, m // group
-    # the bias as one more weight column beats a pass over the result when C*K < Q
-    ones = group == 1 and bias is not None and rows < math.prod(out)
+    # the compiled epilogue (bias and activation in one pass, ``compiled.bias_activation``) when it takes them
+    fused = compiled.epilogue_library(x, activation, activation_attrs) if n == 1 else None
+    # the bias as one more weight column beats a pass over the result when C*K < Q (and no pass is due anyway)
+    ones = group == 1 and bias is not None and rows < math.prod(out) and not (fused and activation is not None)
     cols, grid, along = columns(x, kernel, strides, dilations, begin, end, out, ones_row=ones, out_channels=m)
     q = cols.shape[-1]
     wmat, cols = w.reshape(group, mg, rows), cols.reshape(n, group, cols.shape[1] // group, q)
-    if bias is not None and not along and 2 * m * q > x.shape[1] * q + m * rows and np.may_share_memory(cols, x):
+    if bias is not None and not along and not fused and 2 * m * q > x.shape[1] * q + m * rows \
+            and np.may_share_memory(cols, x):
         # columns that are the input itself (1x1): a copy of the input with a ones row per group and of the
         # weights with the bias column, so that the bias rides in the product, cost less than a bias pass
         # over the output when that is larger than both (its rows of q < 4096 values run numpy's slow
@@ -165,6 +168,10 @@ def _gemm_conv(x, w, bias, kernel, strides, dilations, begin, end, out, activati
     else:
         y = np.matmul(wmat, cols).reshape(n, m, q)
         y = y[0] if n == 1 else y
+    if fused and (activation is not None or (bias is not None and not along)) \
+            and compiled.bias_activation(y, None if along else bias, activation, activation_attrs, fused):
+        y = y.reshape((n, m) + grid)
+        return y if grid == tuple(out) else y[(slice(None), slice(None)) + tuple(slice(0, o) for o in out)]
     if bias is not None and not along:
         y += bias.reshape(m, 1)
     # relu runs over the whole buffer in one pass; other activations only see real outputs

@@ -28,6 +28,21 @@ typedef float vf __attribute__((vector_size(VW * 4)));
 typedef float vfu __attribute__((vector_size(VW * 4), aligned(4), may_alias));
 
 static inline vf loadv(const float *p) { return *(const vfu *)p; }
+/* the even lanes of a then b (a stride-2 column phase): one shuffle, not VW scalar moves */
+#if defined(__clang__)
+#if VW == 8
+#define EVENS(a, b) __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14)
+#else
+#define EVENS(a, b) __builtin_shufflevector(a, b, 0, 2, 4, 6)
+#endif
+#else
+typedef int vmask __attribute__((vector_size(VW * 4)));
+#if VW == 8
+#define EVENS(a, b) __builtin_shuffle(a, b, (vmask){0, 2, 4, 6, 8, 10, 12, 14})
+#else
+#define EVENS(a, b) __builtin_shuffle(a, b, (vmask){0, 2, 4, 6})
+#endif
+#endif
 static inline void storev(float *p, vf v) { *(vfu *)p = v; }
 
 enum { ACT_NONE = 0, ACT_RELU = 1, ACT_CLIP = 2, ACT_HARDSWISH = 3, ACT_SWISH = 4 };
@@ -75,12 +90,8 @@ static void store(float *dst, const float *acc, long oh, long ow, long qw, int a
 /* dst[k] = src[k * step] for k < count (a column phase); stride 2 by pairs of vectors deinterleaved. */
 static void gather(float *dst, const float *src, long count, long step) {
     long k = 0;
-    if (step == 2 && VW == 8) {
-        for (; k + 9 <= count; k += 8) {  /* reads src[2k .. 2k + 15], within the last column */
-            float tmp[16];
-            memcpy(tmp, src + 2 * k, sizeof tmp);
-            for (int i = 0; i < 8; i++) dst[k + i] = tmp[2 * i];
-        }
+    if (step == 2) {  /* reads src[2k .. 2k + 2 VW - 1]: within the last column read, 2 (count - 1) */
+        for (; k + VW + 1 <= count; k += VW) storev(dst + k, EVENS(loadv(src + 2 * k), loadv(src + 2 * k + VW)));
     }
     for (; k < count; k++) dst[k] = src[k * step];
 }
@@ -99,8 +110,24 @@ int rpcsrv_dwconv2d_f32(const float *x, const float *w, const float *bias, float
     /* the phase planes (zeroed once: every channel writes the same positions), BLOCK values of slack for
      * the last block's reads, and the flat accumulator */
     float *buf = calloc((size_t)(phases * plane + BLOCK + padded), sizeof(float));
-    long *off = malloc(sizeof(long) * (size_t)taps);
+    /* where each input row and column phase lands, worked out once (integer divisions cost more than the
+     * copies they place when done per channel); rowat[r] < 0: the row lies past the phase planes */
+    long *off = malloc(sizeof(long) * (size_t)(taps + h + 3 * sw));
     if (!buf || !off) { free(buf); free(off); return -1; }
+    long *rowat = off + taps, *pcol = rowat + h, *pdst = pcol + sw, *pcnt = pdst + sw;
+    for (long r = 0; r < h; r++) {
+        long pr = r + pt, a = pr / sh;
+        rowat[r] = a >= qh ? -1 : (pr % sh) * sw * plane + a * qw;
+    }
+    for (long q = 0; q < sw; q++) {  /* phase q: padded columns bq * sw + q */
+        long col = ((q - pl) % sw + sw) % sw;  /* the first input column of that phase */
+        long bq = (col + pl) / sw;
+        long end = (wd - col + sw - 1) / sw;  /* the phase's columns in a row */
+        if (end > qw - bq) end = qw - bq;
+        pcol[q] = col;
+        pdst[q] = q * plane + bq;
+        pcnt[q] = end;
+    }
     float *acc = buf + phases * plane + BLOCK;
     for (long i = 0; i < kh; i++)
         for (long j = 0; j < kw; j++) {
@@ -111,22 +138,13 @@ int rpcsrv_dwconv2d_f32(const float *x, const float *w, const float *bias, float
         for (long ci = 0; ci < c; ci++) {
             const float *src = x + (b * c + ci) * h * wd;
             for (long r = 0; r < h; r++) {
-                long pr = r + pt, a = pr / sh;
-                if (a >= qh) break;
-                float *rowbase = buf + (pr % sh) * sw * plane + a * qw;
+                if (rowat[r] < 0) break;
+                float *rowbase = buf + rowat[r];
                 const float *in = src + r * wd;
-                for (long q = 0; q < sw; q++) {  /* phase q: padded columns bq * sw + q */
-                    long col = ((q - pl) % sw + sw) % sw;  /* the first input column of that phase */
-                    long bq = (col + pl) / sw;
-                    float *dst = rowbase + q * plane;
-                    if (sw == 1) {
-                        long cnt = wd < qw - bq ? wd : qw - bq;
-                        if (cnt > 0) memcpy(dst + bq, in, sizeof(float) * (size_t)cnt);
-                    } else {
-                        long end = (wd - col + sw - 1) / sw;  /* the phase's columns in this row */
-                        if (end > qw - bq) end = qw - bq;
-                        gather(dst + bq, in + col, end, sw);
-                    }
+                for (long q = 0; q < sw; q++) {
+                    if (pcnt[q] <= 0) continue;
+                    if (sw == 1) memcpy(rowbase + pdst[q], in, sizeof(float) * (size_t)pcnt[q]);
+                    else gather(rowbase + pdst[q], in + pcol[q], pcnt[q], sw);
                 }
             }
             for (long m = 0; m < mult; m++) {
