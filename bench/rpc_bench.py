@@ -13,8 +13,10 @@ Measures, on loopback:
     near 100% means the client, not the server, sets the pace);
 for (a) the TVM client against ``python -m tvm.exec.rpc_server`` (the anchor), (b) the TVM client
 against ``rpcsrv serve``, (c) our pure-Python client against rpcsrv, (d) a raw loopback socket moving
-the same bytes.  Prints the figures and the ratios the project targets:
-round trip rpcsrv/TVM <= 1.5x; TVM-client throughput rpcsrv/TVM >= 1.5x; our client >= 50% of raw.
+the same bytes.  Then the server's own path of one small call, layer by layer (``rpc_layers.py``; with
+``--baseline SRC`` also for that checkout, the two taking turns).  Prints the figures and the ratios
+the project targets:
+round trip rpcsrv/TVM <= 0.6x; TVM-client throughput rpcsrv/TVM >= 1.5x; our client >= 50% of raw.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def start(cmd: list[str], pattern: str, timeout: float = 60.0) -> tuple[subprocess.Popen, int]:
@@ -158,7 +161,11 @@ def raw_socket(nbytes: int, repeat: int, to_file: bool = False) -> float:
     return rate
 
 
-def run(size_mb: int, calls: int, repeat: int, with_tvm_server: bool = True, rounds: int = 7) -> dict[str, dict]:
+BASELINE = "TVM client -> rpcsrv (base)"
+
+
+def run(size_mb: int, calls: int, repeat: int, with_tvm_server: bool = True, rounds: int = 7,
+        baseline: str | None = None, transfers: bool = True) -> dict[str, dict]:
     import tvm
 
     from rpcsrv.client import rpc as our_rpc
@@ -170,6 +177,11 @@ def run(size_mb: int, calls: int, repeat: int, with_tvm_server: bool = True, rou
     try:
         ours, ours_port = start([sys.executable, "-m", "rpcsrv", "serve", "--port", "0"], r":(\d+)")
         procs.append(ours)
+        if baseline:  # the same server from another checkout (an older commit), in the same rounds
+            base, base_port = start([sys.executable, "-c", f"import sys; sys.path.insert(0, {baseline!r}); "
+                                     "from rpcsrv.cli import main; sys.exit(main())", "serve", "--port", "0"],
+                                    r":(\d+)")
+            procs.append(base)
         if with_tvm_server:
             p0 = free_port()
             theirs, theirs_port = start([sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1",
@@ -178,6 +190,8 @@ def run(size_mb: int, calls: int, repeat: int, with_tvm_server: bool = True, rou
             time.sleep(0.5)
             sessions["TVM client -> TVM server"] = tvm.rpc.connect("127.0.0.1", theirs_port)
         sessions["TVM client -> rpcsrv"] = tvm.rpc.connect("127.0.0.1", ours_port)
+        if baseline:
+            sessions[BASELINE] = tvm.rpc.connect("127.0.0.1", base_port)
         ours_client = sessions["our client -> rpcsrv"] = our_rpc.connect("127.0.0.1", ours_port)
         results = {name: {} for name in sessions}
         everywhere = os.sched_getaffinity(0)
@@ -188,13 +202,14 @@ def run(size_mb: int, calls: int, repeat: int, with_tvm_server: bool = True, rou
             for name, rt in round_trips(sessions, calls, rounds).items():
                 results[name][f"round trip us {label}"] = rt
         pin([p.pid for p in procs], everywhere, everywhere)
-        for name, s in sessions.items():
+        for name, s in sessions.items() if transfers else ():
             make = (lambda x, s=s: s.array(x)) if s is ours_client else \
                 (lambda x, s=s: tvm.runtime.tensor(x, s.cpu(0)))
             results[name].update(measure(s, make, nbytes, repeat))
         ours_client.close()
-        results["raw loopback socket"] = {"copy to MB/s": raw_socket(nbytes, repeat)}
-        results["raw socket into a file"] = {"upload MB/s": raw_socket(nbytes, repeat, to_file=True)}
+        if transfers:
+            results["raw loopback socket"] = {"copy to MB/s": raw_socket(nbytes, repeat)}
+            results["raw socket into a file"] = {"upload MB/s": raw_socket(nbytes, repeat, to_file=True)}
     finally:
         for p in procs:
             try:
@@ -218,17 +233,50 @@ def report(results: dict[str, dict]) -> str:
             lines.append(f"{'  client CPU/wall':28s}{'':32s}" + "".join(f"{row[c]:16.0%}" for c in busy)
                          + f"   ({name.split(' ->')[0]})")
     t, o, c = (results.get(k) for k in ("TVM client -> TVM server", "TVM client -> rpcsrv", "our client -> rpcsrv"))
-    raw = results["raw loopback socket"]["copy to MB/s"]
+    b = results.get(BASELINE)
     if t:
         for col in rts:
-            lines.append(f"{col.replace('us ', '')} rpcsrv/TVM: {o[col] / t[col]:.2f}x (target <= 1.5x)")
+            lines.append(f"{col.replace('us ', '')} rpcsrv/TVM: {o[col] / t[col]:.2f}x (target <= 0.6x)"
+                         + (f"; base/TVM: {b[col] / t[col]:.2f}x" if b else ""))
         for col in cols[2:]:
-            lines.append(f"{col} rpcsrv/TVM server (TVM client): {o[col] / t[col]:.2f}x (target >= 1.5x)")
-    for col in ("copy to MB/s", "copy from MB/s", "upload MB/s"):
-        lines.append(f"{col} our client / raw socket: {c[col] / raw:.0%} (target >= 50%)")
-    into_file = results["raw socket into a file"]["upload MB/s"]
-    lines.append(f"upload MB/s our client / raw socket into a file: {c['upload MB/s'] / into_file:.0%} "
-                 f"(an upload also writes the file)")
+            if col in o:
+                lines.append(f"{col} rpcsrv/TVM server (TVM client): {o[col] / t[col]:.2f}x (target >= 1.5x)"
+                             + (f"; base/TVM: {b[col] / t[col]:.2f}x" if b else ""))
+    raw = results.get("raw loopback socket", {}).get("copy to MB/s")
+    if raw:
+        for col in ("copy to MB/s", "copy from MB/s", "upload MB/s"):
+            lines.append(f"{col} our client / raw socket: {c[col] / raw:.0%} (target >= 50%)")
+        into_file = results["raw socket into a file"]["upload MB/s"]
+        lines.append(f"upload MB/s our client / raw socket into a file: {c['upload MB/s'] / into_file:.0%} "
+                     f"(an upload also writes the file)")
+    return "\n".join(lines)
+
+
+def layers(baseline: str | None, turns: int = 3) -> str:
+    """The per-layer breakdown (rpc_layers.py in subprocesses), medians over ``turns`` turns; with a
+    baseline checkout, the two alternate turn by turn."""
+    import json
+    import statistics
+
+    from rpc_layers import LAYERS
+
+    srcs = {"now": None, **({"base": baseline} if baseline else {})}
+    runs: dict[str, list[dict]] = {k: [] for k in srcs}
+    script = str(Path(__file__).resolve().parent / "rpc_layers.py")
+    for _ in range(turns):
+        for label, src in srcs.items():
+            out = subprocess.run([sys.executable, script, "--json", "--calls", "5000", "--rounds", "5",
+                                  *(["--src", src] if src else [])], capture_output=True, text=True, check=True)
+            runs[label].append(json.loads(out.stdout))
+    keys = LAYERS + ["server path", "syscalls alone", "bookkeeping"]
+    med = {label: {k: statistics.median(r[k] for r in rs) for k in keys} for label, rs in runs.items()}
+    lines = ["server path of one small call, ns per call (medians of %d turns)" % turns,
+             f"{'':18s}" + "".join(f"{label:>10s}" for label in med) + ("     now/base" if baseline else "")]
+    for k in keys:
+        row = f"  {k:16s}" + "".join(f"{m[k]:10.0f}" for m in med.values())
+        if baseline and med["base"][k] > 0:
+            row += f"{med['now'][k] / med['base'][k]:12.2f}x"
+        lines.append(row)
     return "\n".join(lines)
 
 
@@ -239,9 +287,16 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=7, help="round trip rounds (median reported)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-tvm-server", action="store_true", help="skip the TVM server anchor")
+    ap.add_argument("--baseline", metavar="SRC", help="also serve rpcsrv from this checkout (an older commit) "
+                                                      "in the same interleaved rounds, for before/after")
+    ap.add_argument("--no-transfers", action="store_true", help="round trips only")
+    ap.add_argument("--no-layers", action="store_true", help="skip the per-layer breakdown (rpc_layers.py)")
     args = ap.parse_args(argv)
     try:
-        print(report(run(args.size_mb, args.calls, args.repeat, not args.no_tvm_server, args.rounds)))
+        print(report(run(args.size_mb, args.calls, args.repeat, not args.no_tvm_server, args.rounds,
+                         args.baseline, not args.no_transfers)))
+        if not args.no_layers:
+            print(layers(args.baseline), flush=True)
     except RuntimeError as exc:  # a server that did not start: its own words, no traceback
         print(f"rpc_bench: error: {exc}", file=sys.stderr)
         return 2
