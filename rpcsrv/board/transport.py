@@ -26,6 +26,7 @@ import time
 import trio
 
 SPIN_SECONDS = 300e-6
+_FLAT = (bytes, bytearray)
 
 
 class IdleTimeout(OSError):
@@ -38,7 +39,8 @@ class IdleTimeout(OSError):
 
 
 class Transport:
-    """One connection's socket; ``bytes_in``/``bytes_out`` count what it moved (the session record)."""
+    """One connection's socket; ``bytes_in``/``bytes_out`` count what it moved (the session record),
+    where the syscalls report it (no separate pass over the buffers)."""
 
     bytes_in = 0
     bytes_out = 0
@@ -90,19 +92,19 @@ class Transport:
         last); a cancel or failure after a first byte went out marks the transport ``broken``."""
         if self.broken:
             raise trio.BrokenResourceError("an earlier send stopped in the middle of a packet")
-        total = sum(memoryview(p).nbytes for p in parts)
-        self.bytes_out += total
-        if len(parts) > 1 and total <= 1 << 16:
+        if len(parts) > 1 and sum(memoryview(p).nbytes for p in parts) <= 1 << 16:
             parts = [b"".join(parts)]
-        if len(parts) == 1 and type(parts[0]) in (bytes, bytearray):
+        first = parts[0]
+        if len(parts) == 1 and type(first) in _FLAT:  # the common case: one small answer
             await trio.lowlevel.checkpoint_if_cancelled()
-            try:  # a small answer usually goes out in one send
-                n = self.sock.send(parts[0])
+            try:  # it usually goes out in one send
+                n = self.sock.send(first)
             except (BlockingIOError, InterruptedError):
                 n = 0
-            if n == len(parts[0]):
+            self.bytes_out += n  # counted as written
+            if n == len(first):
                 return
-            parts = [memoryview(parts[0])[n:]]
+            parts = [memoryview(first)[n:]]
         else:
             await trio.lowlevel.checkpoint_if_cancelled()
             n = 0
@@ -122,6 +124,7 @@ class Transport:
                         continue
                     view = view[n:]
                     sent += n
+                    self.bytes_out += n
         except BaseException:
             self.broken = self.broken or sent > 0
             raise
