@@ -3,8 +3,8 @@
     python bench/rpc_bench.py [--size-mb 64] [--calls 1000] [--rounds 7] [--repeat 3]
 
 Measures, on loopback:
-  * small-call round trip (``tvm.rpc.server.workpath("x")``), microseconds per call: the median of
-    ``--rounds`` rounds of ``--calls`` calls, the servers taking turns round by round, in two CPU
+  * small-call round trip (``tvm.rpc.server.workpath("x")``), microseconds per call: the median over
+    every call of ``--rounds`` rounds of ``--calls`` calls, the servers taking turns round by round, in two CPU
     placements: client and servers pinned to one CPU (each call costs what client and server compute:
     the processing cost) and to two different CPUs (a wake-up crosses CPUs on every call, as between
     two machines).  Left to the scheduler, a figure swings between the two regimes from run to run;
@@ -93,17 +93,21 @@ def pin(pgids: list[int], server_cpus: set[int], client_cpus: set[int]) -> None:
 
 
 def round_trips(sessions: dict, calls: int, rounds: int) -> dict[str, float]:
-    """Median microseconds per small call for each session, the sessions taking turns per round."""
+    """Microseconds per small call for each session, the sessions taking turns per round: the median
+    over every call of every round (a median per call, so that calls another process preempted on
+    this shared machine do not count)."""
     funcs = {name: s.get_function("tvm.rpc.server.workpath") for name, s in sessions.items()}
-    per_round: dict[str, list[float]] = {name: [] for name in sessions}
+    per_call: dict[str, list[float]] = {name: [] for name in sessions}
+    clock = time.perf_counter_ns
     for _ in range(rounds):
         for name, f in funcs.items():
             f("x")
-            t0 = time.perf_counter()
+            times = per_call[name]
             for _ in range(calls):
+                t0 = clock()
                 f("x")
-            per_round[name].append((time.perf_counter() - t0) / calls * 1e6)
-    return {name: float(np.median(v)) for name, v in per_round.items()}
+                times.append(clock() - t0)
+    return {name: float(np.median(v)) / 1e3 for name, v in per_call.items()}
 
 
 def measure(sess, make_array, nbytes: int, repeat: int) -> dict[str, float]:

@@ -19,8 +19,9 @@ pair only writes the request before and reads the answer after the timed steps. 
 * ``syscalls alone``: a bare ``recv`` and ``send`` of the same bytes on the same sockets: what the
   two I/O layers cost beyond it is their bookkeeping (counting, joining, cancellation checks).
 
-Each figure is the median over ``--rounds`` rounds of ``--calls`` calls, in nanoseconds per call
-(the timer's own cost subtracted).  ``--src DIR`` imports rpcsrv from another checkout (an older
+Each figure is the median over every call (``--rounds`` rounds of ``--calls`` calls), in nanoseconds
+(the timer's own cost subtracted): a median per call, not per round, so that the calls another
+process preempted (the machine is shared) do not count.  ``--src DIR`` imports rpcsrv from another checkout (an older
 commit, for before/after figures from the same script).
 """
 
@@ -98,18 +99,17 @@ async def measure(calls: int, rounds: int) -> dict[str, float]:
         body = memoryview(packet[8:])
         clock = time.perf_counter_ns
         decode = []
-        for _ in range(rounds):
+        for _ in range(rounds * calls):
             t0 = clock()
-            for _ in range(calls):
-                decode_packed_seq(Reader(body, 12), Dialect.FFI)
-            decode.append((clock() - t0) / calls)
+            decode_packed_seq(Reader(body, 12), Dialect.FFI)
+            decode.append(clock() - t0)
     finally:
         io.close()
         a.close()
         b.close()
     cost = _timer_cost()
     strict, loose = out[True], out[False]
-    dec = statistics.median(decode) - 0  # one timer pair per round: negligible
+    dec = statistics.median(decode) - cost
     res = {"recv": strict["recv"] - cost, "parse": loose["read"] - dec - cost,
            "state check": max(strict["read"] - loose["read"], 0.0), "kinds decode": dec,
            "session": strict["session"] - cost, "encode": strict["encode"] - cost,
@@ -126,7 +126,7 @@ def _handle_of(parts, dialect) -> int:
 
 
 async def _loop(io, peer, conn, session, encode, packet: bytes, calls: int, rounds: int) -> dict:
-    """Serve ``packet`` calls ``calls`` times per round; per-step medians in ns."""
+    """Serve ``packet`` ``calls`` times per round; per-step medians over every call, in ns."""
     import trio
 
     clock = time.perf_counter_ns
@@ -134,7 +134,6 @@ async def _loop(io, peer, conn, session, encode, packet: bytes, calls: int, roun
     steps = {k: [] for k in ("recv", "read", "session", "encode", "send", "bare")}
     answer_len = None
     for _ in range(rounds):
-        acc = dict.fromkeys(steps, 0)
         for _ in range(calls):
             peer.sendall(packet)
             await trio.lowlevel.wait_readable(raw)
@@ -168,9 +167,8 @@ async def _loop(io, peer, conn, session, encode, packet: bytes, calls: int, roun
                 got += len(peer.recv(1 << 16))
             for k, v in (("recv", t1 - t0), ("read", t2 - t1), ("session", t3 - t2), ("encode", t4 - t3),
                          ("send", t5 - t4), ("bare", t7 - t6)):
-                acc[k] += v
-        for k in steps:
-            steps[k].append(acc[k] / calls)
+                steps[k].append(v)
+        await trio.lowlevel.checkpoint()
     return {k: statistics.median(v) for k, v in steps.items()}
 
 

@@ -211,7 +211,11 @@ class Session(SyscallsMixin):
         """The answer to one request event (a value or an error; the server encodes it)."""
         try:
             if type(event) is CallFunc and self.initialized:  # the common case first
-                return Returned(await self._call(event), call=True)
+                func, args = self._prepare(event)
+                if func.blocking:
+                    return Returned(await self._call_blocking(func, args), True)
+                result = self._run_charged(func.fn, args)
+                return Returned(result if type(result) in _PLAIN else self.to_wire(result), True)
             if isinstance(event, InitServer):
                 return self._init(event)
             if not self.initialized:
@@ -261,16 +265,18 @@ class Session(SyscallsMixin):
         finally:
             ALLOCATION_HOOK.reset(token)
 
-    async def _call(self, ev: CallFunc) -> Any:
+    async def _call_blocking(self, func: PackedFunction, args: list) -> Any:
+        """A module function (inference, loading): in a worker thread, under the server's limiter,
+        so the event loop keeps serving the other sessions."""
+        result = await trio.to_thread.run_sync(self._run_charged, func.fn, args, limiter=self.limiter)
+        return result if type(result) in _PLAIN else self.to_wire(result)
+
+    def _prepare(self, ev: CallFunc) -> tuple[PackedFunction, list]:
+        """The function a call names (in this session's table only) and its arguments as values."""
         func = self.handles.objects.get(ev.handle)
         if type(func) is not PackedFunction:  # (the exact type is the common case: one check)
             func = self.get_object(ev.handle, PackedFunction, "function")
-        args = [v if type(v) in _PLAIN else self.to_local(v) for v in ev.args]
-        if func.blocking:
-            result = await trio.to_thread.run_sync(self._run_charged, func.fn, args, limiter=self.limiter)
-        else:
-            result = self._run_charged(func.fn, args)
-        return result if type(result) in _PLAIN else self.to_wire(result)
+        return func, [v if type(v) in _PLAIN else self.to_local(v) for v in ev.args]
 
     # ------------------------------------------------------------------ streamed calls (uploads)
     def open_stream(self, ev: CallFuncStart) -> bool:

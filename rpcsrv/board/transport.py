@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import math
 import os
+import select
 import socket
 import time
 
 import trio
 
 SPIN_SECONDS = 300e-6
+BURST_SECONDS = 30e-6  # the longest a waiting session polls without letting the others run
 _FLAT = (bytes, bytearray)
 
 
@@ -52,6 +54,9 @@ class Transport:
         self.spin = spin
         self.idle_timeout = idle_timeout
         self.broken = False  # a send was cancelled in the middle of a packet
+        poller = select.poll()
+        poller.register(self.sock.fileno(), select.POLLIN)
+        self._readable = poller.poll  # ``_readable(0)``: is a byte (or the peer's close) waiting?
 
     async def _wait(self, wait) -> None:
         """Park until the socket is ready; only here does the idle clock run (never on the fast path)."""
@@ -73,12 +78,34 @@ class Transport:
                 await self._wait(wait)
 
     async def recv(self, n: int) -> bytes:
-        try:  # the next request is often there already: no closure, no loop
+        if not self._readable(0):  # (asked first: a failed recv costs an exception, a poll does not)
+            await self._until_readable()
+        try:
             data = self.sock.recv(n)
         except (BlockingIOError, InterruptedError):
             data = await self._io(lambda: self.sock.recv(n), trio.lowlevel.wait_readable)
         self.bytes_in += len(data)
         return data
+
+    async def _until_readable(self) -> None:
+        """Wait for the client's next request: poll in bursts of BURST_SECONDS (the request usually
+        comes within one) with a trio checkpoint between them, so other sessions are served; after
+        ``spin`` seconds, park in trio's readiness wait."""
+        clock, readable, pause = time.perf_counter, self._readable, os.sched_yield
+        now = clock()
+        deadline = now + self.spin
+        while now < deadline:
+            burst = min(now + BURST_SECONDS, deadline)
+            while now < burst:
+                if readable(0):
+                    return
+                pause()  # the client may be waiting for this CPU to send its request
+                now = clock()
+            await trio.lowlevel.checkpoint()
+            if readable(0):
+                return
+            now = clock()
+        await self._wait(trio.lowlevel.wait_readable)
 
     async def recv_into(self, region: memoryview) -> int:
         n = await self._io(lambda: self.sock.recv_into(region), trio.lowlevel.wait_readable)
