@@ -8,7 +8,8 @@ Measures, on loopback:
     placements: client and servers pinned to one CPU (each call costs what client and server compute:
     the processing cost) and to two different CPUs (a wake-up crosses CPUs on every call, as between
     two machines).  Left to the scheduler, a figure swings between the two regimes from run to run;
-  * copy to remote, copy from remote and upload of ``--size-mb`` MB, MB/s (best of ``--repeat``), and
+  * copy to remote, copy from remote and upload of ``--size-mb`` MB, MB/s (best of ``--repeat`` turns,
+    the sessions taking turns within each), and
     for the TVM client how busy the client process itself was meanwhile (its CPU time / wall time:
     near 100% means the client, not the server, sets the pace);
 for (a) the TVM client against ``python -m tvm.exec.rpc_server`` (the anchor), (b) the TVM client
@@ -110,21 +111,30 @@ def round_trips(sessions: dict, calls: int, rounds: int) -> dict[str, float]:
     return {name: float(np.median(v)) / 1e3 for name, v in per_call.items()}
 
 
-def measure(sess, make_array, nbytes: int, repeat: int) -> dict[str, float]:
-    """MB/s for copy to / copy from / upload (and client busy share), for any tvm.rpc-shaped session."""
+def measure(sessions: dict, makers: dict, nbytes: int, repeat: int) -> dict[str, dict[str, float]]:
+    """MB/s for copy to / copy from / upload (and the client's busy share) for each tvm.rpc-shaped
+    session: the best of ``repeat`` turns, the sessions taking turns within each (paired runs)."""
     x = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
-    arr = make_array(x)
+    arrays = {name: makers[name](x) for name in sessions}
     mb = nbytes / 1e6
-    row = {}
     blob = bytearray(x.tobytes())
-    for col, fn in (("copy to", lambda: arr.copyfrom(x)), ("copy from", lambda: arr.numpy()),
-                    ("upload", lambda: sess.upload(blob, "bench.bin"))):
-        wall, busy = best(fn, repeat)
-        row[f"{col} MB/s"] = mb / wall
-        row[f"{col} client busy"] = busy
-    np.testing.assert_array_equal(arr.numpy(), x)
-    sess.remove("bench.bin")
-    return row
+    runs: dict[str, dict[str, list]] = {name: {} for name in sessions}
+    for _ in range(repeat):
+        for name, sess in sessions.items():
+            arr = arrays[name]
+            for col, fn in (("copy to", lambda: arr.copyfrom(x)), ("copy from", lambda: arr.numpy()),
+                            ("upload", lambda: sess.upload(blob, "bench.bin"))):
+                runs[name].setdefault(col, []).append(best(fn, 1))
+    out = {}
+    for name, sess in sessions.items():
+        np.testing.assert_array_equal(arrays[name].numpy(), x)
+        sess.remove("bench.bin")
+        row = out[name] = {}
+        for col, walls in runs[name].items():
+            wall, busy = min(walls)
+            row[f"{col} MB/s"] = mb / wall
+            row[f"{col} client busy"] = busy
+    return out
 
 
 def raw_socket(nbytes: int, repeat: int, to_file: bool = False) -> float:
@@ -166,6 +176,7 @@ def raw_socket(nbytes: int, repeat: int, to_file: bool = False) -> float:
 
 
 BASELINE = "TVM client -> rpcsrv (base)"
+OUR_BASELINE = "our client -> rpcsrv (base)"
 
 
 def run(size_mb: int, calls: int, repeat: int, with_tvm_server: bool = True, rounds: int = 7,
@@ -197,6 +208,8 @@ def run(size_mb: int, calls: int, repeat: int, with_tvm_server: bool = True, rou
         if baseline:
             sessions[BASELINE] = tvm.rpc.connect("127.0.0.1", base_port)
         ours_client = sessions["our client -> rpcsrv"] = our_rpc.connect("127.0.0.1", ours_port)
+        if baseline:
+            sessions[OUR_BASELINE] = our_rpc.connect("127.0.0.1", base_port)
         results = {name: {} for name in sessions}
         everywhere = os.sched_getaffinity(0)
         cpu = min(everywhere)
@@ -206,11 +219,14 @@ def run(size_mb: int, calls: int, repeat: int, with_tvm_server: bool = True, rou
             for name, rt in round_trips(sessions, calls, rounds).items():
                 results[name][f"round trip us {label}"] = rt
         pin([p.pid for p in procs], everywhere, everywhere)
-        for name, s in sessions.items() if transfers else ():
-            make = (lambda x, s=s: s.array(x)) if s is ours_client else \
-                (lambda x, s=s: tvm.runtime.tensor(x, s.cpu(0)))
-            results[name].update(measure(s, make, nbytes, repeat))
+        if transfers:
+            makers = {name: (lambda x, s=s: s.array(x)) if name.startswith("our client") else
+                      (lambda x, s=s: tvm.runtime.tensor(x, s.cpu(0))) for name, s in sessions.items()}
+            for name, row in measure(sessions, makers, nbytes, repeat).items():
+                results[name].update(row)
         ours_client.close()
+        if baseline:
+            sessions[OUR_BASELINE].close()
         if transfers:
             results["raw loopback socket"] = {"copy to MB/s": raw_socket(nbytes, repeat)}
             results["raw socket into a file"] = {"upload MB/s": raw_socket(nbytes, repeat, to_file=True)}
@@ -235,7 +251,7 @@ def report(results: dict[str, dict]) -> str:
     for name, row in results.items():  # the client's own CPU share of each transfer
         if busy[0] in row:
             lines.append(f"{'  client CPU/wall':28s}{'':32s}" + "".join(f"{row[c]:16.0%}" for c in busy)
-                         + f"   ({name.split(' ->')[0]})")
+                         + f"   ({name})")
     t, o, c = (results.get(k) for k in ("TVM client -> TVM server", "TVM client -> rpcsrv", "our client -> rpcsrv"))
     b = results.get(BASELINE)
     if t:
@@ -246,6 +262,10 @@ def report(results: dict[str, dict]) -> str:
             if col in o:
                 lines.append(f"{col} rpcsrv/TVM server (TVM client): {o[col] / t[col]:.2f}x (target >= 1.5x)"
                              + (f"; base/TVM: {b[col] / t[col]:.2f}x" if b else ""))
+    ob = results.get(OUR_BASELINE)
+    if ob and "copy to MB/s" in ob:
+        for col in cols[2:]:
+            lines.append(f"{col} our client, rpcsrv now / base: {c[col] / ob[col]:.2f}x")
     raw = results.get("raw loopback socket", {}).get("copy to MB/s")
     if raw:
         for col in ("copy to MB/s", "copy from MB/s", "upload MB/s"):

@@ -28,6 +28,7 @@ import trio
 
 SPIN_SECONDS = 300e-6
 BURST_SECONDS = 30e-6  # the longest a waiting session polls without letting the others run
+YIELD_SECONDS = 1e-3  # the longest a connection serves without a checkpoint (also one alone)
 _FLAT = (bytes, bytearray)
 
 
@@ -46,6 +47,8 @@ class Transport:
 
     bytes_in = 0
     bytes_out = 0
+    #: transports open in this process: a connection alone needs no pauses for the others
+    open_count = 0
 
     def __init__(self, trio_socket, spin: float = SPIN_SECONDS, idle_timeout: float = math.inf):
         # a private duplicate of the descriptor, driven non-blocking with trio's readiness waits
@@ -57,6 +60,9 @@ class Transport:
         poller = select.poll()
         poller.register(self.sock.fileno(), select.POLLIN)
         self._readable = poller.poll  # ``_readable(0)``: is a byte (or the peer's close) waiting?
+        self._open = True
+        Transport.open_count += 1
+        self._yielded = time.perf_counter()  # when this connection last let the other tasks run
 
     async def _wait(self, wait) -> None:
         """Park until the socket is ready; only here does the idle clock run (never on the fast path)."""
@@ -80,6 +86,9 @@ class Transport:
     async def recv(self, n: int) -> bytes:
         if not self._readable(0):  # (asked first: a failed recv costs an exception, a poll does not)
             await self._until_readable()
+        if time.perf_counter() - self._yielded > YIELD_SECONDS:  # a client that always has its next
+            await trio.lowlevel.checkpoint()  # request ready must not starve the other tasks
+            self._yielded = time.perf_counter()
         try:
             data = self.sock.recv(n)
         except (BlockingIOError, InterruptedError):
@@ -88,24 +97,25 @@ class Transport:
         return data
 
     async def _until_readable(self) -> None:
-        """Wait for the client's next request: poll in bursts of BURST_SECONDS (the request usually
-        comes within one) with a trio checkpoint between them, so other sessions are served; after
-        ``spin`` seconds, park in trio's readiness wait."""
-        clock, readable, pause = time.perf_counter, self._readable, os.sched_yield
+        """Wait for the client's next request: poll in bursts of BURST_SECONDS with a trio checkpoint
+        between them, so other sessions are served (a connection alone in the process polls the
+        whole while: a checkpoint costs about a third of a round trip); after ``spin`` seconds, park
+        in trio's readiness wait."""
+        clock, readable = time.perf_counter, self._readable
         now = clock()
         deadline = now + self.spin
         while now < deadline:
-            burst = min(now + BURST_SECONDS, deadline)
+            burst = deadline if Transport.open_count == 1 else min(now + BURST_SECONDS, deadline)
             while now < burst:
                 if readable(0):
                     return
-                pause()  # the client may be waiting for this CPU to send its request
                 now = clock()
             await trio.lowlevel.checkpoint()
+            self._yielded = now = clock()
             if readable(0):
                 return
-            now = clock()
         await self._wait(trio.lowlevel.wait_readable)
+        self._yielded = clock()
 
     async def recv_into(self, region: memoryview) -> int:
         n = await self._io(lambda: self.sock.recv_into(region), trio.lowlevel.wait_readable)
@@ -157,6 +167,9 @@ class Transport:
             raise
 
     def close(self) -> None:
+        if self._open:
+            self._open = False
+            Transport.open_count -= 1
         try:
             self.sock.close()
         except OSError:
