@@ -84,15 +84,14 @@ class Transport:
                 await self._wait(wait)
 
     async def recv(self, n: int) -> bytes:
-        if not self._readable(0):  # (asked first: a failed recv costs an exception, a poll does not)
+        try:  # the next request is often there already (a failed try costs little: the client is busy)
+            data = self.sock.recv(n)
+        except (BlockingIOError, InterruptedError):
             await self._until_readable()
+            data = await self._io(lambda: self.sock.recv(n), trio.lowlevel.wait_readable)
         if time.perf_counter() - self._yielded > YIELD_SECONDS:  # a client that always has its next
             await trio.lowlevel.checkpoint()  # request ready must not starve the other tasks
             self._yielded = time.perf_counter()
-        try:
-            data = self.sock.recv(n)
-        except (BlockingIOError, InterruptedError):
-            data = await self._io(lambda: self.sock.recv(n), trio.lowlevel.wait_readable)
         self.bytes_in += len(data)
         return data
 
