@@ -3,9 +3,13 @@
 An RPC client sends its next request a few tens of microseconds after it reads an answer.  Sleeping
 in epoll right after answering costs a scheduler wake-up on every call (measured here: a trio echo
 round trip of ~300 us against ~70 us when polling briefly first), so after each answer the transport
-polls the socket for a short while — yielding to other tasks at every try — before it parks in
-``wait_readable``.  Large bodies are received straight into the memory the protocol names
-(``recv_into``) and sent from the caller's buffers without joining them.
+polls the socket for a short while before it parks in ``wait_readable``: ``poll(0)`` in bursts of
+``BURST_SECONDS`` with a trio checkpoint between them (a checkpoint costs about a third of a round
+trip, so a connection alone in the process polls without them), and every connection checkpoints at
+least every ``YIELD_SECONDS``, also one whose client always has its next request ready, so no
+client starves the others or the listener.  Bytes are counted as the syscalls report them.  Large
+bodies are received straight into the memory the protocol names (``recv_into``) and sent from the
+caller's buffers without joining them.
 
 Failure rules (issue 11):
 

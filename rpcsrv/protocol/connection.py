@@ -14,7 +14,7 @@ This file frames packets and moves the protocol's state; the pieces it is made o
 file: the states and transitions as data (``states.py``, looked up through per-role tables made once
 from them), one packet's bytes to an event (``parsing.py``), large packets received into regions as
 they arrive (``regions.py``), and sending (``outgoing.py``).  A small packet that is all here (the
-common case) is framed, parsed and checked in one pass without leaving this file.
+common case) is framed here straight from the buffer and handed to the parser whole.
 
 Dialect: the two dialects are byte-identical until the first packed sequence that carries an argument,
 so a server in auto mode detects the dialect there (:func:`detect_dialect`).  The kInitServer answer
