@@ -3,18 +3,21 @@
     python bench/rpc_bench.py [--size-mb 64] [--calls 1000] [--rounds 7] [--repeat 3]
 
 Measures, on loopback:
-  * small-call round trip (``tvm.rpc.server.workpath("x")``), microseconds per call: the median of
-    ``--rounds`` rounds of ``--calls`` calls, the servers taking turns round by round, in two CPU
+  * small-call round trip (``tvm.rpc.server.workpath("x")``), microseconds per call: the median over
+    every call of ``--rounds`` rounds of ``--calls`` calls, the servers taking turns round by round, in two CPU
     placements: client and servers pinned to one CPU (each call costs what client and server compute:
     the processing cost) and to two different CPUs (a wake-up crosses CPUs on every call, as between
     two machines).  Left to the scheduler, a figure swings between the two regimes from run to run;
-  * copy to remote, copy from remote and upload of ``--size-mb`` MB, MB/s (best of ``--repeat``), and
+  * copy to remote, copy from remote and upload of ``--size-mb`` MB, MB/s (best of ``--repeat`` turns,
+    the sessions taking turns within each), and
     for the TVM client how busy the client process itself was meanwhile (its CPU time / wall time:
     near 100% means the client, not the server, sets the pace);
 for (a) the TVM client against ``python -m tvm.exec.rpc_server`` (the anchor), (b) the TVM client
 against ``rpcsrv serve``, (c) our pure-Python client against rpcsrv, (d) a raw loopback socket moving
-the same bytes.  Prints the figures and the ratios the project targets:
-round trip rpcsrv/TVM <= 1.5x; TVM-client throughput rpcsrv/TVM >= 1.5x; our client >= 50% of raw.
+the same bytes.  Then the server's own path of one small call, layer by layer (``rpc_layers.py``; with
+``--baseline SRC`` also for that checkout, the two taking turns).  Prints the figures and the ratios
+the project targets:
+round trip rpcsrv/TVM <= 0.6x; TVM-client throughput rpcsrv/TVM >= 1.5x; our client >= 50% of raw.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def start(cmd: list[str], pattern: str, timeout: float = 60.0) -> tuple[subprocess.Popen, int]:
@@ -90,34 +94,47 @@ def pin(pgids: list[int], server_cpus: set[int], client_cpus: set[int]) -> None:
 
 
 def round_trips(sessions: dict, calls: int, rounds: int) -> dict[str, float]:
-    """Median microseconds per small call for each session, the sessions taking turns per round."""
+    """Microseconds per small call for each session, the sessions taking turns per round: the median
+    over every call of every round (a median per call, so that calls another process preempted on
+    this shared machine do not count)."""
     funcs = {name: s.get_function("tvm.rpc.server.workpath") for name, s in sessions.items()}
-    per_round: dict[str, list[float]] = {name: [] for name in sessions}
+    per_call: dict[str, list[float]] = {name: [] for name in sessions}
+    clock = time.perf_counter_ns
     for _ in range(rounds):
         for name, f in funcs.items():
             f("x")
-            t0 = time.perf_counter()
+            times = per_call[name]
             for _ in range(calls):
+                t0 = clock()
                 f("x")
-            per_round[name].append((time.perf_counter() - t0) / calls * 1e6)
-    return {name: float(np.median(v)) for name, v in per_round.items()}
+                times.append(clock() - t0)
+    return {name: float(np.median(v)) / 1e3 for name, v in per_call.items()}
 
 
-def measure(sess, make_array, nbytes: int, repeat: int) -> dict[str, float]:
-    """MB/s for copy to / copy from / upload (and client busy share), for any tvm.rpc-shaped session."""
+def measure(sessions: dict, makers: dict, nbytes: int, repeat: int) -> dict[str, dict[str, float]]:
+    """MB/s for copy to / copy from / upload (and the client's busy share) for each tvm.rpc-shaped
+    session: the best of ``repeat`` turns, the sessions taking turns within each (paired runs)."""
     x = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
-    arr = make_array(x)
+    arrays = {name: makers[name](x) for name in sessions}
     mb = nbytes / 1e6
-    row = {}
     blob = bytearray(x.tobytes())
-    for col, fn in (("copy to", lambda: arr.copyfrom(x)), ("copy from", lambda: arr.numpy()),
-                    ("upload", lambda: sess.upload(blob, "bench.bin"))):
-        wall, busy = best(fn, repeat)
-        row[f"{col} MB/s"] = mb / wall
-        row[f"{col} client busy"] = busy
-    np.testing.assert_array_equal(arr.numpy(), x)
-    sess.remove("bench.bin")
-    return row
+    runs: dict[str, dict[str, list]] = {name: {} for name in sessions}
+    for _ in range(repeat):
+        for name, sess in sessions.items():
+            arr = arrays[name]
+            for col, fn in (("copy to", lambda: arr.copyfrom(x)), ("copy from", lambda: arr.numpy()),
+                            ("upload", lambda: sess.upload(blob, "bench.bin"))):
+                runs[name].setdefault(col, []).append(best(fn, 1))
+    out = {}
+    for name, sess in sessions.items():
+        np.testing.assert_array_equal(arrays[name].numpy(), x)
+        sess.remove("bench.bin")
+        row = out[name] = {}
+        for col, walls in runs[name].items():
+            wall, busy = min(walls)
+            row[f"{col} MB/s"] = mb / wall
+            row[f"{col} client busy"] = busy
+    return out
 
 
 def raw_socket(nbytes: int, repeat: int, to_file: bool = False) -> float:
@@ -158,7 +175,12 @@ def raw_socket(nbytes: int, repeat: int, to_file: bool = False) -> float:
     return rate
 
 
-def run(size_mb: int, calls: int, repeat: int, with_tvm_server: bool = True, rounds: int = 7) -> dict[str, dict]:
+BASELINE = "TVM client -> rpcsrv (base)"
+OUR_BASELINE = "our client -> rpcsrv (base)"
+
+
+def run(size_mb: int, calls: int, repeat: int, with_tvm_server: bool = True, rounds: int = 7,
+        baseline: str | None = None, transfers: bool = True) -> dict[str, dict]:
     import tvm
 
     from rpcsrv.client import rpc as our_rpc
@@ -170,6 +192,11 @@ def run(size_mb: int, calls: int, repeat: int, with_tvm_server: bool = True, rou
     try:
         ours, ours_port = start([sys.executable, "-m", "rpcsrv", "serve", "--port", "0"], r":(\d+)")
         procs.append(ours)
+        if baseline:  # the same server from another checkout (an older commit), in the same rounds
+            base, base_port = start([sys.executable, "-c", f"import sys; sys.path.insert(0, {baseline!r}); "
+                                     "from rpcsrv.cli import main; sys.exit(main())", "serve", "--port", "0"],
+                                    r":(\d+)")
+            procs.append(base)
         if with_tvm_server:
             p0 = free_port()
             theirs, theirs_port = start([sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1",
@@ -178,7 +205,11 @@ def run(size_mb: int, calls: int, repeat: int, with_tvm_server: bool = True, rou
             time.sleep(0.5)
             sessions["TVM client -> TVM server"] = tvm.rpc.connect("127.0.0.1", theirs_port)
         sessions["TVM client -> rpcsrv"] = tvm.rpc.connect("127.0.0.1", ours_port)
+        if baseline:
+            sessions[BASELINE] = tvm.rpc.connect("127.0.0.1", base_port)
         ours_client = sessions["our client -> rpcsrv"] = our_rpc.connect("127.0.0.1", ours_port)
+        if baseline:
+            sessions[OUR_BASELINE] = our_rpc.connect("127.0.0.1", base_port)
         results = {name: {} for name in sessions}
         everywhere = os.sched_getaffinity(0)
         cpu = min(everywhere)
@@ -188,13 +219,17 @@ def run(size_mb: int, calls: int, repeat: int, with_tvm_server: bool = True, rou
             for name, rt in round_trips(sessions, calls, rounds).items():
                 results[name][f"round trip us {label}"] = rt
         pin([p.pid for p in procs], everywhere, everywhere)
-        for name, s in sessions.items():
-            make = (lambda x, s=s: s.array(x)) if s is ours_client else \
-                (lambda x, s=s: tvm.runtime.tensor(x, s.cpu(0)))
-            results[name].update(measure(s, make, nbytes, repeat))
+        if transfers:
+            makers = {name: (lambda x, s=s: s.array(x)) if name.startswith("our client") else
+                      (lambda x, s=s: tvm.runtime.tensor(x, s.cpu(0))) for name, s in sessions.items()}
+            for name, row in measure(sessions, makers, nbytes, repeat).items():
+                results[name].update(row)
         ours_client.close()
-        results["raw loopback socket"] = {"copy to MB/s": raw_socket(nbytes, repeat)}
-        results["raw socket into a file"] = {"upload MB/s": raw_socket(nbytes, repeat, to_file=True)}
+        if baseline:
+            sessions[OUR_BASELINE].close()
+        if transfers:
+            results["raw loopback socket"] = {"copy to MB/s": raw_socket(nbytes, repeat)}
+            results["raw socket into a file"] = {"upload MB/s": raw_socket(nbytes, repeat, to_file=True)}
     finally:
         for p in procs:
             try:
@@ -216,19 +251,56 @@ def report(results: dict[str, dict]) -> str:
     for name, row in results.items():  # the client's own CPU share of each transfer
         if busy[0] in row:
             lines.append(f"{'  client CPU/wall':28s}{'':32s}" + "".join(f"{row[c]:16.0%}" for c in busy)
-                         + f"   ({name.split(' ->')[0]})")
+                         + f"   ({name})")
     t, o, c = (results.get(k) for k in ("TVM client -> TVM server", "TVM client -> rpcsrv", "our client -> rpcsrv"))
-    raw = results["raw loopback socket"]["copy to MB/s"]
+    b = results.get(BASELINE)
     if t:
         for col in rts:
-            lines.append(f"{col.replace('us ', '')} rpcsrv/TVM: {o[col] / t[col]:.2f}x (target <= 1.5x)")
+            lines.append(f"{col.replace('us ', '')} rpcsrv/TVM: {o[col] / t[col]:.2f}x (target <= 0.6x)"
+                         + (f"; base/TVM: {b[col] / t[col]:.2f}x" if b else ""))
         for col in cols[2:]:
-            lines.append(f"{col} rpcsrv/TVM server (TVM client): {o[col] / t[col]:.2f}x (target >= 1.5x)")
-    for col in ("copy to MB/s", "copy from MB/s", "upload MB/s"):
-        lines.append(f"{col} our client / raw socket: {c[col] / raw:.0%} (target >= 50%)")
-    into_file = results["raw socket into a file"]["upload MB/s"]
-    lines.append(f"upload MB/s our client / raw socket into a file: {c['upload MB/s'] / into_file:.0%} "
-                 f"(an upload also writes the file)")
+            if col in o:
+                lines.append(f"{col} rpcsrv/TVM server (TVM client): {o[col] / t[col]:.2f}x (target >= 1.5x)"
+                             + (f"; base/TVM: {b[col] / t[col]:.2f}x" if b else ""))
+    ob = results.get(OUR_BASELINE)
+    if ob and "copy to MB/s" in ob:
+        for col in cols[2:]:
+            lines.append(f"{col} our client, rpcsrv now / base: {c[col] / ob[col]:.2f}x")
+    raw = results.get("raw loopback socket", {}).get("copy to MB/s")
+    if raw:
+        for col in ("copy to MB/s", "copy from MB/s", "upload MB/s"):
+            lines.append(f"{col} our client / raw socket: {c[col] / raw:.0%} (target >= 50%)")
+        into_file = results["raw socket into a file"]["upload MB/s"]
+        lines.append(f"upload MB/s our client / raw socket into a file: {c['upload MB/s'] / into_file:.0%} "
+                     f"(an upload also writes the file)")
+    return "\n".join(lines)
+
+
+def layers(baseline: str | None, turns: int = 3) -> str:
+    """The per-layer breakdown (rpc_layers.py in subprocesses), medians over ``turns`` turns; with a
+    baseline checkout, the two alternate turn by turn."""
+    import json
+    import statistics
+
+    from rpc_layers import LAYERS
+
+    srcs = {"now": None, **({"base": baseline} if baseline else {})}
+    runs: dict[str, list[dict]] = {k: [] for k in srcs}
+    script = str(Path(__file__).resolve().parent / "rpc_layers.py")
+    for _ in range(turns):
+        for label, src in srcs.items():
+            out = subprocess.run([sys.executable, script, "--json", "--calls", "5000", "--rounds", "5",
+                                  *(["--src", src] if src else [])], capture_output=True, text=True, check=True)
+            runs[label].append(json.loads(out.stdout))
+    keys = LAYERS + ["server path", "syscalls alone", "bookkeeping"]
+    med = {label: {k: statistics.median(r[k] for r in rs) for k in keys} for label, rs in runs.items()}
+    lines = ["server path of one small call, ns per call (medians of %d turns)" % turns,
+             f"{'':18s}" + "".join(f"{label:>10s}" for label in med) + ("     now/base" if baseline else "")]
+    for k in keys:
+        row = f"  {k:16s}" + "".join(f"{m[k]:10.0f}" for m in med.values())
+        if baseline and med["base"][k] > 0:
+            row += f"{med['now'][k] / med['base'][k]:12.2f}x"
+        lines.append(row)
     return "\n".join(lines)
 
 
@@ -239,9 +311,16 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=7, help="round trip rounds (median reported)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-tvm-server", action="store_true", help="skip the TVM server anchor")
+    ap.add_argument("--baseline", metavar="SRC", help="also serve rpcsrv from this checkout (an older commit) "
+                                                      "in the same interleaved rounds, for before/after")
+    ap.add_argument("--no-transfers", action="store_true", help="round trips only")
+    ap.add_argument("--no-layers", action="store_true", help="skip the per-layer breakdown (rpc_layers.py)")
     args = ap.parse_args(argv)
     try:
-        print(report(run(args.size_mb, args.calls, args.repeat, not args.no_tvm_server, args.rounds)))
+        print(report(run(args.size_mb, args.calls, args.repeat, not args.no_tvm_server, args.rounds,
+                         args.baseline, not args.no_transfers)))
+        if not args.no_layers:
+            print(layers(args.baseline), flush=True)
     except RuntimeError as exc:  # a server that did not start: its own words, no traceback
         print(f"rpc_bench: error: {exc}", file=sys.stderr)
         return 2

@@ -1,5 +1,8 @@
 """``byoc bench``: run the benchmarks in ``bench/`` (RPC transport, loader, executor).
 
+``byoc bench rpc`` also prints where one small call's time goes on the server, layer by layer
+(``bench/rpc_layers.py``); ``--baseline SRC`` runs an older checkout beside it for before/after.
+
 The benchmarks are scripts in the source tree (``bench/*.py``), run by hand or through here; they
 print their figures and the ratios against the anchors (TVM's own RPC server, a plain file read,
 onnxruntime).
@@ -32,6 +35,9 @@ def add_parser(sub) -> None:
     p.add_argument("--zoo", action="store_true",
                    help="executor: the light model zoo and an encoder against onnxruntime (bench/zoo_bench.py)")
     p.add_argument("--repeat", type=int, help="executor --zoo: interleaved runs per engine")
+    p.add_argument("--baseline", metavar="SRC",
+                   help="rpc: also serve rpcsrv from this checkout (an older commit) in the same interleaved "
+                        "rounds, and print both per-layer breakdowns (before/after)")
     p.set_defaults(func=main)
 
 
@@ -50,5 +56,7 @@ def main(args: argparse.Namespace) -> int:
             extra = []
             if name == "executor" and args.zoo:
                 extra = ["--zoo"] + (["--repeat", str(args.repeat)] if args.repeat else [])
+            if name == "rpc" and getattr(args, "baseline", None):
+                extra = ["--baseline", args.baseline]  # both rpc scripts serve a baseline checkout beside
             status |= subprocess.call([sys.executable, str(script), *extra])
     return status

@@ -101,7 +101,7 @@ def limits(args: argparse.Namespace) -> dict:
     from dataclasses import asdict
 
     from .board.limits import Limits
-    from .cli import _hardening_limits
+    from .serveopts import _hardening_limits
 
     values = asdict(Limits(max_memory=args.max_memory_mb << 20, max_workspace=args.max_workspace_mb << 20,
                            **_hardening_limits(args)))
@@ -240,7 +240,7 @@ def _stop_spare() -> None:
 # -------------------------------------------------------------------------------------------- report
 
 def collect(args: argparse.Namespace) -> dict:
-    from .cli import check_serve_args, load_plugins, plugin_line
+    from .serveopts import check_serve_args, load_plugins, plugin_line
 
     check_serve_args(argparse.Namespace(**{**vars(args), "port": 9090, "port_end": None, "workdir": None}))
     report: dict[str, Any] = {"machine": machine(), **python_numpy()}

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -21,6 +20,8 @@ from rpcsrv.protocol.dtypes import dtype_str, numpy_dtype
 
 from .errors import CompileError, no_static_shape
 from .fold import attr_value, fold_constants
+from .ir import Graph, Node, TensorInfo
+from .opsets import upgrade_nodes
 
 #: Default-domain opsets we accept: all that the installed ``onnx`` knows.  Kernels take an op's
 #: current attributes and inputs; a node of an old version with other attributes is reported as
@@ -28,46 +29,6 @@ from .fold import attr_value, fold_constants
 MIN_OPSET = 1
 ONNX_DOMAINS = ("", "ai.onnx")
 MAX_FOLD_ROUNDS = 32
-
-
-@dataclass
-class TensorInfo:
-    """Static shape and TVM dtype string of one tensor."""
-
-    shape: tuple[int, ...]
-    dtype: str
-
-
-@dataclass
-class Node:
-    """One ONNX node; ``inputs`` uses ``""`` for an absent optional input, as ONNX does."""
-
-    name: str
-    op_type: str
-    domain: str
-    inputs: list[str]
-    outputs: list[str]
-    attrs: dict
-
-
-@dataclass
-class Graph:
-    """A whole model with static shapes: what partitioning and codegen work on."""
-
-    name: str
-    inputs: list[str]
-    outputs: list[str]
-    nodes: list[Node]
-    tensors: dict[str, TensorInfo]
-    constants: dict[str, np.ndarray] = field(default_factory=dict)
-    opset: int = 0
-
-    def describe(self, name: str) -> str:
-        """``name 1x3x224x224 float32`` for messages."""
-        info = self.tensors.get(name)
-        if info is None:
-            return f"{name} (?)"
-        return f"{name} {'x'.join(map(str, info.shape)) or 'scalar'} {info.dtype}"
 
 
 def load_model(model_or_path) -> onnx.ModelProto:
@@ -291,8 +252,6 @@ def import_onnx(model_or_path, input_shapes: dict | None = None,
             raise CompileError(f"constant {name!r} has dtype {arr.dtype}, which the board has no dtype for")
         tensors[name] = TensorInfo(tuple(arr.shape), dtype)
     result = _to_graph(model, opset, constants, tensors, initializers)
-    from .opsets import upgrade_nodes  # (it builds on this module's Graph)
-
     upgrade_nodes(result)
     return result
 

@@ -33,7 +33,7 @@ import numpy as np
 import onnx
 
 from .errors import CompileError
-from .onnx_import import Graph, Node, TensorInfo
+from .ir import Graph, Node, TensorInfo
 
 LEGACY_BROADCAST = {"Add", "Sub", "Mul", "Div", "Pow", "And", "Or", "Xor", "Equal", "Greater", "Less"}
 

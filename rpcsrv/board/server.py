@@ -23,9 +23,10 @@ from ..executor import compute
 from .records import SessionRecord
 from .globals import REGISTRY, Registry
 from .limits import Limits
-from ..protocol import (CallFuncChunk, CallFuncEnd, CallFuncStart, Connection, ConnectionClosed,
+from ..protocol import (NEED_DATA, CallFuncChunk, CallFuncEnd, CallFuncStart, Connection, ConnectionClosed,
                        CopyToRemoteStart, Dialect,
-                       HandshakeRequest, Role, Shutdown, pack_return)
+                       HandshakeRequest, Role, Shutdown)
+from ..protocol.connection import RECV_SIZE
 from ..native.host import NativeSession
 from .session import INIT_DONE, Answer, CopyData, Failed, Returned, Session
 from .transport import IdleTimeout, Transport
@@ -84,10 +85,10 @@ def shared_state(cfg: ServerConfig) -> ServerState:
 def encode(conn: Connection, answer: Answer) -> list:
     """The bytes of a session's answer, in the connection's dialect."""
     if isinstance(answer, Returned):
+        if answer.call:  # a function's result: the common case
+            return conn.send_value(answer.value)
         if answer is INIT_DONE:
             return conn.send_init_reply()
-        if answer.call:
-            return conn.send_return(pack_return(answer.value, conn.wire_dialect))
         return conn.send_return([answer.value])
     if isinstance(answer, CopyData):
         return conn.send_copy_ack(answer.data)
@@ -202,7 +203,14 @@ def _timeout(text: Optional[str]) -> float:
 
 async def _next(io: Transport, conn: Connection):
     """The next event, reading as the connection's shared receive loop asks (``Connection.reads``:
-    it looks at what is buffered first, so no separate check here)."""
+    it looks at what is buffered first).  The common case, a small request that one ``recv`` brings
+    whole, is read here without starting that loop."""
+    ev = conn.next_event()
+    if ev is NEED_DATA and conn.writable() is None:
+        conn.receive_data(await io.recv(RECV_SIZE))
+        ev = conn.next_event()
+    if ev is not NEED_DATA:
+        return ev
     steps = conn.reads()
     try:
         want = next(steps)
@@ -212,27 +220,31 @@ async def _next(io: Transport, conn: Connection):
         return done.value
 
 
+#: the events that steer the loop instead of asking for an answer
+_STEERING = frozenset({ConnectionClosed, Shutdown, CopyToRemoteStart, CallFuncStart, CallFuncChunk})
+
+
 async def _session_loop(io: Transport, conn: Connection, session: Session, peer: str,
                         record: Optional[SessionRecord] = None, live: Optional[Any] = None,
                         stats: Optional[Any] = None) -> None:
     while True:
         ev = await _next(io, conn)
-        if isinstance(ev, ConnectionClosed):
-            if not ev.clean:
-                log.info("%s: closing: %s", peer, ev.error)
-            return
-        if isinstance(ev, Shutdown):
-            return
-        if isinstance(ev, CopyToRemoteStart):
-            conn.set_copy_target(*session.copy_target(ev))
-            continue
-        if isinstance(ev, CallFuncStart):
-            conn.stream_call(session.open_stream(ev))
-            if live is not None:  # obs: a streamed call's latency counts from its start
-                live.stream_t0 = perf_counter()
-            continue
-        if isinstance(ev, CallFuncChunk):
-            await session.stream_piece(ev.data)
+        if type(ev) in _STEERING:
+            if isinstance(ev, ConnectionClosed):
+                if not ev.clean:
+                    log.info("%s: closing: %s", peer, ev.error)
+                return
+            if isinstance(ev, Shutdown):
+                return
+            if isinstance(ev, CopyToRemoteStart):
+                conn.set_copy_target(*session.copy_target(ev))
+                continue
+            if isinstance(ev, CallFuncStart):
+                conn.stream_call(session.open_stream(ev))
+                if live is not None:  # obs: a streamed call's latency counts from its start
+                    live.stream_t0 = perf_counter()
+                continue
+            await session.stream_piece(ev.data)  # CallFuncChunk
             continue
         if record is not None:
             record.calls += 1

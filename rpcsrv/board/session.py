@@ -49,7 +49,7 @@ class Answer:
     """What the session answers one request with; the server turns it into bytes."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Returned(Answer):
     """A value.  ``call``: a function's result (sent with its type code, ``EncodeReturn``); otherwise
     a syscall, init or copy answer (sent as the value alone)."""
@@ -211,8 +211,12 @@ class Session(SyscallsMixin):
     async def handle(self, event) -> Answer:
         """The answer to one request event (a value or an error; the server encodes it)."""
         try:
-            if isinstance(event, CallFunc) and self.initialized:  # the common case first
-                return Returned(await self._call(event), call=True)
+            if type(event) is CallFunc and self.initialized:  # the common case first
+                func, args = self._prepare(event)
+                if func.blocking or func.run is not None:
+                    return Returned(await self._call_blocking(func, args), True)
+                result = self._run_charged(func.fn, args)
+                return Returned(result if type(result) in _PLAIN else self.to_wire(result), True)
             if isinstance(event, InitServer):
                 return self._init(event)
             if not self.initialized:
@@ -255,25 +259,30 @@ class Session(SyscallsMixin):
         """The executor allocation hook: storage is charged before it exists, released when it dies."""
         self.account.charge_object(owner, nbytes, what)
 
-    def _run_charged(self, fn: Callable[[], Any]) -> Any:
+    def _run_charged(self, fn: Callable[..., Any], args: list) -> Any:
         token = ALLOCATION_HOOK.set(self._charge_storage)
         try:
-            return fn()
+            return fn(*args)
         finally:
             ALLOCATION_HOOK.reset(token)
 
-    async def _call(self, ev: CallFunc) -> Any:
-        func = self.get_object(ev.handle, PackedFunction, "function")
-        args = [self.to_local(a) for a in ev.args]
-        if func.run is not None:  # native code: from the loop, no thread hop (rpcsrv.native.fastpath)
+    async def _call_blocking(self, func: PackedFunction, args: list) -> Any:
+        """A module function (inference, loading): in a worker thread, under the server's limiter,
+        so the event loop keeps serving the other sessions; native code with a runner from the loop
+        itself, no thread hop (``rpcsrv.native.fastpath``), where the call allows it."""
+        if func.run is not None:
             done, result = await func.run(*args)
             if done:
-                return self.to_wire(result)
-        if func.blocking:
-            result = await trio.to_thread.run_sync(self._run_charged, lambda: func.fn(*args), limiter=self.limiter)
-        else:
-            result = self._run_charged(lambda: func.fn(*args))
-        return self.to_wire(result)
+                return result if type(result) in _PLAIN else self.to_wire(result)
+        result = await trio.to_thread.run_sync(self._run_charged, func.fn, args, limiter=self.limiter)
+        return result if type(result) in _PLAIN else self.to_wire(result)
+
+    def _prepare(self, ev: CallFunc) -> tuple[PackedFunction, list]:
+        """The function a call names (in this session's table only) and its arguments as values."""
+        func = self.handles.objects.get(ev.handle)
+        if type(func) is not PackedFunction:  # (the exact type is the common case: one check)
+            func = self.get_object(ev.handle, PackedFunction, "function")
+        return func, [v if type(v) in _PLAIN else self.to_local(v) for v in ev.args]
 
     # ------------------------------------------------------------------ streamed calls (uploads)
     def open_stream(self, ev: CallFuncStart) -> bool:
@@ -311,6 +320,9 @@ class Session(SyscallsMixin):
         self.workspace.cleanup()
         self.account.close()
 
+
+#: values that cross as they are, both ways (arguments to functions, results to the client)
+_PLAIN = frozenset({type(None), bool, int, float, str})
 
 #: the kInitServer answer (the connection sends it as zero values, which clients of both dialects accept)
 INIT_DONE = Returned(None)

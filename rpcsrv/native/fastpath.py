@@ -47,10 +47,9 @@ Runner = Callable[..., Awaitable[tuple[bool, Any]]]
 
 def runner(fn: Any, limiter: Any = None) -> Optional[Runner]:
     """The runner for ``fn`` (see the module doc), or None for a function that takes the usual path."""
-    from .proxy import WorkerFunction
-
-    if isinstance(fn, WorkerFunction):
-        return fn.acall
+    acall = getattr(fn, "acall", None)  # a worker's function (proxy.WorkerFunction) awaits its worker
+    if acall is not None:
+        return acall
     if isinstance(fn, NativeFunction):
         return Inline(fn, limiter)
     return None

@@ -32,13 +32,7 @@ def _codes(r: Reader, n: int) -> tuple:
 
 def decode_packed_seq(r: Reader, dialect: Dialect) -> list:
     """Read one packed-argument sequence from ``r`` in ``dialect``."""
-    n = r.i32("num_args")
-    if n < 0 or n * 4 > r.remaining:
-        raise ProtocolError(f"num_args {n} at offset {r.pos - 4} does not fit the packet")
-    table = TABLES[dialect]
-    if dialect is Dialect.CLASSIC:
-        return [table.read(r, c) for c in _codes(r, n)]
-    return [table.read(r, r.i32("type index")) for _ in range(n)]
+    return TABLES[dialect].decode_seq(r)
 
 
 def split_trailing_bytes(buf, offset: int, dialect: Dialect, total: int) -> tuple[list, int] | None:

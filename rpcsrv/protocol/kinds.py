@@ -13,13 +13,19 @@ DLTensor, opaque handle]`` (the handle is what the client frees).
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from .codes import CLASSIC_RPC_OBJECT_REF, FFI_RPC_OBJECT_REF, Dialect, TypeCode, TypeIndex
+from .codes import CLASSIC_RPC_OBJECT_REF, FFI_RPC_OBJECT_REF, Dialect, RPCCode, TypeCode, TypeIndex
 from .dtypes import DataType, Device
 from .values import FunctionHandle, ModuleHandle, ObjectHandle, OpaqueHandle, RemoteTensor, TensorHeader
 from .wire import ProtocolError, Reader, Writer
+
+_I32 = struct.Struct("<i")
+_I64 = struct.Struct("<q")
+_U64 = struct.Struct("<Q")
+_F64 = struct.Struct("<d")
 
 #: the dialect assumed for what is sent or read before the peer's dialect is known
 DEFAULT_DIALECT = Dialect.FFI
@@ -70,7 +76,9 @@ class Kind:
     """One kind of value.  ``classic``/``ffi``: its code as an argument (None: the dialect has none);
     ``ret_classic``/``ret_ffi``: its code as a return value when that differs; ``as_return``: the wire
     values after the code in a return (default ``[value]``); ``from_return``: the client's inverse;
-    ``ffi_read``: the tvm-ffi reader when it differs from ``read``."""
+    ``ffi_read``: the tvm-ffi reader when it differs from ``read``; ``pack``: for plain values, their
+    bytes as one function of the value (``write`` then puts them; a returned one is sent from a
+    packet head made once per dialect, :meth:`DialectTable.return_packet`)."""
 
     name: str
     types: tuple
@@ -83,6 +91,7 @@ class Kind:
     as_return: Optional[Callable[[Any], list]] = None
     from_return: Optional[Callable[[list], Any]] = None
     ffi_read: Optional[Callable[[Reader], Any]] = None  # when tvm-ffi reads it differently
+    pack: Optional[Callable[[Any], bytes]] = None  # its bytes, when they depend on the value alone
 
     def code(self, dialect: Dialect, returned: bool = False) -> Optional[int]:
         classic = dialect is Dialect.CLASSIC
@@ -109,15 +118,24 @@ def _handle_from_return(kind: type) -> Callable[[list], Any]:
 
 _BYTES = (bytes, bytearray, memoryview)
 
+def _str_bytes(v: str) -> bytes:
+    data = v.encode("utf-8")
+    return _U64.pack(len(data)) + data
+
+
+def _plain(name: str, types: tuple, classic: int, ffi: int, read, pack, **extra) -> Kind:
+    """A kind whose bytes are ``pack(value)``: its writer puts them."""
+    return Kind(name, types, classic, ffi, read, lambda w, v, c: w.put(pack(v)), pack=pack, **extra)
+
+
 KINDS = [
-    Kind("none", (type(None),), TypeCode.NULLPTR, TypeIndex.NONE, lambda r: None, lambda w, v, c: None),
-    Kind("bool", (bool,), TypeCode.BOOL, TypeIndex.BOOL, lambda r: bool(r.i64("bool")),
-         lambda w, v, c: w.i64(int(v))),
-    Kind("int", (int,), TypeCode.INT, TypeIndex.INT, Reader.i64, lambda w, v, c: w.i64(v)),
+    _plain("none", (type(None),), TypeCode.NULLPTR, TypeIndex.NONE, lambda r: None, lambda v: b""),
+    _plain("bool", (bool,), TypeCode.BOOL, TypeIndex.BOOL, lambda r: bool(r.i64("bool")),
+           lambda v: _I64.pack(int(v))),
+    _plain("int", (int,), TypeCode.INT, TypeIndex.INT, Reader.i64, _I64.pack),
     Kind("uint", (), TypeCode.UINT, None, Reader.i64, None),
-    Kind("float", (float,), TypeCode.FLOAT, TypeIndex.FLOAT, Reader.f64, lambda w, v, c: w.f64(v)),
-    Kind("str", (str,), TypeCode.STR, TypeIndex.RAW_STR, Reader.string,
-         lambda w, v, c: w.blob(v.encode("utf-8")), ret_ffi=TypeIndex.STR),
+    _plain("float", (float,), TypeCode.FLOAT, TypeIndex.FLOAT, Reader.f64, _F64.pack),
+    _plain("str", (str,), TypeCode.STR, TypeIndex.RAW_STR, Reader.string, _str_bytes, ret_ffi=TypeIndex.STR),
     Kind("bytes", _BYTES, TypeCode.BYTES, TypeIndex.BYTE_ARRAY_PTR, lambda r: r.blob("bytes"),
          lambda w, v, c: w.blob(v), ret_ffi=TypeIndex.BYTES, from_return=lambda vs: bytes(vs[1])),
     # tvm-ffi clients send bytes as a Bytes object (see DialectTable's bytes_object)
@@ -178,6 +196,16 @@ class DialectTable:
                     self.return_codes[t] = int(ret)
             if ret is not None and kind.types:
                 self.return_kinds.setdefault(int(ret), kind)
+        # a plain value's return packet is a head fixed per type (the RPC code, the sequence's count
+        # and codes, the return code) and the value's bytes: the head is made here, once
+        self.return_heads: dict[type, tuple[bytes, Callable[[Any], bytes]]] = {}
+        int_code = self.writers[int][0]
+        for kind in KINDS:
+            for t in kind.types if kind.pack is not None and kind.as_return is None else ():
+                ret, code = self.return_codes[t], self.writers[t][0]
+                seq = struct.pack("<iiiq", 2, int_code, code, ret) if classic else \
+                    struct.pack("<iiqi", 2, int_code, ret, code)
+                self.return_heads[t] = (_I32.pack(RPCCode.RETURN) + seq, kind.pack)
 
     def _lookup(self, table: dict, value: Any, what: str):
         found = table.get(type(value))  # exact types first: every argument passes here
@@ -190,6 +218,37 @@ class DialectTable:
             else:
                 raise TypeError(f"cannot {what} a {type(value).__name__} over RPC")
         return found
+
+    def decode_seq(self, r: Reader) -> list:
+        """Read one packed-argument sequence (classic: its codes first, then the values; tvm-ffi:
+        each value after its index).  Bound once per dialect: the parser's per-packet entry."""
+        n = r.i32("num_args")
+        if n < 0 or n * 4 > r.end - r.pos:
+            raise ProtocolError(f"num_args {n} at offset {r.pos - 4} does not fit the packet")
+        readers, unknown = self.readers, self._unknown
+        if self.classic:
+            codes = struct.unpack_from(f"<{n}i", r.buf, r._need(4 * n, "type codes"))
+            return [(readers.get(c) or unknown(c))(r) for c in codes]
+        out = []
+        unpack, buf = _I32.unpack_from, r.buf
+        for _ in range(n):
+            pos = r.pos
+            if pos + 4 > r.end:
+                r.i32("type index")  # raises, with the offset
+            r.pos = pos + 4
+            (code,) = unpack(buf, pos)
+            out.append((readers.get(code) or unknown(code))(r))
+        return out
+
+    def _unknown(self, code: int) -> Callable[[Reader], Any]:
+        """The reader of a code the table has no entry for: any tvm-ffi object, or an error."""
+        if not self.classic and code >= TypeIndex.STATIC_OBJECT_BEGIN:
+            return read_ffi_object
+
+        def refuse(r: Reader):
+            raise ProtocolError(f"unknown {'classic type code' if self.classic else 'tvm-ffi type index'} "
+                                f"{code} at offset {r.pos}")
+        return refuse
 
     def read(self, r: Reader, code: int) -> Any:
         read = self.readers.get(code)
@@ -211,6 +270,17 @@ class DialectTable:
         code = self._lookup(self.return_codes, value, "return")
         kind = self.return_kinds[code]
         return [code, *kind.as_return(value)] if kind.as_return else [code, value]
+
+    def return_packet(self, value: Any) -> Optional[bytes]:
+        """The whole kRETURN packet (length included) for a plain ``value`` (None, bool, int, float,
+        str): the same bytes as encoding :meth:`pack_return`'s sequence, from a head made once.
+        None for any other value."""
+        found = self.return_heads.get(type(value))
+        if found is None:
+            return None
+        head, pack = found
+        payload = pack(value)
+        return _I64.pack(len(head) + len(payload)) + head + payload
 
     def unpack_return(self, values: list) -> Any:
         """The client side of :meth:`pack_return`."""

@@ -12,7 +12,7 @@ from typing import Optional
 
 from .codec import Writer, encode_packed_seq
 from .codes import PROTOCOL_VERSION, Dialect, RPCCode
-from .kinds import wire_dialect
+from .kinds import DEFAULT_DIALECT, TABLES, wire_dialect
 from .states import State
 from .values import TensorHeader
 
@@ -33,6 +33,18 @@ class PacketWriter:
     def wire_dialect(self) -> Dialect:
         """The dialect of what is sent and read now (the default until the peer's is known)."""
         return wire_dialect(self.dialect)
+
+    def send_value(self, value) -> list:
+        """(server) The answer to a kCallFunc: the function's return ``value`` with its type code
+        (``EncodeReturn``); a plain value's packet comes from its dialect's head, made once."""
+        self._go("answer")
+        table = TABLES[self.dialect or DEFAULT_DIALECT]
+        packet = table.return_packet(value)
+        if packet is not None:
+            return [packet]
+        w = _packet(RPCCode.RETURN)
+        encode_packed_seq(w, table.pack_return(value), table.dialect)
+        return _done(w)
 
     def send_return(self, values: list) -> list:
         self._go("answer")

@@ -91,3 +91,48 @@ CLIENT_RECEIVES = {HandshakeDone: "accepted", HandshakeRefused: "refused", Retur
 SENDS = {S: frozenset({"accept", "refuse", "answer", "notice", "close"}),
           C: frozenset({"hello", "request", "close"})}
 TRANSITIONS_GET = TRANSITIONS.get
+
+# ----------------------------------------------------------------------------- per-role dispatch
+# The tables above, turned once into what a connection looks up per packet: for each state, a plain
+# dict from what happens (an event type received, an action sent) to the next state, so checking a
+# packet costs two dictionary lookups and no tuple.  Derived from TRANSITIONS; nothing new is said.
+
+#: a received event that moves nothing (part of a request still arriving)
+STAY = object()
+#: a received event or a sent action the table does not allow here
+REFUSED = None
+
+
+def _receive_moves(role: Role, strict: bool) -> dict[State, dict[type, object]]:
+    receives = SERVER_RECEIVES if role is S else CLIENT_RECEIVES
+    out: dict[State, dict[type, object]] = {}
+    for state in State:
+        moves: dict[type, object] = {}
+        for kind, action in receives.items():
+            if not strict:  # a codec: follows the handshake, never refuses
+                moves[kind] = TRANSITIONS_GET((role, state, action), state) if action in ALWAYS_TRACKED else STAY
+                continue
+            if action == "answer" and state is State.IDLE and kind is RemoteError:
+                action = "notice"  # an exception the server sent unasked (timeout, shutdown)
+            moves[kind] = TRANSITIONS_GET((role, state, action), REFUSED)
+        out[state] = moves
+    return out
+
+
+def _send_moves(role: Role, strict: bool) -> dict[State, dict[str, State]]:
+    actions = SENDS[role] if strict else ALWAYS_TRACKED
+    return {state: {a: TRANSITIONS[(role, state, a)] for a in actions if (role, state, a) in TRANSITIONS}
+            for state in State}
+
+
+#: (role, strict) -> state -> received event type -> next state, STAY or REFUSED
+RECEIVE_MOVES = {(role, strict): _receive_moves(role, strict) for role in Role for strict in (True, False)}
+#: (role, strict) -> state -> sent action -> next state (absent: refused when strict, no move when not)
+SEND_MOVES = {(role, strict): _send_moves(role, strict) for role in Role for strict in (True, False)}
+
+
+def refusal(role: Role, state: State, action: str) -> LocalProtocolError:
+    """Why ``role`` may not send ``action`` in ``state``."""
+    if action not in SENDS[role]:
+        return LocalProtocolError(f"a {role.value} does not send a {action}")
+    return LocalProtocolError(f"a {role.value} cannot {action} in state {state.value!r}")

@@ -74,11 +74,15 @@ class Reader:
         return self.buf[p:p + n]
 
     def blob(self, what: str) -> memoryview:
-        n = self.u64(f"{what} length")
-        if n > self.remaining:
-            raise ProtocolError(f"{what} length {n} at offset {self.pos - 8} exceeds the "
-                                f"{self.remaining} bytes left in the packet")
-        return self.raw(n, what)
+        pos = self.pos + 8  # (no message is formatted unless the length is wrong: every string passes here)
+        if pos > self.end:
+            self.u64(f"{what} length")  # raises, with the offset
+        (n,) = _U64.unpack_from(self.buf, self.pos)
+        if n > self.end - pos:
+            raise ProtocolError(f"{what} length {n} at offset {self.pos} exceeds the "
+                                f"{self.end - pos} bytes left in the packet")
+        self.pos = pos + n
+        return self.buf[pos:pos + n]
 
     def string(self, what: str = "string") -> str:
         data = self.blob(what)

@@ -183,14 +183,18 @@ def _activation(activation, attrs) -> tuple:
     return (0 if attrs else code), 0.0, 0.0  # (swish: alpha 1 only, no attrs)
 
 
+def fuses(activation, attrs) -> bool:
+    """Whether the compiled depthwise kernel applies this fused activation itself."""
+    return bool(_activation(activation, attrs)[0])
+
+
 def depthwise_conv2d(x, w, bias, strides, dilations, begin, out, activation=None, activation_attrs=None,
                      lib=None):
     """Depthwise conv of float32 x (N, C, H, W) with w (C * mult, 1, KH, KW) by the compiled kernel, the
-    bias and the activation included (relu, clip, hard_swish and swish inside the kernel, others after it): a fresh
-    (N, C * mult, OH, OW) array, or None when the kernel is unavailable or does not take this case (then
-    ``depthwise.py`` runs).  ``lib``: the library when the caller has it already."""
-    from .registry import apply_activation
-
+    bias and the activation included when the kernel has it (:func:`fuses`: relu, clip, hard_swish, swish;
+    the caller applies any other): a fresh (N, C * mult, OH, OW) array, or None when the kernel is
+    unavailable or does not take this case (then ``depthwise.py`` runs).  ``lib``: the library when the
+    caller has it already."""
     lib = lib or library()
     if lib is None or x.dtype != np.float32 or x.ndim != 4 or w.dtype != np.float32:
         return None
@@ -209,7 +213,7 @@ def depthwise_conv2d(x, w, bias, strides, dilations, begin, out, activation=None
             dilations[0], dilations[1], begin[0], begin[1], out[0], out[1], act, lo, hi)
     if rc != 0:
         raise MemoryError("depthwise conv: the compiled kernel could not allocate its scratch plane")
-    return y if act else apply_activation(y, activation, activation_attrs, "conv")
+    return y
 
 
 def sigmoid(x, times_x: bool = False, out=None):

@@ -67,6 +67,8 @@ def conv(x, w, b=None, *, auto_pad: str = "NOTSET", dilations=None, group: int =
         if lib is not None:  # the C kernel (``compiled``), bias and activation fused
             y = compiled.depthwise_conv2d(channel_shuffle(x, input_shuffle) if input_shuffle > 1 else x, w, bias,
                                           strides, dilations, begin, out, activation, activation_attrs, lib)
+            if y is not None and activation is not None and not compiled.fuses(activation, activation_attrs):
+                y = apply_activation(y, activation, activation_attrs, "conv")
         if y is None:
             y = apply_activation(depthwise_conv(x, w, bias, strides, dilations, begin, end, out, input_shuffle),
                                  activation, activation_attrs, "conv")

@@ -1,7 +1,8 @@
 """The Relax VM (TVM >= 0.21): runs ``relax.VMExecutable`` modules without TVM.
 
-* ``machine.py``: the executable's runtime module and the virtual machine (interpreter and the
-  remote interface ``relax.VirtualMachine`` uses); ``checks.py``: the code's load-time checks;
+* ``executable.py``: the executable's runtime module, checked at load (``checks.py``: the code's
+  checks); ``machine.py``: the virtual machine (interpreter and the remote interface
+  ``relax.VirtualMachine`` uses);
 * ``loading.py``: the module-kind table's entry (kernels from the tree's native library);
 * ``builtins.py``: the ``vm.builtin.*`` functions compiled code calls;
 * ``values.py``: register values (tensors, pooled storage, closures) and how they cross the
@@ -10,6 +11,7 @@
 """
 
 from .builtins import BUILTINS, VMError
-from .machine import VirtualMachine, VMExecutableRuntime, export
+from .executable import VMExecutableRuntime
+from .machine import VirtualMachine, export
 
 __all__ = ["BUILTINS", "VMError", "VMExecutableRuntime", "VirtualMachine", "export"]

@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 
 from ..runtime import RuntimeModule
 from .ffi import NativeKernel
-from .machine import VMExecutableRuntime
+from .executable import VMExecutableRuntime
 
 FFI_PREFIX = "__tvm_ffi_"
 

@@ -1,12 +1,4 @@
-"""The Relax virtual machine: the executable's runtime module, and the machine that runs it.
-
-``VMExecutableRuntime`` is the ``relax.VMExecutable`` module of a loaded library.  It checks the
-whole executable when the library is loaded: every instruction decodes, every register, constant,
-function index and jump stays in range, and every packed function the code calls is either a VM
-builtin this board implements or a function of the library's imports (a native kernel in ``_lib``,
-an ExampleJSON subgraph, ...).  A library that fails any check is refused with the reason, before
-a VM exists.  Its functions are TVM's: ``vm_load_executable``, ``stats``, ``as_text``,
-``has_function``.
+"""The Relax virtual machine: the machine that runs a checked ``relax.VMExecutable``.
 
 ``VirtualMachine`` (``relax.VirtualMachine``) is what ``vm_load_executable`` returns and what the
 client's ``relax.VirtualMachine`` drives: ``vm_initialization`` (device, allocator triples),
@@ -16,32 +8,25 @@ functions by name, ``save_function``, ``invoke_closure``, the stateful ``set_inp
 
 Each VM function is compiled once into a list of steps; a call step holds the callee and its
 arguments as (is-register, value) pairs, so running an instruction is one list comprehension and
-one call.  Native kernels get their arguments as DLTensor addresses (``ffi.py``).
-
-(A little over 400 lines: the executable's module and the machine with its remote interface are
-TVM's two classes, kept side by side; the load-time checks are in ``checks.py``.)
+one call.  Native kernels get their arguments as DLTensor addresses (``ffi.py``).  The executable's
+runtime module, checked when the library loads, is ``executable.py``; the checks are ``checks.py``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable, Optional
 
-import numpy as np
-
 from ...loader.vm_executable import (
-    ARG_CONST, ARG_IMMEDIATE, ARG_REGISTER, BEGIN_SPECIAL_REG, KIND_PACKED, KIND_VM, OP_CALL, OP_GOTO, OP_IF,
-    OP_RET, VM_REGISTER, VOID_REGISTER, VMExecutableModule, decode_instructions,
+    ARG_CONST, ARG_IMMEDIATE, ARG_REGISTER, BEGIN_SPECIAL_REG, KIND_VM, OP_CALL, OP_GOTO, OP_IF,
+    OP_RET, VM_REGISTER, VOID_REGISTER,
 )
-from ...loader.vm_text import describe_constant, disassemble
 from .. import compute
 from ..runtime import RuntimeModule
 from ...protocol.dtypes import DataType
-from .builtins import BUILTINS, VMError, is_builtin_name, read_if_cond
-from .checks import check_function
+from .builtins import BUILTINS, VMError, read_if_cond
 from .ffi import T_DLTENSOR, NativeKernel, encode_value
 from .values import (
-    Closure, InputStaging, ShapeTuple, Storage, StoragePool, Tensor, as_tensor, export, host_function,
+    Closure, InputStaging, ShapeTuple, Storage, StoragePool, Tensor, as_tensor, export,
 )
 
 NAIVE_ALLOCATOR, POOLED_ALLOCATOR = 1, 2
@@ -53,89 +38,12 @@ FOLDABLE = frozenset(BUILTINS[f"vm.builtin.{n}"] for n in ("reshape", "shape_of"
 #: device types whose memory is this board's host memory (cpu, ext_dev)
 HOST_DEVICES = (1, 12)
 
-Lookup = Callable[[str], Optional[Callable[..., Any]]]
-
-
-class VMExecutableRuntime(RuntimeModule):
-    """A ``relax.VMExecutable``, checked at load; ``vm_load_executable`` makes a machine for it."""
-
-    type_key = "relax.VMExecutable"
-
-    def __init__(self, exe: VMExecutableModule, imports: Optional[list[RuntimeModule]] = None,
-                 kernels: Optional[Lookup] = None):
-        super().__init__(imports)
-        self.kernels = kernels
-        self.by_name = {f.name: i for i, f in enumerate(exe.functions)}
-        try:
-            self.code = decode_instructions(exe)
-        except ValueError as exc:
-            raise VMError(f"relax.VMExecutable: {exc}") from None
-        for index, f in enumerate(exe.functions):
-            check_function(exe, self.code, index)
-        missing = [f.name for f in exe.functions if f.kind == KIND_PACKED and self.resolve(f.name) is None]
-        native = [name for name in missing if self._native_symbol(name)]
-        if native:
-            raise VMError(f"relax.VMExecutable: kernel(s) {', '.join(native)} are native code of the library, "
-                          f"and native code is not enabled for this module tree (rpcsrv serve --no-native, or "
-                          f"built without rpcsrv.native)")
-        if missing:
-            raise VMError(f"relax.VMExecutable: function(s) {', '.join(missing)} called by the code are neither "
-                          f"VM builtins available on this board nor functions of the library")
-        # the code and constants are copied out of the library file (tensors to ALIGNMENT-aligned
-        # memory, as kernels require), so the file's mapping is released with the loaded library;
-        # every VM of this executable shares these constants, as TVM's do on the CPU
-        self.constants = [as_tensor(np.array(c)) if isinstance(c, np.ndarray) else c for c in exe.constants]
-        self.exe = dataclasses.replace(exe, constants=[],  # see self.constants
-                                       instr_offset=np.array(exe.instr_offset), instr_data=np.array(exe.instr_data))
-
-    def resolve(self, name: str) -> Optional[Callable[..., Any]]:
-        """The packed function ``name``: a builtin, else the imports' function (TVM's lookup order
-        is imports first, then global functions; builtin names never clash with kernels)."""
-        if name in BUILTINS:
-            return BUILTINS[name]
-        if is_builtin_name(name):
-            return None
-        if self.kernels is not None:
-            fn = self.kernels(name)
-            if fn is not None:
-                return fn if isinstance(fn, NativeKernel) else host_function(fn)
-        for mod in self.imports:
-            for sub in mod.walk():
-                if getattr(sub, "symbols", None) is not None or getattr(sub, "library", None) is not None:
-                    continue  # a host library: its kernels come through ``kernels``
-                fn = sub.get_function(name)
-                if fn is not None:
-                    return host_function(fn)
-        return None
-
-    def _native_symbol(self, name: str) -> bool:
-        return any(f"__tvm_ffi_{name}" in (getattr(sub, "symbols", None) or ())
-                   for mod in self.imports for sub in mod.walk())
-
-    def get_function(self, name: str):
-        if name == "vm_load_executable":
-            return lambda: VirtualMachine(self)
-        if name == "has_function":
-            return lambda fname: fname in self.by_name
-        if name == "as_text":
-            return lambda: "\n".join(disassemble(self.exe))
-        if name == "stats":
-            return self.stats
-        return None
-
-    def stats(self) -> str:
-        consts = ", ".join(describe_constant(c.array if isinstance(c, Tensor) else c) for c in self.constants)
-        names = ", ".join(f.name for f in self.exe.functions)
-        return (f"Relax VM executable statistics:\n  Constant pool (# {len(self.constants)}): [{consts}]\n"
-                f"  Globals (#{len(self.exe.functions)}): [{names}]\n")
-
-
 class VirtualMachine(RuntimeModule):
     """One VM over an executable: devices, allocator, constants, functions, stateful inputs."""
 
     type_key = "relax.VirtualMachine"
 
-    def __init__(self, executable: VMExecutableRuntime):
+    def __init__(self, executable: "VMExecutableRuntime"):  # noqa: F821 (executable.py imports this module)
         super().__init__(executable.imports)
         self.executable = executable
         self.exe = executable.exe
@@ -488,4 +396,4 @@ def _step_name(step: tuple) -> str:
     return {OP_RET: "ret", OP_GOTO: "goto", OP_IF: "if", S_NULL: "vm.builtin.null_value"}.get(step[0], "?")
 
 
-__all__ = ["VMExecutableRuntime", "VirtualMachine", "VMError", "NativeKernel", "export"]
+__all__ = ["VirtualMachine", "VMError", "NativeKernel", "export"]
