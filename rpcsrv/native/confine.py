@@ -45,8 +45,11 @@ from . import confine_landlock, confine_seccomp
 HEADROOM = (256 << 20) if sys.maxsize > 2 ** 32 else (128 << 20)
 #: environment variables that pass to the worker without being named (thread settings of BLAS and OpenMP,
 #: the worker's own knobs, the dynamic loader's path); anything else of the server's stays behind
-PASS_ENV = ("LD_LIBRARY_PATH", "OPENBLAS_*", "OMP_*", "GOTO_NUM_THREADS", "MKL_NUM_THREADS",
-            "RPCSRV_WORKER_NICE", "RPCSRV_WORKER_TRACE", "RPCSRV_BLAS_THREADS", "RPCSRV_INTERPRETER_JOBS")
+PASS_ENV = ("LD_LIBRARY_PATH", "PYTHONPATH", "OPENBLAS_*", "OMP_*", "GOTO_NUM_THREADS", "MKL_NUM_THREADS",
+            "RPCSRV_WORKER_NICE", "RPCSRV_WORKER_TRACE", "RPCSRV_BLAS_THREADS", "RPCSRV_INTERPRETER_JOBS",
+            # the server's choices the worker must share: its plugins (``loader.plugins.ENV``; their
+            # packages may sit on PYTHONPATH), the compiled executor kernels, the native call path
+            "RPCSRV_PLUGINS", "RPCSRV_COMPILED_KERNELS", "RPCSRV_KERNELS_LIB", "RPCSRV_NATIVE_QUICK_WAIT")
 #: read-only trees beyond Python's own (sys.prefix, sys.path): system libraries and what the C library,
 #: OpenBLAS and Python read at run time
 SYSTEM_READ = ("/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/local/lib", "/lib", "/lib32", "/lib64",
@@ -180,9 +183,12 @@ def apply(pol: dict[str, Any]) -> dict[str, str]:
     import tempfile
 
     tempfile.tempdir = pol["workspace"]
+    try:  # counted before the identity drop: a process that left root may not list its own /proc (qemu)
+        others = len(os.listdir("/proc/self/task")) - 1
+    except OSError:
+        others = 0
     done["memory"] = _layer(_memory, pol)
     done["identity"] = _layer(_identity, pol)
-    others = len(os.listdir("/proc/self/task")) - 1
     done["files"] = _layer(lambda p: confine_landlock.restrict(p["read_only"], [p["workspace"], "/dev/null"]), pol)
     if others and done["files"].startswith("in force"):
         done["files"] += f" (not on the {others} thread(s) started before it)"

@@ -156,6 +156,10 @@ class NativeSession:
             if self._own_workspace is None:
                 self._own_workspace = tempfile.mkdtemp(prefix="rpcsrv-native-")
             root = self._own_workspace
+            if not confine.reachable(root):
+                raise NativeError(f"the native worker's user ({confine.SETTINGS.user}) cannot reach {root}: make "
+                                  f"its parent folders searchable by others (chmod o+x) or start the server "
+                                  f"with --workdir or TMPDIR under such a folder")
         if self.confined is None:
             self.confined, _ = self.worker.request(("confine", confine.policy(root, self.max_memory)),
                                                    "confining the native worker")

@@ -66,6 +66,7 @@ def _prepare(root: Path, built_wheel: Path) -> Path:
     if not (root / "usr/bin/python3").exists() or os.geteuid() != 0:
         pytest.fail(f"{root} has no usr/bin/python3, or this is not root (chroot)", pytrace=False)
     need_program("unshare", "a private mount namespace for /proc")
+    root.chmod(0o755)  # its / (pytest makes 0700 folders): the native worker's user must traverse it
     site = root / SITE.lstrip("/")
     shutil.rmtree(site, ignore_errors=True)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "install", "-q", "--target", str(site)]

@@ -77,7 +77,7 @@ def test_vendor_plugin_in_a_fresh_venv(tmp_path):
     vendor = _copy(["pyproject.toml", "vendor_npu"], VENDOR, tmp_path / "vendor-plugin")
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    _pip(venv, "install", "-q", str(src), str(vendor))
+    _pip(venv, "install", "-q", f"{src}[client]", str(vendor))  # the compiler side (byoc) is the client extra
 
     model = cnn_model(seed=11)
     (tmp_path / "cnn.onnx").write_bytes(model.SerializeToString())
