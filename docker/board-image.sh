@@ -1,0 +1,73 @@
+#!/bin/sh
+# Build the board image rpcsrv-board:ARCH (ARCH = amd64, arm64 or armv7) without an image registry:
+#   1. the base: Debian bookworm debootstrapped locally with python3 and Debian's numpy
+#      (docker/base-image.sh; cached as a tarball and by tag, so only a cold machine pays for it);
+#   2. on this machine, rpcsrv's wheel (`pip wheel --no-deps .`, so the image gets what pyproject.toml
+#      declares and nothing hand-copied) and the wheels of the board's dependencies that pyproject.toml
+#      lists, resolved by pip; numpy is Debian's (no numpy build under emulation), and only pure-Python
+#      wheels go in, so the same set serves every machine;
+#   3. `docker build` of docker/Dockerfile.board on that base and those wheels: the ARM images run
+#      their install under qemu-user emulation (scripts/docker-setup.sh registers the handlers).
+#
+#   sh docker/board-image.sh arm64 && docker run --rm -p 127.0.0.1:9090:9090 rpcsrv-board:arm64
+#
+# Environment: DOCKER (docker client), PYTHON (the Python whose pip builds the wheels, default python3),
+#              RPCSRV_DOCKER_CACHE (default /var/cache/rpcsrv-docker), TAG (default rpcsrv-board:ARCH).
+set -eu
+ARCH=${1:?usage: board-image.sh amd64|arm64|armv7}
+cd "$(dirname "$0")/.."
+DOCKER=${DOCKER:-docker}
+PYTHON=${PYTHON:-python3}
+CACHE=${RPCSRV_DOCKER_CACHE:-/var/cache/rpcsrv-docker}
+TAG=${TAG:-rpcsrv-board:$ARCH}
+say() { echo "board-image: $*" >&2; }
+case $ARCH in
+    amd64) PLATFORM=linux/amd64 CC_ARCH=x86_64-linux-gnu-gcc ;;
+    arm64) PLATFORM=linux/arm64 CC_ARCH=aarch64-linux-gnu-gcc ;;
+    armv7) PLATFORM=linux/arm/v7 CC_ARCH=arm-linux-gnueabihf-gcc ;;
+    *) say "unknown ARCH $ARCH (amd64, arm64, armv7)"; exit 2 ;;
+esac
+BASE=rpcsrv-base:bookworm-board-$ARCH
+DOCKER="$DOCKER" sh docker/base-image.sh board "$ARCH" "$BASE"
+
+ctx=$(mktemp -d /tmp/rpcsrv-board-ctx.XXXXXX)
+trap 'rm -rf "$ctx"' EXIT
+mkdir -p "$ctx/wheels" "$ctx/src" "$CACHE/wheels"
+# built from a copy of the distribution's sources, so the checkout gets no build/ or egg-info
+for f in pyproject.toml setup.py setup.cfg MANIFEST.in README.md LICENSE rpcsrv client; do
+    if [ -e "$f" ]; then cp -r "$f" "$ctx/src/"; fi
+done
+"$PYTHON" -m pip wheel -q --no-deps -w "$ctx/wheels" "$ctx/src" >&2
+rm -rf "$ctx/src"
+wheel=$(ls "$ctx"/wheels/rpcsrv-*.whl)
+# the board's requirements as pyproject.toml declares them (the wheel's Requires-Dist without extras),
+# numpy left to Debian; pip resolves what they need in turn
+reqs=$("$PYTHON" - "$wheel" <<'EOF'
+import re, sys, zipfile
+from email.parser import Parser
+with zipfile.ZipFile(sys.argv[1]) as z:
+    meta = Parser().parsestr(z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode())
+for req in meta.get_all("Requires-Dist") or []:
+    if "extra ==" not in req and re.match(r"[A-Za-z0-9_.-]+", req).group(0).lower() != "numpy":
+        print(req.replace(" ", ""))
+EOF
+)
+# shellcheck disable=SC2086  # one word per requirement
+"$PYTHON" -m pip download -q --only-binary=:all: --python-version 3.11 -d "$CACHE/wheels" $reqs >&2
+# pure-Python wheels only: whatever binary wheel a requirement pulls (numpy) comes from Debian, or the
+# board lacks it and `pip check` in the build names it
+find "$CACHE/wheels" -name '*-none-any.whl' -exec cp {} "$ctx/wheels/" \;
+rm -f "$ctx"/wheels/numpy-*
+cp docker/healthcheck.py "$ctx/"
+
+# ---- interim until the wheel carries prebuilt shims (branch wheel): the native shim, cross-compiled
+# ---- by the host base image's gcc for this machine and named by RPCSRV_NATIVE_SHIM in the image
+if [ ! -s "$CACHE/libshim-$ARCH.so" ] || [ rpcsrv/native/shim.c -nt "$CACHE/libshim-$ARCH.so" ]; then
+    "$DOCKER" run --rm -v "$PWD/rpcsrv/native:/src:ro" -v "$CACHE:/out" rpcsrv-base:bookworm \
+        "$CC_ARCH" -O2 -shared -fPIC -o "/out/libshim-$ARCH.so" /src/shim.c -lpthread >&2
+fi
+cp "$CACHE/libshim-$ARCH.so" "$ctx/libshim.so"
+
+say "building $TAG on $BASE ($PLATFORM)"
+"$DOCKER" build -q --platform "$PLATFORM" --build-arg BASE_IMAGE="$BASE" -f docker/Dockerfile.board -t "$TAG" "$ctx" >&2
+say "built $TAG"
