@@ -18,7 +18,8 @@ set -eu
 FLAVOR=${1:?usage: base-image.sh board|host amd64|arm64|armv7 [TAG]}
 ARCH=${2:?usage: base-image.sh board|host amd64|arm64|armv7 [TAG]}
 TAG=${3:-rpcsrv-base:bookworm-$FLAVOR-$ARCH}
-DOCKER=${DOCKER:-docker}
+# Debian's client by default: it matches its engine (a newer client elsewhere on PATH may want buildx)
+DOCKER=${DOCKER:-$(if [ -x /usr/bin/docker ]; then echo /usr/bin/docker; else echo docker; fi)}
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 CACHE=${RPCSRV_DOCKER_CACHE:-/var/cache/rpcsrv-docker}
 say() { echo "base-image: $*" >&2; }
@@ -38,11 +39,14 @@ case $FLAVOR in
 esac
 KEY=$(printf '%s %s %s' bookworm "$DEB_ARCH" "$PACKAGES" | sha256sum | cut -c1-12)
 
+# one maker per base at a time (the CI prebuilds in the background while the tests may ask too)
+mkdir -p "$CACHE"
+exec 9>"$CACHE/.lock-$FLAVOR-$ARCH"
+flock 9
 if [ "$("$DOCKER" image inspect -f '{{index .Config.Labels "rpcsrv.base"}}' "$TAG" 2>/dev/null)" = "$KEY" ]; then
     say "$TAG cached"
     exit 0
 fi
-mkdir -p "$CACHE"
 TARBALL=$CACHE/bookworm-$FLAVOR-$ARCH-$KEY.tar
 if [ ! -s "$TARBALL" ]; then
     say "debootstrap bookworm $DEB_ARCH ($PACKAGES) from $MIRROR"

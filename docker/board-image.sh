@@ -16,7 +16,8 @@
 set -eu
 ARCH=${1:?usage: board-image.sh amd64|arm64|armv7}
 cd "$(dirname "$0")/.."
-DOCKER=${DOCKER:-docker}
+# Debian's client by default: it matches its engine (a newer client elsewhere on PATH may want buildx)
+DOCKER=${DOCKER:-$(if [ -x /usr/bin/docker ]; then echo /usr/bin/docker; else echo docker; fi)}
 PYTHON=${PYTHON:-python3}
 CACHE=${RPCSRV_DOCKER_CACHE:-/var/cache/rpcsrv-docker}
 TAG=${TAG:-rpcsrv-board:$ARCH}
@@ -30,6 +31,12 @@ esac
 BASE=rpcsrv-base:bookworm-board-$ARCH
 DOCKER="$DOCKER" sh docker/base-image.sh board "$ARCH" "$BASE"
 
+if ! "$PYTHON" -m pip --version >/dev/null 2>&1; then  # a system Python without pip (Debian's)
+    [ -x "$CACHE/pyenv/bin/pip" ] || "$PYTHON" -m venv "$CACHE/pyenv" >&2
+    PYTHON=$CACHE/pyenv/bin/python
+fi
+exec 8>"$CACHE/.lock-board-image-$ARCH"  # one build per image at a time
+flock 8
 ctx=$(mktemp -d /tmp/rpcsrv-board-ctx.XXXXXX)
 trap 'rm -rf "$ctx"' EXIT
 mkdir -p "$ctx/wheels" "$ctx/src" "$CACHE/wheels"
@@ -37,7 +44,8 @@ mkdir -p "$ctx/wheels" "$ctx/src" "$CACHE/wheels"
 for f in pyproject.toml setup.py setup.cfg MANIFEST.in README.md LICENSE rpcsrv client; do
     if [ -e "$f" ]; then cp -r "$f" "$ctx/src/"; fi
 done
-"$PYTHON" -m pip wheel -q --no-deps -w "$ctx/wheels" "$ctx/src" >&2
+# fixed timestamps: the same sources make the same wheel, so a warm build reuses the image's layers
+SOURCE_DATE_EPOCH=315532800 "$PYTHON" -m pip wheel -q --no-deps -w "$ctx/wheels" "$ctx/src" >&2
 rm -rf "$ctx/src"
 wheel=$(ls "$ctx"/wheels/rpcsrv-*.whl)
 # the board's requirements as pyproject.toml declares them (the wheel's Requires-Dist without extras),
