@@ -23,7 +23,7 @@ CACHE=${RPCSRV_DOCKER_CACHE:-/var/cache/rpcsrv-docker}
 TAG=${TAG:-rpcsrv-board:$ARCH}
 say() { echo "board-image: $*" >&2; }
 case $ARCH in
-    amd64) PLATFORM=linux/amd64 CC_ARCH=x86_64-linux-gnu-gcc ;;
+    amd64) PLATFORM=linux/amd64 CC_ARCH=gcc ;;
     arm64) PLATFORM=linux/arm64 CC_ARCH=aarch64-linux-gnu-gcc ;;
     armv7) PLATFORM=linux/arm/v7 CC_ARCH=arm-linux-gnueabihf-gcc ;;
     *) say "unknown ARCH $ARCH (amd64, arm64, armv7)"; exit 2 ;;
@@ -71,7 +71,7 @@ cp docker/healthcheck.py "$ctx/"
 # ---- interim until the wheel carries prebuilt shims (branch wheel): the native shim, cross-compiled
 # ---- by the host base image's gcc for this machine and named by RPCSRV_NATIVE_SHIM in the image
 if [ ! -s "$CACHE/libshim-$ARCH.so" ] || [ rpcsrv/native/shim.c -nt "$CACHE/libshim-$ARCH.so" ]; then
-    "$DOCKER" run --rm -v "$PWD/rpcsrv/native:/src:ro" -v "$CACHE:/out" rpcsrv-base:bookworm \
+    "$DOCKER" run --rm -v "$PWD/rpcsrv/native:/src:ro" -v "$CACHE:/out" rpcsrv-base:bookworm-host-amd64 \
         "$CC_ARCH" -O2 -shared -fPIC -o "/out/libshim-$ARCH.so" /src/shim.c -lpthread >&2
 fi
 cp "$CACHE/libshim-$ARCH.so" "$ctx/libshim.so"

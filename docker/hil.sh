@@ -5,7 +5,7 @@
 #   sh scripts/docker-setup.sh && docker/hil.sh
 #
 # Board images: docker/board-image.sh ARCH (debootstrapped bases, cached).  Host image (tracker, runner):
-# docker/Dockerfile.host on BASE_IMAGE (default rpcsrv-base:bookworm from scripts/docker-setup.sh).
+# docker/Dockerfile.host on BASE_IMAGE (default rpcsrv-base:bookworm-host-amd64 from scripts/docker-setup.sh).
 # PIP_CERT / pip's configured "cert" (a CA bundle for a TLS-inspecting network) is handed to the host
 # build as the secret "pip_cert" when it exists; it never enters an image.
 # Environment: DOCKER (docker client), COMPOSE (compose command), HIL_PROJECT (compose project name),
@@ -14,7 +14,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 DOCKER=${DOCKER:-docker}
-BASE_IMAGE=${BASE_IMAGE:-rpcsrv-base:bookworm}
+BASE_IMAGE=${BASE_IMAGE:-rpcsrv-base:bookworm-host-amd64}
 PROJECT=${HIL_PROJECT:-rpcsrv-hil}
 if [ -z "${COMPOSE:-}" ]; then
     if "$DOCKER" compose version >/dev/null 2>&1; then COMPOSE="$DOCKER compose";
@@ -34,8 +34,8 @@ if [ -z "${HIL_NO_BUILD:-}" ]; then
     start=$(date +%s)
     # shellcheck disable=SC2086  # $secret is empty or two words on purpose
     DOCKER_BUILDKIT=1 "$DOCKER" build -q -f docker/Dockerfile.host --build-arg BASE_IMAGE="$BASE_IMAGE" \
-        $secret -t rpcsrv-host . >/dev/null
-    echo "hil: rpcsrv-host ready in $(($(date +%s) - start)) s" >&2
+        $secret -t rpcsrv-host:bookworm . >/dev/null
+    echo "hil: rpcsrv-host:bookworm ready in $(($(date +%s) - start)) s" >&2
 fi
 
 export BASE_IMAGE

@@ -11,11 +11,11 @@
 # Idempotent: every step checks first.  Prints the docker client to use on its last line
 # ("DOCKER=/usr/bin/docker") for scripts that source its output.
 #
-# Environment:  RPCSRV_BASE_IMAGE (host base, default rpcsrv-base:bookworm)   DEBIAN_MIRROR (default deb.debian.org)
+# Environment:  RPCSRV_BASE_IMAGE (host base, default rpcsrv-base:bookworm-host-amd64)   DEBIAN_MIRROR (default deb.debian.org)
 #               DOCKERD_LOG (default /tmp/rpcsrv-dockerd.log)
 set -eu
 
-BASE_IMAGE=${RPCSRV_BASE_IMAGE:-rpcsrv-base:bookworm}
+BASE_IMAGE=${RPCSRV_BASE_IMAGE:-rpcsrv-base:bookworm-host-amd64}
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 DOCKERD_LOG=${DOCKERD_LOG:-/tmp/rpcsrv-dockerd.log}
 say() { echo "docker-setup: $*" >&2; }
