@@ -12,7 +12,9 @@
 #   sh docker/board-image.sh arm64 && docker run --rm -p 127.0.0.1:9090:9090 rpcsrv-board:arm64
 #
 # Environment: DOCKER (docker client), PYTHON (the Python whose pip builds the wheels, default python3),
-#              RPCSRV_DOCKER_CACHE (default /var/cache/rpcsrv-docker), TAG (default rpcsrv-board:ARCH).
+#              RPCSRV_DOCKER_CACHE (default /var/cache/rpcsrv-docker), TAG (default rpcsrv-board:ARCH),
+#              RPCSRV_BOARD_EXTRAS (rpcsrv's extras the board gets too, default "metrics": the
+#              Prometheus endpoint of `rpcsrv serve --metrics-port`).
 set -eu
 ARCH=${1:?usage: board-image.sh amd64|arm64|armv7}
 cd "$(dirname "$0")/.."
@@ -21,6 +23,7 @@ DOCKER=${DOCKER:-$(if [ -x /usr/bin/docker ]; then echo /usr/bin/docker; else ec
 PYTHON=${PYTHON:-python3}
 CACHE=${RPCSRV_DOCKER_CACHE:-/var/cache/rpcsrv-docker}
 TAG=${TAG:-rpcsrv-board:$ARCH}
+EXTRAS=${RPCSRV_BOARD_EXTRAS-metrics}
 say() { echo "board-image: $*" >&2; }
 case $ARCH in
     amd64) PLATFORM=linux/amd64 CC_ARCH=gcc ;;
@@ -37,9 +40,18 @@ if ! "$PYTHON" -m pip --version >/dev/null 2>&1; then  # a system Python without
 fi
 exec 8>"$CACHE/.lock-board-image-$ARCH"  # one build per image at a time
 flock 8
+# warm: an image built from these very sources (and this script, the Dockerfile, the base) is kept
+SOURCES="pyproject.toml setup.py README.md rpcsrv client docker/board-image.sh docker/Dockerfile.board docker/healthcheck.py"
+# shellcheck disable=SC2086
+KEY=$( (tar -c --sort=name --mtime=@0 --owner=0 --group=0 --exclude=__pycache__ --exclude='*.pyc' $SOURCES;
+        "$DOCKER" image inspect -f '{{.Id}}' "$BASE"; echo "$EXTRAS") | sha256sum | cut -c1-16)
+if [ "$("$DOCKER" image inspect -f '{{index .Config.Labels "rpcsrv.source"}}' "$TAG" 2>/dev/null)" = "$KEY" ]; then
+    say "$TAG cached (sources unchanged)"
+    exit 0
+fi
 ctx=$(mktemp -d /tmp/rpcsrv-board-ctx.XXXXXX)
 trap 'rm -rf "$ctx"' EXIT
-mkdir -p "$ctx/wheels" "$ctx/src" "$CACHE/wheels"
+mkdir -p "$ctx/wheels" "$ctx/src"
 # built from a copy of the distribution's sources, so the checkout gets no build/ or egg-info
 for f in pyproject.toml setup.py setup.cfg MANIFEST.in README.md LICENSE rpcsrv client; do
     if [ -e "$f" ]; then cp -r "$f" "$ctx/src/"; fi
@@ -48,23 +60,26 @@ done
 SOURCE_DATE_EPOCH=315532800 "$PYTHON" -m pip wheel -q --no-deps -w "$ctx/wheels" "$ctx/src" >&2
 rm -rf "$ctx/src"
 wheel=$(ls "$ctx"/wheels/rpcsrv-*.whl)
-# the board's requirements as pyproject.toml declares them (the wheel's Requires-Dist without extras),
-# numpy left to Debian; pip resolves what they need in turn
-reqs=$("$PYTHON" - "$wheel" <<'EOF'
+# the board's requirements as pyproject.toml declares them (the wheel's Requires-Dist: the unconditional
+# ones and those of the extras in $EXTRAS), numpy left to Debian; pip resolves what they need in turn
+reqs=$("$PYTHON" - "$wheel" "$EXTRAS" <<'EOF'
 import re, sys, zipfile
 from email.parser import Parser
 with zipfile.ZipFile(sys.argv[1]) as z:
     meta = Parser().parsestr(z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode())
 for req in meta.get_all("Requires-Dist") or []:
-    if "extra ==" not in req and re.match(r"[A-Za-z0-9_.-]+", req).group(0).lower() != "numpy":
-        print(req.replace(" ", ""))
+    spec, _, marker = req.partition(";")
+    extra = re.search(r"""extra\s*==\s*['"]([^'"]+)""", marker)
+    if (extra is None or extra.group(1) in sys.argv[2].split()) and re.match(r"[\w.-]+", spec).group(0).lower() != "numpy":
+        print(spec.replace(" ", ""))
 EOF
 )
 # shellcheck disable=SC2086  # one word per requirement
-"$PYTHON" -m pip download -q --only-binary=:all: --python-version 3.11 -d "$CACHE/wheels" $reqs >&2
+"$PYTHON" -m pip download -q --only-binary=:all: --python-version 3.11 -d "$ctx/dl" $reqs >&2
 # pure-Python wheels only: whatever binary wheel a requirement pulls (numpy) comes from Debian, or the
 # board lacks it and `pip check` in the build names it
-find "$CACHE/wheels" -name '*-none-any.whl' -exec cp {} "$ctx/wheels/" \;
+mv "$ctx"/dl/*-none-any.whl "$ctx/wheels/"
+rm -rf "$ctx/dl"
 rm -f "$ctx"/wheels/numpy-*
 cp docker/healthcheck.py "$ctx/"
 
@@ -77,5 +92,6 @@ fi
 cp "$CACHE/libshim-$ARCH.so" "$ctx/libshim.so"
 
 say "building $TAG on $BASE ($PLATFORM)"
-"$DOCKER" build -q --platform "$PLATFORM" --build-arg BASE_IMAGE="$BASE" -f docker/Dockerfile.board -t "$TAG" "$ctx" >&2
+"$DOCKER" build -q --platform "$PLATFORM" --build-arg BASE_IMAGE="$BASE" --label rpcsrv.source="$KEY" \
+    -f docker/Dockerfile.board -t "$TAG" "$ctx" >&2
 say "built $TAG"
