@@ -92,6 +92,6 @@ fi
 cp "$CACHE/libshim-$ARCH.so" "$ctx/libshim.so"
 
 say "building $TAG on $BASE ($PLATFORM)"
-"$DOCKER" build -q --platform "$PLATFORM" --build-arg BASE_IMAGE="$BASE" --label rpcsrv.source="$KEY" \
+DOCKER_BUILDKIT=0 "$DOCKER" build -q --build-arg BASE_IMAGE="$BASE" --label rpcsrv.source="$KEY" \
     -f docker/Dockerfile.board -t "$TAG" "$ctx" >&2
 say "built $TAG"
