@@ -183,17 +183,20 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=1, help="runs of each case per --board key")
     p.add_argument("--session-timeout", type=float, default=120.0, help="seconds (emulated boards are slow)")
     p.add_argument("--wait", type=float, default=120.0, help="seconds to wait for the boards to register")
+    p.add_argument("--prometheus", metavar="URL", help="a Prometheus scraping the boards (targets labelled with "
+                                                          "their key): check that their counters moved")
     args = p.parse_args(argv)
     if not args.key and not args.board:
         p.error("give --key or --board")
     import tvm
 
     from hil_cases import machine_cases
+    from hil_metrics import check, expectations
 
     host, _, port = args.tracker.rpartition(":")
     farm = [(args.key, None, args.boards)] if args.key else []
     farm += args.board
-    good = True
+    good, expected, boards = True, {}, {}
     with tempfile.TemporaryDirectory(prefix="hil-") as tmp:
         demo = build_cases(Path(tmp))
         plan = [(key, machine, count, demo + machine_cases(Path(tmp), machine, Case) if machine else demo)
@@ -206,6 +209,11 @@ def main(argv=None) -> int:
             tally = serve_key(tvm, host, int(port), key, cases, requests, args.session_timeout)
             print(f"runner: {key}:" if machine else "runner:", json.dumps(tally.as_dict()), flush=True)
             good &= not tally.failed and tally.ok == requests and len(tally.boards) >= count
+            expected[key], boards[key] = expectations(cases, requests), count
+    if args.prometheus:
+        failures = check(args.prometheus.rstrip("/"), expected, boards)
+        print("runner: prometheus:", json.dumps(failures or "every board's counters moved"), flush=True)
+        good &= not failures
     print("runner:", "PASS" if good else "FAIL", flush=True)
     return 0 if good else 1
 

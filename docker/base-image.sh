@@ -10,13 +10,14 @@
 # FLAVOR  board: python3, its venv module, Debian's numpy with OpenBLAS, tini (docker/Dockerfile.board);
 #         host:  python3, its venv module, ca-certificates, gcc and the aarch64 / armhf cross gcc's
 #                (docker/Dockerfile.host: the HIL runner cross-compiles for the ARM boards).
+#         prometheus: Debian's prometheus server (docker/Dockerfile.prometheus).
 # ARCH    amd64, arm64 or armv7 (Debian's armhf).  ARM bases are made under qemu-user emulation:
 #         scripts/docker-setup.sh registers the binfmt handlers.
 # TAG     default rpcsrv-base:bookworm-FLAVOR-ARCH.
 # Environment: DOCKER (docker client), DEBIAN_MIRROR, RPCSRV_DOCKER_CACHE.
 set -eu
-FLAVOR=${1:?usage: base-image.sh board|host amd64|arm64|armv7 [TAG]}
-ARCH=${2:?usage: base-image.sh board|host amd64|arm64|armv7 [TAG]}
+FLAVOR=${1:?usage: base-image.sh board|host|prometheus amd64|arm64|armv7 [TAG]}
+ARCH=${2:?usage: base-image.sh board|host|prometheus amd64|arm64|armv7 [TAG]}
 TAG=${3:-rpcsrv-base:bookworm-$FLAVOR-$ARCH}
 # Debian's client by default: it matches its engine (a newer client elsewhere on PATH may want buildx)
 DOCKER=${DOCKER:-$(if [ -x /usr/bin/docker ]; then echo /usr/bin/docker; else echo docker; fi)}
@@ -35,7 +36,9 @@ case $FLAVOR in
     board) PACKAGES=python3,python3-venv,python3-numpy,libopenblas0-pthread,tini ;;
     # the cross compilers' libc6-dev are only recommended, which debootstrap does not follow
     host) PACKAGES=python3,python3-venv,ca-certificates,gcc,libc6-dev,gcc-aarch64-linux-gnu,libc6-dev-arm64-cross,gcc-arm-linux-gnueabihf,libc6-dev-armhf-cross ;;
-    *) say "unknown FLAVOR $FLAVOR (board, host)"; exit 2 ;;
+    # Debian's Prometheus server (docker/Dockerfile.prometheus: the HIL farm's scraper)
+    prometheus) PACKAGES=prometheus ;;
+    *) say "unknown FLAVOR $FLAVOR (board, host, prometheus)"; exit 2 ;;
 esac
 KEY=$(printf '%s %s %s' bookworm "$DEB_ARCH" "$PACKAGES" | sha256sum | cut -c1-12)
 

@@ -158,7 +158,8 @@ def test_arm64_board_in_a_network_namespace(tmp_path):
         tracker = TvmService("tracker", 9190, host=ns.host_ip)
 
         def logs():
-            return subprocess.run([docker, "logs", name], capture_output=True, text=True).stderr
+            out = subprocess.run([docker, "logs", name], capture_output=True, text=True)
+            return out.stdout + out.stderr
 
         assert wait_until(lambda: "registered with tracker" in logs(), 120), logs()
         out = subprocess.run([sys.executable, str(REPO / "deploy" / "hil_runner.py"), "--tracker",
