@@ -84,7 +84,8 @@ def test_board_image_alone_serves_the_real_client(arch, tmp_path):
                                   check=True).stdout.split(":")[-1])
         deadline = time.monotonic() + 120
         while True:
-            logs = subprocess.run([docker, "logs", name], capture_output=True, text=True).stderr
+            out = subprocess.run([docker, "logs", name], capture_output=True, text=True)
+            logs = out.stdout + out.stderr  # "serving on" is rpcsrv's stdout line
             if "serving on" in logs:
                 break
             assert time.monotonic() < deadline, logs
