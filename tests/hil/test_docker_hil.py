@@ -101,3 +101,25 @@ def test_board_image_alone_serves_the_real_client(arch, tmp_path):
         assert machine.strip() == {"arm64": "aarch64", "armv7": "armv7l"}[arch]
     finally:
         subprocess.run([docker, "stop", "-t", "10", name], capture_output=True, timeout=60)
+
+
+@pytest.mark.parametrize("arch", ["amd64", "arm64", "armv7"])
+def test_rpcsrv_check_in_the_board_image(arch):
+    """``rpcsrv check`` in each image: exit status 0, the machine named, both smoke runs done with the
+    wheel's prebuilt shim; and 1 when the flags ask for native code the board cannot run (a shim
+    forced to a missing file)."""
+    docker = engine()
+    build = subprocess.run(["sh", str(REPO / "docker" / "board-image.sh"), arch], capture_output=True, text=True,
+                           timeout=1800, env=dict(os.environ, DOCKER=docker))
+    assert build.returncode == 0, build.stderr[-3000:]
+    check = [docker, "run", "--rm", "--entrypoint", "rpcsrv", f"rpcsrv-board:{arch}", "check", "--json"]
+    out = subprocess.run(check, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = json.loads(out.stdout)
+    assert report["ok"] and not report["problems"], report
+    assert report["machine"]["uname"].endswith({"amd64": "x86_64", "arm64": "aarch64", "armv7": "armv7l"}[arch])
+    assert report["native"]["compiler"] is None and "prebuilt" in report["native"]["shim"], report["native"]
+    assert report["smoke"]["examplejson"]["ok"] and report["smoke"]["native"]["ok"], report["smoke"]
+    bad = [*check[:3], "-e", "RPCSRV_NATIVE_SHIM=/nonexistent/libshim.so", *check[3:]]
+    out = subprocess.run(bad, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1, out.stdout + out.stderr
