@@ -1,7 +1,9 @@
-"""Executor speed on real topologies (issue 16): the light model zoo and a BERT-class encoder against onnxruntime.
+"""Executor speed on real topologies (issues 16, 27): the light model zoo, a BERT-class encoder and the
+depthwise family against onnxruntime.
 
-The nine architectures that ship inside the ``onnx`` wheel (``onnx/backend/test/data/light/``) and a
-transformer encoder built here with ``onnx.helper`` are compiled by ``client.compile_onnx``, written as
+The nine architectures that ship inside the ``onnx`` wheel (``onnx/backend/test/data/light/``), a
+transformer encoder built with ``onnx.helper`` (``bench_models.py``) and MobileNetV2, MobileNetV3-Large
+and EfficientNet-B0 at 224x224 (``zoo_mobile.py``, random weights) are compiled by ``client.compile_onnx``, written as
 libraries, loaded with ``rpcsrv.executor.load_module`` and run through the graph executor, as the board
 does.  onnxruntime runs the same model in the same process.  For each thread count (``--threads 1,2``:
 BLAS threads through threadpoolctl, onnxruntime's ``intra_op_num_threads``) both engines run
@@ -49,6 +51,8 @@ from onnx import numpy_helper  # noqa: E402
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 ZOO = sorted(p.stem.removeprefix("light_") for p in LIGHT.glob("light_*.onnx"))
 
+from zoo_mobile import BUILDERS, MODELS as MOBILE  # noqa: E402
+
 
 def fills_as_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with each ``ConstantOfShape`` of an initializer shape replaced by the same values as an
@@ -71,8 +75,10 @@ def fills_as_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def load_model(name: str) -> onnx.ModelProto:
+    if name in BUILDERS:  # the depthwise family (zoo_mobile.py)
+        return BUILDERS[name]()
     if name == "encoder":
-        from executor_bench import build_encoder
+        from bench_models import build_encoder
 
         # BERT-small-class: 4 layers, width 256, 4 heads, FFN 1024, 128 tokens
         return build_encoder(seq=128, width=256, heads=4, ffn=1024, layers=4)
@@ -254,7 +260,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", default="1,2,auto", help="thread counts to compare (1, 2, auto)")
     ap.add_argument("--repeat", type=int, default=10)
-    ap.add_argument("--models", default=",".join(ZOO + ["encoder"]))
+    ap.add_argument("--models", default=",".join(ZOO + ["encoder"] + list(MOBILE)))
     args = ap.parse_args(argv)
     from rpcsrv.executor import compute
 

@@ -7,6 +7,8 @@ debug executor's), medians over ``--repeat`` runs; onnxruntime's from its own pr
 time, medians), both with one thread.  onnxruntime rewrites the graph (fusions, NCHWc layouts with their
 reorder nodes): a node it made that maps to no node of the model is listed apart, with its op type.
 Both engines' per-op times include their own per-node overheads; the hook adds ~1 us per step to ours.
+A conv onnxruntime fused with its activation (Conv + Clip, named after the activation) counts as the conv:
+the activation's own row then shows what fusing it would save us.
 
     python bench/zoo_profile.py [--model shufflenet] [--repeat 20]
 """
@@ -82,6 +84,7 @@ def theirs(eng: zoo_bench.Engines, model, repeat: int) -> dict[str, float]:
     with open(sess.end_profiling()) as f:
         events = json.load(f)
     nodes = {n.name: n for n in model.graph.node if n.name}
+    producer = {out: n for n in model.graph.node for out in n.output}
     weights = {t.name: numpy_helper.to_array(t).shape for t in model.graph.initializer}
     times: dict[str, list[float]] = collections.defaultdict(list)
     kinds: dict[str, str] = {}
@@ -90,7 +93,10 @@ def theirs(eng: zoo_bench.Engines, model, repeat: int) -> dict[str, float]:
             continue
         name = e["name"][:-len("_kernel_time")]
         times[name].append(e["dur"] / 1e3)
-        node = nodes.get(name)
+        node = nodes.get(name.removesuffix("_nchwc"))  # its NCHWc form keeps the node's name
+        if node is not None and node.op_type != "Conv" and e["args"].get("op_name") == "Conv" \
+                and producer.get(node.input[0]) is not None and producer[node.input[0]].op_type == "Conv":
+            node = producer[node.input[0]]  # a conv with its activation fused, named after the activation
         if node is not None and node.op_type == "Conv" and node.input[1] in weights:
             attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
             w = weights[node.input[1]]

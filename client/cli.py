@@ -45,7 +45,8 @@ def run_compile(args: argparse.Namespace) -> int:
     from .compiler import compile_onnx
 
     shapes = _input_shapes(args.input_shape or [])
-    compiled = compile_onnx(args.model, input_shapes=shapes, ops=args.ops, host_fallback=not args.no_host)
+    compiled = compile_onnx(args.model, input_shapes=shapes, ops=args.ops, host_fallback=not args.no_host,
+                            codegen=args.codegen)
     executor = getattr(args, "executor", "graph")
     layout = "ffi" if executor == "relax" else args.layout
     path = compiled.export_library(args.output, fmt=args.format, layout=layout, cc=args.cc, executor=executor)
@@ -54,22 +55,25 @@ def run_compile(args: argparse.Namespace) -> int:
         print(compiled.summary())
     if args.verbose:
         for sg in compiled.subgraphs:
-            print(f"\n# ExampleJSON of {sg.symbol}\n{sg.code}", end="")
+            print(f"\n# {compiled.codegen_title} of {sg.symbol}\n{sg.code}", end="")
         print(f"\n# graph JSON\n{compiled.graph_json}")
     return 0
 
 
 def add_compile_parser(sub) -> None:
     p = sub.add_parser("compile", help="compile an ONNX model into a BYOC library",
-                       description="Compile an ONNX model for the ExampleJSON accelerator and write the "
+                       description="Compile an ONNX model for a BYOC accelerator (--codegen) and write the "
                                    "library a board loads (.so, .tar or raw blob).")
     p.add_argument("model", help="the ONNX model file")
     p.add_argument("-o", "--output", required=True, help="library to write (model.so, model.tar, model.blob)")
     p.add_argument("--input-shape", action="append", metavar="NAME=SHAPE",
                    help="concrete shape of an input with dynamic dimensions, e.g. data=1x3x224x224 "
                         "(repeat for several inputs)")
-    p.add_argument("--ops", help="comma-separated ops the accelerator has (default: every kernel of the "
-                                 "board), e.g. add,sub,mul")
+    p.add_argument("--codegen", default="examplejson", metavar="NAME",
+                   help="the accelerator's codegen: the built-in examplejson or an installed one (entry-point "
+                        "group byoc.codegens)")
+    p.add_argument("--ops", help="comma-separated ops the accelerator has (default: every op of the "
+                                 "codegen), e.g. add,sub,mul")
     p.add_argument("--no-host", action="store_true",
                    help="refuse nodes outside --ops instead of compiling them to host C functions")
     p.add_argument("--format", choices=FORMATS, help="output format (default: from the file name: .so/.dylib, "
@@ -82,7 +86,7 @@ def add_compile_parser(sub) -> None:
                         "(TVM >= 0.21 clients, relax.VirtualMachine; tvm-ffi layout)")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
     p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
-                   help="also print each subgraph's ExampleJSON text and the graph JSON")
+                   help="also print each subgraph's text (ExampleJSON, or the codegen's listing) and the graph JSON")
     p.set_defaults(func=run_compile)
 
 

@@ -66,12 +66,15 @@ def pair_subgraphs(lib_path: str, onnx_path: str, input_shapes: dict, ops=None):
 
     from .compiler import CompileError, compile_onnx, resolve_ops
     from .compiler.codegen import examplejson_text
+    from .compiler.codegens import get_codegen
     from .compiler.partition import partition
 
     try:
         compiled = compile_onnx(onnx_path, input_shapes=input_shapes, ops=ops)
         graph = compiled.graph  # after compile_onnx's simplifications: partitioning it again is repeatable
-        part = partition(graph, resolve_ops(ops), compiled.module_name, host=bool(compiled.host_functions))
+        codegen = get_codegen(compiled.codegen)
+        part = partition(graph, resolve_ops(ops, codegen), compiled.module_name, host=bool(compiled.host_functions),
+                         codegen=codegen)
     except CompileError as exc:
         raise UserError(f"{onnx_path}: {exc}") from None
     try:

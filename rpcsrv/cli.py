@@ -1,4 +1,5 @@
-"""``rpcsrv`` command line: ``serve`` (the board's RPC server), ``inspect`` and ``extract`` (read a library).
+"""``rpcsrv`` command line: ``serve`` (the board's RPC server), ``inspect`` and ``extract`` (read a library),
+``check`` (the board's self-test, rpcsrv/check.py).
 
 One function adds each subcommand's parser (``SUBCOMMANDS``), so a new flag or subcommand is a few
 lines in one place.  Every failure the user can act on (a busy port, a bad flag value, a file that is
@@ -41,6 +42,37 @@ def _first_oserror(exc: BaseException) -> OSError | None:
     return None
 
 
+# -------------------------------------------------------------------------------- plugins (issue 23)
+
+def add_plugin_flags(p: argparse.ArgumentParser) -> None:
+    """``--plugin NAME`` / ``--no-plugins``: which installed board plugins (entry-point group
+    ``rpcsrv.runtimes``) load; the built-in module kinds are always there."""
+    p.add_argument("--plugin", action="append", metavar="NAME", default=None,
+                   help="load only this installed plugin (repeat for several; default: every installed one)")
+    p.add_argument("--no-plugins", action="store_true", help="load no installed plugin (built-in kinds only)")
+
+
+def load_plugins(args: argparse.Namespace, export: bool = False) -> dict:
+    """Load the plugins the flags choose (a broken one is one log line); returns the registry's report."""
+    from .loader.plugins import load_plugins as load
+
+    if args.plugin and args.no_plugins:
+        raise CLIError("--plugin and --no-plugins exclude each other")
+    return load(args.plugin, enabled=not args.no_plugins, export=export)
+
+
+def plugin_line(report: dict) -> str:
+    """``plugins: a (built-in), b (dist 1.0); failed: c; skipped: d``: one line for logs and inspect."""
+    line = "plugins: " + ", ".join(f"{p['name']} ({p['source']})" for p in report["loaded"])
+    if report["failed"]:
+        line += "; failed: " + ", ".join(f"{p['name']} ({p['error']})" for p in report["failed"])
+    if report["skipped"]:
+        line += "; not loaded: " + ", ".join(report["skipped"])
+    return line
+
+
+# ------------------------------------------------------------------------- end plugins (issue 23)
+
 # ---------------------------------------------------------------------------------------------- serve
 
 def check_serve_args(args: argparse.Namespace) -> None:
@@ -69,6 +101,31 @@ def check_serve_args(args: argparse.Namespace) -> None:
             raise CLIError(f"--workdir {args.workdir!r} is not writable")
         if not path.exists() and not path.parent.is_dir():
             raise CLIError(f"--workdir {args.workdir!r}: its parent folder does not exist")
+    _check_metrics_args(args)  # obs
+
+
+# obs (issue 28): the metrics endpoint's flags ---------------------------------------------------------
+def _check_metrics_args(args: argparse.Namespace) -> None:
+    if args.metrics_port is None:
+        if args.metrics_host is not None:
+            raise CLIError("--metrics-host needs --metrics-port")
+        return
+    if not 0 <= args.metrics_port <= 65535:
+        raise CLIError(f"--metrics-port {args.metrics_port} is not a TCP port (0-65535; 0 picks a free one)")
+    for name in ("prometheus_client", "h11"):
+        try:
+            __import__(name)
+        except ImportError:
+            raise CLIError(f"--metrics-port needs the Python package {name}: pip install 'rpcsrv[metrics]'") from None
+
+
+def _add_metrics_flags(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="serve Prometheus metrics (/metrics), a status page (/) and /healthz on this port "
+                        "(default: off; needs the 'metrics' extra)")
+    s.add_argument("--metrics-host", default=None,
+                   help="address of the metrics port (default: --host)")
+# obs end
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -85,6 +142,7 @@ def run_serve(args: argparse.Namespace) -> int:
                       **_hardening_limits(args)),
         native="off" if args.no_native else args.native,
         isolate=args.isolate,
+        metrics_port=args.metrics_port, metrics_host=args.metrics_host,  # obs (issue 28)
     )
 
     # deployment (rpcsrv/farm/): tracker, proxy, graceful SIGTERM/SIGINT, farm logs
@@ -93,6 +151,8 @@ def run_serve(args: argparse.Namespace) -> int:
     from .farm.registration import parse_hostport
 
     configure(args.verbose, args.log_json)
+    logging.getLogger("rpcsrv.plugins").info(plugin_line(load_plugins(args, export=True)))  # issue 23
+    _configure_confinement(args)
     try:
         opts = BoardOptions(tracker=parse_hostport(args.tracker, "--tracker") if args.tracker else None,
                             custom_addr=args.custom_addr,
@@ -114,6 +174,29 @@ def run_serve(args: argparse.Namespace) -> int:
         where = f"{cfg.host}:{cfg.port}" + (f"-{cfg.port_end - 1}" if cfg.port_end else "")
         raise CLIError(f"cannot listen on {where}: {err.strerror or err}") from None
     return 0
+
+
+def _configure_confinement(args: argparse.Namespace) -> None:
+    """--native-confine/--native-user/--native-env: set, checked and logged once at start-up."""
+    import logging
+
+    from .native import confine
+
+    confine.configure(args.native_confine == "on", args.native_user, args.native_env)
+    mode = "off" if args.no_native else args.native
+    log = logging.getLogger("rpcsrv.native")
+    if mode == "inprocess":
+        log.warning("native code runs unconfined in the server process (--native inprocess): it has all the "
+                    "server's rights")
+    if mode != "isolated":
+        return
+    layers = confine.layers()
+    if args.native_confine == "on" and layers["identity"].startswith("absent"):
+        raise CLIError(layers["identity"][len("absent: "):])
+    log.info("native worker confinement:\n%s", confine.report(layers))
+    for name, state in layers.items():
+        if not state.startswith("in force"):
+            log.warning("native worker confinement: %s %s", name, state)
 
 
 #: the limit flags (``_add_limit_flags``) that are rpcsrv.board.limits.Limits fields as given, and those in MB
@@ -165,9 +248,11 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     s.add_argument("--custom-addr", help="address the tracker hands to clients (default: what it sees)")
     s.add_argument("--proxy", metavar="HOST:PORT", help="serve through this TVM RPC proxy instead of listening")
     s.add_argument("--log-json", action="store_true", help="log one JSON object per line")
+    _add_metrics_flags(s)  # obs
     s.add_argument("--native", choices=["isolated", "inprocess", "off"], default="isolated",
                    help="native host code in uploaded libraries: run it in a worker process per session "
-                        "(a crash ends only that session), in the server process (trusted boards), or "
+                        "(a crash ends only that session; confined, see --native-confine), in the server "
+                        "process (trusted boards only: unconfined, native code has the server's rights), or "
                         "refuse it")
     s.add_argument("--no-native", action="store_true", help="refuse libraries with native code (--native off)")
     s.add_argument("--isolate", choices=["native", "all", "auto"], default="auto",
@@ -176,6 +261,20 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                         "own: sessions share no interpreter lock, any crash ends only its session; a "
                         "process per session and one message per call); or auto: all for a session that "
                         "loads while another session computes in the server, else native")
+    add_plugin_flags(s)  # issue 23
+    # --- native worker confinement (rpcsrv/native/confine.py) ---
+    s.add_argument("--native-confine", choices=["on", "off"], default="on",
+                   help="confine each session's native worker (--native isolated) before it loads uploaded "
+                        "code: files (Landlock: its workspace only), no sockets, no fork/exec, no signals or "
+                        "ptrace to other processes, an unprivileged user, a scrubbed environment, a memory "
+                        "limit from --max-memory-mb. 'off' gives native code the server's rights. "
+                        "--native inprocess is never confined: native code runs in the server itself")
+    s.add_argument("--native-user", default="nobody",
+                   help="the user a root server's native workers run as (default nobody)")
+    s.add_argument("--native-env", action="append", default=[], metavar="NAME",
+                   help="an environment variable passed to native workers (repeatable; NAME* for a prefix); "
+                        "besides BLAS/OpenMP thread settings, no variable of the server's reaches them")
+    # --- end native worker confinement ---
     s.set_defaults(func=run_serve)
     return s
 
@@ -186,12 +285,15 @@ def run_inspect(args: argparse.Namespace) -> int:
     from .loader import LoaderError
     from .loader.inspect import format_inspection, inspect_library
 
+    plugins = load_plugins(args)  # issue 23
     try:
         info = inspect_library(args.file)
     except (LoaderError, OSError) as exc:
         text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise CLIError(text if text.startswith(f"{args.file}:") else f"{args.file}: {text}") from None
-    print(json.dumps(info, indent=2) if args.json else format_inspection(info, disasm=args.disasm))
+    info["plugins"] = plugins  # issue 23
+    print(json.dumps(info, indent=2) if args.json else
+          format_inspection(info, disasm=args.disasm) + "\n" + plugin_line(plugins))
     return 0
 
 
@@ -202,6 +304,7 @@ def add_inspect_parser(sub) -> argparse.ArgumentParser:
     i.add_argument("file", help="the library (.so, .dylib, .o, .tar or raw blob)")
     i.add_argument("--json", action="store_true", help="machine-readable output")
     i.add_argument("--disasm", action="store_true", help="disassemble Relax VM executables")
+    add_plugin_flags(i)  # issue 23
     i.set_defaults(func=run_inspect)
     return i
 
@@ -212,6 +315,7 @@ def run_extract(args: argparse.Namespace) -> int:
     from .extract import extract_library
     from .loader import LoaderError
 
+    load_plugins(args)  # issue 23
     try:
         manifest = extract_library(args.file, args.output, only=args.only)
     except (LoaderError, OSError, ValueError) as exc:
@@ -232,15 +336,25 @@ def add_extract_parser(sub) -> argparse.ArgumentParser:
     e.add_argument("-o", "--output", required=True, metavar="DIR", help="folder to write (created)")
     e.add_argument("--only", metavar="TYPE_KEY", default=None,
                    help="only the modules of this type key (e.g. examplejson, GraphExecutorFactory)")
+    add_plugin_flags(e)  # issue 23
     e.set_defaults(func=run_extract)
     return e
+
+
+# ---------------------------------------------------------------------------------------------- check
+
+def add_check_parser(sub) -> argparse.ArgumentParser:
+    """``rpcsrv check`` (rpcsrv/check.py): takes serve's limit and native flags, copied from its parser."""
+    from .check import add_parser
+
+    return add_parser(sub, add_serve_parser(argparse.ArgumentParser().add_subparsers()))
 
 
 # ---------------------------------------------------------------------------------------------- main
 
 #: subcommand name -> function adding its parser
 SUBCOMMANDS: dict[str, Callable] = {"serve": add_serve_parser, "inspect": add_inspect_parser,
-                                    "extract": add_extract_parser}
+                                    "extract": add_extract_parser, "check": add_check_parser}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,7 +8,9 @@ For a user who wants "a binary file with the content that I fully control": what
   bytes the module's ``SaveToBinary`` wrote; for the vendor's own module kind, its own format);
 * ``graph/<module>.json``, ``graph/<module>.params`` (TVM param dict) and ``graph/<module>.npz``:
   each graph executor factory's graph JSON and params;
-* ``examplejson/<symbol>.txt``: each ExampleJSON subgraph as text;
+* what each plugin's module kind writes (``ModuleKind.extract``): ``examplejson/<symbol>.txt`` for each
+  ExampleJSON subgraph, ``jsonrt/<symbol>.json`` for each JSON-runtime module's graph JSON
+  (``tensorrt``, ``arm_compute_lib``, ...);
 * ``constants/<n>.npz`` and the symbol -> constant names list in the manifest: const loader arrays;
 * ``host_symbols.txt``: the host library's function symbols, one per line;
 * ``manifest.json``: the library (container, layout, arch), the module tree (type key, imports,
@@ -22,25 +24,15 @@ from __future__ import annotations
 import json
 import mmap
 import os
-import re
 from pathlib import Path
 
 import numpy as np
 
-from .loader import (
-    ConstLoaderModule, ExampleJSONModule, GraphExecutorFactoryModule, HostLibraryModule, load_library,
-    save_param_dict,
-)
+from .loader import ConstLoaderModule, GraphExecutorFactoryModule, HostLibraryModule, load_library, save_param_dict
 from .loader.blob import ClassicBlob, FfiBlob
 from .loader.containers import find_blob
 from .loader.modules import IMPORT_TREE_KEY, LIB_KEY
-
-_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
-
-
-def _safe(name: str) -> str:
-    return _SAFE.sub("_", name).strip(".") or "unnamed"
-
+from .loader.plugins import file_name as _safe, kind_of
 
 def payload_entries(path: str) -> list[tuple[str, bytes]]:
     """(type key, raw payload bytes) of every entry of the library's blob, in file order
@@ -70,18 +62,6 @@ def _is_ffi(blob: bytes) -> bool:
     from .loader.blob import detect_layout
 
     return detect_layout(blob) == "ffi"
-
-
-def split_examplejson(code: str) -> list[tuple[str, str]]:
-    """(symbol, text) of each subgraph of an ExampleJSON text (a one-token line starts one)."""
-    parts: list[tuple[str, list[str]]] = []
-    for line in code.splitlines():
-        words = line.split()
-        if len(words) == 1 and not words[0].startswith("#") and words[0] != "output":
-            parts.append((words[0], [line]))
-        elif parts:
-            parts[-1][1].append(line)
-    return [(name, "\n".join(lines) + "\n") for name, lines in parts]
 
 
 class _Writer:
@@ -151,10 +131,11 @@ def extract_library(path: str, out_dir: str, only: str | None = None) -> dict:
                                       f"params of module {m.module_name!r} (TVM param dict)")
             entry["params_npz"] = w.npz(f"{base}.npz", m.params, f"params of module {m.module_name!r} (numpy)")
             entry["module_name"] = m.module_name
-        elif isinstance(m, ExampleJSONModule):
-            entry["subgraphs"] = [w.write(f"examplejson/{_safe(sym)}.txt", text,
-                                          f"ExampleJSON subgraph {sym!r}", symbol=sym)
-                                  for sym, text in split_examplejson(m.code)]
+        elif kind_of(m) is not None and kind_of(m).extract is not None:  # a plugin's kind (ExampleJSON, ...)
+            fields, parts = kind_of(m).extract(m)
+            entry.update(fields)
+            for field, rel, data, what in parts:
+                entry.setdefault(field, []).append(w.write(rel, data, what))
         elif isinstance(m, ConstLoaderModule):
             entry["constants"] = w.npz(f"constants/{i:02d}.npz", m.arrays, "const loader arrays by name")
             entry["const_vars_by_symbol"] = {k: list(v) for k, v in m.const_vars_by_symbol.items()}

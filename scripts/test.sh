@@ -7,5 +7,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/python-env.sh
-"$PY" -m pip install -q -e '.[test,tvm,plot]'
+"$PY" -m pip install -q -e '.[client,test,tvm,plot]'
 exec "$PY" -m pytest -q -p no:cacheprovider "$@"

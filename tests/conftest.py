@@ -116,3 +116,67 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def keyed_server(tmp_path_factory):
     yield from module_server(tmp_path_factory, "--key", "board-a")
+
+
+# ------------------------------------------------------------------------------- no process left behind
+# The test process is a child subreaper (Linux): a process the tests start that outlives its parent
+# (e.g. the ``tvm.exec.popen_worker`` under TVM's tracker, ~200 MB each) is reparented here instead of
+# to init, so the check below sees it.  Each test module must end with no more live child processes
+# than it started with (rpcsrv's one warm spare native worker excepted: the server keeps it on purpose).
+# Zombies are left alone: they hold no memory, and reaping them could take a Popen object's exit status.
+_PR_SET_CHILD_SUBREAPER = 36
+if os.path.isdir("/proc") and hasattr(os, "getpid"):
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def live_children() -> dict[int, str]:
+    """pid -> command line of this process's live (not zombie) children, orphans reparented here included."""
+    me, found = os.getpid(), {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()
+            if int(fields[1]) != me or fields[0] in "ZX":
+                continue
+            found[int(entry)] = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def _spare_worker() -> int | None:
+    import sys
+
+    proxy = sys.modules.get("rpcsrv.native.proxy")
+    spare = getattr(proxy, "_spare", None)
+    proc = getattr(spare, "proc", None)
+    return getattr(proc, "pid", None)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_process_left_behind():
+    """Fails the module (and kills what it left) if a child process it started outlives it."""
+    import signal
+    import time
+
+    before = set(live_children())
+    yield
+    deadline = time.monotonic() + 5
+    while True:
+        left = {pid: cmd for pid, cmd in live_children().items() if pid not in before and pid != _spare_worker()}
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    assert not left, "processes left behind by this module: " + "; ".join(f"{p}: {c[:160]}" for p, c in left.items())

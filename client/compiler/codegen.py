@@ -1,4 +1,5 @@
-"""Code generation: ExampleJSON text per external function, graph JSON for the whole model.
+"""Code generation: graph JSON for the whole model (each codegen writes its own functions' payloads:
+ExampleJSON's text is ``examplejson.py``, re-exported here as ``examplejson_text``).
 
 The graph JSON is what TVM's graph executor codegen writes for a fully offloaded model: one
 ``null`` node per model input (and per param), one ``tvm_op`` per external function (its symbol as
@@ -20,50 +21,11 @@ import numpy as np
 
 from rpcsrv.protocol.dtypes import numpy_dtype
 
+from .examplejson import examplejson_text  # noqa: F401  (its old home; rpcsrv.client.compare imports it here)
 from .onnx_import import Graph
 from .partition import Function
 
 MATCH_RANGE = 16
-
-
-def _dims(shape) -> str:
-    return " ".join(str(d) for d in shape)
-
-
-def _line(*parts: str) -> str:
-    return "  " + " ".join(p for p in parts if p)
-
-
-def examplejson_text(fn: Function, graph: Graph) -> tuple[str, list[str]]:
-    """The function as ExampleJSON text, and the const-loader names of its constants (in order)."""
-    ids: dict[str, int] = {}
-    lines = [fn.symbol]
-    for t in fn.inputs:
-        info = graph.tensors[t]
-        ids[t] = len(ids)
-        lines.append(_line("input", str(ids[t]), _dims(info.shape), f"dtype: {info.dtype}"))
-    const_names = []
-    for k, t in enumerate(fn.constants):
-        info = graph.tensors[t]
-        ids[t] = len(ids)
-        const_names.append(f"{fn.symbol}_const_{k}")
-        lines.append(_line("const", str(ids[t]), _dims(info.shape), f"dtype: {info.dtype}",
-                           f"name: {const_names[-1]}"))
-    used = {t for op in fn.ops for t in op.inputs} | set(fn.outputs)
-    for op in fn.ops:
-        wanted = [(k, o) for k, o in enumerate(op.outputs) if o and o in used]
-        for k, out in wanted:
-            attrs = dict(op.attrs)
-            if len(op.outputs) > 1:
-                attrs["output_index"] = k
-            args = " ".join(str(ids[t]) if t else "-1" for t in op.inputs)
-            info = graph.tensors[out]
-            ids[out] = len(ids)
-            text = json.dumps(attrs, separators=(", ", ": ")) if attrs else ""
-            lines.append(_line(op.kernel, str(ids[out]), "inputs:", args, "shape:", _dims(info.shape),
-                               f"dtype: {info.dtype}", f"attrs: {text}" if text else ""))
-    lines.append(_line("output", " ".join(str(ids[o]) for o in fn.outputs)))
-    return "\n".join(lines) + "\n", const_names
 
 
 def _nbytes(shape, dtype: str) -> int:

@@ -1,8 +1,9 @@
 """``compile_onnx``: ONNX model → partitioned BYOC library contents, ready to export.
 
-The result, :class:`CompiledModel`, holds what TVM's ``relay.build`` with the ExampleJSON BYOC
-codegen produces: the graph JSON, the params, one ExampleJSON module per external function and the
-constants those functions need (the const loader's arrays, listed per symbol).  ``module_tree()``
+The result, :class:`CompiledModel`, holds what TVM's ``relay.build`` with a BYOC codegen produces
+(``codegens.py``; ExampleJSON by default): the graph JSON, the params, one module per external
+function (the codegen's payload under its type key) and the constants those functions need (the
+const loader's arrays, listed per symbol).  ``module_tree()``
 lays them out as TVM does, ``export_library()`` writes the file.
 """
 
@@ -12,22 +13,24 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rpcsrv.loader import (
-    ConstLoaderModule, ExampleJSONModule, GraphExecutorFactoryModule, HostLibraryModule,
-)
+from rpcsrv.loader import ConstLoaderModule, GraphExecutorFactoryModule, HostLibraryModule, ModuleNode
+from rpcsrv.loader.node import PAYLOADS
 from rpcsrv.loader.opset import OPS, onnx_op_to_kernel
+from rpcsrv.loader.plugins import add_codec
 
-from .codegen import examplejson_text, graph_json
+from .codegen import graph_json
+from .codegens import Codegen, get_codegen
 from .hostgen import host_reason, host_source
 from .errors import CompileError, UnsupportedNodesError
 from .onnx_import import Graph, import_onnx
-from .partition import COMPILER, Op, Partition, partition
-from .simplify import simplify_inference
+from .partition import Op, Partition, partition
+from .simplify import remove_noops, simplify_inference
 
 
 @dataclass
 class Subgraph:
-    """One external function: its symbol, ExampleJSON text and constants (name → array)."""
+    """One external function: its symbol, its text form (the ExampleJSON text; a codegen's listing),
+    constants (name → array, for the const loader) and its module (the loader node the codegen made)."""
 
     symbol: str
     code: str
@@ -36,11 +39,12 @@ class Subgraph:
     outputs: list[str]
     ops: list[str]  # kernel names, in order
     patterns: list[str]  # composite patterns used ("" entries omitted)
+    node: ModuleNode | None = None
 
 
 @dataclass
 class CompiledModel:
-    """A compiled model: graph JSON + params + ExampleJSON subgraphs."""
+    """A compiled model: graph JSON + params + the codegen's external functions."""
 
     graph_json: str
     params: dict[str, np.ndarray]
@@ -51,10 +55,12 @@ class CompiledModel:
     graph: Graph | None = field(default=None, repr=False)
     host_code: str = ""  # C source of the host functions (partial offload), compiled into the .so
     host_functions: list[str] = field(default_factory=list)  # their symbols, in execution order
+    codegen: str = "examplejson"
+    codegen_title: str = "ExampleJSON"  # how messages name the codegen
 
     def module_tree(self) -> GraphExecutorFactoryModule:
-        """TVM's module tree: factory → host library → const loader → ExampleJSON modules."""
-        externals = [ExampleJSONModule(sg.code) for sg in self.subgraphs]
+        """TVM's module tree: factory → host library → const loader → the codegen's modules."""
+        externals = [sg.node for sg in self.subgraphs]
         arrays = {name: arr for sg in self.subgraphs for name, arr in sg.constants.items()}
         consts = ConstLoaderModule(arrays, {sg.symbol: list(sg.constants) for sg in self.subgraphs},
                                    imports=externals)
@@ -77,7 +83,7 @@ class CompiledModel:
 
     def summary(self) -> str:
         """Human-readable: the subgraphs, their ops and constants."""
-        lines = [f"{len(self.subgraphs)} ExampleJSON subgraph(s); inputs {', '.join(self.input_names)}; "
+        lines = [f"{len(self.subgraphs)} {self.codegen_title} subgraph(s); inputs {', '.join(self.input_names)}; "
                  f"outputs {', '.join(self.output_names)}"]
         if self.host_functions:
             lines.append(f"{len(self.host_functions)} host function(s) (C, run by the board's CPU): "
@@ -90,10 +96,12 @@ class CompiledModel:
         return "\n".join(lines)
 
 
-def resolve_ops(ops) -> frozenset:
-    """The op set from ``--ops``: op names or ONNX op types, as a list or ``"add,sub"``."""
+def resolve_ops(ops, codegen: Codegen | None = None) -> frozenset:
+    """The op set from ``--ops``: op names or ONNX op types, as a list or ``"add,sub"``; each must be in
+    ``codegen``'s op set (default: all its ops; without a codegen, every kernel of the board)."""
+    have = frozenset(OPS) if codegen is None else frozenset(codegen.ops)
     if ops is None:
-        return frozenset(OPS)
+        return have
     if isinstance(ops, str):
         ops = ops.split(",")
     chosen = set()
@@ -105,6 +113,9 @@ def resolve_ops(ops) -> frozenset:
         if kernel not in OPS:
             raise CompileError(f"unknown op {name!r} in --ops; the board's kernels are: "
                                f"{', '.join(sorted(OPS))}")
+        if kernel not in have:
+            raise CompileError(f"op {name!r} in --ops is not in codegen {codegen.name!r}'s op set: "
+                               f"{', '.join(sorted(have))}")
         chosen.add(kernel)
     if not chosen:
         raise CompileError("--ops is empty; name at least one op (e.g. --ops add,sub,mul)")
@@ -142,10 +153,11 @@ def _advice(unsupported: list[Op], chosen: frozenset) -> list[str]:
 
 def _unsupported_error(part: Partition, graph: Graph, partial: "CompiledModel",
                        chosen: frozenset) -> UnsupportedNodesError:
+    compiler = partial.codegen
     listed = "\n".join(_describe(op, graph) for op in part.unsupported)
     subgraphs = "; ".join(f"{sg.symbol} ({', '.join(sg.ops)})" for sg in partial.subgraphs) or "none"
     advice = _advice(part.unsupported, chosen)
-    message = (f"{len(part.unsupported)} node(s) cannot run on the {COMPILER} accelerator and have no "
+    message = (f"{len(part.unsupported)} node(s) cannot run on the {compiler} accelerator and have no "
                f"host fallback:\n{listed}\n"
                f"The supported part forms {len(partial.subgraphs)} subgraph(s): {subgraphs}.\n"
                f"What to do: " + ";\n  ".join(advice) + ".")
@@ -155,17 +167,26 @@ def _unsupported_error(part: Partition, graph: Graph, partial: "CompiledModel",
     return UnsupportedNodesError(message, nodes, partial)
 
 
-def build(graph: Graph, part: Partition, module_name: str = "default") -> CompiledModel:
-    """Codegen for a partition: ExampleJSON per function, C per host function, graph JSON, params."""
+def build(graph: Graph, part: Partition, module_name: str = "default", codegen: Codegen | None = None) -> CompiledModel:
+    """Codegen for a partition: the codegen's module per function, C per host function, graph JSON, params."""
+    codegen = codegen or get_codegen()
     subgraphs = []
     host = [fn for fn in part.functions if fn.kind == "host"]
     for fn in part.functions:
         if fn.kind == "host":
             continue
-        code, names = examplejson_text(fn, graph)
-        consts = {name: np.asarray(graph.constants[t], order="C") for name, t in zip(names, fn.constants)}
-        subgraphs.append(Subgraph(fn.symbol, code, consts, fn.inputs, fn.outputs,
-                                  [op.kernel for op in fn.ops], [op.pattern for op in fn.ops if op.pattern]))
+        ext = codegen.generate(fn, graph)
+        key = ext.node.type_key
+        if key in ("", "module", "_lib", "_import_tree"):
+            raise CompileError(f"codegen {codegen.name!r} made a module without a type key of its own for {fn.symbol}")
+        if codegen.codec is not None:
+            add_codec(key, codegen.codec)
+        elif key not in PAYLOADS:
+            raise CompileError(f"codegen {codegen.name!r} made a {key!r} module, whose payload no codec writes "
+                               f"(set the codegen's codec)")
+        subgraphs.append(Subgraph(fn.symbol, ext.text, dict(ext.constants), fn.inputs, fn.outputs,
+                                  [op.kernel for op in fn.ops], [op.pattern for op in fn.ops if op.pattern],
+                                  ext.node))
     # constants the model returns directly are the only params: everything else is offloaded
     # (and the constants host functions read: TVM passes those as params too)
     wanted = list(graph.outputs) + [t for fn in host for t in fn.inputs]
@@ -175,13 +196,15 @@ def build(graph: Graph, part: Partition, module_name: str = "default") -> Compil
     text = graph_json(graph, part.functions, params) if complete else ""
     code = host_source([(fn.symbol, fn.ops[0]) for fn in host], graph) if host and complete else ""
     return CompiledModel(text, params, subgraphs, list(graph.inputs), list(graph.outputs),
-                         module_name, graph, code, [fn.symbol for fn in host])
+                         module_name, graph, code, [fn.symbol for fn in host], codegen.name,
+                         codegen.title or codegen.name)
 
 
 def compile_onnx(model_or_path, input_shapes: dict | None = None, ops=None, *,
                  module_name: str = "default", bind_inputs: dict | None = None,
-                 fold_batchnorm: bool = True, host_fallback: bool = True) -> CompiledModel:
-    """Compile an ONNX model (``ModelProto``, path or bytes) for the ExampleJSON accelerator.
+                 fold_batchnorm: bool = True, host_fallback: bool = True, codegen: str | None = None) -> CompiledModel:
+    """Compile an ONNX model (``ModelProto``, path or bytes) for a BYOC accelerator: ``codegen`` names it
+    (``codegens.get_codegen``: the built-in ``examplejson`` by default, or an installed plugin's).
 
     ``input_shapes``: ``{input name: shape}`` for inputs with dynamic dimensions.  ``ops``: restrict
     the accelerator to these ops (kernel names such as ``add`` or ONNX types such as ``Add``);
@@ -195,18 +218,20 @@ def compile_onnx(model_or_path, input_shapes: dict | None = None, ops=None, *,
     """
     if not module_name.isidentifier():
         raise CompileError(f"module name {module_name!r} must be an identifier")
-    chosen = resolve_ops(ops)
+    gen = get_codegen(codegen)
+    chosen = resolve_ops(ops, gen)
     graph = import_onnx(model_or_path, input_shapes, bind_inputs)
+    remove_noops(graph)  # Dropout, Identity, ...: nothing to run at inference (TVM's SimplifyInference)
     if fold_batchnorm:
         simplify_inference(graph, chosen)
-    part = partition(graph, chosen, module_name, host=host_fallback)
+    part = partition(graph, chosen, module_name, host=host_fallback, codegen=gen)
     if host_fallback:
         for op in part.unsupported:
             why = host_reason(op, graph)
             op.reason = f"{op.reason}; on the host: {why}" if why else ""
         part.unsupported = [op for op in part.unsupported if op.reason]
         part.functions = [fn for fn in part.functions if fn.kind != "host" or not fn.ops[0].reason]
-    compiled = build(graph, part, module_name)
+    compiled = build(graph, part, module_name, gen)
     if part.unsupported:
         raise _unsupported_error(part, graph, compiled, chosen)
     missing = [o for o in graph.outputs if o not in graph.inputs and o not in compiled.params

@@ -1,6 +1,8 @@
-"""BYOC partitioning, the way TVM's Relay passes do it, on the ONNX graph IR.
+"""BYOC partitioning, the way TVM's Relay passes do it, on the ONNX graph IR, for one codegen
+(``codegens.py``: its op set, its composite patterns, its own refusals).
 
-1. **Merge composites** (TVM's ``MergeComposite``): a pattern table, tried in order, fuses chains
+1. **Merge composites** (TVM's ``MergeComposite``): the codegen's pattern table.  ExampleJSON's
+   (``examplejson.merge_composites``), tried in order, fuses chains
    such as Conv(+Add bias) → Relu (``examplejson.conv2d_bias_relu``), BatchNormalization → Relu
    (``batch_norm_relu``, pre-activation networks), Add or Sum → Relu (``add_relu``, ``sum_relu``:
    residual connections) or MatMul → Add(bias) (``dense_bias``: a Gemm for 2-D operands, else a
@@ -15,7 +17,7 @@
    the regions of its supported producers, unless that would make a cycle (a path leaving the
    region and coming back into it through an op outside it).
 4. **Partition** (``PartitionGraph``): each region becomes a function with an external symbol
-   ``tvmgen_<module>_examplejson_main_<k>``, numbered in execution order; its parameters are the
+   ``tvmgen_<module>_<codegen>_main_<k>``, numbered in execution order; its parameters are the
    tensors it reads from outside (constants stay inside, for the const loader), its results the
    tensors used after it or returned by the model.  With ``host=True`` every op left out becomes a
    host function of its own (``tvmgen_<module>_fused_<kernel>_<k>``, kind ``"host"``), ordered with
@@ -27,34 +29,14 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from rpcsrv.loader.opset import OPS, node_problems, onnx_op_to_kernel
+from rpcsrv.loader.opset import OPS, node_problems
 
-from .onnx_import import ONNX_DOMAINS, Graph, Node, TensorInfo
-
-COMPILER = "examplejson"
-
-
-@dataclass
-class Op:
-    """A unit of partitioning: one ONNX node, or a composite of several fused ones."""
-
-    name: str
-    kernel: str
-    inputs: list[str]
-    outputs: list[str]
-    attrs: dict
-    nodes: list[Node]
-    pattern: str = ""  # composite name, "" for a single op
-    reason: str = ""  # why it is not supported ("" when it is)
-    requires: set = field(default_factory=set)  # op names the accelerator must have for this op
-
-    def __post_init__(self):
-        self.requires = set(self.requires) or {self.kernel}
-
+from .onnx_import import ONNX_DOMAINS, Graph
+from .ops import Op, consumers  # noqa: F401  (codegens build on them)
 
 @dataclass
 class Function:
-    """One partitioned region: an external function of the ExampleJSON codegen, or (``kind ==
+    """One partitioned region: an external function of the codegen ``kind``, or (``kind ==
     "host"``) one op left on the host CPU, compiled to C by ``hostgen``."""
 
     symbol: str
@@ -62,7 +44,7 @@ class Function:
     inputs: list[str]  # tensors read from outside, in first-use order (constants too for host functions)
     outputs: list[str]
     constants: list[str] = field(default_factory=list)  # constant tensors used inside
-    kind: str = COMPILER
+    kind: str = ""  # the codegen's name, or "host"
 
 
 @dataclass
@@ -71,199 +53,6 @@ class Partition:
 
     functions: list[Function]
     unsupported: list[Op]
-
-
-def _consumers(graph: Graph) -> dict[str, int]:
-    uses: dict[str, int] = {}
-    for n in graph.nodes:
-        for i in n.inputs:
-            uses[i] = uses.get(i, 0) + 1
-    for o in graph.outputs:
-        uses[o] = uses.get(o, 0) + 1
-    return uses
-
-
-def _single(node: Node) -> Op:
-    return Op(node.name, onnx_op_to_kernel(node.op_type), list(node.inputs), list(node.outputs),
-              dict(node.attrs), [node])
-
-
-def _fusable(first: Node, second: Node, uses: dict) -> bool:
-    """``second`` reads ``first``'s only output, which nothing else uses."""
-    return (len(first.outputs) == 1 and uses.get(first.outputs[0]) == 1
-            and first.outputs[0] in second.inputs and first.domain in ONNX_DOMAINS
-            and second.domain in ONNX_DOMAINS)
-
-
-def _can_fuse_activation(kernel: str, act: Node, ops: frozenset) -> bool:
-    return (act.op_type == "Relu" and "relu" in ops and kernel in OPS
-            and "activation" in OPS[kernel].attrs)
-
-
-def _dense_bias(mm: Node, add: Node, graph: Graph) -> list[str] | None:
-    """Gemm inputs for MatMul(A, B) → Add(bias): 2-D A and B, a constant bias that broadcasts."""
-    bias = [i for i in add.inputs if i != mm.outputs[0]]
-    if len(add.inputs) != 2 or len(bias) != 1 or bias[0] not in graph.constants:
-        return None
-    a, b = (graph.tensors.get(x) for x in mm.inputs)
-    c = graph.tensors.get(bias[0])
-    if a is None or b is None or c is None or len(a.shape) != 2 or len(b.shape) != 2:
-        return None
-    if not a.dtype == b.dtype == c.dtype or c.dtype not in ("float32", "float64", "float16"):
-        return None
-    m, n = a.shape[0], b.shape[1]
-    padded = (1,) * (2 - len(c.shape)) + c.shape
-    if len(c.shape) > 2 or any(d not in (1, want) for d, want in zip(padded, (m, n))):
-        return None
-    return [mm.inputs[0], mm.inputs[1], bias[0]]
-
-
-def _matmul_bias(mm: Node, add: Node, graph: Graph) -> list[str] | None:
-    """MatMul inputs + bias for MatMul(A, B) → Add(constant) when the operands are not both 2-D
-    (a transformer's (1, seq, width) @ (width, n) projections): the ``matmul`` kernel adds its
-    optional third input in place.  The constant must broadcast onto the product without growing it.
-    """
-    bias = [i for i in add.inputs if i != mm.outputs[0]]
-    if len(add.inputs) != 2 or len(bias) != 1 or bias[0] not in graph.constants:
-        return None
-    y, c = graph.tensors.get(mm.outputs[0]), graph.tensors.get(bias[0])
-    out = graph.tensors.get(add.outputs[0])
-    if y is None or c is None or out is None or out.shape != y.shape or not y.shape:
-        return None
-    if not y.dtype == c.dtype == out.dtype or c.dtype not in ("float32", "float64", "float16"):
-        return None
-    if len(c.shape) > len(y.shape) or any(d not in (1, want) for d, want in
-                                          zip(reversed(c.shape), reversed(y.shape))):
-        return None
-    return [mm.inputs[0], mm.inputs[1], bias[0]]
-
-
-def _conv_bias(conv: Node, add: Node, graph: Graph) -> list[str] | None:
-    """Conv inputs for Conv(X, W) → Add(per-channel constant), as PyTorch exports often write it.
-
-    The constant must broadcast as ``(1, C, 1, ...)`` over the output; it is added to the graph's
-    constants reshaped to ``(C,)``, the layout of Conv's bias input.
-    """
-    if len(conv.inputs) > 2 and conv.inputs[2] or len(add.inputs) != 2:
-        return None
-    other = [i for i in add.inputs if i != conv.outputs[0]]
-    out, w = graph.tensors.get(conv.outputs[0]), graph.tensors.get(conv.inputs[1])
-    if len(other) != 1 or other[0] not in graph.constants or out is None or w is None:
-        return None
-    bias = graph.constants[other[0]]
-    channels = w.shape[0]
-    padded = (1,) * (len(out.shape) - bias.ndim) + tuple(bias.shape)
-    if bias.ndim > len(out.shape) or bias.dtype.name != out.dtype or \
-            padded != (1, channels) + (1,) * (len(out.shape) - 2):
-        return None
-    name = f"{other[0]}__conv_bias"
-    graph.constants[name] = bias.reshape(channels)
-    graph.tensors[name] = TensorInfo((channels,), out.dtype)
-    return [conv.inputs[0], conv.inputs[1], name]
-
-
-def merge_composites(graph: Graph, ops: frozenset) -> list[Op]:
-    """Apply the pattern table; returns the ops in execution order.
-
-    (A fused Conv → Add(bias) adds the reshaped bias to ``graph.constants``.)
-    """
-    uses = _consumers(graph)
-    consumer_of: dict[str, list[Node]] = {}
-    for n in graph.nodes:
-        for i in n.inputs:
-            consumer_of.setdefault(i, []).append(n)
-    done: set[int] = set()
-    result: list[Op] = []
-
-    def next_node(node: Node) -> Node | None:
-        users = consumer_of.get(node.outputs[0], []) if node.outputs else []
-        return users[0] if len(users) == 1 and _fusable(node, users[0], uses) else None
-
-    for node in graph.nodes:
-        if id(node) in done:
-            continue
-        op = _single(node)
-        nxt = next_node(node)
-        if node.op_type == "MatMul" and nxt is not None and nxt.op_type == "Add" \
-                and {"matmul", "add"} <= ops and "gemm" in OPS:
-            gemm_inputs = _dense_bias(node, nxt, graph)
-            mm_inputs = None if gemm_inputs is not None else _matmul_bias(node, nxt, graph)
-            if gemm_inputs is not None or mm_inputs is not None:
-                kernel = "gemm" if gemm_inputs is not None else "matmul"
-                op = Op(f"{node.name}+{nxt.name}", kernel, gemm_inputs or mm_inputs, list(nxt.outputs), {},
-                        [node, nxt], f"{COMPILER}.dense_bias", requires={"matmul", "add"})
-                done.add(id(nxt))
-                nxt = next_node(nxt)
-        if node.op_type == "Conv" and nxt is not None and nxt.op_type == "Add" and {"conv", "add"} <= ops:
-            conv_inputs = _conv_bias(node, nxt, graph)
-            if conv_inputs is not None:
-                op = Op(f"{node.name}+{nxt.name}", "conv", conv_inputs, list(nxt.outputs), dict(node.attrs),
-                        [node, nxt], f"{COMPILER}.conv2d_bias", requires={"conv", "add"})
-                done.add(id(nxt))
-                nxt = next_node(nxt)
-        if node.op_type in ("Conv", "Gemm", "MatMul", "BatchNormalization", "Add", "Sum") and nxt is not None \
-                and _can_fuse_activation(op.kernel, nxt, ops) and op.requires <= ops:
-            base = {"Conv": "conv2d_bias" if op.pattern or len(node.inputs) > 2 and node.inputs[2] else "conv2d",
-                    "Gemm": "dense_bias", "MatMul": "dense_bias" if op.pattern else "dense",
-                    "BatchNormalization": "batch_norm", "Add": "add", "Sum": "sum"}
-            op = Op(f"{op.name}+{nxt.name}", op.kernel, op.inputs, list(nxt.outputs),
-                    {**op.attrs, "activation": "relu"}, op.nodes + [nxt],
-                    f"{COMPILER}.{base[node.op_type]}_relu", requires=op.requires | {"relu"})
-            done.add(id(nxt))
-        result.append(op)
-    return merge_shuffles(result, graph, uses) if {"reshape", "transpose", "conv"} <= ops else result
-
-
-def _shuffle_groups(r1: Op, t: Op, r2: Op, graph: Graph) -> int:
-    """g when Reshape (N, C, S...) → (N, g, C/g, S...), Transpose swapping axes 1 and 2, Reshape back to
-    (N, C, S...) shuffle the channels in g groups (ShuffleNet's channel shuffle); else 0."""
-    if r1.kernel != "reshape" or t.kernel != "transpose" or r2.kernel != "reshape" or r1.pattern or \
-            t.pattern or r2.pattern:
-        return 0
-    shapes = [graph.tensors.get(name) for name in (r1.inputs[0], r1.outputs[0], t.outputs[0], r2.outputs[0])]
-    if any(info is None for info in shapes):
-        return 0
-    x, split, swapped, back = (info.shape for info in shapes)
-    if len(x) < 3 or back != x or len(split) != len(x) + 1 or split[0] != x[0] or split[3:] != x[2:]:
-        return 0
-    g, cg = split[1], split[2]
-    perm = [0, 2, 1] + list(range(3, len(split)))
-    if g * cg != x[1] or g < 2 or swapped != (x[0], cg, g) + tuple(x[2:]) or list(t.attrs.get("perm") or []) != perm:
-        return 0
-    return int(g)
-
-
-def merge_shuffles(ops: list[Op], graph: Graph, uses: dict) -> list[Op]:
-    """A channel shuffle (``_shuffle_groups``) read by a Conv alone becomes that Conv's ``input_shuffle``
-    attribute (``examplejson.shuffle_conv2d``): two reshapes and a transpose fewer per ShuffleNet unit,
-    and a depthwise conv shuffles in the layout copy it makes anyway (no copy of its own)."""
-    producer = {o: op for op in ops for o in op.outputs if o}
-    merged: set[int] = set()
-    for conv in ops:
-        if conv.kernel != "conv" or "input_shuffle" in conv.attrs or conv.nodes[0].op_type != "Conv":
-            continue
-        chain = [conv]
-        for _ in range(3):  # back through the second Reshape, the Transpose and the first Reshape
-            before = producer.get(chain[0].inputs[0]) if chain[0].inputs else None
-            if before is None or len(before.outputs) != 1 or uses.get(before.outputs[0]) != 1 or \
-                    before.outputs[0] in chain[0].inputs[1:]:
-                break
-            chain.insert(0, before)
-        if len(chain) != 4:
-            continue
-        g = _shuffle_groups(*chain[:3], graph)
-        if not g:
-            continue
-        r1 = chain[0]
-        base = conv.pattern.split(".")[-1] if conv.pattern else "conv2d"
-        conv.name = "+".join(op.name for op in chain)
-        conv.inputs = [r1.inputs[0]] + conv.inputs[1:]
-        conv.attrs = {**conv.attrs, "input_shuffle": g}
-        conv.nodes = [n for op in chain for n in op.nodes]
-        conv.pattern = f"{COMPILER}.shuffle_{base}"
-        conv.requires = conv.requires | {"reshape", "transpose"}
-        merged.update(id(op) for op in chain[:3])
-    return [op for op in ops if id(op) not in merged]
 
 
 def annotate(op: Op, ops: frozenset, graph: Graph | None = None) -> str:
@@ -345,13 +134,16 @@ def merge_regions(ops: list[Op]) -> list[list[int]]:
     return [list(_bits(mask)) for mask in members.values()]
 
 
-def partition(graph: Graph, ops: frozenset, module_name: str = "default", host: bool = False) -> Partition:
-    """Run the four passes; functions are numbered in execution order (see the module doc for ``host``)."""
+def partition(graph: Graph, ops: frozenset, module_name: str = "default", host: bool = False, *,
+              codegen) -> Partition:
+    """Run the four passes for ``codegen`` (a ``codegens.Codegen``: its composites, its ``check``, its name
+    in the symbols); functions are numbered in execution order (see the module doc for ``host``)."""
     from .hostgen import data_inputs
 
-    all_ops = merge_composites(graph, ops)
+    name = codegen.name
+    all_ops = codegen.merge_composites(graph, ops)
     for op in all_ops:
-        op.reason = annotate(op, ops, graph)
+        op.reason = annotate(op, ops, graph) or codegen.check(op, graph)
     regions = merge_regions(all_ops)
     host_ops = {j for j, op in enumerate(all_ops) if op.reason} if host else set()
     regions = _execution_order(regions + [[j] for j in sorted(host_ops)], all_ops)
@@ -361,7 +153,7 @@ def partition(graph: Graph, ops: frozenset, module_name: str = "default", host: 
         for t in op.inputs:
             readers.setdefault(t, set()).add(j)
     functions: list[Function] = []
-    counts = {COMPILER: 0, "host": 0}
+    counts = {name: 0, "host": 0}
     for region in regions:
         inside = set(region)
         if region[0] in host_ops:
@@ -385,9 +177,9 @@ def partition(graph: Graph, ops: frozenset, module_name: str = "default", host: 
                 if o and (o in outputs or readers.get(o, set()) - inside)]
         if not outs:
             continue  # dead code: TVM's dead-code pass drops it too
-        symbol = f"tvmgen_{module_name}_{COMPILER}_main_{counts[COMPILER]}"
-        counts[COMPILER] += 1
-        functions.append(Function(symbol, [all_ops[j] for j in region], inputs, outs, consts))
+        symbol = f"tvmgen_{module_name}_{name}_main_{counts[name]}"
+        counts[name] += 1
+        functions.append(Function(symbol, [all_ops[j] for j in region], inputs, outs, consts, name))
     return Partition(functions, [op for op in all_ops if op.reason])
 
 

@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from rpcsrv.loader import ConstLoaderModule, ExampleJSONModule
+from rpcsrv.loader import ConstLoaderModule
 from rpcsrv.loader.vm_assembler import Assembler
 from rpcsrv.loader.vm_executable import ShapeTuple, VMExecutableModule
 from rpcsrv.protocol.dtypes import DataType
@@ -100,7 +100,7 @@ def vm_executable(compiled) -> VMExecutableModule:
 def relax_module_tree(compiled) -> VMExecutableModule:
     """``relax.VMExecutable -> const_loader -> examplejson...`` for a compiled model."""
     exe = vm_executable(compiled)
-    externals = [ExampleJSONModule(sg.code) for sg in compiled.subgraphs]
+    externals = [sg.node for sg in compiled.subgraphs]
     arrays = {name: arr for sg in compiled.subgraphs for name, arr in sg.constants.items()}
     consts = ConstLoaderModule(arrays, {sg.symbol: list(sg.constants) for sg in compiled.subgraphs},
                                imports=externals)

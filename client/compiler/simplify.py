@@ -1,6 +1,12 @@
 """Inference simplifications on the graph IR, before partitioning (TVM's ``SimplifyInference`` +
 ``FoldScaleAxis`` + ``FoldConstant`` for the one pattern that matters in CNNs).
 
+**No-ops vanish** (``remove_noops``, always applied): Dropout (not in training mode), Identity, and a
+Cast, Reshape, Flatten, Squeeze, Unsqueeze or Expand whose output has its input's shape and dtype do
+nothing at inference, so no codegen nor the host must run them: their readers read the input
+instead.  When the no-op's output is a model output, the node producing its input is renamed to
+write that output (unless that input is a model input, a constant or another output: then it stays).
+
 **Conv → BatchNormalization folding.**  In inference, BatchNormalization is a per-channel affine
 map ``y = x * s + t`` with ``s = scale / sqrt(var + epsilon)`` and ``t = B - mean * s``.  Right after
 a convolution it can be folded into the convolution's constants::
@@ -42,6 +48,9 @@ which alone reads the normalization; the weights get a new name.
 stride and groups) is ``Conv_B(Conv_A(x)) + W_B b``: ``fold_bias_forward`` moves ``W_B b`` into
 ``Conv_B``'s bias and drops ``Conv_A``'s, which saves a pass where the bias cost one (ShuffleNet's
 depthwise convs, each followed by a grouped 1x1 conv, after their BatchNormalization was folded in).
+
+**SiLU as one op.**  ``Mul(x, Sigmoid(x))`` (EfficientNet's activation as PyTorch exports it) becomes
+``Swish(x)`` (``fuse_swish``): one pass instead of two, and the partitioner fuses it into the Conv before it.
 """
 
 from __future__ import annotations
@@ -312,8 +321,29 @@ def fold_bias_forward(graph: Graph) -> int:
     return count
 
 
+def fuse_swish(graph: Graph) -> int:
+    """``Mul(x, Sigmoid(x))`` (SiLU, as PyTorch exports it) becomes one ``Swish(x)`` node, which the
+    partitioner then fuses into the Conv before it; the Sigmoid's output must be read by that Mul alone.
+    Returns how many."""
+    uses, readers = _uses(graph), _readers(graph)
+    drop, count = set(), 0
+    for sig in graph.nodes:
+        mul = _sole_reader(sig.outputs[0], readers, uses) if sig.op_type == "Sigmoid" and sig.outputs else None
+        if mul is None or mul.op_type != "Mul" or sorted(mul.inputs) != sorted([sig.inputs[0], sig.outputs[0]]) \
+                or {sig.domain, mul.domain} - set(ONNX_DOMAINS) or sig.outputs[0] in graph.outputs:
+            continue
+        info = graph.tensors.get(sig.inputs[0])
+        if info is None or info.dtype not in _FLOATS:
+            continue
+        mul.op_type, mul.inputs, mul.attrs = "Swish", [sig.inputs[0]], {}
+        drop.add(id(sig))
+        count += 1
+    graph.nodes[:] = [n for n in graph.nodes if id(n) not in drop]
+    return count
+
+
 def simplify_inference(graph: Graph, ops=None) -> int:
-    """The four folds above, in the order that lets each feed the next; how many nodes they changed.
+    """The five folds above, in the order that lets each feed the next; how many nodes they changed.
 
     ``ops``: the accelerator's op set (kernel names; None: all): a fold whose result needs an op the set
     lacks is skipped (a composed BatchNormalization has no host implementation to fall back on).
@@ -323,4 +353,52 @@ def simplify_inference(graph: Graph, ops=None) -> int:
     if ops is None or "add" in ops:
         count += fold_scale_into_conv(graph)
     count += fold_bias_forward(graph)
+    if ops is None or "swish" in ops:
+        count += fuse_swish(graph)
     return count
+
+
+#: ops that copy their first input at inference whatever their attributes (Dropout: unless training)
+_ALWAYS_NOOP = ("Dropout", "Identity")
+#: ops that copy their first input when the output keeps its shape and dtype
+_NOOP_IF_SAME = ("Cast", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Expand")
+
+
+def _is_noop(node: Node, graph: Graph, uses: dict) -> bool:
+    if node.domain not in ONNX_DOMAINS or not node.inputs or not node.inputs[0] or not node.outputs:
+        return False
+    if any(o and uses.get(o) for o in node.outputs[1:]):  # Dropout's mask is read: keep it
+        return False
+    if node.op_type == "Dropout":
+        training = node.inputs[2] if len(node.inputs) > 2 else ""
+        return not (training and (training not in graph.constants or bool(np.any(graph.constants[training]))))
+    if node.op_type in _ALWAYS_NOOP:
+        return True
+    x, y = graph.tensors.get(node.inputs[0]), graph.tensors.get(node.outputs[0])
+    return node.op_type in _NOOP_IF_SAME and x is not None and y is not None and x == y
+
+
+def remove_noops(graph: Graph) -> int:
+    """Drop the no-ops of the module docstring; how many were dropped."""
+    uses = _uses(graph)
+    producer = {o: n for n in graph.nodes for o in n.outputs if o}
+    dropped = 0
+    for node in list(graph.nodes):
+        if not _is_noop(node, graph, uses):
+            continue
+        x, y = node.inputs[0], node.outputs[0]
+        if y in graph.outputs:  # the producer of x writes y instead
+            src = producer.get(x)
+            if src is None or x in graph.outputs or x in graph.inputs or x in graph.constants:
+                continue
+            src.outputs = [y if o == x else o for o in src.outputs]
+            producer[y] = src
+            old, new = x, y
+        else:
+            old, new = y, x
+        graph.nodes.remove(node)
+        for n in graph.nodes:
+            n.inputs = [new if i == old else i for i in n.inputs]
+        uses = _uses(graph)
+        dropped += 1
+    return dropped

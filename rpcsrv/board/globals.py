@@ -91,7 +91,11 @@ def _module_get_function(sess: Session, mod, name: str, query_imports=False):
     if not isinstance(mod, RuntimeModule):
         raise RPCUserError(f"ModuleGetFunction expects a module, got {type(mod).__name__}")
     fn = mod.find_function(name, bool(query_imports))
-    return None if fn is None else PackedFunction(fn, name, blocking=True)
+    if fn is None:
+        return None
+    from ..native.fastpath import runner
+
+    return PackedFunction(fn, name, blocking=True, run=runner(fn, sess.limiter))
 
 
 @reg("tvm.rpc.server.ImportModule")

@@ -42,12 +42,15 @@ class PackedFunction:
     ``stream``: for a function whose last argument is bytes and which returns nothing (an upload), a
     factory ``stream(*other_args, nbytes)`` of a sink (``write(piece)``, ``commit()``, ``abort()``)
     that takes those bytes piece by piece as they arrive, so a large call never sits in memory whole.
+    ``run``: for native code, an async runner the session awaits instead of a worker thread
+    (``rpcsrv.native.fastpath``), answering ``(done, value)``; not done, the call takes the thread.
     """
 
     fn: Callable[..., Any]
     name: str
     blocking: bool = True
     stream: Optional[Callable[..., Any]] = None
+    run: Optional[Callable[..., Any]] = None
 
 
 class HandleTable:

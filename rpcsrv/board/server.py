@@ -11,6 +11,7 @@ import errno
 import logging
 import socket
 import time
+from time import perf_counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -22,7 +23,7 @@ from ..executor import compute
 from .records import SessionRecord
 from .globals import REGISTRY, Registry
 from .limits import Limits
-from ..protocol import (CallFuncChunk, CallFuncStart, Connection, ConnectionClosed,
+from ..protocol import (CallFuncChunk, CallFuncEnd, CallFuncStart, Connection, ConnectionClosed,
                        CopyToRemoteStart, Dialect,
                        HandshakeRequest, Role, Shutdown, pack_return)
 from ..native.host import NativeSession
@@ -54,6 +55,12 @@ class ServerConfig:
     native: str = "isolated"  # native host code: "isolated" (worker process), "inprocess" or "off"
     isolate: str = "auto"  # which libraries load in the session's worker: "native" (needed), "all", or
     # "auto" (all while another session computes in the server)
+    # obs (issue 28): ``--metrics-port`` serves /metrics and the status page (rpcsrv.board.observe); ``stats``
+    # (an observe.stats.ServerStats, made by serve) counts for them, None when the board serves no metrics
+    metrics_port: Optional[int] = None
+    metrics_host: Optional[str] = None
+    stats: Optional[Any] = None
+    metrics_bound: Optional[int] = None  # the metrics port once bound
 
 
 class ServerState:
@@ -101,6 +108,7 @@ async def serve_connection(stream: trio.SocketStream, cfg: ServerConfig, answere
     counted = False
     io = Transport(stream.socket, idle_timeout=limits.idle_timeout)
     record: Optional[SessionRecord] = None
+    stats, live = cfg.stats, None  # obs
     admitted = False
     scope: Optional[trio.CancelScope] = None
     try:
@@ -112,12 +120,16 @@ async def serve_connection(stream: trio.SocketStream, cfg: ServerConfig, answere
         admitted = cfg.gate.admit(request.key) if cfg.gate is not None else request.key == cfg.key
         if not admitted or cfg.draining:
             log.warning("%s: key mismatch (client sent %r)", peer, request.header)
+            if stats is not None:  # obs
+                stats.refuse("draining" if cfg.draining else "key")
             await io.send_all([conn.refuse()])
             return
         answer = conn.accept(cfg.key)
         if not answered:
             await io.send_all([answer])
         if state.sessions >= limits.max_sessions:
+            if stats is not None:  # obs
+                stats.refuse("limit")
             await _refuse_session(io, conn, peer, f"the server already serves {state.sessions} sessions, "
                                                   f"its limit (--max-sessions); try again later")
             return
@@ -130,11 +142,13 @@ async def serve_connection(stream: trio.SocketStream, cfg: ServerConfig, answere
                           cfg.registry, limits, peer, account=account, limiter=state.limiter,
                           native=NativeSession(cfg.native, limits.max_memory, timeout, isolate=cfg.isolate))
         log.info("%s: session started in %s", peer, session.workspace.root)
+        if stats is not None:  # obs
+            live = stats.open(record, session)
         idle: Optional[IdleTimeout] = None
         with trio.move_on_after(timeout) as scope:
             cfg.sessions.add(scope)
             try:  # the idle clock runs in the transport, only while it waits for the client
-                await _session_loop(io, conn, session, peer, record)
+                await _session_loop(io, conn, session, peer, record, live, stats)
             except IdleTimeout as exc:
                 idle = exc
         if scope.cancelled_caught and io.broken:  # never write after half a packet: the client
@@ -171,6 +185,8 @@ async def serve_connection(stream: trio.SocketStream, cfg: ServerConfig, answere
             cfg.gate.release()
         if record is not None:
             record.finish(session)
+        if stats is not None:  # obs: after session.close (its worker counts are final)
+            stats.close(live, io, record.end if record is not None else None)
         cfg.sessions.discard(scope)  # last: a draining server waits for this set to empty
         with trio.CancelScope(shield=True):
             await stream.aclose()
@@ -197,7 +213,8 @@ async def _next(io: Transport, conn: Connection):
 
 
 async def _session_loop(io: Transport, conn: Connection, session: Session, peer: str,
-                        record: Optional[SessionRecord] = None) -> None:
+                        record: Optional[SessionRecord] = None, live: Optional[Any] = None,
+                        stats: Optional[Any] = None) -> None:
     while True:
         ev = await _next(io, conn)
         if isinstance(ev, ConnectionClosed):
@@ -211,13 +228,21 @@ async def _session_loop(io: Transport, conn: Connection, session: Session, peer:
             continue
         if isinstance(ev, CallFuncStart):
             conn.stream_call(session.open_stream(ev))
+            if live is not None:  # obs: a streamed call's latency counts from its start
+                live.stream_t0 = perf_counter()
             continue
         if isinstance(ev, CallFuncChunk):
             await session.stream_piece(ev.data)
             continue
         if record is not None:
             record.calls += 1
-        await io.send_all(encode(conn, await session.handle(ev)))
+        if live is None:
+            await io.send_all(encode(conn, await session.handle(ev)))
+        else:  # obs (issue 28): the request's latency, by RPC code and function kind
+            t0 = live.stream_t0 if type(ev) is CallFuncEnd else perf_counter()
+            answer = await session.handle(ev)
+            await io.send_all(encode(conn, answer))
+            stats.observe(ev, answer, perf_counter() - t0, live)
 
 
 async def _refuse_session(io: Transport, conn: Connection, peer: str, reason: str) -> None:
@@ -255,6 +280,7 @@ async def serve(cfg: ServerConfig, task_status=trio.TASK_STATUS_IGNORED) -> None
     listener = await open_listener(cfg)
     port = listener.socket.getsockname()[1]
     log.info("rpcsrv listening on %s:%d", cfg.host, port)
+    metrics = await open_metrics(cfg, port)  # obs
     task_status.started(port)
 
     state = shared_state(cfg)
@@ -264,6 +290,8 @@ async def serve(cfg: ServerConfig, task_status=trio.TASK_STATUS_IGNORED) -> None
     async def handler(stream: trio.SocketStream) -> None:
         if state.connections >= cfg.limits.max_connections:
             log.warning("refused a connection: %d open, the limit (--max-connections)", state.connections)
+            if cfg.stats is not None:  # obs
+                cfg.stats.refuse("connections")
             with trio.CancelScope(shield=True):
                 await stream.aclose()  # closed at once: the client sees the connection end
             return
@@ -279,4 +307,23 @@ async def serve(cfg: ServerConfig, task_status=trio.TASK_STATUS_IGNORED) -> None
         finally:
             state.connections -= 1
 
-    await trio.serve_listeners(handler, [listener])
+    async with trio.open_nursery() as nursery:
+        if metrics is not None:  # obs
+            await nursery.start(metrics[0], cfg, metrics[1])
+        await trio.serve_listeners(handler, [listener])
+
+
+async def open_metrics(cfg: ServerConfig, port: int = 0):
+    """obs (issue 28): with ``cfg.metrics_port``, the counters and the bound metrics listener, as
+    ``(serve_metrics, listener)`` to start in the server's nursery; else None."""
+    if cfg.metrics_port is None:
+        return None
+    from .observe.http import open_metrics_listener, serve_metrics  # prometheus_client, h11: the metrics extra
+    from .observe.stats import ServerStats
+
+    if cfg.stats is None:
+        cfg.stats = ServerStats()
+    cfg.stats.board_port = port
+    listener = await open_metrics_listener(cfg.metrics_host or cfg.host, cfg.metrics_port)
+    cfg.metrics_bound = listener.socket.getsockname()[1]
+    return serve_metrics, listener

@@ -92,6 +92,7 @@ class Session(SyscallsMixin):
         self.errors = 0  # requests answered with an exception (for the per-session log line)
         self.native = native or NativeSession("isolated", self.limits.max_memory)  # the board's native policy
         self.native.account = self.account  # a native worker and what it holds count for this session
+        self.native.workspace = str(workspace.root)  # the only folder its confined worker may write
 
     # ------------------------------------------------------------------ compatibility views
     @property
@@ -264,6 +265,10 @@ class Session(SyscallsMixin):
     async def _call(self, ev: CallFunc) -> Any:
         func = self.get_object(ev.handle, PackedFunction, "function")
         args = [self.to_local(a) for a in ev.args]
+        if func.run is not None:  # native code: from the loop, no thread hop (rpcsrv.native.fastpath)
+            done, result = await func.run(*args)
+            if done:
+                return self.to_wire(result)
         if func.blocking:
             result = await trio.to_thread.run_sync(self._run_charged, lambda: func.fn(*args), limiter=self.limiter)
         else:

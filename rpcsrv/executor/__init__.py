@@ -5,38 +5,38 @@ library without loading it (``rpcsrv.loader``), then :func:`build_runtime` makes
 for each node of the module tree, keeping the import structure, and checks everything that can
 be checked before any data arrives (graph JSON, ExampleJSON text and ops, constants).
 
-Module kinds: one table, one walk
----------------------------------
-``RUNTIME_KINDS`` maps each loader payload class (``rpcsrv.loader.modules``) to a factory
-``factory(node, imports, options) -> RuntimeModule``.  ``build_runtime`` converts the tree once,
-imports first, each node once (a DAG stays a DAG), by looking up the node's class (and its bases):
+Module kinds: plugins, one walk
+-------------------------------
+Each node's runtime module comes from its kind (``rpcsrv.loader.plugins``: ``ModuleKind.runtime``,
+``factory(node, imports, options) -> RuntimeModule``), installed as a plugin: the built-in kinds
+(graph executor factory and const loader: ``modules.py``; ExampleJSON: ``examplejson.py``; the Relax
+VM: ``vm/``) and those of installed packages (entry-point group ``rpcsrv.runtimes``).  Two nodes are
+not payload kinds and stay in ``RUNTIME_KINDS`` (by node class, and its bases):
 
 ==========================  =================================================================
-loader node                 runtime module
-==========================  =================================================================
-GraphExecutorFactoryModule  ``GraphExecutorFactoryRuntime`` (``lib["default"](dev)``, params)
-ExampleJSONModule           ``ExampleJSONRuntime`` (one function per subgraph symbol)
-ConstLoaderModule           ``ConstLoaderRuntime`` (binds constants into its imports)
 HostLibraryModule           ``options.host_library(node, imports)``: native functions by symbol
                             (``rpcsrv.native``), or by default ``HostLibraryRuntime``, which
                             lists the symbols and refuses to run them
 UnknownModule (any other)   ``OpaqueRuntime`` (kept in the tree, exports nothing)
 ==========================  =================================================================
 
-A new kind (the Relax VM executable, ...) is one more entry: ``register_runtime(NodeClass,
-factory)``; no duck typing.  Lookup is TVM's everywhere: ``RuntimeModule.find_function`` asks the
-module itself, then its imports depth-first (``rpcsrv.loader.modules.walk_imports``, the one walk
-shared by loader nodes and runtime modules).
+``register_runtime(NodeClass, factory)`` still adds a kind by node class (code written before the
+plugin interface).  ``build_runtime`` converts the tree once, imports first, each node once (a DAG
+stays a DAG), then links constants through the modules' own hooks (``RuntimeModule.bind_constants``,
+``bind_params``, ``check_constants``): no kind is special here.  Lookup is TVM's everywhere:
+``RuntimeModule.find_function`` asks the module itself, then its imports depth-first
+(``rpcsrv.loader.modules.walk_imports``, the one walk shared by loader nodes and runtime modules).
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..loader.modules import (ConstLoaderModule, ExampleJSONModule as ExampleJSONNode, GraphExecutorFactoryModule,
-                              HostLibraryModule, ModuleNode)
-from .examplejson import ExampleJSONError, ExampleJSONRuntime
+from ..loader.modules import HostLibraryModule, ModuleNode
+from ..loader.plugins import kind_of
+from .examplejson import ExampleJSONError, ExampleJSONRuntime  # re-exported names (tests, benches)
 from .graph import GraphExecutorModule
 from .graph_json import GraphJSONError
 from .memory import tune_allocator
@@ -68,11 +68,6 @@ class BuildOptions:
 RuntimeFactory = Callable[[Any, list[RuntimeModule], BuildOptions], RuntimeModule]
 
 RUNTIME_KINDS: dict[type, RuntimeFactory] = {
-    GraphExecutorFactoryModule: lambda n, imports, _o: GraphExecutorFactoryRuntime(
-        n.graph_json, n.params, n.module_name, imports, n.type_key),
-    ExampleJSONNode: lambda n, imports, _o: ExampleJSONRuntime(n.code, imports=imports),
-    ConstLoaderModule: lambda n, imports, _o: ConstLoaderRuntime(n.arrays, n.const_vars_by_symbol, imports,
-                                                                 n.type_key),
     HostLibraryModule: lambda n, imports, o: o.host_library(n, imports),
     ModuleNode: lambda n, imports, _o: OpaqueRuntime(n.type_key, imports),  # UnknownModule and the rest
 }
@@ -83,10 +78,31 @@ def register_runtime(node_class: type, factory: RuntimeFactory) -> None:
     RUNTIME_KINDS[node_class] = factory
 
 
+_RESOLVED: dict[str, RuntimeFactory] = {}
+
+
+def _resolve(ref: str) -> RuntimeFactory:
+    """A plugin's ``"module:attribute"`` runtime factory, imported once."""
+    if ref not in _RESOLVED:
+        module, _, attr = ref.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ExecutorError(f"runtime factory {ref!r} cannot be imported: {exc}") from None
+        _RESOLVED[ref] = factory
+    return _RESOLVED[ref]
+
+
 def _factory(node: Any) -> RuntimeFactory:
+    kind = kind_of(node)
+    if kind is not None:
+        return _resolve(kind.runtime) if isinstance(kind.runtime, str) else kind.runtime
     for cls in type(node).__mro__:
         factory = RUNTIME_KINDS.get(cls)
         if factory is not None:
+            if cls is ModuleNode and type(node).__name__ != "UnknownModule":  # decoded, but nothing runs it
+                raise ExecutorError(f"module of type key {node.type_key!r}: this board has no runtime for it "
+                                    f"(no installed plugin registers it)")
             return factory
     raise ExecutorError(f"{type(node).__name__} is not a module of the loader's tree")
 
@@ -94,9 +110,10 @@ def _factory(node: Any) -> RuntimeFactory:
 def build_runtime(root: Any, options: BuildOptions | None = None) -> RuntimeModule:
     """Runtime modules for the loader's module tree rooted at ``root``; returns the root's.
 
-    Constants of ExampleJSON subgraphs are bound here: first from a const loader that imports the
-    module, then from the params of a graph executor factory above it.  A constant left unbound
-    is an error now, not at ``run``.  The allocator is tuned for the kernels' large temporaries
+    Constants of external modules are bound here: first from a const loader that imports the
+    module, then from the params of a graph executor factory above it (each module's
+    ``bind_constants`` / ``bind_params``).  A constant left unbound is an error now
+    (``check_constants``), not at ``run``.  The allocator is tuned for the kernels' large temporaries
     first (:func:`rpcsrv.executor.memory.tune_allocator`, once per process).
     """
     tune_allocator()
@@ -124,17 +141,9 @@ def _bind_constants(modules: list[RuntimeModule]) -> None:
     for mod in modules:
         if isinstance(mod, GraphExecutorFactoryRuntime):
             for sub in mod.walk():
-                if isinstance(sub, ExampleJSONRuntime):
-                    for symbol in sub.graphs:
-                        sub.bind(symbol, mod.params, "the graph params", only_missing=True)
+                sub.bind_params(mod.params, "the graph params")
     for mod in modules:
-        if isinstance(mod, ExampleJSONRuntime):
-            for symbol in mod.graphs:
-                missing = mod.unbound(symbol)
-                if missing:
-                    raise ExecutorError(f"ExampleJSON subgraph {symbol!r}: constant(s) "
-                                        f"{', '.join(map(repr, missing))} not found in a const loader "
-                                        f"module or the graph params")
+        mod.check_constants()
 
 
 def load_module(path: str, options: BuildOptions | None = None) -> RuntimeModule:
@@ -142,9 +151,3 @@ def load_module(path: str, options: BuildOptions | None = None) -> RuntimeModule
     from ..loader import load_library  # the loader is only needed for files
 
     return build_runtime(load_library(path).root, options)
-
-
-from ..loader.vm_executable import VMExecutableModule  # noqa: E402  (the Relax VM kind, issue 12)
-from .vm.loading import vm_executable_runtime  # noqa: E402
-
-register_runtime(VMExecutableModule, vm_executable_runtime)

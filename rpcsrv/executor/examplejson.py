@@ -21,7 +21,7 @@ from .examplejson_text import RUNTIME_ATTRS, ExampleJSONError, Kernel, Node, Sub
 from .runtime import ExecutorError, RuntimeModule
 
 __all__ = ["STEP_HOOK", "ExampleJSONError", "ExampleJSONRuntime", "Node", "Subgraph", "SubgraphFunction",
-           "parse_examplejson"]
+           "examplejson_runtime", "parse_examplejson"]
 
 #: optional per-step observer ``hook(subgraph, node, value, seconds)`` for the debug executor's
 #: per-kernel timings and intermediate outputs; set only in the thread doing the debug call
@@ -193,9 +193,32 @@ class ExampleJSONRuntime(RuntimeModule):
             self.constants[symbol][node.id] = bound
         self.functions[symbol].prepare()
 
+    def bind_constants(self, symbol: str, arrays: Mapping[str, Any], source: str) -> bool:
+        if symbol not in self.graphs:
+            return False
+        self.bind(symbol, arrays, source)
+        return True
+
+    def bind_params(self, params: Mapping[str, Any], source: str) -> None:
+        for symbol in self.graphs:
+            self.bind(symbol, params, source, only_missing=True)
+
+    def check_constants(self) -> None:
+        for symbol in self.graphs:
+            missing = self.unbound(symbol)
+            if missing:
+                raise ExecutorError(f"ExampleJSON subgraph {symbol!r}: constant(s) "
+                                    f"{', '.join(map(repr, missing))} not found in a const loader "
+                                    f"module or the graph params")
+
     def _init_in_order(self, symbol: str, arrays: Sequence[Any]) -> int:
         names = self.const_names(symbol)
         if len(arrays) != len(names):
             raise ExecutorError(f"__init_{symbol}: {len(names)} constant(s) declared, {len(arrays)} given")
         self.bind(symbol, dict(zip(names, arrays)), f"__init_{symbol}")
         return 0
+
+
+def examplejson_runtime(node: Any, imports: list[RuntimeModule], _options: Any = None) -> ExampleJSONRuntime:
+    """The runtime factory of the ``examplejson`` kind (``rpcsrv.loader.examplejson.KIND``)."""
+    return ExampleJSONRuntime(node.code, imports=imports)

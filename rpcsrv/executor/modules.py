@@ -1,4 +1,4 @@
-"""Runtime modules for the loader's module tree (other than ExampleJSON and the executor).
+"""Runtime modules of the graph executor's built-in kinds, and the tree's placeholders.
 
 * ``GraphExecutorFactoryModule`` — TVM's ``GraphExecutorFactory``: ``lib[module_name](dev, ...)``
   creates a :class:`GraphExecutorModule` over the factory's first import and sets the params;
@@ -17,7 +17,6 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from .examplejson import ExampleJSONRuntime
 from .graph import GraphExecutorModule, check_devices
 from .graph_json import parse_graph_json
 from .runtime import ExecutorError, RuntimeModule
@@ -111,8 +110,7 @@ class ConstLoaderRuntime(RuntimeModule):
         for symbol, names in self.const_vars_by_symbol.items():
             arrays = [self.arrays[n] for n in names]
             for mod in self.imports:
-                if isinstance(mod, ExampleJSONRuntime) and symbol in mod.graphs:
-                    mod.bind(symbol, dict(zip(names, arrays)), f"the {self.type_key} module")
+                if mod.bind_constants(symbol, dict(zip(names, arrays)), f"the {self.type_key} module"):
                     break
                 init = mod.get_function(f"__init_{symbol}")
                 if init is not None:
@@ -153,3 +151,13 @@ class OpaqueRuntime(RuntimeModule):
     def __init__(self, type_key: str, imports: Optional[list[RuntimeModule]] = None):
         super().__init__(imports)
         self.type_key = type_key
+
+
+def factory_runtime(node: Any, imports: list[RuntimeModule], _options: Any = None) -> GraphExecutorFactoryRuntime:
+    """The runtime of a ``GraphExecutorFactory`` node (the built-in kind, ``rpcsrv.loader.modules``)."""
+    return GraphExecutorFactoryRuntime(node.graph_json, node.params, node.module_name, imports, node.type_key)
+
+
+def const_loader_runtime(node: Any, imports: list[RuntimeModule], _options: Any = None) -> ConstLoaderRuntime:
+    """The runtime of a ``const_loader`` / ``metadata`` node."""
+    return ConstLoaderRuntime(node.arrays, node.const_vars_by_symbol, imports, node.type_key)

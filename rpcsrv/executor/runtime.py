@@ -19,11 +19,16 @@ This is the contract between the executor and the server (see docs/architecture.
   ``GetFunction`` returning a null PackedFunc).  Errors a user can act on are raised as
   ``RuntimeError`` subclasses with a message; the server sends the message to the client as an
   RPC exception.
+
+* Constants reach external modules through three hooks ``build_runtime`` calls on every module
+  (defaults: not mine / nothing to do): ``bind_constants(symbol, arrays, source)`` from a const
+  loader, ``bind_params(params, source)`` from a graph executor factory above, then
+  ``check_constants()``, which refuses a module left without its constants at ``load_module``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 from ..loader.modules import walk_imports
 
@@ -45,6 +50,17 @@ class RuntimeModule:
     def get_function(self, name: str) -> Optional[PackedFunc]:
         """This module's own function ``name``, or None."""
         return None
+
+    def bind_constants(self, symbol: str, arrays: Mapping[str, Any], source: str) -> bool:
+        """Take the constants of external function ``symbol`` (name -> array) from a const loader;
+        False when this module does not have ``symbol`` (the const loader then tries ``__init_<symbol>``)."""
+        return False
+
+    def bind_params(self, params: Mapping[str, Any], source: str) -> None:
+        """Take the constants still missing from a graph executor factory's params (by name)."""
+
+    def check_constants(self) -> None:
+        """Raise ``ExecutorError`` when a constant this module needs is still unbound."""
 
     def walk(self) -> Iterator["RuntimeModule"]:
         """This module, then its imports depth-first (each module once): the loader's walk."""

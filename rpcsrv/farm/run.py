@@ -22,7 +22,7 @@ from typing import Optional
 import trio
 
 from .registration import TrackerRegistration
-from ..board.server import ServerConfig, serve
+from ..board.server import ServerConfig, open_metrics, serve
 
 log = logging.getLogger("rpcsrv.farm.run")
 
@@ -42,6 +42,9 @@ async def run_board(cfg: ServerConfig, opts: BoardOptions) -> None:
             if opts.proxy:
                 from .proxy_client import serve_via_proxy
 
+                metrics = await open_metrics(cfg)  # obs: serve() starts it when it listens itself
+                if metrics is not None:
+                    await nursery.start(metrics[0], cfg, metrics[1])
                 await nursery.start(serve_via_proxy, opts.proxy[0], opts.proxy[1], cfg)
                 where = "through proxy %s:%d" % opts.proxy
             else:
@@ -54,6 +57,9 @@ async def run_board(cfg: ServerConfig, opts: BoardOptions) -> None:
                     await nursery.start(registration.run)
                     where += " registered with tracker %s:%d" % opts.tracker
             print(f"rpcsrv: serving {where}" + (f" with key {cfg.key!r}" if cfg.key else ""), flush=True)
+            if cfg.metrics_bound is not None:  # obs (issue 28): a line of its own, after the board's port
+                print(f"rpcsrv: metrics and status page on http://{cfg.metrics_host or cfg.host}:{cfg.metrics_bound}/",
+                      flush=True)
             async for signum in signals:
                 log.warning("signal %d: stopping (leave tracker, close %d session(s))", signum, len(cfg.sessions))
                 break

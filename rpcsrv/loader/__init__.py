@@ -10,10 +10,8 @@ from .errors import LoaderError
 from .library import LoadedLibrary, load_library
 from .location import BLOB_SYMBOL, FFI_BLOB_SYMBOL, symbol_content
 from .formats import load_ndarray, load_param_dict, save_ndarray, save_param_dict
-from .modules import (
-    ConstLoaderModule, ExampleJSONModule, GraphExecutorFactoryModule, HostLibraryModule, ModuleNode,
-    UnknownModule,
-)
+from .examplejson import ExampleJSONModule
+from .modules import ConstLoaderModule, GraphExecutorFactoryModule, HostLibraryModule, ModuleNode, UnknownModule
 from .vm_executable import VMExecutableModule  # also registers the relax.VMExecutable payload
 
 __all__ = [

@@ -20,6 +20,7 @@ above its parent's and each module's imports come back in index order, as with T
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from construct import Array, Construct, If, Pass, Struct, Switch, Tell, this
 
@@ -36,17 +37,31 @@ class _UnknownKey(Construct):
     """Switch default of the classic layout: an unknown payload cannot be skipped."""
 
     def _parse(self, stream, context, path):
-        fail(stream, context.offset, f"unknown module type key {context.type_key!r}: its payload has "
-                                     f"no length and cannot be skipped; expected one of "
+        fail(stream, context.offset, f"unknown module type key {context.type_key!r} (no installed plugin "
+                                     f"registers it): its payload has no length and cannot be skipped; expected one of "
                                      f"{', '.join(sorted(PAYLOADS))}, {LIB_KEY} or {IMPORT_TREE_KEY}")
 
     def _build(self, obj, stream, context, path):
         raise FormatError(f"cannot write a payload for unknown type key {context.type_key!r}")
 
 
-_CLASSIC_PAYLOADS = {key: codec.fmt for key, codec in PAYLOADS.items()}
-_CLASSIC_PAYLOADS[LIB_KEY] = Pass
-_CLASSIC_PAYLOADS[IMPORT_TREE_KEY] = ImportTree
+class _ClassicPayloads(Mapping):
+    """The classic entries' payload declarations by type key: a live view of ``PAYLOADS`` (plugins
+    installed after import included) plus the two structural keys."""
+
+    _FIXED = {LIB_KEY: Pass, IMPORT_TREE_KEY: ImportTree}
+
+    def __getitem__(self, key):
+        return self._FIXED[key] if key in self._FIXED else PAYLOADS[key].fmt
+
+    def __iter__(self):
+        return iter([*PAYLOADS, *self._FIXED])
+
+    def __len__(self):
+        return len(PAYLOADS) + len(self._FIXED)
+
+
+_CLASSIC_PAYLOADS = _ClassicPayloads()
 
 ClassicEntry = Struct(
     "type_key" / DmlcString,

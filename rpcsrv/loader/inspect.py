@@ -2,10 +2,11 @@
 
 ``inspect_library`` returns a JSON-serialisable summary: container and architecture, blob layout
 and position, the module tree, for each graph executor factory its inputs, outputs, op nodes
-(with the ``func_name`` each calls) and params, each ExampleJSON subgraph, each constant table.
-``format_inspection`` renders it as text.  The summary is read-only and tolerant: a graph JSON or
-ExampleJSON text that does not parse is reported as such instead of failing the inspection (the
-executor is the authority on whether it runs).
+(with the ``func_name`` each calls) and params, each constant table, and for a module of a
+plugin's kind (ExampleJSON, a vendor's) what its plugin says (``ModuleKind.summarize`` / ``format``)
+and which plugin it is.  ``format_inspection`` renders it as text.  The summary is read-only and
+tolerant: a graph JSON that does not parse is reported as such instead of failing the inspection
+(the executor is the authority on whether it runs).
 """
 
 from __future__ import annotations
@@ -18,10 +19,8 @@ from ..protocol.dtypes import dtype_str
 from .library import load_library
 from .vm_executable import VMExecutableModule
 from .vm_text import format_vm, summarize_vm
-from .modules import (
-    ConstLoaderModule, ExampleJSONModule, GraphExecutorFactoryModule, HostLibraryModule,
-    UnknownModule,
-)
+from .modules import ConstLoaderModule, GraphExecutorFactoryModule, HostLibraryModule, UnknownModule
+from .plugins import KINDS, OWNERS, kind_of
 
 
 def _array_info(name: str, arr: np.ndarray) -> dict:
@@ -58,44 +57,12 @@ def summarize_graph(graph_json: str, params: dict) -> dict:
     return info
 
 
-def summarize_examplejson(code: str) -> list[dict]:
-    """Each subgraph of an ExampleJSON text: name, inputs, constants, op counts, outputs."""
-    subgraphs: list[dict] = []
-    for raw in code.splitlines():
-        words = raw.split()
-        if not words or words[0].startswith("#"):
-            continue
-        if len(words) == 1 and words[0] != "output":
-            subgraphs.append({"name": words[0], "inputs": [], "consts": [], "ops": {}, "nodes": 0,
-                              "outputs": []})
-            continue
-        if not subgraphs:
-            subgraphs.append({"name": "(unnamed)", "inputs": [], "consts": [], "ops": {}, "nodes": 0,
-                              "outputs": []})
-        sg, kind = subgraphs[-1], words[0]
-        if kind == "input":
-            dims = [w for w in words[2:] if w.lstrip("-").isdigit()]
-            dtype = words[words.index("dtype:") + 1] if "dtype:" in words[:-1] else "float32"
-            sg["inputs"].append({"id": words[1] if len(words) > 1 else "?",
-                                 "shape": [int(d) for d in dims], "dtype": dtype})
-        elif kind == "const":
-            sg["consts"].append(words[words.index("name:") + 1] if "name:" in words[:-1] else "?")
-        elif kind == "output":
-            sg["outputs"] = words[1:]
-        else:
-            sg["ops"][kind] = sg["ops"].get(kind, 0) + 1
-            sg["nodes"] += 1
-    return subgraphs
-
-
 def _module_info(mod, index: dict) -> dict:
     info = {"index": index[id(mod)], "type_key": mod.type_key,
             "imports": [index[id(m)] for m in mod.imports]}
     if isinstance(mod, GraphExecutorFactoryModule):
         info["module_name"] = mod.module_name
         info["graph"] = summarize_graph(mod.graph_json, mod.params)
-    elif isinstance(mod, ExampleJSONModule):
-        info["subgraphs"] = summarize_examplejson(mod.code)
     elif isinstance(mod, ConstLoaderModule):
         info["constants"] = [_array_info(n, a) for n, a in mod.arrays.items()]
         info["const_vars_by_symbol"] = {k: list(v) for k, v in mod.const_vars_by_symbol.items()}
@@ -105,7 +72,17 @@ def _module_info(mod, index: dict) -> dict:
         info["vm"] = summarize_vm(mod)
     elif isinstance(mod, UnknownModule):
         info["payload_bytes"] = len(mod.payload)
-        info["note"] = "unknown type key: rpcsrv cannot run this module"
+        info["note"] = "unknown type key (no installed plugin registers it): rpcsrv cannot run this module"
+    kind = kind_of(mod)
+    if kind is not None:
+        info["plugin"] = OWNERS[mod.type_key]
+        try:
+            if kind.summarize is not None:
+                info.update(kind.summarize(mod))
+            if kind.functions is not None:
+                info["exports"] = {"label": kind.label, "functions": list(kind.functions(mod))}
+        except Exception as exc:  # a plugin's summary must not fail the inspection
+            info["summary_error"] = f"{type(exc).__name__}: {exc}"
     return info
 
 
@@ -126,14 +103,15 @@ def inspect_library(source) -> dict:
 
 
 def _function_kinds(infos: list[dict], host_symbols: list[str]) -> dict:
-    """Each graph ``func_name``: ExampleJSON subgraph, host code (a native symbol), builtin or missing."""
-    subgraphs = {sg["name"] for m in infos for sg in m.get("subgraphs", [])}
+    """Each graph ``func_name``: a plugin module's function (by its label, e.g. "ExampleJSON subgraph"),
+    host code (a native symbol), builtin or missing."""
+    exported = {f: m["exports"]["label"] for m in infos if "exports" in m for f in m["exports"]["functions"]}
     host = set(host_symbols)
     kinds = {}
     for m in infos:
         for op in m.get("graph", {}).get("ops", []):
             name = op["func_name"]
-            kinds[name] = ("ExampleJSON subgraph" if name in subgraphs
+            kinds[name] = (exported[name] if name in exported
                            else "host code" if name in host or f"__tvm_ffi_{name}" in host
                            else "builtin" if name in ("__nop", "__copy") else "missing")
     return kinds
@@ -158,10 +136,19 @@ def format_inspection(info: dict, disasm: bool = False) -> str:
     out.append("module tree:")
     for m in info["modules"]:
         imports = f" -> imports {m['imports']}" if m["imports"] else ""
-        out.append(f"  [{m['index']}] {m['type_key']}{imports}")
+        plugin = f" (plugin {m['plugin']})" if "plugin" in m else ""
+        out.append(f"  [{m['index']}] {m['type_key']}{plugin}{imports}")
     for m in info["modules"]:
         head = f"[{m['index']}] {m['type_key']}"
-        if "graph" in m:
+        kind = KINDS.get(m["type_key"]) if "plugin" in m else None
+        if kind is not None and kind.format is not None and "summary_error" not in m:
+            try:
+                out.extend(kind.format(head, m))
+            except Exception as exc:  # a plugin's text must not fail the inspection
+                out.append(f"{head}: (plugin {m['plugin']} could not format it: {type(exc).__name__}: {exc})")
+        elif "summary_error" in m:
+            out.append(f"{head}: (plugin {m['plugin']} could not summarize it: {m['summary_error']})")
+        elif "graph" in m:
             g = m["graph"]
             out.append(f"{head} (module name {m['module_name']!r}):")
             if "graph_error" in g:
@@ -175,14 +162,6 @@ def format_inspection(info: dict, disasm: bool = False) -> str:
             out.append(f"  params: {len(g['params'])}, {g['param_bytes']} bytes")
             for p in g["params"]:
                 out.append(f"    {p['name']}: {_shape(p)} {p['nbytes']} bytes")
-        elif "subgraphs" in m:
-            out.append(f"{head}: {len(m['subgraphs'])} subgraph(s)")
-            for sg in m["subgraphs"]:
-                ops = ", ".join(f"{k} x{v}" for k, v in sg["ops"].items())
-                ins = ", ".join(_shape(i) for i in sg["inputs"])
-                out.append(f"  {sg['name']}: inputs [{ins}], {sg['nodes']} nodes ({ops})"
-                           + (f", consts {sg['consts']}" if sg["consts"] else "")
-                           + (f", outputs {sg['outputs']}" if sg["outputs"] else ""))
         elif "constants" in m:
             out.append(f"{head}: {len(m['constants'])} constant(s)")
             for c in m["constants"]:

@@ -1,16 +1,21 @@
-"""The module tree a library carries, and each module type's payload codec.
+"""The module tree a library carries, and the built-in module kinds.
 
 A blob holds a tree (a DAG in general) of modules.  Each node here is one module with its type
-key, its imports and the decoded payload.  ``PAYLOADS`` maps every type key we understand to the
-construct declaration of its payload (``formats.py``) and two small functions that turn the parsed
-value into a node and back; ``blob.py`` uses it for every layout.
+key, its imports and the decoded payload.  ``PAYLOADS`` (``node.py``) maps every type key we
+understand to the construct declaration of its payload (``formats.py``) and two small functions that
+turn the parsed value into a node and back; ``blob.py`` uses it for every layout.  Every kind reaches
+it through ``plugins.install``: the built-in ones here (:data:`BUILTIN`), installed plugins when the
+board starts (``plugins.load_plugins``).
 
 Type keys (TVM's ``type_key()`` / ``kind()``):
 
 * ``GraphExecutorFactory`` (0.7: ``GraphRuntimeFactory``): graph JSON, params, module name;
-* ``examplejson``: the ExampleJSON text (``docs/examplejson.md``);
+* ``examplejson``: its own module kind (``examplejson.py``);
+* ``relax.VMExecutable``: its own module kind (``vm_executable.py``);
 * ``const_loader`` (0.7-0.8: ``metadata``): named constant arrays and which external symbol needs
   which of them;
+* ``tensorrt``, ``arm_compute_lib``, ``dnnl_json``, ``clml``, ``bnns_json``, ``json``: TVM's
+  JSON-runtime BYOC modules, their own module kind (``jsonrt.py``, ``jsonrt_inspect.py``);
 * ``_lib``: placeholder for the host library itself (the shared object the blob sits in); it has
   no payload, its functions are the library's symbols.
 """
@@ -21,9 +26,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .formats import ConstLoaderPayload, ExampleJSONPayload, GraphExecutorFactoryPayload
-from .node import ModuleNode, PayloadCodec, walk_imports  # noqa: F401  (declared in the leaf node.py; re-exported)
-from .vm_executable import PAYLOAD as _VM_EXECUTABLE
+from .examplejson import PLUGIN as _EXAMPLEJSON
+from .formats import ConstLoaderPayload, GraphExecutorFactoryPayload
+from .jsonrt_inspect import PLUGIN as _JSON_RUNTIME
+from .node import PAYLOADS, ModuleNode, PayloadCodec, walk_imports  # noqa: F401  (declared in the leaf node.py)
+from .plugins import ModuleKind, RuntimePlugin, install
+from .vm_executable import PLUGIN as _VM_EXECUTABLE
 
 LIB_KEY = "_lib"
 IMPORT_TREE_KEY = "_import_tree"
@@ -37,14 +45,6 @@ class GraphExecutorFactoryModule(ModuleNode):
     params: dict[str, np.ndarray]
     module_name: str = "default"
     type_key: str = field(default="GraphExecutorFactory", kw_only=True)
-
-
-@dataclass(eq=False, repr=False)
-class ExampleJSONModule(ModuleNode):
-    """A BYOC ExampleJSON module: its subgraphs as one text."""
-
-    code: str
-    type_key: str = field(default="examplejson", kw_only=True)
 
 
 @dataclass(eq=False, repr=False)
@@ -105,21 +105,24 @@ def _encode_consts(m: ConstLoaderModule):
 _FACTORY = PayloadCodec(GraphExecutorFactoryPayload, _decode_factory, _encode_factory)
 _CONSTS = PayloadCodec(ConstLoaderPayload, _decode_consts, _encode_consts)
 
-PAYLOADS: dict[str, PayloadCodec] = {
-    "GraphExecutorFactory": _FACTORY,
-    "GraphRuntimeFactory": _FACTORY,
-    "examplejson": PayloadCodec(ExampleJSONPayload,
-                                lambda v, key: ExampleJSONModule(v, type_key=key), lambda m: m.code),
-    "const_loader": _CONSTS,
-    "metadata": _CONSTS,
-}
+#: TVM's graph executor libraries: the factory and the const loader (their runtimes: rpcsrv.executor.modules;
+#: ``rpcsrv inspect`` knows them by class, ``inspect.py``)
+GRAPH_EXECUTOR = RuntimePlugin("graph_executor", (
+    ModuleKind(("GraphExecutorFactory", "GraphRuntimeFactory"), _FACTORY,
+               "rpcsrv.executor.modules:factory_runtime"),
+    ModuleKind(("const_loader", "metadata"), _CONSTS, "rpcsrv.executor.modules:const_loader_runtime"),
+), "TVM's graph executor factory and const loader")
 
-PAYLOADS["relax.VMExecutable"] = _VM_EXECUTABLE
+#: the built-in kinds, installed through the plugin interface like any other
+BUILTIN = (GRAPH_EXECUTOR, _EXAMPLEJSON, _VM_EXECUTABLE, _JSON_RUNTIME)
+for _plugin in BUILTIN:
+    install(_plugin)
 
 
 def require_known(mod: ModuleNode) -> ModuleNode:
     """``mod`` itself, or a ValueError when it is a module we could not decode."""
     if isinstance(mod, UnknownModule):
         raise ValueError(f"module of type key {mod.type_key!r} ({len(mod.payload)} bytes) is not "
-                         f"supported by rpcsrv; known: {', '.join(sorted(PAYLOADS))}")
+                         f"supported by rpcsrv (no installed plugin registers it); known: "
+                         f"{', '.join(sorted(PAYLOADS))}")
     return mod

@@ -2,7 +2,8 @@
 
 A leaf: ``modules.py`` (the payload kinds TVM's graph executor libraries carry) and each module
 kind in its own file (``vm_executable.py``) build on it, and ``modules.py`` collects their codecs
-into ``PAYLOADS`` without an import circle.
+into ``PAYLOADS`` without an import circle.  ``PAYLOADS`` itself lives here, the one table every
+layout reads; ``plugins.py`` fills it (built-in kinds and installed plugins alike).
 """
 
 from __future__ import annotations
@@ -50,3 +51,8 @@ class PayloadCodec:
     fmt: Any
     decode: Callable[[Any, str], ModuleNode]
     encode: Callable[[ModuleNode], Any]
+
+
+#: type key -> how its payload is declared and decoded; filled through ``plugins.install`` (and, for
+#: code written before the plugin interface, by direct assignment)
+PAYLOADS: dict[str, PayloadCodec] = {}

@@ -41,6 +41,7 @@ from construct import (
 from ..protocol.dtypes import DataType
 from .formats import DmlcString, NDArray, StringVector, Vector, _remaining, fail
 from .node import ModuleNode, PayloadCodec
+from .plugins import ModuleKind, RuntimePlugin
 
 MAGIC_V1 = 0xD225DE2F4214151D
 MAGIC_V2 = 0xD225DE2F4214151E
@@ -298,5 +299,12 @@ def decode_instructions(exe: VMExecutableModule) -> list[Instruction]:
     return out
 
 
-#: the loader's codec for this type key (registered in ``modules.PAYLOADS``)
+#: the loader's codec for this type key
 PAYLOAD = PayloadCodec(VMExecutablePayload, decode, encode)
+
+#: the built-in plugin of this kind (installed by ``modules.py``; its runtime is ``rpcsrv.executor.vm``;
+#: ``rpcsrv inspect`` shows it through ``vm_text.py``)
+PLUGIN = RuntimePlugin("relax_vm", (ModuleKind(("relax.VMExecutable",), PAYLOAD,
+                                                "rpcsrv.executor.vm.loading:vm_executable_runtime",
+                                                label="Relax VM function"),),
+                       "Relax VM executables (TVM >= 0.21)")

@@ -69,6 +69,13 @@ class NativeSession:
         self.arena = None  # created with the first worker: buffers allocated after it are shared
         self.worker = None
         self.account = None  # the session's MemoryAccount (set by the session): its worker is charged to it
+        self.workspace: Optional[str] = None  # the session's workspace (set by the session): the worker's files
+        self._own_workspace: Optional[str] = None  # else one of its own (sessions made without a server)
+        self.confined: Optional[dict] = None  # the layers in force in the current worker (confine.py)
+        # obs (issue 28): workers this session took, and those that ended other than by closing (read by
+        # rpcsrv.board.observe through worker_counts, at scrape time)
+        self.workers_started = 0
+        self.workers_crashed = 0
 
     def _open_arena(self) -> None:
         if self.arena is not None or not sys.platform.startswith("linux"):
@@ -123,11 +130,50 @@ class NativeSession:
             from .proxy import take_worker
 
             if self.worker is not None:
+                self._count_end(self.worker)  # obs
                 self.worker.close()
                 self.worker = None  # closed: not closed again if no new worker can be taken
             self._open_arena()
             self.worker = take_worker(self.arena, self._deadline, self.account)
-        return self.worker.load(os.path.abspath(path))
+            self.confined = None
+            self.workers_started += 1  # obs
+        path = os.path.abspath(path)
+        if self.worker.confining:
+            path = self._confine_worker(path)
+        return self.worker.load(path)
+
+    def _confine_worker(self, path: str) -> str:
+        """Confine the worker (once) to this session's workspace and budget (``confine.py``), before it
+        loads anything; returns where the worker finds the library (a library from outside the workspace,
+        as tests load them, is copied in first)."""
+        import shutil
+        import tempfile
+
+        from . import confine
+
+        root = self.workspace if self.workspace is not None and confine.reachable(self.workspace) else None
+        if root is None:
+            if self._own_workspace is None:
+                self._own_workspace = tempfile.mkdtemp(prefix="rpcsrv-native-")
+            root = self._own_workspace
+        if self.confined is None:
+            self.confined, _ = self.worker.request(("confine", confine.policy(root, self.max_memory)),
+                                                   "confining the native worker")
+            absent = {k: v for k, v in self.confined.items() if not v.startswith("in force")}
+            if absent:
+                import logging
+
+                logging.getLogger("rpcsrv.native").warning(
+                    "native worker %s confined without: %s", self.worker.pid,
+                    "; ".join(f"{k} ({v})" for k, v in absent.items()))
+        real = os.path.realpath(path)
+        if os.path.commonpath([real, os.path.realpath(root)]) != os.path.realpath(root):
+            fd, copy = tempfile.mkstemp(suffix=os.path.splitext(path)[1], dir=root)
+            os.close(fd)
+            shutil.copyfile(real, copy)
+            real = copy
+        confine.hand_over(real)
+        return real
 
     def _claim_here(self) -> bool:
         """Whether a library without native code to run may load in the server process: not with
@@ -158,10 +204,31 @@ class NativeSession:
         with _HERE_LOCK:
             _HERE.discard(self)
         if self.worker is not None:
+            self._count_end(self.worker)  # obs
             self.worker.close()
             self.worker = None
         if self.arena is not None:
             self.arena.close()
+        if self._own_workspace is not None:
+            import shutil
+
+            shutil.rmtree(self._own_workspace, ignore_errors=True)
+            self._own_workspace = None
+
+    # obs (issue 28): worker counts for the board's metrics ------------------------------------------
+    def _count_end(self, worker) -> None:
+        if not worker.alive and worker.dead != "closed":
+            self.workers_crashed += 1
+
+    def worker_counts(self) -> tuple[int, int, int]:
+        """(alive, started, crashed) of this session's workers, the current one included (a crash
+        counts as soon as it happened, before the session notices)."""
+        w = self.worker
+        if w is None:
+            return 0, self.workers_started, self.workers_crashed
+        gone = 0 if w.alive or w.dead == "closed" else 1
+        return (1 if w.alive else 0), self.workers_started, self.workers_crashed + gone
+    # obs end
 
 
 def graphs_call_host_code(root: Any, libraries: list[HostLibraryModule]) -> bool:

@@ -37,6 +37,7 @@ from ..protocol.dtypes import DataType, Device
 from .abi import (ABI_CLASSIC, ABI_FFI, FFI, Classic, ClassicPackedFunc, DLTensor, FunctionHandle,
                   LookupFunc, SafeCallFunc, ShapeObject, TVMFFIAny, TVMFFIObject, TVMValue)
 from .machine import Machine, board, machine_of
+from .shm import address_of
 from .shim import CONTEXT_FUNCTIONS, PROVIDED, ShimUnavailable, load_shim
 
 FFI_PREFIX = "__tvm_ffi_"
@@ -229,6 +230,7 @@ class NativeFunction:
         self._handle = FunctionHandle(abi, address)  # what compiled code gets from a lookup
         self.handle_address = ctypes.addressof(self._handle)
         self.__name__ = name
+        self._recent: dict[tuple, Callable[[], Any]] = {}  # signature -> bound call (``__call__``)
 
     def __repr__(self) -> str:
         kind = "tvm-ffi" if self.abi == ABI_FFI else "classic packed"
@@ -241,51 +243,73 @@ class NativeFunction:
         return NativeError(f"{self.name}: {message or 'the native function returned an error'}")
 
     def __call__(self, *args: Any) -> Any:
-        keep: list = []
+        """Call with ``args``: the converted arguments of recent signatures are reused (``signature``)."""
+        key = signature(args)
+        if key is None:
+            return self.bind(*args, hold=False, returns=True)()
+        bound = self._recent.get(key)
+        if bound is None:
+            if len(self._recent) >= RECENT:
+                self._recent.clear()
+            bound = self._recent[key] = self.bind(*args, hold=False, returns=True)
+        return bound()
+
+    def bind(self, *args: Any, hold: bool = True, returns: bool = False) -> Callable[[], Any]:
+        """A call of this function with these arguments, converted once (graph executor, ``__call__``).
+        ``hold``: the call keeps the arrays alive (else only their addresses: the caller keeps them);
+        ``returns``: the call returns the function's result (a fresh result cell per call)."""
+        keep: list = [args] if hold else []
         n = len(args)
+        fail, name = self._fail, self.name
         if self._ffi is not None:
             anys = (TVMFFIAny * max(n, 1))()
             for i, a in enumerate(args):
                 _to_any(a, anys[i], keep)
-            result = TVMFFIAny()
-            if self._ffi(None, anys, n, ctypes.byref(result)) != 0:
-                raise self._fail()
-            return _from_any(result, self.name)
-        values, codes = (TVMValue * max(n, 1))(), (ctypes.c_int * max(n, 1))()
-        for i, a in enumerate(args):
-            codes[i] = _to_value(a, values[i], keep)
-        ret, ret_code = TVMValue(), ctypes.c_int(Classic.NULL)
-        if self._classic(values, codes, n, ctypes.byref(ret), ctypes.byref(ret_code), None) != 0:
-            raise self._fail()
-        return _from_value(ret, ret_code.value, self.name)
-
-    def bind(self, *arrays: np.ndarray) -> Callable[[], None]:
-        """A call of this function with these arrays, its arguments converted once (graph executor)."""
-        keep: list = [arrays]
-        n = len(arrays)
-        fail = self._fail
-        if self._ffi is not None:
-            anys = (TVMFFIAny * max(n, 1))()
-            for i, a in enumerate(arrays):
-                _to_any(a, anys[i], keep)
             f, result = self._ffi, TVMFFIAny()
 
-            def call_ffi() -> None:
-                result.type_index = FFI.NONE
-                if f(None, anys, n, result) != 0:
+            def call_ffi() -> Any:
+                out = TVMFFIAny() if returns else result
+                out.type_index = FFI.NONE
+                if f(None, anys, n, out) != 0:
                     raise fail()
+                return _from_any(out, name) if returns else None
             call_ffi.keep = keep  # the argument structures live as long as the call
             return call_ffi
         values, codes = (TVMValue * max(n, 1))(), (ctypes.c_int * max(n, 1))()
-        for i, a in enumerate(arrays):
+        for i, a in enumerate(args):
             codes[i] = _to_value(a, values[i], keep)
         fc, ret, ret_code = self._classic, TVMValue(), ctypes.c_int(Classic.NULL)
 
-        def call_classic() -> None:
+        def call_classic() -> Any:
+            if returns:
+                out, code = TVMValue(), ctypes.c_int(Classic.NULL)
+                if fc(values, codes, n, out, code, None) != 0:
+                    raise fail()
+                return _from_value(out, code.value, name)
             if fc(values, codes, n, ret, ret_code, None) != 0:
                 raise fail()
         call_classic.keep = keep
         return call_classic
+
+
+#: argument signatures whose converted arguments a native function keeps (a tuner calls one kernel
+#: with the same few buffers over and over; converting them costs ~30 us a call, a bound call ~1 us)
+RECENT = 32
+
+
+def signature(args: tuple) -> Optional[tuple]:
+    """What a call's converted arguments depend on (arrays: address, shape, strides, dtype; plain
+    ints, floats, bools, None and strings: type and value), or None for arguments not worth a key."""
+    key = []
+    for a in args:
+        t = type(a)
+        if t is np.ndarray:
+            key.append((address_of(a), a.shape, a.strides, a.dtype.str))
+        elif t in (int, float, bool, str) or a is None:
+            key.append((t, a))
+        else:
+            return None
+    return tuple(key)
 
 
 def _tvm_ffi_error() -> str:

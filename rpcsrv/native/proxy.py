@@ -39,8 +39,9 @@ from ..executor import compute
 from ..executor.runtime import RuntimeModule
 from .library import NativeError
 from .shm import Arena
-from .wire import Copied, Ref, Shared
-from .worker import _recv, _send
+from .wire import Copied, FrameError, Ref, Shared, encode_call
+from .confine_wire import ProtocolViolation, loads, message_limit, recv
+from .worker import _send
 
 START_TIMEOUT = 30.0
 #: what a native worker itself costs its session: a started worker holds ~25 MiB of private memory
@@ -65,7 +66,10 @@ class Worker:
         self.cost = 0  # WORKER_COST, while charged to ``account``
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         fds = [theirs.fileno()] + ([arena.fd] if arena else [])
-        env = dict(os.environ)
+        from . import confine
+
+        self.confining = confine.SETTINGS.enabled  # a scrubbed environment; confined before its first load
+        env = confine.worker_env(os.environ) if self.confining else dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
         try:
             self.proc = subprocess.Popen(
@@ -100,9 +104,7 @@ class Worker:
                 if not chunk:
                     raise NativeError("the native worker failed to start (it closed its socket)")
                 data += chunk
-            import pickle
-
-            _ready, self.pid, size = pickle.loads(data)
+            _ready, self.pid, size = loads(data)  # a worker's word is checked (confine_wire.py)
             self.worker_arena = Arena(size, fd=fds[0])
         except BaseException as exc:
             for fd in fds:
@@ -112,6 +114,10 @@ class Worker:
             if isinstance(exc, NativeError) and why == "failed to start":
                 raise NativeError(f"{exc} ({self._exit_text()})") from None
             raise
+
+    def _recv(self) -> Any:
+        """The worker's next message, read as from an untrusted peer (``confine_wire.py``)."""
+        return recv(self.sock, message_limit(self.account))
 
     def _wait(self, until: Optional[float]) -> bool:
         poller = select.poll()
@@ -186,15 +192,28 @@ class Worker:
                     with self._garbage_lock:
                         garbage, self._garbage = self._garbage, []
                     _send(self.sock, (None, ("free", garbage)))
-                    if self._settle(_recv(self.sock))[0] != "ok":
+                    if self._settle(self._recv())[0] != "ok":
                         raise EOFError
-                _send(self.sock, (self._budget(), req))
+                budget = self._budget()
+                frame = encode_call(req[1], budget, req[2]) if req[0] == "call" else None
+                _send(self.sock, (budget, req), data=frame)
                 answer = self._settle(self._answer(what))
-            except (EOFError, OSError, ConnectionError):
-                text = self._exit_text()
-                self.kill(f"crashed: {text}")
-                raise NativeError(f"{what}: native code crashed ({text}); this session's native modules "
-                                  f"are gone, load the module again") from None
+            except (ProtocolViolation, EOFError, OSError, ConnectionError, FrameError) as exc:
+                raise self._failure(exc, what) from None
+        return self._result(answer, what)
+
+    def _failure(self, exc: BaseException, what: str) -> NativeError:
+        """The worker is killed after a request failed with ``exc``: the error that says why."""
+        if isinstance(exc, ProtocolViolation):  # forged by native code: the worker goes, as after a crash
+            self.kill(f"broke the protocol: {exc}")
+            return NativeError(f"{what}: {exc}; its worker was stopped, load the module again")
+        text = self._exit_text()
+        self.kill(f"crashed: {text}")
+        return NativeError(f"{what}: native code crashed ({text}); this session's native modules are gone, "
+                           f"load the module again")
+
+    def _result(self, answer: tuple, what: str) -> tuple[Any, list]:
+        """An answer's value and copied-back arguments, or its error raised."""
         if answer[0] == "err":
             raise NativeError(answer[1])
         if answer[0] == "budget":  # refused in the worker before allocating
@@ -203,18 +222,21 @@ class Worker:
             raise self.account.refusal(*answer[1])
         return answer[1], answer[2]
 
-    def _answer(self, what: str) -> tuple:
-        """The answer to the request just sent.  Meanwhile the worker may ask for a compute slot
-        (``("slot",)``, a model run starting there): it is held in the server's compute policy
-        (``rpcsrv.executor.compute``) until ``("slot-done",)`` or the answer, so the worker's runs
-        share the cores' slots with every other session's."""
+    def _answer(self, what: str, first: Optional[tuple] = None) -> tuple:
+        """The answer to the request just sent (``first``: its first message, already read).  Meanwhile
+        the worker may ask for a compute slot (``("slot",)``, a model run starting there): it is held in
+        the server's compute policy (``rpcsrv.executor.compute``) until ``("slot-done",)`` or the
+        answer, so the worker's runs share the cores' slots with every other session's."""
         with contextlib.ExitStack() as held:
             while True:
-                if not self._wait(self.deadline()):
+                if first is not None:
+                    answer, first = first, None
+                elif not self._wait(self.deadline()):
                     self.kill("stopped at the session deadline")
                     raise NativeError(f"{what}: native code was still running at the session deadline; "
                                       f"its worker was stopped")
-                answer = _recv(self.sock)
+                else:
+                    answer = self._recv()
                 if answer[0] == "slot":
                     held.close()
                     try:
@@ -298,7 +320,7 @@ class Worker:
         """Give a spare worker its session: the session's arena (mapped there) and deadline."""
         with self.lock:
             _send(self.sock, (None, ("attach", arena.capacity if arena else 0)), [arena.fd] if arena else [])
-            if not self._wait(time.monotonic() + START_TIMEOUT) or _recv(self.sock)[0] != "ok":
+            if not self._wait(time.monotonic() + START_TIMEOUT) or self._recv()[0] != "ok":
                 raise NativeError("the spare native worker did not take its session")
         self.arena, self.deadline = arena, deadline
 
@@ -332,6 +354,11 @@ def take_worker(arena: Optional[Arena], deadline: Callable[[], Optional[float]],
     with _pool_lock:
         worker, _spare = _spare, None
     try:
+        from .confine import SETTINGS
+
+        if worker is not None and worker.confining != SETTINGS.enabled:  # started under other settings
+            worker.close()
+            worker = None
         if worker is not None and worker.alive and worker.proc.poll() is None:
             worker.attach(arena, deadline)
         else:
@@ -379,6 +406,12 @@ class WorkerFunction(_Proxy):
     def __call__(self, *args: Any) -> Any:
         return self.worker.call(("call", self.oid), args, self.name)
 
+    async def acall(self, *args: Any) -> tuple[bool, Any]:
+        """The call from the event loop (``fastpath.worker_call``): ``(done, value)``."""
+        from .fastpath import worker_call
+
+        return await worker_call(self.worker, self.oid, args, self.name)
+
     def time_evaluator(self, params: tuple, f_preproc: str) -> "WorkerFunction":
         """TVM's time evaluator for this function, run inside the worker (no IPC in the timings)."""
         result, _ = self.worker.request(("timer", self.oid, params, f_preproc), "time_evaluator")
@@ -394,13 +427,22 @@ class WorkerModule(_Proxy, RuntimeModule):
         RuntimeModule.__init__(self)
         _Proxy.__init__(self, worker, oid, type_key)
         self.type_key = type_key
+        #: functions found, by (name, query_imports): a client that looks a function up before every
+        #: call (``lib["f"](...)``) asks the worker once
+        self._found: dict[tuple[str, bool], WorkerFunction] = {}
 
     def get_function(self, name: str) -> Optional[WorkerFunction]:
         return self.find_function(name, False)
 
     def find_function(self, name: str, query_imports: bool = True) -> Optional[WorkerFunction]:
-        result, _ = self.worker.request(("get", self.oid, name, bool(query_imports)), f"get_function {name}")
-        return self.worker.from_wire(result)
+        key = (name, bool(query_imports))
+        fn = self._found.get(key)
+        if fn is None or not self.worker.alive:
+            result, _ = self.worker.request(("get", self.oid, name, key[1]), f"get_function {name}")
+            fn = self.worker.from_wire(result)
+            if fn is not None:
+                self._found[key] = fn
+        return fn
 
     def __repr__(self) -> str:
         return f"<WorkerModule {self.type_key!r} #{self.oid} in worker {self.worker.pid}>"

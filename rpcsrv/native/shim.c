@@ -17,6 +17,27 @@
 #include <string.h>
 #include <unistd.h>
 
+/* Prebuilt shims (shimbuild.py, -DRPCSRV_PORTABLE_GLIBC) bind the pthread functions to their first
+ * symbol versions: glibc 2.34 moved them into libc under a new version, and a shim built there would
+ * not load on an older board.  The old versions are still in a new libc; on an old board they come from
+ * libpthread.so.0, which the prebuilt shim names as a dependency. */
+#if defined(RPCSRV_PORTABLE_GLIBC) && defined(__GLIBC__)
+#if defined(__x86_64__)
+#define RPCSRV_GLIBC_BASE "GLIBC_2.2.5"
+#elif defined(__aarch64__)
+#define RPCSRV_GLIBC_BASE "GLIBC_2.17"
+#elif defined(__arm__)
+#define RPCSRV_GLIBC_BASE "GLIBC_2.4"
+#endif
+#ifdef RPCSRV_GLIBC_BASE
+__asm__(".symver pthread_create,pthread_create@" RPCSRV_GLIBC_BASE);
+__asm__(".symver pthread_join,pthread_join@" RPCSRV_GLIBC_BASE);
+__asm__(".symver pthread_barrier_init,pthread_barrier_init@" RPCSRV_GLIBC_BASE);
+__asm__(".symver pthread_barrier_wait,pthread_barrier_wait@" RPCSRV_GLIBC_BASE);
+__asm__(".symver pthread_barrier_destroy,pthread_barrier_destroy@" RPCSRV_GLIBC_BASE);
+#endif
+#endif
+
 #define RPCSRV_API __attribute__((visibility("default")))
 
 /* ---------------------------------------------------------------- errors */

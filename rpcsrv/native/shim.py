@@ -1,24 +1,26 @@
-"""The runtime shim: ``shim.c`` built with the board's C compiler at first use, cached, loaded once.
+"""The runtime shim: ``shim.c`` as a shared library, found (prebuilt) or built, loaded once per process.
 
 Why a shim and not a TVM library: compiled code needs a handful of C entry points (workspace,
 parallel tasks, errors, lookups; see ``shim.c``).  Libraries from TVM's "c" target and tvm-ffi
 era libraries reference them as *undefined symbols*, which the dynamic linker only resolves from a
-shared object loaded with ``RTLD_GLOBAL`` before them; ctypes callbacks cannot stand in for that.
-Our own 200-line C file gives exactly those symbols, with errors kept where Python can read them
-and lookups that call back into rpcsrv's module tree.  (apache-tvm-ffi's ``libtvm_ffi.so`` exports
-the tvm-ffi half too, but its lookups and errors are tied to its own module and error objects, and
-it has no classic ``TVMBackend*`` functions.)
+shared object loaded with ``RTLD_GLOBAL`` before them; ctypes callbacks cannot stand in for that
+(so there is no pure-Python fallback).  Our own 250-line C file gives exactly those symbols, with
+errors kept where Python can read them and lookups that call back into rpcsrv's module tree.
+(apache-tvm-ffi's ``libtvm_ffi.so`` exports the tvm-ffi half too, but its lookups and errors are
+tied to its own module and error objects, and it has no classic ``TVMBackend*`` functions.)
 
-Where it comes from, first found wins:
+Where it comes from, first that loads wins (docs/native.md, "Packaging"):
 
-1. ``RPCSRV_NATIVE_SHIM=/path/libshim.so``: a prebuilt shim (boards without a compiler; build it
-   elsewhere with ``cc -O2 -shared -fPIC -o libshim.so rpcsrv/native/shim.c -lpthread``);
-2. the cache ``$RPCSRV_CACHE_DIR`` (default ``~/.cache/rpcsrv``), keyed by the source's hash and the
-   compiler;
-3. built now with ``$RPCSRV_CC``, ``$CC`` or ``cc`` (about 0.2 s, once per board).
+1. ``RPCSRV_NATIVE_SHIM=/path/libshim.so``: this one and no other (an explicit choice);
+2. prebuilt in the package, ``prebuilt/<target>/libshim.so`` (the wheel carries x86_64, aarch64 and
+   armv7 hard-float ones, built by ``shimbuild.py`` at wheel-build time), if its ELF machine is this
+   board's and ``dlopen`` takes it (a board with an older C library may refuse it: next step);
+3. the cache ``$RPCSRV_CACHE_DIR`` (default ``~/.cache/rpcsrv``), keyed by the source's hash and the
+   compiler, else built now with ``$RPCSRV_CC``, ``$CC``, cc, gcc or clang (about 0.2 s, once).
 
-Without any, :func:`load_shim` raises :class:`ShimUnavailable`; the caller names the symbols the
-library needed.
+Without any, :func:`load_shim` raises :class:`ShimUnavailable` whose message is one line saying
+what to do; the caller names the symbols the library needed.  :func:`status` tells ``rpcsrv check``
+what was found and tried.
 """
 
 from __future__ import annotations
@@ -26,28 +28,31 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
-import shutil
-import subprocess
-import tempfile
 import threading
 from pathlib import Path
+from typing import Iterator
 
 from .abi import LookupFunc
+from .machine import board, machine_of
 
 SOURCE = Path(__file__).with_name("shim.c")
+PREBUILT = Path(__file__).with_name("prebuilt")
 _lock = threading.Lock()
 _shim: ctypes.CDLL | None = None
+_origin = ""  # how the loaded shim was found (status)
+_path: Path | None = None  # the loaded shim's file (shim_path)
+_tried: list[str] = []  # why earlier candidates were passed over (status, error messages)
 
 
 class ShimUnavailable(RuntimeError):
-    """No shim could be found or built (no compiler, no prebuilt shim)."""
+    """No shim could be found or built (no compiler, no prebuilt shim for this board)."""
 
 
-def _compiler() -> str | None:
-    for name in (os.environ.get("RPCSRV_CC"), os.environ.get("CC"), "cc", "gcc", "clang"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
+def host_compiler() -> str | None:
+    # shimbuild is imported where used: `python -m rpcsrv.native.shimbuild` must find it not yet imported
+    from .shimbuild import host_compiler as find
+
+    return find()
 
 
 def cache_dir() -> Path:
@@ -55,48 +60,114 @@ def cache_dir() -> Path:
     return Path(root)
 
 
-def _build() -> Path:
-    prebuilt = os.environ.get("RPCSRV_NATIVE_SHIM")
-    if prebuilt:
-        if not os.path.isfile(prebuilt):
-            raise ShimUnavailable(f"RPCSRV_NATIVE_SHIM={prebuilt} does not exist")
-        return Path(prebuilt)
-    cc = _compiler()
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + str(cc).encode()).hexdigest()[:16]
-    target = cache_dir() / f"libshim-{key}.so"
+def prebuilt(name: str = "libshim.so") -> list[tuple[str, Path, bool]]:
+    """The package's prebuilt ``name`` per target: (target, path, whether its machine is this board's)."""
+    here = board()
+    found = []
+    for path in sorted(PREBUILT.glob(f"*/{name}")):
+        try:
+            with open(path, "rb") as f:
+                fits = here.runs(machine_of(f))
+        except (OSError, ValueError):
+            fits = False
+        found.append((path.parent.name, path, fits))
+    return found
+
+
+def compiled(name: str = "libshim.so") -> Path | None:
+    """``name`` built by this board's compiler (cached; built now if needed); None without a compiler.
+    BuildError when the compiler fails."""
+    cc = host_compiler()
+    source = Path(__file__).with_name({"libshim.so": "shim.c", "libcheck.so": "check_kernel.c"}[name])
+    key = hashlib.sha256(source.read_bytes() + str(cc).encode()).hexdigest()[:16]
+    target = cache_dir() / f"{name[:-3]}-{key}.so"
     if target.is_file():
         return target
     if cc is None:
-        raise ShimUnavailable("no C compiler (set RPCSRV_CC or CC, or RPCSRV_NATIVE_SHIM to a prebuilt shim)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
+        return None
+    from .shimbuild import compile_library
+
+    return compile_library(cc, name, target)
+
+
+def advice() -> str:
+    """What to do on a board where no shim fits (one sentence)."""
+    return ("install a C compiler (e.g. `apt-get install gcc`), or build the shim on another machine with "
+            "`python -m rpcsrv.native.shimbuild OUT --cc <cross gcc for this board>` and set "
+            "RPCSRV_NATIVE_SHIM=OUT/<target>/libshim.so")
+
+
+def _candidates(tried: list[str]) -> Iterator[tuple[Path, str]]:
+    explicit = os.environ.get("RPCSRV_NATIVE_SHIM")
+    if explicit:
+        if not os.path.isfile(explicit):
+            raise ShimUnavailable(f"RPCSRV_NATIVE_SHIM={explicit} does not exist")
+        yield Path(explicit), "RPCSRV_NATIVE_SHIM"
+        return
+    for target, path, fits in prebuilt():
+        if fits:
+            yield path, f"prebuilt for {target}"
+    from .shimbuild import BuildError
+
     try:
-        proc = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", tmp, str(SOURCE), "-lpthread"],
-                              capture_output=True, text=True, timeout=120)
-        if proc.returncode != 0:
-            raise ShimUnavailable(f"building the native shim with {cc} failed: {proc.stderr.strip()[-500:]}")
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
+        path = compiled()
+    except BuildError as exc:
+        tried.append(str(exc))
+        path = None
+    except OSError as exc:  # e.g. a read-only home: no cache to build into
+        tried.append(f"cannot build it in {cache_dir()} ({exc.strerror or exc}; set RPCSRV_CACHE_DIR)")
+        path = None
+    if path is not None:
+        yield path, f"built with {host_compiler() or 'cc'} (cached in {path.parent})"
+    elif host_compiler() is None:
+        tried.append("no C compiler")
+    have = ", ".join(t for t, _, _ in prebuilt()) or "none"
+    raise ShimUnavailable(f"no native shim for this board ({board()}; prebuilt in the package: {have}; "
+                          f"{'; '.join(tried)}): {advice()}")
 
 
 def load_shim() -> ctypes.CDLL:
     """The shim, loaded once per process with RTLD_GLOBAL (its symbols serve every library)."""
-    global _shim
+    global _shim, _origin, _path
     with _lock:
         if _shim is None:
-            lib = ctypes.CDLL(str(_build()), mode=os.RTLD_NOW | os.RTLD_GLOBAL)
-            lib.rpcsrv_last_error.restype = ctypes.c_char_p
-            lib.rpcsrv_set_lookup.argtypes = [LookupFunc]
-            lib.rpcsrv_workspace_outstanding.restype = ctypes.c_long
-            lib.rpcsrv_cache_flush.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-            lib.rpcsrv_cache_flush.restype = None
-            _shim = lib
+            _tried.clear()
+            for path, origin in _candidates(_tried):
+                try:
+                    lib = ctypes.CDLL(str(path), mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+                except OSError as exc:
+                    if origin == "RPCSRV_NATIVE_SHIM":
+                        raise ShimUnavailable(f"RPCSRV_NATIVE_SHIM={path}: dlopen failed: {exc}") from None
+                    _tried.append(f"{origin}: dlopen failed: {exc}")
+                    continue
+                lib.rpcsrv_last_error.restype = ctypes.c_char_p
+                lib.rpcsrv_set_lookup.argtypes = [LookupFunc]
+                lib.rpcsrv_workspace_outstanding.restype = ctypes.c_long
+                lib.rpcsrv_cache_flush.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+                lib.rpcsrv_cache_flush.restype = None
+                _shim, _origin, _path = lib, f"{path} ({origin})", path
+                break
         return _shim
+
+
+def shim_path() -> Path:
+    """The file of the shim this process loaded (loading it if need be): what a confined worker is told
+    to load, since it can neither compile nor read the server's cache."""
+    load_shim()
+    return _path
+
+
+def status() -> dict:
+    """What ``rpcsrv check`` reports: the shim loaded (or why none), the prebuilt ones, the compiler."""
+    out = {"board": str(board()), "compiler": host_compiler(),
+           "prebuilt": {target: ("this machine" if fits else "other machine") for target, _, fits in prebuilt()}}
+    try:
+        load_shim()
+        out["shim"], out["error"] = _origin, None
+    except (ShimUnavailable, OSError) as exc:  # (a compiler's failure is in ShimUnavailable's message)
+        out["shim"], out["error"] = None, str(exc)
+    out["passed_over"] = list(_tried)
+    return out
 
 
 #: the shim's functions TVM's library loaders write into ``__<name>`` pointer globals

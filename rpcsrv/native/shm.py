@@ -12,6 +12,7 @@ maps the other's (the descriptor crosses once, when the worker starts), so an ar
 from __future__ import annotations
 
 import bisect
+import ctypes
 import mmap
 import os
 import threading
@@ -23,12 +24,45 @@ ALIGN = 64
 PAGE = mmap.PAGESIZE
 
 
+def _seal(fd: int) -> None:
+    """Fix the arena's size for good: the other process (native code in a worker) cannot shrink it under
+    the server's mapping, where a read past the end would kill the server with SIGBUS."""
+    import fcntl
+
+    seals = getattr(fcntl, "F_SEAL_SHRINK", 0) | getattr(fcntl, "F_SEAL_GROW", 0) | getattr(fcntl, "F_SEAL_SEAL", 0)
+    if seals and hasattr(fcntl, "F_ADD_SEALS"):
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+
+
+def _check_sealed(fd: int, capacity: int) -> None:
+    """An arena from the other process: as large as it says, and sealed against shrinking."""
+    import fcntl
+
+    if os.fstat(fd).st_size < capacity:
+        raise ValueError(f"the shared arena is smaller than its announced {capacity} bytes")
+    if hasattr(fcntl, "F_GET_SEALS") and not fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK:
+        raise ValueError("the shared arena is not sealed against shrinking")
+
+
+def address_of(arr: np.ndarray) -> int:
+    """Where ``arr``'s memory starts: through ctypes for a writable contiguous array (~0.6 us; numpy's
+    ``__array_interface__`` builds a dict each time, ~3 us, and a call reads it for every argument),
+    else numpy's way."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(arr))
+    except (TypeError, ValueError, BufferError):  # read-only, not contiguous, empty
+        return arr.__array_interface__["data"][0]
+
+
 class Arena:
     def __init__(self, capacity: int, fd: Optional[int] = None, name: str = "rpcsrv-arena"):
         self.capacity = capacity
         if fd is None:
-            fd = os.memfd_create(name, os.MFD_CLOEXEC)
+            fd = os.memfd_create(name, os.MFD_CLOEXEC | getattr(os, "MFD_ALLOW_SEALING", 0))
             os.ftruncate(fd, capacity)
+            _seal(fd)
+        else:
+            _check_sealed(fd, capacity)
         self.fd = fd
         self.map = mmap.mmap(fd, capacity, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self.base = np.frombuffer(self.map, np.uint8)
@@ -60,7 +94,7 @@ class Arena:
 
     def offset_of(self, arr: np.ndarray) -> Optional[int]:
         """Where ``arr``'s memory starts in this arena, or None when it is not inside."""
-        start = arr.__array_interface__["data"][0] - self.address
+        start = address_of(arr) - self.address
         if not 0 <= start < self.capacity:
             return None
         if arr.flags.c_contiguous:

@@ -20,3 +20,15 @@ def test_rpc_bench_smoke():
     assert "our client / raw socket" in text and "raw socket into a file" in text
     for row in ("TVM client -> TVM server", "TVM client -> rpcsrv", "our client -> rpcsrv"):
         assert all(v > 0 for v in results[row].values())
+
+
+def test_native_call_bench_smoke():
+    """The native kernel call rows: every server ran the TVM-compiled kernel (the bench checks its output)."""
+    need_module("tvm", "the benchmark compiles the kernel and drives the real TVM client")
+    import native_call_bench
+
+    results = native_call_bench.run(calls=5, rounds=1, which=["TVM server", "rpcsrv isolated"])
+    text = native_call_bench.report(results)
+    assert "rpcsrv isolated" in text and "x TVM's" in text
+    assert set(results) >= {'lib["add_one"](a, b)', "f(a, b)", "f(a, b) (server CPU)"}
+    assert all(v > 0 for row in results.values() for v in row.values())

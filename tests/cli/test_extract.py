@@ -13,7 +13,8 @@ import numpy as np
 from rpcsrv.client.compiler import compile_onnx
 from rpcsrv.client.demo_models import sample_inputs, small_cnn
 from rpcsrv.client.export import export_library
-from rpcsrv.extract import extract_library, split_examplejson
+from rpcsrv.extract import extract_library
+from rpcsrv.loader.examplejson import split_examplejson
 from rpcsrv.loader import (
     ConstLoaderModule, ExampleJSONModule, GraphExecutorFactoryModule, HostLibraryModule, UnknownModule,
     build_blob, load_library, load_param_dict,

@@ -1,6 +1,7 @@
 """What the install must bring: the ``tvm`` extra covers what TVM's own RPC server, tracker and proxy
 import (a fresh virtualenv lacked ``cloudpickle``, so TVM's server never started), and the ``demo``
-extra what ``byoc demo`` needs.  (``.ci/run`` installs into a fresh virtualenv, so a missing line in
+extra what ``byoc demo`` needs; the ``client`` extra (onnx, rich) is what ``byoc`` needs beyond the
+board.  (``.ci/run`` installs into a fresh virtualenv, so a missing line in
 pyproject.toml fails there; these tests say which line.)"""
 
 from __future__ import annotations
@@ -26,6 +27,16 @@ def extra(name: str) -> list[str]:
 def test_extras_declare_what_tvm_tools_and_the_demo_import():
     assert {"apache-tvm", "cloudpickle", "tornado", "psutil"} <= set(extra("tvm"))
     assert "onnxruntime" in extra("demo")
+    assert {"onnx", "rich"} <= set(extra("client"))  # byoc; the board's own install goes without them
+
+
+def test_the_readme_commands_install_the_client_tools():
+    """The board install is lean (tests/install/test_imports.py), so the scripts behind the README's two
+    commands must ask for the client extra themselves."""
+    scripts = Path(__file__).resolve().parents[2] / "scripts"
+    for name in ("demo.sh", "test.sh"):
+        installs = re.findall(r"pip install [^\n]*'\.\[([a-z,]+)\]'", (scripts / name).read_text())
+        assert installs and "client" in installs[0].split(","), f"scripts/{name} installs {installs}"
 
 
 @pytest.mark.tvm

@@ -1,5 +1,5 @@
 """A channel shuffle read by a Conv becomes the Conv's ``input_shuffle``
-(rpcsrv.client.compiler.partition.merge_shuffles):
+(rpcsrv.client.compiler.examplejson.merge_shuffles):
 ShuffleNet's Reshape → Transpose → Reshape before its depthwise conv.  Checked against onnxruntime for depthwise,
 grouped and plain convs, and left alone where the three nodes are no channel shuffle or a tensor between them has
 another reader."""

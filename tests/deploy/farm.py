@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -46,7 +48,10 @@ def wait_until(predicate, timeout: float, step: float = 0.1):
 
 
 class TvmService:
-    """``python -m tvm.exec.rpc_tracker`` or ``rpc_proxy`` on a loopback port, as a user starts them."""
+    """``python -m tvm.exec.rpc_tracker`` or ``rpc_proxy`` on a loopback port, as a user starts them.
+
+    TVM runs the service in a ``tvm.exec.popen_worker`` child (~200 MB) that outlives a killed parent,
+    so the service gets a process group of its own and :meth:`stop` kills the whole group."""
 
     def __init__(self, kind: str, port: int | None = None, *extra: str, host: str = "127.0.0.1"):
         self.kind = kind
@@ -55,7 +60,8 @@ class TvmService:
         self.log = tempfile.TemporaryFile("w+")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", f"tvm.exec.rpc_{kind}", "--host", host, "--port", str(self.port),
-             "--port-end", str(self.port + 1), *extra], stdout=self.log, stderr=subprocess.STDOUT)
+             "--port-end", str(self.port + 1), *extra], stdout=self.log, stderr=subprocess.STDOUT,
+            start_new_session=True)
         try:
             wait_port(host, self.port)
         except TimeoutError:
@@ -67,6 +73,9 @@ class TvmService:
         return self.log.read()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
+        """The service and every process it started (its popen_worker), then the leader reaped."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # the group is gone already
+        self.proc.wait(10)

@@ -1,7 +1,9 @@
 """Depthwise convolution (``kernels.depthwise``, reached through ``conv`` when group == C) against ONNX's
 own reference implementation (``onnx.reference``, in float64) on random data: strides 1-3 (column
 phases and computed-then-kept columns), dilations, asymmetric pads, auto_pad, channel multipliers,
-batches, odd sizes, 1-D, bias, fused relu, float16/float64, and the prepared-weight cache."""
+batches, odd sizes, 1-D, bias, fused relu, float16/float64, and the prepared-weight cache.  These test the
+numpy kernels, the fallback every board has: the compiled kernel is turned off here (its own tests, on the
+same cases: ``test_compiled_depthwise.py``)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,12 @@ from onnx.reference import ReferenceEvaluator
 
 from rpcsrv.executor.kernels import depthwise, prepared
 from rpcsrv.executor.kernels.conv import conv
+
+
+@pytest.fixture(autouse=True)
+def numpy_kernels(monkeypatch):
+    """Every test here runs the numpy depthwise kernels (``RPCSRV_COMPILED_KERNELS=0``)."""
+    monkeypatch.setenv("RPCSRV_COMPILED_KERNELS", "0")
 
 
 def onnx_conv(x, w, b=None, **attrs):

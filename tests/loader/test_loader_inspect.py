@@ -13,7 +13,8 @@ from conftest import REPO
 from rpcsrv.loader import (
     ConstLoaderModule, ExampleJSONModule, GraphExecutorFactoryModule, HostLibraryModule, build_blob,
 )
-from rpcsrv.loader.inspect import format_inspection, inspect_library, summarize_examplejson
+from rpcsrv.loader.examplejson import summarize_examplejson
+from rpcsrv.loader.inspect import format_inspection, inspect_library
 
 GRAPH = {
     "nodes": [{"op": "null", "name": "data", "inputs": []},

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
-from . import taps, winograd
+from . import compiled, taps, winograd
 from .depthwise import channel_shuffle, depthwise_conv
 from .im2col import columns
 from .registry import apply_activation, bad, register
@@ -63,8 +63,13 @@ def conv(x, w, b=None, *, auto_pad: str = "NOTSET", dilations=None, group: int =
         y = _gemm_conv(x, w, bias, kernel, strides, dilations, begin, end, out, activation, activation_attrs,
                        group)
     elif depthwise:
-        y = apply_activation(depthwise_conv(x, w, bias, strides, dilations, begin, end, out, input_shuffle),
-                             activation, activation_attrs, "conv")
+        y = None
+        if k == 2 and compiled.library() is not None:  # the C kernel (``compiled``), bias and activation fused
+            y = compiled.depthwise_conv2d(channel_shuffle(x, input_shuffle) if input_shuffle > 1 else x, w, bias,
+                                          strides, dilations, begin, out, activation, activation_attrs)
+        if y is None:
+            y = apply_activation(depthwise_conv(x, w, bias, strides, dilations, begin, end, out, input_shuffle),
+                                 activation, activation_attrs, "conv")
     else:
         win = windows(pad_spatial(x, begin, end, 0), kernel, strides, dilations, out)  # (N, C, O..., K...)
         y = _depthwise(win, w, n, group, m // group, k, math.prod(out))

@@ -21,6 +21,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ...loader.opset import OPS, REQUIRED, OpSpec
+from . import compiled
 
 Kernel = Callable[..., Any]
 
@@ -152,6 +153,18 @@ def apply_activation(y: np.ndarray, activation, activation_attrs, op: str) -> np
         raise bad(op, "activation_attrs must be a JSON object")
     if activation == "relu" and not activation_attrs:
         return relu(y, out=y)
+    if y.dtype.kind == "f" and y.flags.writeable:  # ReLU6, HardSwish, SiLU (mobile networks) in place too
+        if activation == "clip" and activation_attrs and set(activation_attrs) <= {"min", "max"}:
+            return np.clip(y, activation_attrs.get("min"), activation_attrs.get("max"), out=y)
+        if activation == "swish" and not activation_attrs:  # SiLU (EfficientNet), compiled, in place
+            done = compiled.sigmoid(y, times_x=True, out=y)
+            if done is not None:
+                return done
+        if activation == "hard_swish" and not activation_attrs:
+            gate = y * y.dtype.type(1 / 6)
+            gate += y.dtype.type(0.5)
+            np.clip(gate, 0, 1, out=gate)
+            return np.multiply(y, gate, out=y)
     return fn(y, **(activation_attrs or {}))
 
 

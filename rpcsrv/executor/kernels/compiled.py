@@ -1,0 +1,224 @@
+"""Compiled kernels: ``dwconv.c`` built with the board's C compiler at first use, cached, loaded by ctypes.
+
+Why: a depthwise conv is ``kernel_size`` multiply-adds per output with no reduction over channels, so
+numpy runs it as whole-array passes at memory speed (about 5 GFLOP/s here; ``depthwise.py``), while
+onnxruntime's blocked kernels keep the taps in registers.  In MobileNetV2 that was 8.2 ms of numpy
+against ~1.5 ms; a plain C loop the compiler vectorises closes most of it (see docs/executor.md).
+Depthwise networks are what boards run, and a C compiler is what the native layer already asks of a
+board (its shim is built the same way).
+
+Where the library comes from, first found wins:
+
+1. ``RPCSRV_KERNELS_LIB=/path/libdwconv.so``: prebuilt (boards without a compiler; build it elsewhere
+   with ``cc -O3 -shared -fPIC -o libdwconv.so rpcsrv/executor/kernels/dwconv.c``);
+2. the cache ``$RPCSRV_CACHE_DIR`` (default ``~/.cache/rpcsrv``), keyed by the sources' hash, the
+   machine and the CPU's features (a compiler removed after the build leaves the cached library in use);
+3. built now with ``$RPCSRV_CC``, ``$CC``, ``cc``, ``gcc`` or ``clang`` (-O3 with ``-march=native``
+   where the compiler takes it, else plain -O3): about 0.3 s, once per board.
+
+``RPCSRV_COMPILED_KERNELS=0`` turns them off (the numpy kernels run).  Without a library every kernel
+runs on numpy, as before; :func:`status` says which and why (``rpcsrv check`` reports it).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("dwconv.c", "sigmoid.c"))
+ENV_SWITCH = "RPCSRV_COMPILED_KERNELS"
+_lock = threading.Lock()
+_state: dict = {}  # "lib": the loaded library or None, "reason": why not, "path": where from
+
+
+def enabled() -> bool:
+    """Whether the environment allows compiled kernels (``RPCSRV_COMPILED_KERNELS`` not 0/off/no/false)."""
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "off", "no", "false")
+
+
+def compiler() -> Optional[str]:
+    for name in (os.environ.get("RPCSRV_CC"), os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("RPCSRV_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "rpcsrv")
+    return Path(root)
+
+
+def _cpu_features() -> bytes:
+    """The first ``flags`` (x86) or ``Features`` (ARM) line of /proc/cpuinfo, or nothing."""
+    try:
+        with open("/proc/cpuinfo", "rb") as f:
+            return next((line for line in f if line.split(b":")[0].strip() in (b"flags", b"Features")), b"")
+    except OSError:
+        return b""
+
+
+def _build() -> Path:
+    prebuilt = os.environ.get("RPCSRV_KERNELS_LIB")
+    if prebuilt:
+        if not os.path.isfile(prebuilt):
+            raise OSError(f"RPCSRV_KERNELS_LIB={prebuilt} does not exist")
+        return Path(prebuilt)
+    cc = compiler()
+    source = b"".join(path.read_bytes() for path in SOURCES)
+    # not the compiler (a cached build serves without one); the CPU's features, since -march=native builds
+    # for them (a cache dir shared by boards of one architecture but other CPUs)
+    key = hashlib.sha256(source + platform.machine().encode() + _cpu_features()).hexdigest()[:16]
+    target = cache_dir() / f"libkernels-{key}.so"
+    if target.is_file():
+        return target
+    if cc is None:
+        raise OSError("no C compiler (set RPCSRV_CC or CC, or RPCSRV_KERNELS_LIB to a prebuilt library)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        err = ""
+        for flags in (["-O3", "-march=native"], ["-O3", "-mcpu=native"], ["-O3"]):  # -mcpu: older ARM gcc
+            proc = subprocess.run([cc, *flags, "-shared", "-fPIC", "-o", tmp, *map(str, SOURCES), "-lm"],
+                                  capture_output=True, text=True, timeout=120)
+            if proc.returncode == 0:
+                os.replace(tmp, target)
+                return target
+            err = proc.stderr.strip()[-300:]
+        raise OSError(f"building {', '.join(p.name for p in SOURCES)} with {cc} failed: {err}")
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def library() -> Optional[ctypes.CDLL]:
+    """The compiled kernels, or None (then :func:`status` says why); built and loaded once per process."""
+    if not enabled():
+        return None
+    if "lib" in _state:
+        return _state["lib"]
+    with _lock:
+        if "lib" not in _state:
+            try:
+                path = _build()
+                lib = ctypes.CDLL(str(path))
+                for fn in (lib.rpcsrv_dwconv2d_f32, lib.rpcsrv_dwconv2d_packed_f32):
+                    fn.restype = ctypes.c_int
+                    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 15 + [ctypes.c_int, ctypes.c_float,
+                                                                                   ctypes.c_float]
+                lib.rpcsrv_sigmoid_f32.restype = None
+                lib.rpcsrv_sigmoid_f32.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
+                _state.update(lib=lib, path=str(path), reason="")
+            except (OSError, subprocess.SubprocessError, AttributeError) as exc:
+                _state.update(lib=None, path=None, reason=str(exc))
+    return _state["lib"]
+
+
+def status() -> dict:
+    """Whether the compiled kernels are in use, and why not: ``{"in_use": bool, "reason": str,
+    "library": path or None}`` (builds them if need be, as the first depthwise conv would)."""
+    if not enabled():
+        return {"in_use": False, "reason": f"turned off by {ENV_SWITCH}={os.environ.get(ENV_SWITCH)}",
+                "library": None}
+    lib = library()
+    return {"in_use": lib is not None, "reason": _state.get("reason", "") if lib is None else
+            "compiled kernels in use (depthwise convolution, sigmoid, swish)", "library": _state.get("path")}
+
+
+def report() -> dict:
+    """The ``kernels`` section of ``rpcsrv check``: never a failure (numpy is the fallback every board
+    has), but it says which path the board takes and why."""
+    s = status()
+    summary = (f"compiled kernels in use ({s['library']})" if s["in_use"]
+               else f"numpy fallback (no compiled kernels: {s['reason']})")
+    return {"ok": True, "required": False, "summary": summary, **s}
+
+
+def reset() -> None:
+    """Forget the loaded library and the reason (tests that change the environment)."""
+    with _lock:
+        _state.clear()
+
+
+#: outputs at most this wide run the channels-side-by-side kernel (``rpcsrv_dwconv2d_packed_f32``), wider
+#: ones the per-channel rows kernel.  Measured per layer (1 thread, MobileNetV2/V3 and EfficientNet shapes):
+#: packed wins on every layer 16 wide or less (14x14x576 s1 179 -> 143 us, 7x7x960 133 -> 74, 14x14x576
+#: s2 210 -> 66, 672x14 5x5 s2 268 -> 117), rows on 28 wide and more at stride 1 (28x28x192 146 against
+#: 195, 112x112x32 228 against 517), about even at 28 wide stride 2
+PACKED_MAX_WIDTH = 16
+
+#: fused activations the C kernel applies itself (others run after it, from the kernel table)
+ACTIVATIONS = {"relu": 1, "clip": 2, "hard_swish": 3, "swish": 4}
+
+
+def _activation(activation, attrs) -> tuple:
+    """(code, low, high) of the C kernel for a fused activation; code 0: none, or applied afterwards."""
+    code = ACTIVATIONS.get(activation, 0)
+    if code == 2:  # clip: float bounds only (``min``/``max``, either may be absent)
+        if not attrs or not set(attrs) <= {"min", "max"}:
+            return 0, 0.0, 0.0
+        try:
+            lo, hi = float(attrs.get("min", float("-inf"))), float(attrs.get("max", float("inf")))
+        except (TypeError, ValueError):
+            return 0, 0.0, 0.0
+        return code, lo, hi
+    return (0 if attrs else code), 0.0, 0.0  # (swish: alpha 1 only, no attrs)
+
+
+def depthwise_conv2d(x, w, bias, strides, dilations, begin, out, activation=None, activation_attrs=None):
+    """Depthwise conv of float32 x (N, C, H, W) with w (C * mult, 1, KH, KW) by the compiled kernel, the
+    bias and the activation included (relu, clip, hard_swish and swish inside the kernel, others after it): a fresh
+    (N, C * mult, OH, OW) array, or None when the kernel is unavailable or does not take this case (then
+    ``depthwise.py`` runs)."""
+    from .registry import apply_activation
+
+    lib = library()
+    if lib is None or x.dtype != np.float32 or x.ndim != 4 or w.dtype != np.float32:
+        return None
+    act, lo, hi = _activation(activation, activation_attrs)
+    n, c, h, wd = x.shape
+    m = w.shape[0]
+    x = np.ascontiguousarray(x)
+    w = np.ascontiguousarray(w)
+    b = None if bias is None else np.ascontiguousarray(bias, np.float32)
+    y = np.empty((n, m) + tuple(out), np.float32)
+    if y.size == 0:
+        return y
+    fn = lib.rpcsrv_dwconv2d_packed_f32 if out[1] <= PACKED_MAX_WIDTH else lib.rpcsrv_dwconv2d_f32
+    rc = fn(x.ctypes.data, w.ctypes.data, None if b is None else b.ctypes.data, y.ctypes.data,
+            n, c, h, wd, m // c, w.shape[2], w.shape[3], strides[0], strides[1],
+            dilations[0], dilations[1], begin[0], begin[1], out[0], out[1], act, lo, hi)
+    if rc != 0:
+        raise MemoryError("depthwise conv: the compiled kernel could not allocate its scratch plane")
+    return y if act else apply_activation(y, activation, activation_attrs, "conv")
+
+
+def sigmoid(x, times_x: bool = False, out=None):
+    """sigmoid(x), or x * sigmoid(x) (SiLU) with ``times_x``, of float32 x in one pass (``sigmoid.c``): a
+    fresh array (``out``: into x itself, C-contiguous), or None when the compiled kernels are unavailable
+    or x is not float32."""
+    if x.dtype != np.float32:
+        return None
+    lib = library()
+    if lib is None:
+        return None
+    if out is not None:  # in place: one address (each ``.ctypes.data`` costs ~1 us)
+        if out is not x or not x.flags.c_contiguous or not x.flags.writeable:
+            return None
+        address = x.ctypes.data
+        lib.rpcsrv_sigmoid_f32(address, address, x.size, int(times_x))
+        return x
+    x = np.ascontiguousarray(x)
+    y = np.empty_like(x)
+    lib.rpcsrv_sigmoid_f32(x.ctypes.data, y.ctypes.data, x.size, int(times_x))
+    return y

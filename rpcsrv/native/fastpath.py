@@ -1,0 +1,136 @@
+"""Native kernel calls from the server's event loop, without a thread hop.
+
+A session runs a blocking function in a worker thread (``trio.to_thread``): two thread wake-ups per
+call, which on a busy board cost more than a small kernel itself (issue 26: ``add_one`` on 16 floats
+took 225 us in process and 732 us through the isolated worker, against 42 us on TVM's own server).
+A client that calls a kernel over and over (a tuner, a script) pays that on every call.  So the server
+gives the functions it hands out for native code a *runner* (:func:`runner`), which the session
+awaits instead of the thread:
+
+* a function of the session's native worker (``proxy.WorkerFunction``): the request goes into the
+  worker's socket as one binary frame and the loop waits for the answer as for any socket
+  (:func:`worker_call`), so the loop serves other sessions while the kernel runs and no thread of the
+  server wakes up.  What cannot go this way (copied arrays, objects to free first) takes the thread;
+* a native function in the server process (``--native inprocess``): run right on the loop while it
+  has proven short (:class:`Inline`): its first call runs in a thread and is timed (the CPU time of
+  the calling thread); calls that took less than :data:`INLINE_LIMIT` run inline from then on, timed
+  too; after :data:`STRIKES` calls over the limit it goes back to the thread for good.  So the loop
+  is held past ``INLINE_LIMIT`` of CPU time at most ``STRIKES`` times by any one function, ever.
+
+A runner returns ``(done, value)``; ``done`` False sends the call down the usual thread path.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import select
+import time
+import weakref
+from typing import Any, Awaitable, Callable, Optional
+
+from .library import NativeError, NativeFunction
+from .wire import FrameError, encode_call
+from .confine_wire import ProtocolViolation
+from .worker import _send
+
+#: a native call at most this long (seconds) may run on the event loop (``--native inprocess``)
+INLINE_LIMIT = 0.0005
+#: calls over the limit after which a function never runs inline again
+STRIKES = 3
+#: how long (seconds) the loop waits for a worker's answer in a plain ``select`` before it waits through
+#: trio (an epoll registration, a cancel scope and a task switch: ~40 Python calls a request)
+QUICK_WAIT = float(os.environ.get("RPCSRV_NATIVE_QUICK_WAIT", "0.0001"))
+
+Runner = Callable[..., Awaitable[tuple[bool, Any]]]
+
+
+def runner(fn: Any, limiter: Any = None) -> Optional[Runner]:
+    """The runner for ``fn`` (see the module doc), or None for a function that takes the usual path."""
+    from .proxy import WorkerFunction
+
+    if isinstance(fn, WorkerFunction):
+        return fn.acall
+    if isinstance(fn, NativeFunction):
+        return Inline(fn, limiter)
+    return None
+
+
+class Inline:
+    """A native function of the server process, run on the event loop while it is short.  What was
+    learned of a function (timed yet, strikes) stays with the function: a client that looks it up
+    before every call gets a new runner each time, and the same verdict."""
+
+    def __init__(self, fn: Any, limiter: Any = None):
+        self.fn, self.limiter = fn, limiter
+        self.seen = _SEEN.setdefault(fn, [False, 0])  # [timed yet, calls over the limit]
+
+    def _timed(self, args: tuple) -> Any:
+        start = time.thread_time()  # this thread's CPU time: a call preempted on a busy board is no strike
+        try:
+            return self.fn(*args)
+        finally:
+            if time.thread_time() - start > INLINE_LIMIT:
+                self.seen[1] += 1
+            self.seen[0] = True
+
+    async def __call__(self, *args: Any) -> tuple[bool, Any]:
+        known, strikes = self.seen
+        if strikes >= STRIKES:
+            return False, None  # the usual path (a thread)
+        if known:
+            return True, self._timed(args)
+        import trio
+
+        return True, await trio.to_thread.run_sync(self._timed, args, limiter=self.limiter)
+
+
+#: what was learned of each function (``Inline``), for as long as the function lives
+_SEEN: "weakref.WeakKeyDictionary[Any, list]" = weakref.WeakKeyDictionary()
+
+
+async def worker_call(worker: Any, oid: int, args: tuple, what: str) -> tuple[bool, Any]:
+    """Call function ``oid`` of ``worker`` (a ``proxy.Worker``) from the event loop: ``(True, value)``;
+    ``(False, None)`` when the call must take the blocking path (``Worker.call`` in a thread):
+    arguments that are copied or need pickle, objects to free first, or the worker busy with another
+    thread's request.
+
+    The request is one binary frame (``wire.py``) into an idle worker's socket, so the send never
+    blocks; the loop then waits for the answer.  A compute slot asked for meanwhile (a model run in the
+    worker) is held from a thread, as ``Worker.request`` does; a crash, the deadline: the same errors
+    as there.  Cancelled (the session ends while native code runs), the worker is stopped, as at the
+    deadline: its answer would never be read."""
+    import trio
+
+    copied: list = []
+    wire_args = [worker.to_wire(a, copied) for a in args]
+    if copied or worker._garbage or worker.dead is not None:
+        return False, None
+    frame = encode_call(oid, worker._budget(), wire_args)
+    if frame is None or not worker.lock.acquire(blocking=False):
+        return False, None
+    try:
+        try:
+            _send(worker.sock, None, data=frame)
+            if not select.select([worker.sock], [], [], QUICK_WAIT)[0]:  # not answered at once: wait on the loop
+                deadline = worker.deadline()
+                until = math.inf if deadline is None else trio.current_time() + deadline - time.monotonic()
+                with trio.move_on_at(until) as waited:
+                    await trio.lowlevel.wait_readable(worker.sock)
+                if waited.cancelled_caught:  # the deadline passed first
+                    worker.kill("stopped at the session deadline")
+                    raise NativeError(f"{what}: native code was still running at the session deadline; "
+                                      f"its worker was stopped")
+            answer = worker._recv()  # read as from an untrusted peer (confine_wire.py)
+            if answer[0] in ("slot", "slot-done"):  # a model run in the worker: its slot is held in a thread
+                answer = await trio.to_thread.run_sync(worker._answer, what, answer)
+            answer = worker._settle(answer)
+        except (ProtocolViolation, EOFError, OSError, ConnectionError, FrameError) as exc:
+            raise worker._failure(exc, what) from None
+        except BaseException:
+            if worker.dead is None:  # cancelled with native code running
+                worker.kill("stopped: its session ended during a native call")
+            raise
+    finally:
+        worker.lock.release()
+    return True, worker.from_wire(worker._result(answer, what)[0])

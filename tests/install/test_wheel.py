@@ -1,0 +1,167 @@
+"""The installed package is the product (issue 24): the wheel, installed (not editable) into a fresh
+virtualenv with the board's dependencies only and a PATH without any C compiler, serves the real
+apache-tvm 0.27 client, which runs kernels it compiled (``tvm.compile`` -> ``export_library`` ->
+``upload`` -> ``load_module`` -> call) and a Relax VM executable.  The shim comes prebuilt from the
+wheel.  Also: the wheel holds no top-level package but ``rpcsrv``, and carries the shim's source.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import need_module
+import install_fixtures
+from install_fixtures import InstalledServer
+
+board_venv, built_wheel = install_fixtures.board_venv, install_fixtures.built_wheel  # the shared fixtures
+
+tvm = need_module("tvm", "the real TVM client compiles and calls the kernels")
+from tvm import relax, rpc, te  # noqa: E402
+
+
+def test_the_wheel_holds_rpcsrv_only_with_the_shim_source_and_prebuilt_shims(built_wheel):
+    names = zipfile.ZipFile(built_wheel).namelist()
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert tops == {"rpcsrv"}, f"top-level entries besides rpcsrv: {sorted(tops - {'rpcsrv'})}"
+    assert any(n.startswith("rpcsrv/client/") for n in names), "the client tools install as rpcsrv.client"
+    root = Path(__file__).resolve().parents[2]
+    sources = {str(p.relative_to(root)) for p in (root / "rpcsrv").rglob("*.c")}  # built on the board if need be
+    assert {"rpcsrv/native/shim.c", "rpcsrv/native/check_kernel.c", "rpcsrv/executor/kernels/dwconv.c"} <= sources
+    assert sources | {"rpcsrv/native/shimbuild.py"} <= set(names), sorted(sources - set(names))
+    assert "rpcsrv/native/prebuilt/x86_64-linux-gnu/libshim.so" in names or not _x86_64()
+    if os.environ.get("RPCSRV_PREBUILT_REQUIRE") == "1":  # CI: the cross compilers are there (.ci/run)
+        for target in ("aarch64-linux-gnu", "arm-linux-gnueabihf"):
+            for lib in ("libshim.so", "libcheck.so"):
+                assert f"rpcsrv/native/prebuilt/{target}/{lib}" in names
+    assert built_wheel.name.endswith("-py3-none-any.whl"), "one wheel for every board (docs/native.md)"
+
+
+def test_the_prebuilt_shims_load_on_old_glibc_boards(built_wheel, tmp_path):
+    """glibc 2.34 moved pthread_* into libc under a new symbol version; the prebuilt shims ask for the
+    first versions instead (shim.c, RPCSRV_PORTABLE_GLIBC), so they load on glibc >= 2.17 (checked by
+    hand on Debian 11, glibc 2.31, where a plain build of shim.c fails: GLIBC_2.34 not found)."""
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.gnuversions import GNUVerNeedSection
+
+    with zipfile.ZipFile(built_wheel) as z:
+        shims = [n for n in z.namelist() if n.endswith("/libshim.so")]
+        assert shims
+        for name in shims:
+            path = tmp_path / name.replace("/", "_")
+            path.write_bytes(z.read(name))
+            with open(path, "rb") as f:
+                needed = {aux.name for sec in ELFFile(f).iter_sections() if isinstance(sec, GNUVerNeedSection)
+                          for _, auxes in sec.iter_versions() for aux in auxes}
+            versions = [tuple(int(x) for x in v.split("_")[1].split(".")) for v in needed if v.startswith("GLIBC_")]
+            assert versions and max(versions) <= (2, 17), f"{name} needs {sorted(needed)}"
+
+
+def _x86_64() -> bool:
+    import platform
+
+    return platform.machine() == "x86_64"
+
+
+def test_the_board_has_no_compiler_and_imports_the_installed_copy(board_venv):
+    code = ("import shutil, rpcsrv, importlib.util as u; print(shutil.which('cc'), shutil.which('gcc'), "
+            "shutil.which('clang')); print(rpcsrv.__file__); print([m for m in ('onnx', 'rich', 'tvm') "
+            "if u.find_spec(m)])")
+    done = board_venv.run(str(board_venv.python), "-c", code)
+    assert done.returncode == 0, done.stderr
+    which, where, extras = done.stdout.splitlines()
+    assert which == "None None None"
+    assert where.startswith(str(board_venv.root)) and "site-packages" in where
+    assert extras == "[]", f"the board install pulled in client packages: {extras}"
+
+
+def test_byoc_without_the_client_extra_says_what_to_install(board_venv):
+    done = board_venv.run(board_venv.bin("byoc"), "--help")
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0 and 'pip install "rpcsrv[client]"' in done.stderr, done.stderr
+
+
+@pytest.fixture(scope="module")
+def installed_server(board_venv):
+    srv = InstalledServer(board_venv)
+    yield srv
+    assert srv.proc.poll() is None, f"the installed server died: {srv.stderr()[-2000:]}"
+    srv.stop()
+
+
+def _kernels(out_dir):
+    """A parallel kernel with a workspace, and a plain one, compiled for this machine by apache-tvm."""
+    n = 1024
+    a = te.placeholder((n,), name="A")
+    b = te.compute((n,), lambda i: a[i] * 2.0, name="B")
+    c = te.compute((n,), lambda i: b[i] + b[n - 1 - i], name="C")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([a, c]).with_attr("global_symbol", "mirror_sum"))
+    block = sch.get_sblock("C") if hasattr(sch, "get_sblock") else sch.get_block("C")
+    sch.parallel(sch.get_loops(block)[0])
+    par = out_dir / "mirror_sum.so"
+    tvm.compile(sch.mod, target="llvm").export_library(str(par))
+    x = te.placeholder((4, 8), name="X", dtype="float32")
+    y = te.compute((4, 8), lambda i, j: x[i, j] * x[i, j] + 1.0, name="Y")
+    plain = out_dir / "square_plus_one.so"
+    tvm.compile(te.create_prim_func([x, y]).with_attr("global_symbol", "square_plus_one"),
+                target="llvm").export_library(str(plain))
+    return par, plain
+
+
+def test_tvm_compiled_kernels_run_on_the_installed_board(installed_server, tmp_path):
+    par, plain = _kernels(tmp_path)
+    remote = rpc.connect(installed_server.host, installed_server.port)
+    dev = remote.cpu()
+    remote.upload(str(par))
+    lib = remote.load_module(par.name)
+    a = np.random.default_rng(0).standard_normal(1024).astype("float32")
+    out = tvm.runtime.tensor(np.zeros(1024, "float32"), dev)
+    lib["mirror_sum"](tvm.runtime.tensor(a, dev), out)
+    np.testing.assert_allclose(out.numpy(), 2 * a + 2 * a[::-1], rtol=1e-6)
+    remote.upload(str(plain))
+    lib2 = remote.load_module(plain.name)
+    x = np.arange(32, dtype="float32").reshape(4, 8) / 7
+    y = tvm.runtime.tensor(np.zeros((4, 8), "float32"), dev)
+    lib2["square_plus_one"](tvm.runtime.tensor(x, dev), y)
+    np.testing.assert_allclose(y.numpy(), x * x + 1, rtol=1e-6)
+
+
+def _relax_mlp(path):
+    """main(x: f32[2, 16]) = relu(x @ w + b) @ w2, weights as constants: a Relax VM executable."""
+    rng = np.random.default_rng(1)
+    w, b, w2 = (rng.standard_normal(s).astype("float32") for s in ((16, 32), (32,), (32, 4)))
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 16), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.nn.relu(relax.op.add(relax.op.matmul(x, relax.const(w)), relax.const(b))))
+            out = bb.emit_output(relax.op.matmul(h, relax.const(w2)))
+        bb.emit_func_output(out)
+    tvm.compile(bb.get(), target="llvm").export_library(str(path))
+    return lambda v: np.maximum(v @ w + b, 0) @ w2
+
+
+def test_a_relax_vm_executable_runs_on_the_installed_board(installed_server, tmp_path):
+    lib_path = tmp_path / "mlp.so"
+    reference = _relax_mlp(lib_path)
+    remote = rpc.connect(installed_server.host, installed_server.port)
+    remote.upload(str(lib_path))
+    vm = relax.VirtualMachine(remote.load_module(lib_path.name), remote.cpu())
+    x = np.random.default_rng(2).standard_normal((2, 16)).astype("float32")
+    out = vm["main"](tvm.runtime.tensor(x, remote.cpu())).numpy()
+    np.testing.assert_allclose(out, reference(x), rtol=1e-4, atol=1e-4)
+
+
+def test_rpcsrv_check_on_the_installed_board_finds_the_prebuilt_shim(board_venv):
+    done = board_venv.run(board_venv.bin("rpcsrv"), "check", "--json", timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    native = report["native"]
+    assert native["compiler"] is None
+    assert "prebuilt for" in native["shim"], native
+    assert report["smoke"]["native"]["ok"] and report["smoke"]["examplejson"]["ok"], report["smoke"]
