@@ -26,9 +26,9 @@ TAG=${TAG:-rpcsrv-board:$ARCH}
 EXTRAS=${RPCSRV_BOARD_EXTRAS-metrics}
 say() { echo "board-image: $*" >&2; }
 case $ARCH in
-    amd64) PLATFORM=linux/amd64 CC_ARCH=gcc ;;
-    arm64) PLATFORM=linux/arm64 CC_ARCH=aarch64-linux-gnu-gcc ;;
-    armv7) PLATFORM=linux/arm/v7 CC_ARCH=arm-linux-gnueabihf-gcc ;;
+    amd64) TRIPLE=x86_64-linux-gnu CC_ARCH=cc CC_PKG=gcc ;;
+    arm64) TRIPLE=aarch64-linux-gnu CC_ARCH=aarch64-linux-gnu-gcc CC_PKG=gcc-aarch64-linux-gnu ;;
+    armv7) TRIPLE=arm-linux-gnueabihf CC_ARCH=arm-linux-gnueabihf-gcc CC_PKG=gcc-arm-linux-gnueabihf ;;
     *) say "unknown ARCH $ARCH (amd64, arm64, armv7)"; exit 2 ;;
 esac
 BASE=rpcsrv-base:bookworm-board-$ARCH
@@ -60,6 +60,12 @@ done
 SOURCE_DATE_EPOCH=315532800 "$PYTHON" -m pip wheel -q --no-deps -w "$ctx/wheels" "$ctx/src" >&2
 rm -rf "$ctx/src"
 wheel=$(ls "$ctx"/wheels/rpcsrv-*.whl)
+# the wheel's prebuilt native shim for this machine (setup.py builds one per cross gcc found on PATH)
+if ! "$PYTHON" -c 'import sys, zipfile; sys.exit(not any(n.startswith("rpcsrv/native/prebuilt/" + sys.argv[2] + "/") and
+        n.endswith(".so") for n in zipfile.ZipFile(sys.argv[1]).namelist()))' "$wheel" "$TRIPLE"; then
+    say "the wheel has no prebuilt shim for $ARCH: put $CC_ARCH on PATH (Debian: apt-get install $CC_PKG)"
+    exit 1
+fi
 # the board's requirements as pyproject.toml declares them (the wheel's Requires-Dist: the unconditional
 # ones and those of the extras in $EXTRAS), numpy left to Debian; pip resolves what they need in turn
 reqs=$("$PYTHON" - "$wheel" "$EXTRAS" <<'EOF'
@@ -83,15 +89,8 @@ rm -rf "$ctx/dl"
 rm -f "$ctx"/wheels/numpy-*
 cp docker/healthcheck.py "$ctx/"
 
-# ---- interim until the wheel carries prebuilt shims (branch wheel): the native shim, cross-compiled
-# ---- by the host base image's gcc for this machine and named by RPCSRV_NATIVE_SHIM in the image
-if [ ! -s "$CACHE/libshim-$ARCH.so" ] || [ rpcsrv/native/shim.c -nt "$CACHE/libshim-$ARCH.so" ]; then
-    "$DOCKER" run --rm -v "$PWD/rpcsrv/native:/src:ro" -v "$CACHE:/out" rpcsrv-base:bookworm-host-amd64 \
-        "$CC_ARCH" -O2 -shared -fPIC -o "/out/libshim-$ARCH.so" /src/shim.c -lpthread >&2
-fi
-cp "$CACHE/libshim-$ARCH.so" "$ctx/libshim.so"
 
-say "building $TAG on $BASE ($PLATFORM)"
+say "building $TAG on $BASE"
 DOCKER_BUILDKIT=0 "$DOCKER" build -q --build-arg BASE_IMAGE="$BASE" --label rpcsrv.source="$KEY" \
     -f docker/Dockerfile.board -t "$TAG" "$ctx" >&2
 say "built $TAG"

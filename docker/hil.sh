@@ -1,6 +1,7 @@
 #!/bin/sh
 # Build the images and run the hardware-in-the-loop farm (docker/compose.yml): TVM's tracker, rpcsrv
-# boards for amd64 (two), arm64 and armv7 (emulated), and the runner whose exit status is this script's.
+# boards for amd64 (two), arm64 and armv7 (emulated), Prometheus scraping them, and the runner whose exit
+# status is this script's.
 #
 #   sh scripts/docker-setup.sh && docker/hil.sh
 #
@@ -31,6 +32,8 @@ if [ -z "${HIL_NO_BUILD:-}" ]; then
         DOCKER="$DOCKER" sh docker/board-image.sh "$arch"
         echo "hil: rpcsrv-board:$arch ready in $(($(date +%s) - start)) s" >&2
     done
+    DOCKER="$DOCKER" sh docker/base-image.sh prometheus amd64
+    DOCKER_BUILDKIT=0 "$DOCKER" build -q -f docker/Dockerfile.prometheus -t rpcsrv-prometheus:bookworm docker >/dev/null
     start=$(date +%s)
     # shellcheck disable=SC2086  # $secret is empty or two words on purpose
     DOCKER_BUILDKIT=1 "$DOCKER" build -q -f docker/Dockerfile.host --build-arg BASE_IMAGE="$BASE_IMAGE" \

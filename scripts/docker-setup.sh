@@ -1,7 +1,7 @@
 #!/bin/sh
 # Make a Docker engine usable on a Debian machine where none runs yet (CI, a fresh farm host):
-#   1. install Debian's docker.io, debootstrap, docker-compose, qemu-user-static and binfmt-support if
-#      missing (needs root and apt);
+#   1. install Debian's docker.io, debootstrap, docker-compose, qemu-user-static, binfmt-support and gcc
+#      with the aarch64 and armhf cross gcc's (the wheel's prebuilt shims) if missing (needs root and apt);
 #   2. register qemu-user's binfmt handlers for arm64 and armv7 with the F (fix-binary) flag, so that
 #      ARM containers run under emulation without qemu inside them (docker/board-image.sh arm64|armv7);
 #   3. start dockerd if no engine answers (overlay2 first, then vfs storage; iptables off as a last try);
@@ -26,11 +26,14 @@ docker_cli() { if [ -x /usr/bin/docker ]; then echo /usr/bin/docker; else comman
 
 if ! command -v dockerd >/dev/null 2>&1 || ! command -v debootstrap >/dev/null 2>&1 \
         || ! command -v docker-compose >/dev/null 2>&1 || ! command -v qemu-aarch64-static >/dev/null 2>&1 \
-        || ! command -v update-binfmts >/dev/null 2>&1; then
-    say "installing docker.io, docker-compose, debootstrap, qemu-user-static, binfmt-support"
+        || ! command -v update-binfmts >/dev/null 2>&1 || ! command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 \
+        || ! command -v arm-linux-gnueabihf-gcc >/dev/null 2>&1 || ! command -v cc >/dev/null 2>&1; then
+    # the gcc's build the native shims the wheel carries for every board machine (docker/board-image.sh)
+    say "installing docker.io, docker-compose, debootstrap, qemu-user-static, binfmt-support and the gcc's"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -q >&2
-    apt-get install -y -q docker.io docker-compose debootstrap qemu-user-static binfmt-support >&2
+    apt-get install -y -q docker.io docker-compose debootstrap qemu-user-static binfmt-support \
+        gcc gcc-aarch64-linux-gnu gcc-arm-linux-gnueabihf >&2
 fi
 DOCKER=$(docker_cli)
 

@@ -56,6 +56,8 @@ def test_compose_farm_runner_passes():
         assert tally["failed"] == [] and tally["ok"] == ROUNDS * len(CASES), tally
         assert set(tally["boards"]) == boards, tally  # each key's requests went to that machine's boards
         assert set(tally["seconds"]) == set(CASES), tally
+    # Prometheus scraped every board and saw each key's sessions, requests, model runs and native workers
+    assert "runner: prometheus: \"every board's counters moved\"" in log, log[-4000:]
     # every board logged its sessions
     assert log.count("rpcsrv.sessions INFO session") >= 3 * ROUNDS * len(CASES), log[-4000:]
 
