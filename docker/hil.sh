@@ -1,18 +1,21 @@
 #!/bin/sh
-# Build the board and host images and run the hardware-in-the-loop farm (docker/compose.yml):
-# TVM's tracker, two rpcsrv boards, and the runner whose exit status is this script's.
+# Build the images and run the hardware-in-the-loop farm (docker/compose.yml): TVM's tracker, rpcsrv
+# boards for amd64 (two), arm64 and armv7 (emulated), Prometheus scraping them, and the runner whose exit
+# status is this script's.
 #
-#   docker/hil.sh                                  # base: python:3.11-slim-bookworm from a registry
-#   BASE_IMAGE=rpcsrv-base:bookworm docker/hil.sh  # base: built locally by scripts/docker-setup.sh
+#   sh scripts/docker-setup.sh && docker/hil.sh
 #
-# PIP_CERT / pip's configured "cert" (a CA bundle for a TLS-inspecting network) is handed to the
-# builds as the secret "pip_cert" when it exists; it never enters an image.
+# Board images: docker/board-image.sh ARCH (debootstrapped bases, cached).  Host image (tracker, runner):
+# docker/Dockerfile.host on BASE_IMAGE (default rpcsrv-base:bookworm-host-amd64 from scripts/docker-setup.sh).
+# PIP_CERT / pip's configured "cert" (a CA bundle for a TLS-inspecting network) is handed to the host
+# build as the secret "pip_cert" when it exists; it never enters an image.
 # Environment: DOCKER (docker client), COMPOSE (compose command), HIL_PROJECT (compose project name),
-#              HIL_REQUESTS (requests the runner makes, default 20).
+#              HIL_ROUNDS (runs of each case per board key, default 2), HIL_NO_BUILD=1 (use the images as
+#              they are).
 set -eu
 cd "$(dirname "$0")/.."
 DOCKER=${DOCKER:-docker}
-BASE_IMAGE=${BASE_IMAGE:-python:3.11-slim-bookworm}
+BASE_IMAGE=${BASE_IMAGE:-rpcsrv-base:bookworm-host-amd64}
 PROJECT=${HIL_PROJECT:-rpcsrv-hil}
 if [ -z "${COMPOSE:-}" ]; then
     if "$DOCKER" compose version >/dev/null 2>&1; then COMPOSE="$DOCKER compose";
@@ -20,18 +23,26 @@ if [ -z "${COMPOSE:-}" ]; then
     else echo "hil: neither 'docker compose' nor docker-compose is installed" >&2; exit 2; fi
 fi
 
-cert=${PIP_CERT:-$(python3 -m pip config get global.cert 2>/dev/null || true)}
-secret=""
-if [ -n "$cert" ] && [ -s "$cert" ]; then secret="--secret id=pip_cert,src=$cert"; fi
-
-for image in board host; do
+if [ -z "${HIL_NO_BUILD:-}" ]; then
+    cert=${PIP_CERT:-$(python3 -m pip config get global.cert 2>/dev/null || true)}
+    secret=""
+    if [ -n "$cert" ] && [ -s "$cert" ]; then secret="--secret id=pip_cert,src=$cert"; fi
+    for arch in amd64 arm64 armv7; do
+        start=$(date +%s)
+        DOCKER="$DOCKER" sh docker/board-image.sh "$arch"
+        echo "hil: rpcsrv-board:$arch ready in $(($(date +%s) - start)) s" >&2
+    done
+    DOCKER="$DOCKER" sh docker/base-image.sh prometheus amd64
+    DOCKER_BUILDKIT=0 "$DOCKER" build -q -f docker/Dockerfile.prometheus -t rpcsrv-prometheus:bookworm docker >/dev/null
+    start=$(date +%s)
     # shellcheck disable=SC2086  # $secret is empty or two words on purpose
-    DOCKER_BUILDKIT=1 "$DOCKER" build -q -f docker/Dockerfile.$image --build-arg BASE_IMAGE="$BASE_IMAGE" \
-        $secret -t rpcsrv-$image . >/dev/null
-done
+    DOCKER_BUILDKIT=1 "$DOCKER" build -q -f docker/Dockerfile.host --build-arg BASE_IMAGE="$BASE_IMAGE" \
+        $secret -t rpcsrv-host:bookworm . >/dev/null
+    echo "hil: rpcsrv-host:bookworm ready in $(($(date +%s) - start)) s" >&2
+fi
 
 export BASE_IMAGE
 status=0
 $COMPOSE -f docker/compose.yml -p "$PROJECT" up --no-build --exit-code-from runner || status=$?
-$COMPOSE -f docker/compose.yml -p "$PROJECT" down -t 5 >/dev/null 2>&1 || true
+$COMPOSE -f docker/compose.yml -p "$PROJECT" down -t 10 >/dev/null 2>&1 || true
 exit $status
