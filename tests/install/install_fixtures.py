@@ -144,3 +144,23 @@ class InstalledServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def relax_mlp(path: Path, target="llvm", fcompile=None):
+    """Export ``main(x: f32[2, 16]) = relu(x @ w + b) @ w2`` (weights as constants) as a Relax VM
+    executable compiled by apache-tvm for ``target``; returns its numpy reference."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    rng = np.random.default_rng(1)
+    w, b, w2 = (rng.standard_normal(s).astype("float32") for s in ((16, 32), (32,), (32, 4)))
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 16), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.nn.relu(relax.op.add(relax.op.matmul(x, relax.const(w)), relax.const(b))))
+            out = bb.emit_output(relax.op.matmul(h, relax.const(w2)))
+        bb.emit_func_output(out)
+    tvm.compile(bb.get(), target=target).export_library(str(path), **({"fcompile": fcompile} if fcompile else {}))
+    return lambda v: np.maximum(v @ w + b, 0) @ w2

@@ -132,7 +132,7 @@ def arm_server(rootfs, tmp_path_factory):
 
 def _cross_compile(out: Path):
     tvm = need_module("tvm", "cross-compiles the kernels")
-    from tvm import relax, te
+    from tvm import te
 
     cc = need_program("arm-linux-gnueabihf-gcc", "links the armv7 libraries")
     target = tvm.target.Target({"kind": "llvm", "mtriple": TRIPLE, "mfloat-abi": "hard", "mattr": ["+neon"]})
@@ -154,17 +154,7 @@ def _cross_compile(out: Path):
     q = te.compute((m,), lambda i: p[i] * 3 + 1, name="Q")
     tvm.compile(te.create_prim_func([p, q]).with_attr("global_symbol", "dyn_affine"),
                 target=target).export_library(str(out / "dyn_affine.so"), fcompile=fcompile)
-    rng = np.random.default_rng(1)
-    w, bias, w2 = (rng.standard_normal(s).astype("float32") for s in ((16, 32), (32,), (32, 4)))
-    bb = relax.BlockBuilder()
-    xv = relax.Var("x", relax.TensorType((2, 16), "float32"))
-    with bb.function("main", [xv]):
-        with bb.dataflow():
-            h = bb.emit(relax.op.nn.relu(relax.op.add(relax.op.matmul(xv, relax.const(w)), relax.const(bias))))
-            o = bb.emit_output(relax.op.matmul(h, relax.const(w2)))
-        bb.emit_func_output(o)
-    tvm.compile(bb.get(), target=target).export_library(str(out / "mlp.so"), fcompile=fcompile)
-    return tvm, lambda v: np.maximum(v @ w + bias, 0) @ w2
+    return tvm, install_fixtures.relax_mlp(out / "mlp.so", target, fcompile)
 
 
 def test_cross_compiled_kernels_and_a_relax_vm_on_armv7(arm_server, tmp_path):

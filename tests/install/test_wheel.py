@@ -131,24 +131,9 @@ def test_tvm_compiled_kernels_run_on_the_installed_board(installed_server, tmp_p
     np.testing.assert_allclose(y.numpy(), x * x + 1, rtol=1e-6)
 
 
-def _relax_mlp(path):
-    """main(x: f32[2, 16]) = relu(x @ w + b) @ w2, weights as constants: a Relax VM executable."""
-    rng = np.random.default_rng(1)
-    w, b, w2 = (rng.standard_normal(s).astype("float32") for s in ((16, 32), (32,), (32, 4)))
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((2, 16), "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            h = bb.emit(relax.op.nn.relu(relax.op.add(relax.op.matmul(x, relax.const(w)), relax.const(b))))
-            out = bb.emit_output(relax.op.matmul(h, relax.const(w2)))
-        bb.emit_func_output(out)
-    tvm.compile(bb.get(), target="llvm").export_library(str(path))
-    return lambda v: np.maximum(v @ w + b, 0) @ w2
-
-
 def test_a_relax_vm_executable_runs_on_the_installed_board(installed_server, tmp_path):
     lib_path = tmp_path / "mlp.so"
-    reference = _relax_mlp(lib_path)
+    reference = install_fixtures.relax_mlp(lib_path)
     remote = rpc.connect(installed_server.host, installed_server.port)
     remote.upload(str(lib_path))
     vm = relax.VirtualMachine(remote.load_module(lib_path.name), remote.cpu())
