@@ -38,6 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from rpc_bench import free_port, start  # noqa: E402
 
+#: rpcsrv's start-up line (its log lines, with their clock times, come through the same pipe)
+SERVING = r"serving on [\d.]+:(\d+)"
+
 N = 16
 _BUILD = """
 import sys, tvm
@@ -81,11 +84,11 @@ def servers(baseline: str | None = None) -> dict[str, tuple[list[str], str]]:
     rpcsrv = [sys.executable, "-m", "rpcsrv", "serve", "--port", "0", "--native"]
     found = {"TVM server": ([sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(p0),
                              "--port-end", str(p0 + 50)], r"bind to [\d.]+:(\d+)"),
-             "rpcsrv isolated": (rpcsrv + ["isolated"], r":(\d+)"),
-             "rpcsrv inprocess": (rpcsrv + ["inprocess"], r":(\d+)")}
+             "rpcsrv isolated": (rpcsrv + ["isolated"], SERVING),
+             "rpcsrv inprocess": (rpcsrv + ["inprocess"], SERVING)}
     if baseline:
         for mode in ("isolated", "inprocess"):
-            found[f"before {mode}"] = (["env", "-C", baseline, f"PYTHONPATH={baseline}", *rpcsrv, mode], r":(\d+)")
+            found[f"before {mode}"] = (["env", "-C", baseline, f"PYTHONPATH={baseline}", *rpcsrv, mode], SERVING)
     return found
 
 
