@@ -16,8 +16,9 @@ answers):
 * ``profile([collectors])`` and ``profile_rpc()`` → the report as TVM's ``Report.AsJSON`` text
   (the classic client decodes it with ``Report.from_json``; a Report object cannot travel over RPC).
 
-rpcsrv's own additions (``rpcsrv_`` prefix; they look inside ExampleJSON subgraphs through
-:data:`rpcsrv.executor.examplejson.STEP_HOOK`):
+rpcsrv's own additions (``rpcsrv_`` prefix; they look inside the functions of every module kind that
+runs kernel steps, ExampleJSON subgraphs and JSON-runtime graphs, through
+:data:`rpcsrv.executor.runtime.STEP_HOOK`):
 
 * ``rpcsrv_profile_steps(number, repeat)`` → JSON: per node the seconds of each repeat and, for
   each ExampleJSON kernel step inside it, its seconds per repeat;
@@ -37,7 +38,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from .examplejson import STEP_HOOK
+from .runtime import STEP_HOOK
 from .graph import GraphExecutorModule, op_exec_node_ids, parse_create_args
 from .graph_json import Graph
 from .runtime import ExecutorError, RuntimeModule

@@ -11,22 +11,17 @@ from __future__ import annotations
 
 import json
 import time
-from contextvars import ContextVar
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
 from .concat_chain import chain_kernels
 from .examplejson_text import RUNTIME_ATTRS, ExampleJSONError, Kernel, Node, Subgraph, parse_examplejson
-from .runtime import ExecutorError, RuntimeModule
+from .runtime import STEP_HOOK, ExecutorError, RuntimeModule  # (STEP_HOOK: re-exported for the benches)
 from .scale_fold import fold_scales
 
 __all__ = ["STEP_HOOK", "ExampleJSONError", "ExampleJSONRuntime", "Node", "Subgraph", "SubgraphFunction",
            "examplejson_runtime", "parse_examplejson"]
-
-#: optional per-step observer ``hook(subgraph, node, value, seconds)`` for the debug executor's
-#: per-kernel timings and intermediate outputs; set only in the thread doing the debug call
-STEP_HOOK: ContextVar[Optional[Callable[..., None]]] = ContextVar("examplejson_step_hook", default=None)
 
 
 #: how a wrong shape or dtype is reported, for the subgraph's arguments and for kernel results

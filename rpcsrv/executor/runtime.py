@@ -24,13 +24,29 @@ This is the contract between the executor and the server (see docs/architecture.
   (defaults: not mine / nothing to do): ``bind_constants(symbol, arrays, source)`` from a const
   loader, ``bind_params(params, source)`` from a graph executor factory above, then
   ``check_constants()``, which refuses a module left without its constants at ``load_module``.
+
+* A module kind whose functions run a graph of kernel steps (ExampleJSON, TVM's JSON-runtime modules)
+  reports each step to :data:`STEP_HOOK` when one is set: the debug executor's per-kernel timings and
+  intermediate outputs (``debug.py``) then see inside any such kind, not one in particular.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Mapping, Optional
+from contextvars import ContextVar
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional
 
 from ..loader.modules import walk_imports
+
+#: optional per-step observer ``hook(function, step, value, seconds)``: ``step`` has the step's ``id``
+#: and ``op``; set only in the thread doing the debug call (the debug executor, profilers, benches)
+STEP_HOOK: ContextVar[Optional[Callable[..., None]]] = ContextVar("step_hook", default=None)
+
+
+class StepInfo(NamedTuple):
+    """What a step hook learns of a kernel step: its id in its graph and its op's name."""
+
+    id: int
+    op: str
 
 PackedFunc = Callable[..., Any]
 

@@ -14,6 +14,7 @@ dtype, kept read-only and aligned, and weights a kernel wants in another layout 
 
 from __future__ import annotations
 
+import time
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
@@ -21,7 +22,7 @@ import numpy as np
 from ...loader.jsonrt import JSONRuntimeModule
 from ...loader.jsonrt_graph import JSONGraph
 from ...protocol.dtypes import DataType
-from ..runtime import ExecutorError, RuntimeModule
+from ..runtime import STEP_HOOK, ExecutorError, RuntimeModule, StepInfo
 from .attrs import Attrs, OpError
 from .table import lookup
 
@@ -58,6 +59,7 @@ class Step:
         self.inputs = [graph.entry_id(e) for e in node.inputs]
         self.outputs = [graph.node_row_ptr[nid] + i for i in range(node.num_outputs)]
         self.out_types = [(tuple(s), _np_dtype(d, where)) for s, d in zip(node.shapes, node.dtypes)]
+        self.info = StepInfo(nid, node.name)  # what a step hook learns of it
 
 
 class JSONRuntime(RuntimeModule):
@@ -171,7 +173,9 @@ class JSONRuntime(RuntimeModule):
             values[eid] = self._check(args[k], eid, f"argument {k} (input)")
         outs = [self._check(args[n_in + k], eid, f"argument {n_in + k} (output {k})")
                 for k, eid in enumerate(self.output_eids)]
+        hook = STEP_HOOK.get()
         for k, step in enumerate(self.steps):
+            start = time.perf_counter() if hook is not None else 0.0
             ins = [values[eid] for eid in step.inputs]
             for pos, transform in step.op.weights.items():
                 ins[pos] = self.prepared.get((k, pos))
@@ -193,6 +197,8 @@ class JSONRuntime(RuntimeModule):
                     raise ExecutorError(f"{step.where} op {step.node.name!r}: kernel produced {value.dtype} "
                                         f"{list(value.shape)} but the node declares {dtype} {list(shape)}")
                 values[eid] = value
+            if hook is not None:  # the debug executor's per-kernel view (rpcsrv.executor.runtime.STEP_HOOK)
+                hook(self.symbol, step.info, values[step.outputs[0]], time.perf_counter() - start)
             for eid in self.drops[k]:
                 del values[eid]
         for out, eid in zip(outs, self.output_eids):
