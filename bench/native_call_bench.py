@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -36,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from rpc_bench import free_port, start  # noqa: E402
+from rpc_bench import free_port, start, stop  # noqa: E402
 
 #: rpcsrv's start-up line (its log lines, with their clock times, come through the same pipe)
 SERVING = r"serving on [\d.]+:(\d+)"
@@ -138,12 +137,7 @@ def run(calls: int, rounds: int, which: list[str] | None = None,
             return results
         finally:
             sessions.clear()
-            for p in procs:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-                p.wait(10)
+            stop(procs)
 
 
 def report(results: dict[str, dict[str, float]]) -> str:

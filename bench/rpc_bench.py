@@ -63,6 +63,16 @@ def start(cmd: list[str], pattern: str, timeout: float = 60.0) -> tuple[subproce
     raise RuntimeError(f"{' '.join(cmd[:4])} did not start (exit status {status}); it said:\n{last}")
 
 
+def stop(procs: list[subprocess.Popen]) -> None:
+    """End servers started by :func:`start`, each with its process group (its native workers)."""
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        p.wait(10)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -231,12 +241,7 @@ def run(size_mb: int, calls: int, repeat: int, with_tvm_server: bool = True, rou
             results["raw loopback socket"] = {"copy to MB/s": raw_socket(nbytes, repeat)}
             results["raw socket into a file"] = {"upload MB/s": raw_socket(nbytes, repeat, to_file=True)}
     finally:
-        for p in procs:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            p.wait(10)
+        stop(procs)
     return results
 
 

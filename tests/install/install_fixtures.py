@@ -164,3 +164,19 @@ def relax_mlp(path: Path, target="llvm", fcompile=None):
         bb.emit_func_output(out)
     tvm.compile(bb.get(), target=target).export_library(str(path), **({"fcompile": fcompile} if fcompile else {}))
     return lambda v: np.maximum(v @ w + b, 0) @ w2
+
+
+def mirror_sum(path: Path, target="llvm", fcompile=None) -> None:
+    """Export ``mirror_sum(A, C)``: C[i] = 2 A[i] + 2 A[n-1-i], n = 1024, its loop parallel over an
+    intermediate buffer (TVM's parallel launch and workspace allocator), compiled by apache-tvm."""
+    import tvm
+    from tvm import te
+
+    n = 1024
+    a = te.placeholder((n,), name="A")
+    b = te.compute((n,), lambda i: a[i] * 2.0, name="B")
+    c = te.compute((n,), lambda i: b[i] + b[n - 1 - i], name="C")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([a, c]).with_attr("global_symbol", "mirror_sum"))
+    block = sch.get_sblock("C") if hasattr(sch, "get_sblock") else sch.get_block("C")
+    sch.parallel(sch.get_loops(block)[0])
+    tvm.compile(sch.mod, target=target).export_library(str(path), **({"fcompile": fcompile} if fcompile else {}))

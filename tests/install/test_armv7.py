@@ -137,14 +137,7 @@ def _cross_compile(out: Path):
     cc = need_program("arm-linux-gnueabihf-gcc", "links the armv7 libraries")
     target = tvm.target.Target({"kind": "llvm", "mtriple": TRIPLE, "mfloat-abi": "hard", "mattr": ["+neon"]})
     fcompile = tvm.support.cc.cross_compiler(cc)
-    n = 1024
-    a = te.placeholder((n,), name="A")
-    b = te.compute((n,), lambda i: a[i] * 2.0, name="B")
-    c = te.compute((n,), lambda i: b[i] + b[n - 1 - i], name="C")
-    sch = tvm.s_tir.Schedule(te.create_prim_func([a, c]).with_attr("global_symbol", "mirror_sum"))
-    block = sch.get_sblock("C") if hasattr(sch, "get_sblock") else sch.get_block("C")
-    sch.parallel(sch.get_loops(block)[0])
-    tvm.compile(sch.mod, target=target).export_library(str(out / "mirror_sum.so"), fcompile=fcompile)
+    install_fixtures.mirror_sum(out / "mirror_sum.so", target, fcompile)
     x = te.placeholder((4, 8), name="X", dtype="float64")
     y = te.compute((4, 8), lambda i, j: x[i, j] * x[i, j] + 1.0, name="Y")
     tvm.compile(te.create_prim_func([x, y]).with_attr("global_symbol", "square_plus_one"),

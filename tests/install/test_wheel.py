@@ -96,15 +96,8 @@ def installed_server(board_venv):
 
 def _kernels(out_dir):
     """A parallel kernel with a workspace, and a plain one, compiled for this machine by apache-tvm."""
-    n = 1024
-    a = te.placeholder((n,), name="A")
-    b = te.compute((n,), lambda i: a[i] * 2.0, name="B")
-    c = te.compute((n,), lambda i: b[i] + b[n - 1 - i], name="C")
-    sch = tvm.s_tir.Schedule(te.create_prim_func([a, c]).with_attr("global_symbol", "mirror_sum"))
-    block = sch.get_sblock("C") if hasattr(sch, "get_sblock") else sch.get_block("C")
-    sch.parallel(sch.get_loops(block)[0])
     par = out_dir / "mirror_sum.so"
-    tvm.compile(sch.mod, target="llvm").export_library(str(par))
+    install_fixtures.mirror_sum(par)
     x = te.placeholder((4, 8), name="X", dtype="float32")
     y = te.compute((4, 8), lambda i, j: x[i, j] * x[i, j] + 1.0, name="Y")
     plain = out_dir / "square_plus_one.so"
