@@ -117,6 +117,7 @@ def run(calls: int, rounds: int, which: list[str] | None = None,
                 sessions[name] = (remote, lib, a, b, proc.pid)
             shapes = {'lib["add_one"](a, b)': lambda r, lib, a, b: (lambda: lib["add_one"](a, b)),
                       "f(a, b)": lambda r, lib, a, b: (lambda f=lib["add_one"]: f(a, b)),
+                      'lib["add_one"] alone': lambda r, lib, a, b: (lambda: lib["add_one"]),
                       "small call workpath": lambda r, lib, a, b: (
                           lambda f=r.get_function("tvm.rpc.server.workpath"): f("x"))}
             per_round = {(s, n): [] for s in shapes for n in sessions}

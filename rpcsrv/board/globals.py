@@ -8,10 +8,11 @@ Unknown names answer a null handle, as TVM does (the client then raises its own 
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable, Optional
 
 from ..executor.runtime import RuntimeModule
-from ..protocol import Device
+from ..protocol import Device, FunctionHandle
 from .session import PackedFunction, RPCUserError, Session
 
 GlobalFactory = Callable[[Session], PackedFunction]
@@ -93,9 +94,23 @@ def _module_get_function(sess: Session, mod, name: str, query_imports=False):
     fn = mod.find_function(name, bool(query_imports))
     if fn is None:
         return None
+    known = sess.module_functions.get(id(fn))
+    func = known[1]() if known is not None else None
+    if func is not None and func.fn is fn:  # the same function again: the same handle, counted
+        sess.handles.reissue(known[0], func, f"get_function {name}")
+        return FunctionHandle(known[0])
     from ..native.fastpath import runner
 
-    return PackedFunction(fn, name, blocking=True, run=runner(fn, sess.limiter))
+    func = PackedFunction(fn, name, blocking=True, run=runner(fn, sess.limiter))
+    handle = sess.put_object(func)
+    if len(sess.module_functions) >= MODULE_FUNCTIONS:
+        sess.module_functions.clear()
+    sess.module_functions[id(fn)] = (handle, weakref.ref(func))  # while something holds it (its handle,
+    return FunctionHandle(handle)  # a baton's record): the module goes when the client frees it
+
+
+#: module functions a session remembers the handles of (``_module_get_function``)
+MODULE_FUNCTIONS = 1024
 
 
 @reg("tvm.rpc.server.ImportModule")

@@ -110,6 +110,34 @@ class HandleTable:
         self.account.release(HANDLE_COST)
         return self.objects.pop(handle)
 
+    def reissue(self, handle: int, obj: Any, what: str = "function handle") -> None:
+        """Hand out ``handle`` for ``obj`` again: counted when it is held, else back in the table (a
+        freed handle is never given to anything else: the numbering only grows)."""
+        if handle in self.objects:
+            self.share(handle)
+            return
+        if len(self) >= self.max_handles:
+            raise RPCUserError(f"{what}: this session already holds {len(self)} handles, the limit "
+                               f"(free some first)")
+        self.account.charge(HANDLE_COST, what)
+        self.objects[handle] = obj
+
+    def set_count(self, handle: int, obj: Any, count: int) -> None:
+        """Make ``handle`` (naming ``obj``) handed out ``count`` times (0: freed): what a native worker's
+        repeated lookups and frees left (``rpcsrv.board.baton``)."""
+        if count <= 0:
+            if handle in self.objects:
+                self.refs.pop(handle, None)
+                self.objects.pop(handle)
+                self.account.release(HANDLE_COST)
+            return
+        if handle not in self.objects:
+            self.reissue(handle, obj)
+        if count > 1:
+            self.refs[handle] = count
+        else:
+            self.refs.pop(handle, None)
+
     def free_buffer(self, handle: int) -> np.ndarray:
         buf = self.buffers.pop(handle, None)
         if buf is None:

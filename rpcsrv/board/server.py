@@ -28,7 +28,8 @@ from ..protocol import (NEED_DATA, CallFuncChunk, CallFuncEnd, CallFuncStart, Co
                        HandshakeRequest, Role, Shutdown)
 from ..protocol.connection import RECV_SIZE
 from ..native.host import NativeSession
-from .session import INIT_DONE, Answer, CopyData, Failed, Returned, Session
+from ..native.library import NativeError
+from .session import INIT_DONE, Answer, CopyData, Failed, Returned, Session, _message
 from .transport import IdleTimeout, Transport
 from .workspace import Workspace
 
@@ -249,12 +250,36 @@ async def _session_loop(io: Transport, conn: Connection, session: Session, peer:
         if record is not None:
             record.calls += 1
         if live is None:
-            await io.send_all(encode(conn, await session.handle(ev)))
+            answer = await session.handle(ev)
+            await io.send_all(out := encode(conn, answer))
         else:  # obs (issue 28): the request's latency, by RPC code and function kind
             t0 = live.stream_t0 if type(ev) is CallFuncEnd else perf_counter()
             answer = await session.handle(ev)
-            await io.send_all(encode(conn, answer))
+            await io.send_all(out := encode(conn, answer))
             stats.observe(ev, answer, perf_counter() - t0, live)
+        baton = session.baton
+        if baton is not None:  # its native worker may answer the client's repeated calls (baton.py)
+            packet = conn.last_packet
+            if baton.note(ev, answer, None if packet is None else bytes(packet), out):
+                owed = await baton.lend(io, conn, record, stats, live)
+                if owed is not None:
+                    await io.send_all(_owed(conn, session, record, *owed))
+
+
+def _owed(conn: Connection, session: Session, record: Optional[SessionRecord], packet: bytes, kind: str,
+          value: Any) -> list:
+    """The answer to a request a native worker took off the socket and left to the server (``baton.py``):
+    the connection reads its bytes again, as if from the socket, and the answer is worded as on the
+    server's own path."""
+    conn.receive_data(packet)
+    conn.next_event()
+    if record is not None:
+        record.calls += 1
+    if kind == "crash":
+        return encode(conn, Failed(_message(value)))
+    if kind == "err":
+        return encode(conn, Failed(_message(NativeError(value))))
+    return encode(conn, Returned(session.to_wire(value), True))
 
 
 async def _refuse_session(io: Transport, conn: Connection, peer: str, reason: str) -> None:

@@ -86,6 +86,8 @@ class Session(SyscallsMixin):
         workspace.account = self.account
         self.limiter = limiter
         self.globals: dict[str, int] = {}  # global function name -> its handle
+        self.module_functions: dict[int, tuple] = {}  # id(module function) -> (its handle, weakref)
+        self.baton: Any = None  # lends the connection to the native worker (``baton.py``), once it calls
         self.initialized = False
         self.closed = False
         self._stream: Optional[StreamedCall] = None  # the streamed call in progress (see open_stream)
@@ -188,8 +190,8 @@ class Session(SyscallsMixin):
 
     def to_wire(self, v: Any) -> Any:
         """A function's result as the value that goes back to the client."""
-        if v is None or isinstance(v, (bool, int, float, str, Device, DataType)):
-            return v
+        if v is None or isinstance(v, (bool, int, float, str, Device, DataType, FunctionHandle)):
+            return v  # (a FunctionHandle: one the session already handed out, reissued)
         if isinstance(v, (bytes, bytearray, memoryview)):
             return bytes(v) if isinstance(v, memoryview) else v
         if isinstance(v, np.ndarray):
@@ -273,6 +275,11 @@ class Session(SyscallsMixin):
         if func.run is not None:
             done, result = await func.run(*args)
             if done:
+                worker = getattr(func.fn, "worker", None)
+                if worker is not None and (self.baton is None or self.baton.worker is not worker):
+                    from .baton import Baton  # its native worker called: it may take repeated calls
+
+                    self.baton = Baton(self, worker)
                 return result if type(result) in _PLAIN else self.to_wire(result)
         result = await trio.to_thread.run_sync(self._run_charged, func.fn, args, limiter=self.limiter)
         return result if type(result) in _PLAIN else self.to_wire(result)

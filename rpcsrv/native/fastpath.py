@@ -101,6 +101,7 @@ async def worker_call(worker: Any, oid: int, args: tuple, what: str) -> tuple[bo
     deadline: its answer would never be read."""
     import trio
 
+    worker.last_frame = None  # the frame of a call that went this way, for a baton's record
     copied: list = []
     wire_args = [worker.to_wire(a, copied) for a in args]
     if copied or worker._garbage or worker.dead is not None:
@@ -132,4 +133,6 @@ async def worker_call(worker: Any, oid: int, args: tuple, what: str) -> tuple[bo
             raise
     finally:
         worker.lock.release()
-    return True, worker.from_wire(worker._result(answer, what)[0])
+    value = worker.from_wire(worker._result(answer, what)[0])
+    worker.last_frame = frame
+    return True, value

@@ -63,6 +63,7 @@ class Worker:
         self._garbage_lock = threading.RLock()  # reentrant: a finalizer may run inside the swap below
         self.account: Any = None  # the session's MemoryAccount (rpcsrv.board.accounts), once taken by a session
         self.charged = 0  # bytes the worker holds for the session, as last reported and charged
+        self.last_frame: Optional[bytes] = None  # the last call frame that answered (``fastpath``)
         self.cost = 0  # WORKER_COST, while charged to ``account``
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         fds = [theirs.fileno()] + ([arena.fd] if arena else [])

@@ -48,6 +48,8 @@ class WorkerState:
         self.budget = WorkerBudget()
         self.bound: dict[tuple, Any] = {}  # (function id, wire arguments) -> its bound native call
         self.confined: dict | None = None  # the layers in force, once confined (``_confine``)
+        self.ctl: Optional[socket.socket] = None  # the socket to the server (``main``)
+        self.lent: Optional[tuple] = None  # the client's socket and the shared page, once lent (``_hold``)
         #: a confined worker (``RPCSRV_CONFINE=1``) runs nothing before its session has confined it
         self.confining = os.environ.get("RPCSRV_CONFINE") == "1"
 
@@ -114,6 +116,11 @@ class WorkerState:
             return None, []
         if req[0] == "confine":
             return _confine(self, req[1]), []
+        if req[0] == "hold":  # the server lends this worker its client's connection (``replay.py``)
+            from .replay import take
+
+            self.refuse_unconfined("call")
+            return take(self, req, fds), []
         self.refuse_unconfined(req[0])
         return self.handle(req)
 
@@ -395,6 +402,7 @@ def main(argv: list[str]) -> int:
     compute.lower_priority([t for t in compute.thread_ids() if t != threading.get_native_id()], nice)
     _NICE.append(nice)
     state = WorkerState(session_arena, own)
+    state.ctl = sock
     ALLOCATION_HOOK.set(state.budget.charge)  # executors check their storage against the session's budget
     _send(sock, ("ready", os.getpid(), WORKER_ARENA), [own.fd])
     while True:

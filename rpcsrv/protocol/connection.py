@@ -91,6 +91,9 @@ class Connection(RegionReceiver, PacketParser, PacketWriter):
     _eof: bool = False
     _closed_event: Optional[ConnectionClosed] = None
     _body: bytearray = field(default_factory=bytearray)  # a large packet received whole, so far
+    #: the last small packet parsed, length prefix included, as received (None after a large one):
+    #: the bytes a repeated request is known by (``rpcsrv.board.baton``)
+    last_packet: Optional[bytearray] = None
 
     def __post_init__(self):
         # this end's transitions, per state: what a received event type and a sent action lead to
@@ -148,6 +151,10 @@ class Connection(RegionReceiver, PacketParser, PacketWriter):
                     self.receive_data(b"")
             else:
                 self.receive_data((yield RECV_SIZE))
+
+    def drained(self) -> bool:
+        """Nothing received is left to parse (no request read ahead, none half read)."""
+        return self._pos == len(self._buf) and self._phase is None and self._region_buf is None
 
     def _avail(self) -> int:
         return len(self._buf) - self._pos
@@ -208,11 +215,13 @@ class Connection(RegionReceiver, PacketParser, PacketWriter):
             start = pos + 8
             if n < STREAM_MIN and avail >= 8 + n:
                 packet = self._buf[start:start + n]  # a copy: events may keep views into it
+                self.last_packet = self._buf[pos:start + n]
                 self._pos = start + n
                 if self._pos > 65536 and self._pos * 2 > len(self._buf):
                     del self._buf[:self._pos]
                     self._pos = 0
                 return self._parse_packet(packet)
+            self.last_packet = None
             self._pos = start
             self._start_large(n)
         if self._closed_event is not None:

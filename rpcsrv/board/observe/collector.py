@@ -26,7 +26,8 @@ NAMES = ("rpcsrv_board_info", "rpcsrv_start_time_seconds", "rpcsrv_limit", "rpcs
          "rpcsrv_requests", "rpcsrv_request_errors", "rpcsrv_call_seconds", "rpcsrv_model_run_seconds",
          "rpcsrv_received_bytes", "rpcsrv_sent_bytes", "rpcsrv_memory_used_bytes", "rpcsrv_memory_limit_bytes",
          "rpcsrv_session_memory_bytes", "rpcsrv_session_memory_limit_bytes", "rpcsrv_native_workers_alive",
-         "rpcsrv_native_workers_started", "rpcsrv_native_workers_crashed", "rpcsrv_tracker_registered",
+         "rpcsrv_native_workers_started", "rpcsrv_native_workers_crashed", "rpcsrv_native_loaned_requests",
+         "rpcsrv_tracker_registered",
          "rpcsrv_tracker_registrations")
 
 
@@ -98,6 +99,8 @@ class BoardCollector:
                                 value=alive)
         yield CounterMetricFamily("rpcsrv_native_workers_started", "Native workers taken by sessions",
                                   value=started)
+        yield CounterMetricFamily("rpcsrv_native_loaned_requests", "Requests a native worker answered while "
+                                  "it held its session's connection (repeated native calls)", value=st.loaned)
         yield CounterMetricFamily("rpcsrv_native_workers_crashed", "Native workers that ended other than "
                                   "by closing (a crash, or stopped at the session deadline)", value=crashed)
         gate = cfg.gate

@@ -97,6 +97,7 @@ class ServerStats:
         self.started = time.time()
         self.board_port = 0  # the RPC port, once bound (the status page shows it)
         self.cells: dict[tuple[str, str], Cell] = {}
+        self.loaned = 0  # requests native workers answered while they held the connection (``observe_many``)
         self.live: dict[int, LiveSession] = {}
         self.errors: deque[ErrorEntry] = deque(maxlen=ERROR_RING)
         self.sessions_total = 0
@@ -153,6 +154,17 @@ class ServerStats:
         if type(answer) is Failed:
             cell.errors += 1
             self.errors.append(ErrorEntry(time.time(), live.number, live.record.peer, cell.code, answer.message[:500]))
+
+    def observe_many(self, ev: Any, answer: Any, count: int, seconds: float, live: LiveSession) -> None:
+        """``count`` more requests like ``ev`` answered like ``answer`` in ``seconds`` in all: those a native
+        worker answered while it held the connection (``rpcsrv.board.baton``), each at the mean."""
+        self.loaned += count
+        self.observe(ev, answer, seconds / count, live)
+        cell = live.cells.get(ev.handle) if type(ev) is CallFunc else self._event_cell(ev)
+        if cell is not None and count > 1:
+            cell.count += count - 1
+            cell.sum += seconds * (count - 1) / count
+            cell.buckets[bisect_left(BOUNDS, seconds / count)] += count - 1
 
     def _cell(self, code: str, kind: str) -> Cell:
         cell = self.cells.get((code, kind))

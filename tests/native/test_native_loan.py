@@ -1,0 +1,194 @@
+"""Repeated native calls answered by the session's worker while it holds the connection (issue 26:
+``rpcsrv.board.baton``, ``rpcsrv.native.replay``), driven by the real apache-tvm 0.27 client and by
+rpcsrv's own client in the classic dialect.
+
+The kernels (``fixtures/loan_kernels.c``) leave a trace of every run, so a call skipped or run twice
+shows in the numbers; the metrics say how many requests the worker answered (the loan really happened)
+and the session's memory says that the handle counts the worker leaves are right (no handle leaked or
+lost).  Errors and crashes of a call the worker runs end as on the server's own path.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import need_module
+from native_helpers import build_c
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "metrics"))
+from metrics_helpers import MetricsBoard, wait_scrape  # noqa: E402
+
+tvm = need_module("tvm", "the real TVM client")
+from tvm import rpc  # noqa: E402
+
+N = 16
+
+
+@pytest.fixture(scope="module")
+def board(tmp_path_factory):
+    need_module("prometheus_client", "the loan's metrics")
+    srv = MetricsBoard(workdir=tmp_path_factory.mktemp("loan-work"))
+    yield srv
+    assert srv.alive(), "the server died during the tests"
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory):
+    return build_c("loan_kernels", tmp_path_factory.mktemp("loan"))
+
+
+def _session(board, kernels):
+    remote = rpc.connect(board.host, board.port)
+    remote.upload(str(kernels), "loan.so")
+    return remote, remote.load_module("loan.so"), remote.cpu()
+
+
+def _loaned(board) -> float:
+    return board.scrape()("rpcsrv_native_loaned_requests_total")
+
+
+def test_every_repeated_call_runs_once(board, kernels):
+    """``f(a, b)`` and ``lib["f"](a, b)`` 300 times each: every run counted, most answered by the worker."""
+    remote, lib, dev = _session(board, kernels)
+    x = np.arange(N, dtype="float32") + 1
+    a, b = tvm.runtime.tensor(x, dev), tvm.runtime.tensor(np.zeros(N, "float32"), dev)
+    before = _loaned(board)
+    f = lib["accumulate"]
+    for _ in range(300):
+        f(a, b)
+    np.testing.assert_array_equal(b.numpy(), 300 * x)
+    for _ in range(300):
+        lib["accumulate"](a, b)  # a lookup, the call and the free of the function: all three repeated
+    np.testing.assert_array_equal(b.numpy(), 600 * x)
+    loaned = _loaned(board) - before
+    assert loaned >= 0.9 * (300 + 3 * 300), loaned  # the first few go through the server
+
+
+def test_calls_between_other_requests(board, kernels):
+    """Copies between the calls end each loan at a packet boundary: every result still right."""
+    remote, lib, dev = _session(board, kernels)
+    f = lib["accumulate"]
+    b = tvm.runtime.tensor(np.zeros(N, "float32"), dev)
+    a = tvm.runtime.tensor(np.zeros(N, "float32"), dev)
+    expected = np.zeros(N, "float32")
+    for k in range(40):
+        x = np.full(N, k, "float32")
+        a.copyfrom(x)
+        for _ in range(k % 4):
+            f(a, b)
+            expected += x
+        np.testing.assert_array_equal(b.numpy(), expected)
+    assert remote.get_function("tvm.rpc.server.workpath")("x").endswith("x")
+
+
+def test_handle_counts_survive_the_loan(board, kernels):
+    """Lookups and frees the worker answered leave the session's handle table as the client holds it:
+    the session's memory (every handle is charged) ends where it started, and a function handle the
+    client still holds keeps working after the loan."""
+    remote, lib, dev = _session(board, kernels)
+    a, b = tvm.runtime.tensor(np.ones(N, "float32"), dev), tvm.runtime.tensor(np.zeros(N, "float32"), dev)
+    held = lib["accumulate"]
+    held(a, b)
+
+    def memory() -> float:
+        gc.collect()
+        scrape = board.scrape()
+        return sum(v for (name, _), v in scrape.samples.items() if name == "rpcsrv_session_memory_bytes")
+
+    start = memory()
+    for _ in range(200):
+        lib["accumulate"](a, b)
+    a.copyfrom(np.ones(N, "float32"))  # ends the loan: the counts are back with the server
+    assert memory() == start
+    held(a, b)
+    np.testing.assert_array_equal(b.numpy(), np.full(N, 202, "float32"))
+    del held
+    lib["accumulate"](a, b)
+    np.testing.assert_array_equal(b.numpy(), np.full(N, 203, "float32"))
+
+
+def test_error_of_a_repeated_call_is_the_usual_error(board, kernels):
+    remote, lib, dev = _session(board, kernels)
+    f = lib["count_or_fail"]
+    limit = tvm.runtime.tensor(np.full(1, 50, "float32"), dev)
+    count = tvm.runtime.tensor(np.zeros(1, "float32"), dev)
+    for _ in range(50):
+        f(limit, count)
+    with pytest.raises(Exception, match="count_or_fail: past the limit"):
+        f(limit, count)  # answered through the server: the worker's call raised
+    with pytest.raises(Exception, match="count_or_fail: past the limit"):
+        f(limit, count)
+    assert count.numpy()[0] == 52
+    limit.copyfrom(np.full(1, 1000, "float32"))
+    for _ in range(100):
+        f(limit, count)
+    assert count.numpy()[0] == 152
+
+
+def test_crash_in_a_repeated_call_ends_only_that_call(board, kernels):
+    """The worker dies in a call it took off the socket: that call is answered with the crash, the
+    session goes on (a fresh worker for the same session), and so does the server."""
+    remote, lib, dev = _session(board, kernels)
+    f = lib["count_or_crash"]
+    limit = tvm.runtime.tensor(np.full(1, 30, "float32"), dev)
+    count = tvm.runtime.tensor(np.zeros(1, "float32"), dev)
+    for _ in range(30):
+        f(limit, count)
+    with pytest.raises(Exception, match=r"native code crashed \(killed by SIGSEGV\)"):
+        f(limit, count)
+    with pytest.raises(Exception, match="native worker of this session is gone"):
+        f(limit, count)
+    assert count.numpy()[0] == 31  # the crashing run's count is in the shared array
+    lib = remote.load_module("loan.so")
+    limit.copyfrom(np.full(1, 1000, "float32"))
+    g = lib["count_or_crash"]
+    for _ in range(20):
+        g(limit, count)
+    assert count.numpy()[0] == 51
+    assert board.alive()
+
+
+def test_client_gone_during_a_loan(board, kernels):
+    """A client that leaves while the worker holds its connection: the session ends, its worker with it,
+    and the next session is served."""
+    remote, lib, dev = _session(board, kernels)
+    a, b = tvm.runtime.tensor(np.ones(N, "float32"), dev), tvm.runtime.tensor(np.zeros(N, "float32"), dev)
+    f = lib["accumulate"]
+    for _ in range(20):
+        f(a, b)
+    del f, a, b, lib, dev, remote
+    gc.collect()
+    scrape = wait_scrape(board, lambda s: s("rpcsrv_sessions_open") == 0)
+    assert scrape("rpcsrv_sessions_open") == 0
+    remote, lib, dev = _session(board, kernels)
+    a, b = tvm.runtime.tensor(np.ones(N, "float32"), dev), tvm.runtime.tensor(np.zeros(N, "float32"), dev)
+    for _ in range(10):
+        lib["accumulate"](a, b)
+    np.testing.assert_array_equal(b.numpy(), np.full(N, 10, "float32"))
+
+
+def test_classic_dialect_repeats_too(board, kernels):
+    from rpcsrv.client.rpc import connect
+    from rpcsrv.protocol import Dialect
+
+    sess = connect(board.host, board.port, dialect=Dialect.CLASSIC)
+    sess.upload(str(kernels), "loan.so")
+    lib = sess.load_module("loan.so")
+    dev = sess.cpu()
+    x = np.arange(N, dtype="float32")
+    a, b = sess.array(x, dev), sess.empty((N,), "float32", dev)
+    before = _loaned(board)
+    f = lib["accumulate"]
+    start = time.monotonic()
+    for _ in range(200):
+        f(a, b)
+    np.testing.assert_array_equal(b.numpy(), 200 * x)
+    assert _loaned(board) - before >= 150
+    assert time.monotonic() - start < 30
