@@ -31,8 +31,9 @@ import trio
 
 from .handles import PackedFunction
 from ..native.confine_wire import ProtocolViolation
-from ..native.replay import ANSWERING, CALLING, PAGE_FORMAT, PAGE_SIZE, Entry
+from ..native.replay import CALLING, IDLE, PAGE_FORMAT, PAGE_SIZE, Entry
 from ..native.shm import _seal
+from ..native.library import NativeError
 from ..native.wire import FrameError
 from ..native.worker import _send
 from ..protocol import CallFunc, FunctionHandle, RPCCode, Syscall
@@ -43,6 +44,10 @@ GET_FUNCTION = "tvm.rpc.server.ModuleGetFunction"
 MAX_ENTRIES = 16
 #: the most repeats a loan waits for after loans that served nothing
 MAX_SKIP = 64
+
+
+class _Deadline(Exception):
+    """The session's deadline passed during a loan (its worker was stopped)."""
 
 
 class LoanBroken(ConnectionError):
@@ -156,6 +161,9 @@ class Baton:
                     os.close(fds[1])
             try:
                 reply = await self._wait(worker)
+            except _Deadline:
+                return self._died(NativeError("native code was still running at the session deadline; its "
+                                              "worker was stopped"), recorded)
             except (ProtocolViolation, EOFError, OSError, ConnectionError, FrameError) as exc:
                 return self._died(worker._failure(exc, "native call"), recorded)
             except BaseException:
@@ -164,7 +172,8 @@ class Baton:
                 raise
         finally:
             worker.lock.release()
-        return self._returned(reply, recorded, counts, io, record, stats, live)
+            io.sock.setblocking(False)  # the worker read it blocking (the flag is the connection's)
+        return self._returned(reply, recorded, counts, io, conn, record, stats, live)
 
     async def _wait(self, worker: Any) -> tuple:
         deadline = worker.deadline()
@@ -173,20 +182,20 @@ class Baton:
             await trio.lowlevel.wait_readable(worker.sock)
         if waited.cancelled_caught:
             worker.kill("stopped at the session deadline")
-            raise EOFError
+            raise _Deadline
         return worker._settle(worker._recv())
 
     def _died(self, error: Exception, recorded: list) -> Optional[tuple]:
         """The worker is gone during a loan: the request it was running, if it was, owes its crash."""
         self.forget()
         state, index = PAGE_FORMAT.unpack_from(self.page, 0) if self.page is not None else (0, 0)
-        if state == ANSWERING:
-            raise LoanBroken(f"the native worker died while answering the client: {error}")
         if state == CALLING and 0 <= index < len(recorded):
             return recorded[index].entry.packet, "crash", error
+        if state != IDLE:  # bytes of the client's read and lost, or half an answer sent
+            raise LoanBroken(f"the native worker died holding the client's connection mid-request: {error}")
         return None
 
-    def _returned(self, reply: tuple, recorded: list, counts: dict, io: Any, record: Any,
+    def _returned(self, reply: tuple, recorded: list, counts: dict, io: Any, conn: Any, record: Any,
                   stats: Any, live: Any) -> Optional[tuple]:
         """Take in what the worker served (accounts, metrics, handle counts); what is owed, if anything."""
         result = reply[1] if reply[0] == "ok" and type(reply[1]) is dict else None
@@ -207,6 +216,12 @@ class Baton:
                 if n:
                     stats.observe_many(r.event, r.answer, n, float(s), live)
         self.skip, self.backoff = (self.backoff, min(2 * self.backoff, MAX_SKIP)) if not total else (0, 1)
+        unread = result.get("unread")
+        if unread:  # what the worker read of a request it left to the server
+            if type(unread) is not bytes or len(unread) > max(len(r.entry.packet) for r in recorded) + 1:
+                raise LoanBroken("the native worker gave back more than it may have read")
+            io.bytes_in += len(unread)
+            conn.receive_data(unread)
         pending = result.get("pending")
         if result.get("why") != "pending" or type(pending) is not tuple or len(pending) != 3:
             return None

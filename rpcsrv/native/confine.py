@@ -50,7 +50,7 @@ PASS_ENV = ("LD_LIBRARY_PATH", "PYTHONPATH", "OPENBLAS_*", "OMP_*", "GOTO_NUM_TH
             # the server's choices the worker must share: its plugins (``loader.plugins.ENV``; their
             # packages may sit on PYTHONPATH), the compiled executor kernels, the native call path
             "RPCSRV_PLUGINS", "RPCSRV_COMPILED_KERNELS", "RPCSRV_KERNELS_LIB", "RPCSRV_NATIVE_QUICK_WAIT",
-            "RPCSRV_LOAN_SPIN")
+            "RPCSRV_LOAN_LOOP")
 #: read-only trees beyond Python's own (sys.prefix, sys.path): system libraries and what the C library,
 #: OpenBLAS and Python read at run time
 SYSTEM_READ = ("/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/local/lib", "/lib", "/lib32", "/lib64",

@@ -274,6 +274,7 @@ class NativeFunction:
                     raise fail()
                 return _from_any(out, name) if returns else None
             call_ffi.keep = keep  # the argument structures live as long as the call
+            call_ffi.parts = (2, f, anys, None, n, fail)  # for a loop in C (``replay.py``)
             return call_ffi
         values, codes = (TVMValue * max(n, 1))(), (ctypes.c_int * max(n, 1))()
         for i, a in enumerate(args):
@@ -289,6 +290,7 @@ class NativeFunction:
             if fc(values, codes, n, ret, ret_code, None) != 0:
                 raise fail()
         call_classic.keep = keep
+        call_classic.parts = (1, fc, values, codes, n, fail)
         return call_classic
 
 

@@ -9,8 +9,8 @@ the worker (``rpcsrv.board.baton``): it sends the client's socket (once, with ``
 of the requests it has just answered, byte for byte, with their answers and their effects; it then reads
 nothing from that socket until the worker gives it back.
 
-Meanwhile the worker (:func:`hold`) *peeks* at each request (``MSG_PEEK``: nothing is consumed) and
-serves it only when it is one of the table's, whole, and allowed:
+Meanwhile the worker (:func:`hold`) reads each request (blocking, as TVM's server does: one ``recv``
+and one ``send`` per request) and answers it only when it is one of the table's, whole, and allowed:
 
 * ``call``: a native function with shared arrays whose bound call this worker holds
   (``WorkerState.bound``), on a function handle the session holds;
@@ -18,42 +18,40 @@ serves it only when it is one of the table's, whole, and allowed:
   same function: ``rpcsrv.board.globals``), counted up;
 * ``free``: the free of that handle, counted down (never below zero).
 
-Anything else (another request, a partial one, the client gone, ``IDLE_RETURN`` without a request, the
-server asking) ends the loan with the socket untouched at a packet boundary, and the server reads on as
-if the worker had never been there.  A call whose result differs from the recorded one (an error, a
-value) ends it too, with the result, for the server to answer.  What the worker served goes back to the
-server with the connection (counts per request, bytes, the handles' counts) for its accounts and metrics.
+Anything else (another request, the client gone, ``IDLE_RETURN`` without a request) ends the loan: the
+bytes read of a request it does not answer go back with the connection (``unread``), and the server
+parses them as if it had read them itself.  A call whose result differs from the recorded one (an
+error, a value) ends it too, with the result, for the server to answer.  What the worker served goes
+back to the server with the connection (counts per request, bytes, the handles' counts) for its
+accounts and metrics.
 
-A shared page (:data:`PAGE_SIZE` bytes, sealed) says where the worker is: ``IDLE`` (nothing consumed),
-``CALLING`` entry *i* (a request consumed, its native call running: if the worker dies now, the server
-answers that request with the crash), ``ANSWERING`` (part of an answer may be out: a death here ends
-the connection).  The server reads it only once the worker is gone, and as an untrusted word.
+A shared page (:data:`PAGE_SIZE` bytes, sealed) says where the worker is: ``IDLE`` (waiting: nothing
+read), ``READING`` (bytes of a request read, not answered), ``CALLING`` entry *i* (a request read, its
+native call running: if the worker dies now, the server answers that request with the crash),
+``ANSWERING`` (part of an answer may be out).  Dead while ``READING`` or ``ANSWERING``, the stream is
+lost and the connection ends.  The server reads the page only once the worker is gone, as an untrusted
+word.
 """
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
-import select
 import socket
 import struct
 import time
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple, Optional
 
 from .wire import decode_head
 
-IDLE, CALLING, ANSWERING = 0, 1, 2
+IDLE, CALLING, ANSWERING, READING = 0, 1, 2, 3
 PAGE_SIZE = 64
 #: the page: state (u32), entry index (u32)
 PAGE_FORMAT = struct.Struct("<II")
-#: after an answer, how long the worker polls for the next request before it sleeps in ``poll`` (the
-#: client's next request is usually tens of microseconds away; a sleep costs a wake-up per call)
-SPIN = float(os.environ.get("RPCSRV_LOAN_SPIN", "300e-6"))
 #: how long without a request before the worker gives the connection back (the server then owns idle
 #: time-outs, closing and every other request again)
 IDLE_RETURN = 0.05
-#: how long a request may stay partial (its bytes arriving in pieces) before it goes to the server
-PARTIAL_WAIT = 1e-3
 
 
 class Entry(NamedTuple):
@@ -83,7 +81,7 @@ def take(state: Any, req: tuple, fds: list[int]) -> dict:
     if state.lent is None:
         raise ValueError("no connection was lent to this worker")
     _, entries, counts = req
-    return hold(state, state.ctl, state.lent[0], state.lent[1], entries, dict(counts))
+    return hold(state, state.lent[0], state.lent[1], entries, dict(counts))
 
 
 def _callable(state: Any, frame: bytes) -> Any:
@@ -95,23 +93,15 @@ def _callable(state: Any, frame: bytes) -> Any:
     return state.bound.get((oid, bytes(frame[at:])))
 
 
-def _send_all(sock: socket.socket, data: bytes) -> int:
-    """All of ``data`` out on the client's socket (non-blocking: the server's flags are shared)."""
-    view, sent = memoryview(data), 0
-    while sent < len(data):
-        try:
-            sent += sock.send(view[sent:])
-        except (BlockingIOError, InterruptedError):
-            select.select([], [sock], [], 1.0)
-    return sent
-
-
-def hold(state: Any, ctl: socket.socket, client: socket.socket, page: Any, entries: list,
-         counts: dict) -> dict:
+def hold(state: Any, client: socket.socket, page: Any, entries: list, counts: dict) -> dict:
     """Serve the client's requests that are ``entries`` until one is not; return what was served.
 
     ``counts``: how many times the session has handed out each function handle the entries name
-    (the worker keeps them while it serves ``get``/``free``; they go back in the result)."""
+    (the worker keeps them while it serves ``get``/``free``; they go back in the result).  The socket
+    is read blocking, with ``IDLE_RETURN`` as its receive time-out: one ``recv`` and one ``send`` per
+    request, as in TVM's own server (the server, which reads nothing meanwhile, makes it non-blocking
+    again when it has it back).  What was read of a request that is not one of the entries goes back
+    unanswered (``unread``), for the server to parse as if it had read it itself."""
     table, bound = {}, {}
     for i, raw in enumerate(entries):
         e = Entry(*raw)
@@ -124,90 +114,191 @@ def hold(state: Any, ctl: socket.socket, client: socket.socket, page: Any, entri
     served = [0] * len(entries)
     seconds = [0.0] * len(entries)
     result = {"why": "empty", "served": served, "seconds": seconds, "counts": counts, "bytes_in": 0,
-              "bytes_out": 0, "pending": None}
+              "bytes_out": 0, "pending": None, "unread": b""}
     if not bound:
         return result
     longest = max(len(p) for p in table)
-    poller = select.poll()
-    poller.register(client.fileno(), select.POLLIN)
-    poller.register(ctl.fileno(), select.POLLIN)
     word = memoryview(page).cast("B").cast("I")  # [state, entry index]
-    clock, peek, flags = time.perf_counter, client.recv, socket.MSG_PEEK | socket.MSG_DONTWAIT
-    partial_since = None
-    while True:
-        try:  # the hot path: the next request is there already (peeked: nothing consumed yet)
-            seen = peek(longest + 1, flags)
-        except (BlockingIOError, InterruptedError):
-            why = _wait(poller, ctl.fileno(), clock)
-            if why:
-                result["why"] = why
-                return result
-            continue
-        except OSError:
-            seen = b""
-        if not seen:
-            result["why"] = "closed"
-            return result
-        hit = table.get(seen)
-        if hit is None:
-            if _partial(seen, longest):  # the rest of a request that may be ours is on its way
-                partial_since = partial_since or clock()
-                if clock() - partial_since < PARTIAL_WAIT:
-                    continue
-            result["why"] = "other"
-            return result
-        partial_since = None
-        t0 = clock()
-        i, e = hit
-        if e.kind != "get" and counts.get(e.handle, 0) <= 0:
-            result["why"] = "other"  # a handle the session no longer holds: the server words the error
-            return result
-        client.recv(len(seen))  # consumed: from here the request is ours to answer
-        result["bytes_in"] += len(seen)
-        if e.kind == "get":
-            counts[e.handle] = counts.get(e.handle, 0) + 1
-        elif e.kind == "free":
-            counts[e.handle] -= 1
-        else:
-            word[1], word[0] = i, CALLING
-            try:
-                value = bound[i]()
-            except Exception as exc:  # answered by the server, worded as on its own path
-                value, pending = None, ("err", str(exc) or type(exc).__name__, i)
-            else:
-                pending = None if value is None else ("value", state.to_wire(value), i)
-            if pending is not None:
-                word[0] = IDLE
-                result.update(why="pending", pending=pending)
-                return result
-        word[0] = ANSWERING
-        answer = e.answer
+    word[0] = IDLE
+    loop = _c_loop(entries, bound) if USE_C else None
+    client.setblocking(True)
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(IDLE_RETURN))
+    if loop is not None:
         try:
-            sent = client.send(answer)
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        if sent != len(answer):  # (rare: only a full socket buffer sends part)
-            _send_all(client, answer[sent:])
-        word[0] = IDLE
-        result["bytes_out"] += len(answer)
-        served[i] += 1
-        seconds[i] += clock() - t0
+            return loop(state, client, page, counts, longest, result)
+        finally:
+            _untimed(client)
+    clock, recv, send = time.perf_counter, client.recv, client.send
+    bytes_in = bytes_out = 0
+    why = "closed"
+    try:
+        while True:
+            try:
+                seen = recv(longest + 1)
+            except BlockingIOError:  # IDLE_RETURN without a request
+                why = "idle"
+                break
+            except OSError:
+                break
+            if not seen:
+                break
+            word[0] = READING
+            hit = table.get(seen)
+            if hit is None:
+                seen = _rest(recv, seen, longest)  # a request in pieces: read on while it may be ours
+                hit = table.get(seen)
+            if hit is None or (hit[1].kind != "get" and counts.get(hit[1].handle, 0) <= 0):
+                result["unread"] = seen  # another request, or a handle the session no longer holds:
+                why = "other"  # the server answers it (and words the error)
+                break
+            t0 = clock()
+            i, e = hit
+            bytes_in += len(seen)
+            kind = e.kind
+            if kind == "get":
+                counts[e.handle] = counts.get(e.handle, 0) + 1
+            elif kind == "free":
+                counts[e.handle] -= 1
+            else:
+                word[1], word[0] = i, CALLING
+                try:
+                    value = bound[i]()
+                except Exception as exc:  # answered by the server, worded as on its own path
+                    value, pending = None, ("err", str(exc) or type(exc).__name__, i)
+                else:
+                    pending = None if value is None else ("value", state.to_wire(value), i)
+                if pending is not None:
+                    word[0] = READING  # the request is in the server's hands from here
+                    why, result["pending"] = "pending", pending
+                    break
+            word[0] = ANSWERING
+            answer = e.answer
+            sent = send(answer)
+            if sent != len(answer):  # (rare: a full socket buffer takes part of it)
+                client.sendall(answer[sent:])
+            word[0] = IDLE
+            bytes_out += len(e.answer)
+            served[i] += 1
+            seconds[i] += clock() - t0
+    finally:
+        result.update(why=why, bytes_in=bytes_in, bytes_out=bytes_out)
+        _untimed(client)
+    return result
 
 
-def _wait(poller: Any, ctl_fd: int, clock: Any) -> str:
-    """Wait for the client's next request: poll a while (it is usually tens of microseconds away; a
-    sleep costs a wake-up per call), then sleep in ``poll`` up to ``IDLE_RETURN``.  Returns why the
-    loan ends (``idle``, ``asked``: the server wrote) or "" when the client's socket is readable."""
-    ready = poller.poll(0)
-    if not ready:
-        end = clock() + SPIN
-        while not ready and clock() < end:
-            ready = poller.poll(0)
-        if not ready:
-            ready = poller.poll(int(IDLE_RETURN * 1000))
-        if not ready:
-            return "idle"
-    return "asked" if any(fd == ctl_fd for fd, _ in ready) else ""
+def _untimed(client: socket.socket) -> None:
+    """The socket's receive time-out back to none (the server sets it non-blocking again)."""
+    try:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(0))
+    except OSError:
+        pass
+
+
+def _c_loop(entries: list, bound: dict) -> Optional[Callable]:
+    """The loan's loop in C (``rpcsrv_loan`` of the runtime shim), when the shim has it and every call
+    is a bound call of native code: one ``recv`` and one ``send`` per request, no Python in between."""
+    try:
+        from .shim import load_shim
+
+        shim = load_shim()
+        fn = shim.rpcsrv_loan
+    except (ImportError, OSError, AttributeError, RuntimeError):
+        return None
+    if not all(hasattr(f, "parts") for f in bound.values()):
+        return None
+    if fn.restype is not ctypes.c_int:
+        c = ctypes
+        fn.argtypes = [c.c_int, c.POINTER(_LoanEntry), c.c_int32, c.POINTER(c.c_int64), c.c_int64,
+                       c.POINTER(c.c_char), c.POINTER(c.c_int64), c.POINTER(c.c_uint32), c.POINTER(c.c_int64)]
+        fn.restype = c.c_int
+    return lambda *a: _run_c(fn, entries, bound, *a)
+
+
+def _run_c(fn: Any, entries: list, bound: dict, state: Any, client: socket.socket, page: Any, counts: dict,
+           longest: int, result: dict) -> dict:
+    from .abi import TVMFFIAny, TVMValue
+
+    handles = sorted({Entry(*raw).handle for raw in entries})
+    slots = (ctypes.c_int64 * max(len(handles), 1))(*[counts.get(h, 0) for h in handles])
+    table = (_LoanEntry * len(entries))()
+    cells: list = []  # the result cells, alive for the call
+    for i, raw in enumerate(entries):
+        e, x = Entry(*raw), table[i]
+        x.packet, x.packet_len = e.packet, len(e.packet)
+        x.answer, x.answer_len = e.answer, len(e.answer)
+        x.kind, x.slot = KINDS.get(e.kind, 3), handles.index(e.handle)
+        if i in bound:
+            abi, f, args, codes, nargs, _fail = bound[i].parts
+            ret, code = (TVMFFIAny() if abi == 2 else TVMValue()), ctypes.c_int32(4)
+            cells.append((ret, code))
+            x.abi, x.nargs, x.fptr = abi, nargs, ctypes.cast(f, ctypes.c_void_p)
+            x.args, x.codes = ctypes.cast(args, ctypes.c_void_p), ctypes.cast(codes, ctypes.c_void_p) if codes else None
+            x.ret, x.ret_code = ctypes.cast(ctypes.pointer(ret), ctypes.c_void_p), ctypes.pointer(code)
+        elif e.kind == "call":
+            x.kind = 3  # a call not bound here: never matched (the C loop answers only what it can run)
+    buf = ctypes.create_string_buffer(longest + 1)
+    got, io = ctypes.c_int64(0), (ctypes.c_int64 * 2)()
+    word = (ctypes.c_uint32 * 2).from_buffer(page)
+    try:
+        why = fn(client.fileno(), table, len(entries), slots, longest, buf, ctypes.byref(got), word, io)
+    finally:
+        del word  # (the page's buffer export ends here)
+    for i in range(len(entries)):
+        result["served"][i], result["seconds"][i] = table[i].served, table[i].seconds
+    result["counts"] = {h: slots[j] for j, h in enumerate(handles)}
+    result["bytes_in"], result["bytes_out"] = io[0], io[1]
+    result["why"] = ("closed", "idle", "other", "pending", "pending")[why] if 0 <= why <= 4 else "closed"
+    if why == 2:
+        result["unread"] = buf.raw[:got.value]
+    elif why in (3, 4):
+        i = memoryview(page).cast("B").cast("I")[1]
+        _abi, _f, _args, _codes, _n, fail = bound[i].parts
+        if why == 3:
+            exc = fail()
+            result["pending"] = ("err", str(exc) or type(exc).__name__, i)
+        else:
+            from .library import _from_any, _from_value
+
+            ret, code = cells[sorted(bound).index(i)]
+            value = _from_any(ret, "") if _abi == 2 else _from_value(ret, code.value, "")
+            result["pending"] = ("value", state.to_wire(value), i)
+    return result
+
+
+class _LoanEntry(ctypes.Structure):
+    """``LoanEntry`` of ``shim.c``."""
+
+    _fields_ = [("packet", ctypes.c_char_p), ("packet_len", ctypes.c_int64), ("answer", ctypes.c_char_p),
+                ("answer_len", ctypes.c_int64), ("kind", ctypes.c_int32), ("slot", ctypes.c_int32),
+                ("abi", ctypes.c_int32), ("nargs", ctypes.c_int32), ("fptr", ctypes.c_void_p),
+                ("args", ctypes.c_void_p), ("codes", ctypes.c_void_p), ("ret", ctypes.c_void_p),
+                ("ret_code", ctypes.POINTER(ctypes.c_int32)), ("served", ctypes.c_int64),
+                ("seconds", ctypes.c_double)]
+
+
+#: entry kinds as ``shim.c`` numbers them (3: never matched)
+KINDS = {"call": 0, "get": 1, "free": 2}
+#: the loop in C when the shim has it (``RPCSRV_LOAN_LOOP=python``: the Python loop, for tests)
+USE_C = os.environ.get("RPCSRV_LOAN_LOOP", "c") != "python"
+
+
+def _timeval(seconds: float) -> bytes:
+    """A ``struct timeval`` for ``SO_RCVTIMEO`` (the C library's own sizes: 32-bit ARM too)."""
+    return struct.pack("@ll", int(seconds), int((seconds % 1) * 1e6))
+
+
+def _rest(recv: Any, seen: bytes, longest: int) -> bytes:
+    """``seen`` and the rest of its packet while that packet could be one of the entries (no longer than
+    ``longest``), up to a receive time-out or the client's close (then what came so far)."""
+    while _partial(seen, longest):
+        try:
+            more = recv(longest + 1 - len(seen))
+        except OSError:
+            return seen
+        if not more:
+            return seen
+        seen += more
+    return seen
 
 
 def _partial(seen: bytes, longest: int) -> bool:

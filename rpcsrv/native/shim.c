@@ -10,11 +10,14 @@
  * c_api.h and extra/c_env_api.h); the code is ours.  Lookups of functions by name call back into
  * Python (rpcsrv_set_lookup); everything on the hot path (workspace, parallel tasks, errors) is C.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Prebuilt shims (shimbuild.py, -DRPCSRV_PORTABLE_GLIBC) bind the pthread functions to their first
@@ -296,4 +299,106 @@ RPCSRV_API void rpcsrv_cache_flush(const void* addr, size_t nbytes) {
 #endif
 }
 
-RPCSRV_API int rpcsrv_shim_version(void) { return 1; }
+/* ---------------------------------------------------------------- a loaned connection (replay.py) */
+/* The worker answers its client's repeated requests itself (rpcsrv/native/replay.py says what and why);
+ * this is that loop in C, so a loaned call costs what it costs in TVM's own server: one recv, the
+ * native call, one send.  The socket is blocking with a receive time-out (the loan's idle return). */
+typedef struct {
+  const unsigned char* packet; /* the whole request, length prefix included */
+  int64_t packet_len;
+  const unsigned char* answer;
+  int64_t answer_len;
+  int32_t kind;  /* 0: a call, 1: the lookup of its function (count up), 2: its free (count down) */
+  int32_t slot;  /* counts[slot]: how many times the session holds the function's handle */
+  int32_t abi;   /* a call: 1 classic packed function, 2 tvm-ffi safe call */
+  int32_t nargs;
+  void* fptr;
+  void* args;
+  void* codes;   /* classic only */
+  void* ret;     /* the result cell (TVMValue or TVMFFIAny) */
+  int32_t* ret_code; /* classic only */
+  int64_t served;
+  double seconds;
+} LoanEntry;
+
+enum { LOAN_CLOSED = 0, LOAN_IDLE = 1, LOAN_OTHER = 2, LOAN_ERROR = 3, LOAN_VALUE = 4 };
+enum { PAGE_IDLE = 0, PAGE_CALLING = 1, PAGE_ANSWERING = 2, PAGE_READING = 3 };
+
+/* whether buf[0:k] is the start of a packet no longer than longest (more of it may come) */
+static int loan_partial(const unsigned char* b, int64_t k, int64_t longest) {
+  if (k < 8) return 1;
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | b[i]; /* little-endian on the wire */
+  return n + 8 <= (uint64_t)longest && (uint64_t)k < n + 8;
+}
+
+static double loan_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* Serve until a request is not one of the n entries (LOAN_OTHER: buf[0:*got] read), the client is idle
+ * (LOAN_IDLE) or gone (LOAN_CLOSED), or a call answered otherwise than recorded (LOAN_ERROR: it failed,
+ * the error is this thread's last error; LOAN_VALUE: its result cell holds a value); page[1] then names
+ * the entry.  io[0], io[1]: bytes received and sent. */
+RPCSRV_API int rpcsrv_loan(int fd, LoanEntry* e, int32_t n, int64_t* counts, int64_t longest, unsigned char* buf,
+                           int64_t* got, volatile uint32_t* page, int64_t* io) {
+  for (;;) {
+    ssize_t k = recv(fd, buf, (size_t)longest + 1, 0);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0) return (errno == EAGAIN || errno == EWOULDBLOCK) ? LOAN_IDLE : LOAN_CLOSED;
+    if (k == 0) return LOAN_CLOSED;
+    page[0] = PAGE_READING;
+    while (loan_partial(buf, k, longest)) {
+      ssize_t r = recv(fd, buf + k, (size_t)(longest + 1 - k), 0);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) break;
+      k += r;
+    }
+    *got = k;
+    int32_t i = 0;
+    while (i < n && !(e[i].packet_len == k && memcmp(e[i].packet, buf, (size_t)k) == 0)) ++i;
+    if (i == n || (e[i].kind != 1 && counts[e[i].slot] <= 0)) return LOAN_OTHER;
+    LoanEntry* x = &e[i];
+    double t0 = loan_now();
+    io[0] += k;
+    if (x->kind == 1) {
+      counts[x->slot]++;
+    } else if (x->kind == 2) {
+      counts[x->slot]--;
+    } else {
+      page[1] = (uint32_t)i;
+      page[0] = PAGE_CALLING;
+      int rc;
+      if (x->abi == 2) {
+        int32_t* type_index = (int32_t*)x->ret;
+        *type_index = 0; /* None */
+        rc = ((SafeCall)x->fptr)(NULL, x->args, x->nargs, x->ret);
+        if (rc == 0 && *type_index != 0) rc = 1;
+      } else {
+        *x->ret_code = 4; /* kTVMNullptr */
+        rc = ((ClassicFunc)x->fptr)(x->args, (int*)x->codes, x->nargs, x->ret, x->ret_code, NULL);
+        if (rc == 0 && *x->ret_code != 4) rc = 1;
+      }
+      if (rc != 0) {
+        page[0] = PAGE_READING; /* the request is the server's to answer */
+        return rc == 1 ? LOAN_VALUE : LOAN_ERROR;
+      }
+    }
+    page[0] = PAGE_ANSWERING;
+    int64_t sent = 0;
+    while (sent < x->answer_len) {
+      ssize_t s = send(fd, x->answer + sent, (size_t)(x->answer_len - sent), MSG_NOSIGNAL);
+      if (s < 0 && errno == EINTR) continue;
+      if (s <= 0) return LOAN_CLOSED;
+      sent += s;
+    }
+    page[0] = PAGE_IDLE;
+    io[1] += sent;
+    x->served++;
+    x->seconds += loan_now() - t0;
+  }
+}
+
+RPCSRV_API int rpcsrv_shim_version(void) { return 2; }

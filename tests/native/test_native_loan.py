@@ -2,7 +2,8 @@
 ``rpcsrv.board.baton``, ``rpcsrv.native.replay``), driven by the real apache-tvm 0.27 client and by
 rpcsrv's own client in the classic dialect.
 
-The kernels (``fixtures/loan_kernels.c``) leave a trace of every run, so a call skipped or run twice
+Both loops run: the worker's loop in C (``shim.c``) and its Python fallback.  The kernels
+(``fixtures/loan_kernels.c``) leave a trace of every run, so a call skipped or run twice
 shows in the numbers; the metrics say how many requests the worker answered (the loan really happened)
 and the session's memory says that the handle counts the worker leaves are right (no handle leaked or
 lost).  Errors and crashes of a call the worker runs end as on the server's own path.
@@ -11,6 +12,7 @@ lost).  Errors and crashes of a call the worker runs end as on the server's own 
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import time
 from pathlib import Path
@@ -30,10 +32,20 @@ from tvm import rpc  # noqa: E402
 N = 16
 
 
-@pytest.fixture(scope="module")
-def board(tmp_path_factory):
+@pytest.fixture(scope="module", params=["c", "python"])
+def board(request, tmp_path_factory):
+    """A board whose workers serve loans with the loop in C (the shim's) or the Python one (the fallback
+    for a shim without it)."""
     need_module("prometheus_client", "the loan's metrics")
-    srv = MetricsBoard(workdir=tmp_path_factory.mktemp("loan-work"))
+    before = os.environ.get("RPCSRV_LOAN_LOOP")
+    os.environ["RPCSRV_LOAN_LOOP"] = request.param  # (read by each worker the server starts)
+    try:
+        srv = MetricsBoard(workdir=tmp_path_factory.mktemp("loan-work"))
+    finally:
+        if before is None:
+            del os.environ["RPCSRV_LOAN_LOOP"]
+        else:
+            os.environ["RPCSRV_LOAN_LOOP"] = before
     yield srv
     assert srv.alive(), "the server died during the tests"
     srv.stop()
