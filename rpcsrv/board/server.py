@@ -259,8 +259,7 @@ async def _session_loop(io: Transport, conn: Connection, session: Session, peer:
             stats.observe(ev, answer, perf_counter() - t0, live)
         baton = session.baton
         if baton is not None:  # its native worker may answer the client's repeated calls (baton.py)
-            packet = conn.last_packet
-            if baton.note(ev, answer, None if packet is None else bytes(packet), out):
+            if baton.note(ev, answer, conn.last_packet, out):
                 owed = await baton.lend(io, conn, record, stats, live)
                 if owed is not None:
                     await io.send_all(_owed(conn, session, record, *owed))

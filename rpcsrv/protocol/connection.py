@@ -93,7 +93,8 @@ class Connection(RegionReceiver, PacketParser, PacketWriter):
     _body: bytearray = field(default_factory=bytearray)  # a large packet received whole, so far
     #: the last small packet parsed, length prefix included, as received (None after a large one):
     #: the bytes a repeated request is known by (``rpcsrv.board.baton``)
-    last_packet: Optional[bytearray] = None
+    last_packet: Optional[bytes] = None
+    _calls: dict = field(default_factory=dict)  # call packets decoded, by their bytes (``parsing.py``)
 
     def __post_init__(self):
         # this end's transitions, per state: what a received event type and a sent action lead to
@@ -214,13 +215,16 @@ class Connection(RegionReceiver, PacketParser, PacketWriter):
                 return self._fail(f"packet length {n} is outside 4..{self.max_packet}")
             start = pos + 8
             if n < STREAM_MIN and avail >= 8 + n:
-                packet = self._buf[start:start + n]  # a copy: events may keep views into it
-                self.last_packet = self._buf[pos:start + n]
+                raw = bytes(self._buf[pos:start + n])  # a copy: events may keep views into it
+                self.last_packet = raw
                 self._pos = start + n
                 if self._pos > 65536 and self._pos * 2 > len(self._buf):
                     del self._buf[:self._pos]
                     self._pos = 0
-                return self._parse_packet(packet)
+                ev = self._calls.get(raw)  # the same call again (a loop, a tuner): decoded once
+                if ev is not None:
+                    return ev
+                return self._parse_packet(memoryview(raw)[8:], raw)
             self.last_packet = None
             self._pos = start
             self._start_large(n)

@@ -10,6 +10,7 @@ the dialects apart fixes the connection's dialect (:func:`~rpcsrv.protocol.codec
 from __future__ import annotations
 
 import struct
+from typing import Optional
 
 from .codec import ProtocolError, Reader, detect_dialect
 from .codes import SYSCALL_START, Dialect, RPCCode
@@ -25,18 +26,32 @@ DECODERS = {**{d: TABLES[d].decode_seq for d in Dialect}, None: TABLES[DEFAULT_D
 ERAS = {Dialect.CLASSIC: "classic TVM (0.7-0.20)", Dialect.FFI: "tvm-ffi (TVM >= 0.21)"}
 
 
-class PacketParser:
-    """Mixed into ``Connection`` (``dialect``, ``max_ndim``)."""
+#: a call packet at most this long is remembered, decoded, by its bytes (``MEMO_CALLS`` of them per
+#: connection): a client that repeats a call (a loop, a tuner, ``lib["f"]`` lookups) sends the same bytes,
+#: and its event (never changed by whoever reads it) is decoded once
+MEMO_BYTES = 512
+MEMO_CALLS = 64
 
-    def _parse_packet(self, packet: bytearray) -> Event:
+
+class PacketParser:
+    """Mixed into ``Connection`` (``dialect``, ``max_ndim``, ``_calls``: the calls decoded, by bytes)."""
+
+    def _parse_packet(self, packet, raw: Optional[bytes] = None) -> Event:
+        """The event of one packet (``raw``: the packet as received, length prefix included, under
+        which a small call is remembered decoded: ``Connection._next_event`` looks there first)."""
         mv = memoryview(packet)
         if len(packet) >= 12:  # the common case first: a call, its code and handle in one unpack
             code, handle = _CALL_HEAD.unpack_from(packet)
             if code == _CALL_FUNC:
                 try:
-                    return CallFunc(handle, self._seq(mv, 12))
+                    ev = CallFunc(handle, self._seq(mv, 12))
                 except ProtocolError as exc:
                     return BadPacket(code, str(exc))
+                if raw is not None and len(raw) <= MEMO_BYTES:
+                    if len(self._calls) >= MEMO_CALLS:
+                        self._calls.clear()
+                    self._calls[raw] = ev
+                return ev
         r = Reader(mv, max_ndim=self.max_ndim)
         code = r.i32("RPC code")
         try:
@@ -90,6 +105,7 @@ class PacketParser:
     def _other_dialect(self, packet, offset: int) -> None:
         """A sequence that fails in the fixed dialect but parses in the other one: name the mismatch,
         and answer from now on in the peer's dialect so that it can read the error."""
+        self._calls.clear()  # (decoded in the dialect that no longer holds)
         other = detect_dialect(packet, offset)
         if other is not None and self.dialect is not None and other is not self.dialect:
             fixed, self.dialect = self.dialect, other
