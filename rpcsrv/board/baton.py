@@ -46,6 +46,21 @@ MAX_ENTRIES = 16
 MAX_SKIP = 64
 
 
+def harden(sock: Any) -> None:
+    """Undo what native code that held the connection may have set on it and what would reach the server
+    itself: a linger time (the server's last ``close`` would wait for it, on the event loop).  Called
+    when the worker is gone, just before the server closes the connection.  (Its other settings,
+    buffer sizes, time-outs, ``O_NONBLOCK``, touch only this session; the owner that receives ``SIGIO``
+    is refused by the worker's filter, and the server ignores ``SIGIO``.)"""
+    import socket
+    import struct
+
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 0, 0))
+    except OSError:
+        pass
+
+
 class _Deadline(Exception):
     """The session's deadline passed during a loan (its worker was stopped)."""
 
@@ -172,7 +187,8 @@ class Baton:
                 raise
         finally:
             worker.lock.release()
-            io.sock.setblocking(False)  # the worker read it blocking (the flag is the connection's)
+            io.sock.setblocking(False)  # the worker read it blocking (the server's reads say MSG_DONTWAIT
+            # anyway: native code in the worker may change the flag at any time)
         return self._returned(reply, recorded, counts, io, conn, record, stats, live)
 
     async def _wait(self, worker: Any) -> tuple:

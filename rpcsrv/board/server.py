@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import signal
 import socket
 import time
 from time import perf_counter
@@ -29,6 +30,7 @@ from ..protocol import (NEED_DATA, CallFuncChunk, CallFuncEnd, CallFuncStart, Co
 from ..protocol.connection import RECV_SIZE
 from ..native.host import NativeSession
 from ..native.library import NativeError
+from .baton import harden
 from .session import INIT_DONE, Answer, CopyData, Failed, Returned, Session, _message
 from .transport import IdleTimeout, Transport
 from .workspace import Workspace
@@ -190,6 +192,8 @@ async def serve_connection(stream: trio.SocketStream, cfg: ServerConfig, answere
         if stats is not None:  # obs: after session.close (its worker counts are final)
             stats.close(live, io, record.end if record is not None else None)
         cfg.sessions.discard(scope)  # last: a draining server waits for this set to empty
+        if session is not None and session.baton is not None and session.baton.lent:
+            harden(stream.socket)  # (its worker is gone by now: session.close)
         with trio.CancelScope(shield=True):
             await stream.aclose()
 
@@ -311,6 +315,16 @@ async def open_listener(cfg: ServerConfig) -> trio.SocketListener:
     raise OSError(f"no free port in [{cfg.port}, {end}) on {cfg.host}: {last}")
 
 
+def _ignore_sigio() -> None:
+    """The server ignores ``SIGIO``, whose default ends a process: a socket's owner receives it, and
+    native code holding a lent connection (``baton.py``) could name the server as its owner (the
+    worker's seccomp filter refuses that; a board without one, under qemu-user, has only this)."""
+    try:
+        signal.signal(signal.SIGIO, signal.SIG_IGN)
+    except (ValueError, AttributeError, OSError):  # not the main thread (in-process tests), or no SIGIO
+        pass
+
+
 async def serve(cfg: ServerConfig, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Listen and serve until cancelled; ``task_status.started`` receives the bound port."""
     listener = await open_listener(cfg)
@@ -320,6 +334,7 @@ async def serve(cfg: ServerConfig, task_status=trio.TASK_STATUS_IGNORED) -> None
     task_status.started(port)
 
     state = shared_state(cfg)
+    _ignore_sigio()
     # threads computing in this process yield to its event loop, which answers every session
     compute.POLICY.nice = compute.env_int("RPCSRV_COMPUTE_NICE", compute.COMPUTE_NICE)
 

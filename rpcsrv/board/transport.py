@@ -34,6 +34,9 @@ SPIN_SECONDS = 300e-6
 BURST_SECONDS = 30e-6  # the longest a waiting session polls without letting the others run
 YIELD_SECONDS = 1e-3  # the longest a connection serves without a checkpoint (also one alone)
 _FLAT = (bytes, bytearray)
+#: every read and write says "do not wait" itself: the socket's own O_NONBLOCK flag is shared with a native
+#: worker the connection is lent to (``baton.py``), whose code could clear it and so block the event loop
+_NOWAIT = socket.MSG_DONTWAIT
 
 
 class IdleTimeout(OSError):
@@ -89,10 +92,10 @@ class Transport:
 
     async def recv(self, n: int) -> bytes:
         try:  # the next request is often there already (a failed try costs little: the client is busy)
-            data = self.sock.recv(n)
+            data = self.sock.recv(n, _NOWAIT)
         except (BlockingIOError, InterruptedError):
             await self._until_readable()
-            data = await self._io(lambda: self.sock.recv(n), trio.lowlevel.wait_readable)
+            data = await self._io(lambda: self.sock.recv(n, _NOWAIT), trio.lowlevel.wait_readable)
         if time.perf_counter() - self._yielded > YIELD_SECONDS:  # a client that always has its next
             await trio.lowlevel.checkpoint()  # request ready must not starve the other tasks
             self._yielded = time.perf_counter()
@@ -121,7 +124,7 @@ class Transport:
         self._yielded = clock()
 
     async def recv_into(self, region: memoryview) -> int:
-        n = await self._io(lambda: self.sock.recv_into(region), trio.lowlevel.wait_readable)
+        n = await self._io(lambda: self.sock.recv_into(region, 0, _NOWAIT), trio.lowlevel.wait_readable)
         self.bytes_in += n
         return n
 
@@ -138,7 +141,7 @@ class Transport:
         if len(parts) == 1 and type(first) in _FLAT:  # the common case: one small answer
             await trio.lowlevel.checkpoint_if_cancelled()
             try:  # it usually goes out in one send
-                n = self.sock.send(first)
+                n = self.sock.send(first, _NOWAIT)
             except (BlockingIOError, InterruptedError):
                 n = 0
             self.bytes_out += n  # counted as written
@@ -158,7 +161,7 @@ class Transport:
                     view = view.cast("B")
                 while view:
                     try:
-                        n = self.sock.send(view)
+                        n = self.sock.send(view, _NOWAIT)
                     except (BlockingIOError, InterruptedError):
                         await self._wait(trio.lowlevel.wait_writable)
                         continue

@@ -9,6 +9,9 @@ What it refuses (``EPERM``, so a refused call fails clearly and the worker goes 
   read; the C library then falls back to ``clone``, which is checked), so threads stay allowed;
 * other processes: ``ptrace``, ``process_vm_readv``/``writev``, ``kcmp``, the ``pidfd_*`` calls,
   ``kill``/``tgkill`` to any process but the worker itself, ``tkill`` and the ``sigqueueinfo`` calls,
+  naming a descriptor's owner (``fcntl`` ``F_SETOWN``/``F_SETOWN_EX``/``F_SETSIG``, ``ioctl``
+  ``FIOSETOWN``/``SIOCSPGRP``: the owner gets the descriptor's ``SIGIO``, a signal by other means; the
+  client's socket a worker holds while it answers repeated calls is one such descriptor),
   ``prlimit64`` and the ``sched_set*`` calls on any process but the worker (0 or its pid);
 * the rest of the machine: mounts and namespaces, keys, ``bpf``, ``perf_event_open``,
   ``userfaultfd``, ``io_uring`` (it would run socket and file calls behind the filter's back),
@@ -40,6 +43,9 @@ CLONE_THREAD = 0x00010000
 #: CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET | NEWTIME (denied even for threads)
 CLONE_NAMESPACES = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000 | 0x80
 TIOCSTI, TIOCLINUX = 0x5412, 0x541C
+#: naming a descriptor's owner (who gets its SIGIO/SIGURG): by ioctl, and by fcntl (the same on every machine)
+FIOSETOWN, SIOCSPGRP = 0x8901, 0x8902
+F_SETOWN, F_SETSIG, F_SETOWN_EX = 8, 10, 15
 X32_BIT = 0x40000000
 
 #: struct sock_filter {u16 code; u8 jt; u8 jf; u32 k;} (one BPF instruction; little- or big-endian native)
@@ -80,13 +86,13 @@ SYSCALLS = {
     "mknod": (133, None, 14), "mknodat": (259, 33, 324),
     # checked by argument, not denied outright
     "clone": (56, 220, 120), "clone3": (435, 435, 435), "kill": (62, 129, 37), "tgkill": (234, 131, 268),
-    "ioctl": (16, 29, 54),
+    "ioctl": (16, 29, 54), "fcntl": (72, 25, 55), "fcntl64": (None, None, 221),
     "prlimit64": (302, 261, 369), "sched_setaffinity": (203, 122, 241), "sched_setscheduler": (144, 119, 156),
     "sched_setparam": (142, 118, 154), "sched_setattr": (314, 274, 380),
 }
 #: calls on a process named by their first argument: allowed on the worker itself only (0 or its pid)
 SELF_ONLY = ("prlimit64", "sched_setaffinity", "sched_setscheduler", "sched_setparam", "sched_setattr")
-CHECKED = ("clone", "clone3", "kill", "tgkill", "ioctl", *SELF_ONLY)
+CHECKED = ("clone", "clone3", "kill", "tgkill", "ioctl", "fcntl", "fcntl64", *SELF_ONLY)
 DENIED = tuple(name for name in SYSCALLS if name not in CHECKED)
 
 
@@ -134,8 +140,15 @@ def program(arch: str, own_pid: int) -> list[tuple[int, int, int, int]]:
     for name in SELF_ONLY:  # the server's limits, CPUs and scheduling are not the worker's to set
         prog += [_ins(JEQ_K, nr[name], 0, 5), _ins(LD_W_ABS, _arg_low(0)), _ins(JEQ_K, 0, 2, 0),
                  _ins(JEQ_K, own_pid, 1, 0), _ins(RET_K, eperm), _ins(RET_K, RET_ALLOW)]
-    prog += [_ins(JEQ_K, nr["ioctl"], 0, 5), _ins(LD_W_ABS, _arg_low(1)), _ins(JEQ_K, TIOCSTI, 1, 0),
-             _ins(JEQ_K, TIOCLINUX, 0, 1), _ins(RET_K, eperm), _ins(RET_K, RET_ALLOW)]
+    prog += [_ins(JEQ_K, nr["ioctl"], 0, 7), _ins(LD_W_ABS, _arg_low(1)), _ins(JEQ_K, TIOCSTI, 3, 0),
+             _ins(JEQ_K, TIOCLINUX, 2, 0), _ins(JEQ_K, FIOSETOWN, 1, 0), _ins(JEQ_K, SIOCSPGRP, 0, 1),
+             _ins(RET_K, eperm), _ins(RET_K, RET_ALLOW)]
+    # a descriptor's owner receives its SIGIO/SIGURG: naming one is signalling another process
+    for name in ("fcntl", "fcntl64"):
+        if name in nr:
+            prog += [_ins(JEQ_K, nr[name], 0, 6), _ins(LD_W_ABS, _arg_low(1)), _ins(JEQ_K, F_SETOWN, 2, 0),
+                     _ins(JEQ_K, F_SETSIG, 1, 0), _ins(JEQ_K, F_SETOWN_EX, 0, 1), _ins(RET_K, eperm),
+                     _ins(RET_K, RET_ALLOW)]
     prog.append(_ins(RET_K, RET_ALLOW))
     return prog
 

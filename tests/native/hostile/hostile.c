@@ -323,3 +323,29 @@ FN(h_setaffinity) { /* (pid): set its CPUs (to what they are) */
   if (sched_getaffinity((pid_t)args[0].v_int64, sizeof set, &set) != 0) return refused("sched_getaffinity", errno);
   return sched_setaffinity((pid_t)args[0].v_int64, sizeof set, &set) == 0 ? 0 : refused("sched_setaffinity", errno);
 }
+
+FN(h_setown) { /* (pid): make pid the owner of a descriptor: it would receive the descriptor's SIGIO */
+  UNUSED;
+  int p[2];
+  if (pipe(p) != 0) return refused("pipe", errno);
+  int rc = fcntl(p[0], F_SETOWN, (int)args[0].v_int64);
+  int err = errno;
+  close(p[0]);
+  close(p[1]);
+  return rc == 0 ? 0 : refused("fcntl F_SETOWN", err);
+}
+
+/* (pid): on every socket the worker holds (the client's too, once the server lent it the connection):
+ * blocking, a 30 s linger, asynchronous I/O signalled to pid.  Always "succeeds": the server must not care. */
+FN(h_grab_sockets) {
+  UNUSED;
+  int fds[16], k = socket_fds(fds, 16);
+  for (int i = 0; i < k; ++i) {
+    int fl = fcntl(fds[i], F_GETFL);
+    if (fl >= 0) fcntl(fds[i], F_SETFL, (fl & ~O_NONBLOCK) | O_ASYNC);
+    struct linger lg = {1, 30};
+    setsockopt(fds[i], SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    fcntl(fds[i], F_SETOWN, (int)args[0].v_int64);
+  }
+  return 0;
+}

@@ -118,6 +118,7 @@ def _cases(b: dict, w: dict) -> dict:
         "io_uring": ("h_io_uring", (), EPERM),
         "set the server's limits (prlimit)": ("h_prlimit", (pid,), EPERM),
         "pin the server's CPUs": ("h_setaffinity", (pid,), EPERM),
+        "route a descriptor's SIGIO to the server": ("h_setown", (pid,), EPERM),
         "symlink in the workspace to /etc/shadow": ("h_symlink", ("/etc/shadow", b["link"]), EACCES),
     }
 
@@ -192,4 +193,40 @@ def test_shared_memory_cannot_shrink_under_the_server(board, hostile_lib):
         lib["h_shrink_arenas"]()
     np.testing.assert_array_equal(a.numpy(), np.arange(16, dtype="float32"))
     assert lib["benign"]() == 42
+    assert board["srv"].alive()
+
+
+def test_a_lent_connection_cannot_reach_the_server(board, hostile_lib):
+    """A repeated native call is answered by the worker holding the session's connection (rpcsrv/board/
+    baton.py).  Native code run there makes every socket it holds blocking, with a 30 s linger and the
+    server as the owner of its SIGIO: the server's reads and writes never wait anyway (MSG_DONTWAIT), it
+    ignores SIGIO (confined, the filter refuses the owner), and it drops the linger before its last
+    close; it keeps serving the other sessions, and the session itself goes on."""
+    import gc
+    import threading
+    import time
+
+    import numpy as np
+
+    remote, lib = _fresh_session(board, hostile_lib)
+    grab = lib["h_grab_sockets"]
+    for _ in range(20):
+        grab(board["srv"].proc.pid)  # repeated: run by the worker while it holds the connection
+    time.sleep(0.3)  # the worker gives the idle connection back: the server waits on it again
+    workpath = board["other"].get_function("tvm.rpc.server.workpath")
+    served = []
+    other = threading.Thread(target=lambda: served.extend(workpath("x") for _ in range(20)), daemon=True)
+    other.start()  # (a server whose event loop blocked on the idle socket would never answer)
+    other.join(10)
+    assert len(served) == 20, "the other session was not served while the hostile one sat idle"
+    a = tvm.runtime.tensor(np.arange(4, dtype="float32"), remote.cpu())
+    np.testing.assert_array_equal(a.numpy(), np.arange(4, dtype="float32"))
+    assert lib["benign"]() == 42
+    del grab, lib, a, remote
+    gc.collect()
+    time.sleep(0.5)  # the server closes that session meanwhile: never waiting for a 30 s linger
+    start = time.monotonic()
+    for _ in range(20):
+        assert workpath("x").endswith("x")
+    assert time.monotonic() - start < 5
     assert board["srv"].alive()
