@@ -31,7 +31,8 @@ import trio
 
 from .handles import PackedFunction
 from ..native.confine_wire import ProtocolViolation
-from ..native.replay import CALLING, IDLE, PAGE_FORMAT, PAGE_SIZE, Entry
+from ..native.library import NativeFunction
+from ..native.replay import CALLING, IDLE, PAGE_FORMAT, PAGE_SIZE, Entry, hold
 from ..native.shm import _seal
 from ..native.library import NativeError
 from ..native.wire import FrameError
@@ -61,6 +62,19 @@ def harden(sock: Any) -> None:
         pass
 
 
+class _Here:
+    """The state ``replay.hold`` reads, for a loan served in the server's own process."""
+
+    bound: dict = {}
+
+    @staticmethod
+    def to_wire(value: Any) -> Any:
+        return value
+
+
+_HERE = _Here()
+
+
 class _Deadline(Exception):
     """The session's deadline passed during a loan (its worker was stopped)."""
 
@@ -75,6 +89,8 @@ class Recorded:
     event: Any  # the request, for the metrics
     answer: Any  # the session's answer, for the metrics
     what: str  # the function's name, for errors
+    args: Any = None  # in process: (the native function, its arguments), bound when first lent
+    call: Any = None  # in process: that bound call
 
 
 class Baton:
@@ -95,14 +111,18 @@ class Baton:
             if self.recorded:
                 self.forget()
             return False
-        k, handle, frame, what = kind
+        k, handle, frame, what, args = kind
         answer_bytes = b"".join(bytes(b) for b in out)
         seen = self.recorded.get(packet)
-        self.recorded[packet] = Recorded(Entry(packet, k, handle, frame, answer_bytes), ev, answer, what)
+        entry = Entry(packet, k, handle, frame, answer_bytes)
+        if seen is not None and seen.entry == entry and (args is None or seen.args[0] is args[0]):
+            seen.event, seen.answer = ev, answer  # (an in-process call keeps its bound call)
+        else:
+            self.recorded[packet] = Recorded(entry, ev, answer, what, args)
         if len(self.recorded) > MAX_ENTRIES:
             self.forget()
             return False
-        if k != "call" or seen is None or seen.entry != self.recorded[packet].entry or self.worker.dead:
+        if k != "call" or seen is None or seen.entry != entry or self.worker is not None and self.worker.dead:
             return False
         if self.skip:
             self.skip -= 1
@@ -122,24 +142,36 @@ class Baton:
             func = handles.objects.get(ev.handle)
             if type(func) is not PackedFunction or type(answer).__name__ != "Returned":
                 return None
-            if getattr(func.fn, "worker", None) is self.worker:  # one of its functions, called
+            if self._ours(func.fn):  # one of the native functions, called
+                if self.worker is None:  # in process: the call's arguments, as the session ran it
+                    last, self.session.last_native = self.session.last_native, None
+                    if last is None or last[0] is not func.fn or answer.value is not None:
+                        return None
+                    self.functions[ev.handle] = func
+                    return "call", ev.handle, b"", func.name, last
                 frame, self.worker.last_frame = self.worker.last_frame, None
                 if frame is None or answer.value is not None:
                     return None
                 self.functions[ev.handle] = func
-                return "call", ev.handle, frame, func.name
+                return "call", ev.handle, frame, func.name, None
             value = answer.value
             if func.name == GET_FUNCTION and type(value) is FunctionHandle:
                 found = handles.objects.get(value.value)
-                if type(found) is PackedFunction and getattr(found.fn, "worker", None) is self.worker:
+                if type(found) is PackedFunction and self._ours(found.fn):
                     self.functions[value.value] = found
-                    return "get", value.value, b"", found.name
+                    return "get", value.value, b"", found.name, None
             return None
         if type(ev) is Syscall and ev.code == RPCCode.FREE_HANDLE and ev.args:
             handle = getattr(ev.args[0], "value", None)
             if handle in self.functions and type(answer).__name__ == "Returned":
-                return "free", handle, b"", self.functions[handle].name
+                return "free", handle, b"", self.functions[handle].name, None
         return None
+
+    def _ours(self, fn: Any) -> bool:
+        """A function the loan may run: the worker's, or (in process) a native function."""
+        if self.worker is None:
+            return type(fn) is NativeFunction
+        return getattr(fn, "worker", None) is self.worker
 
     def _count(self, handle: int) -> int:
         handles = self.session.handles
@@ -160,6 +192,8 @@ class Baton:
         answer (``err``: the call's error text, ``value``: its wire value, ``crash``: the error of its
         worker's death); the server answers it as if it had read ``packet`` itself."""
         worker = self.worker
+        if worker is None:
+            return await self._lend_here(io, conn, record, stats, live)
         if worker.dead is not None or not conn.drained() or not worker.lock.acquire(blocking=False):
             return None
         recorded = list(self.recorded.values())
@@ -190,6 +224,30 @@ class Baton:
             io.sock.setblocking(False)  # the worker read it blocking (the server's reads say MSG_DONTWAIT
             # anyway: native code in the worker may change the flag at any time)
         return self._returned(reply, recorded, counts, io, conn, record, stats, live)
+
+    async def _lend_here(self, io: Any, conn: Any, record: Any, stats: Any, live: Any) -> Optional[tuple]:
+        """``--native inprocess``: the loan's loop runs in a thread of the server (the same loop, in C:
+        it holds no interpreter lock while it waits or calls), with the native calls bound here."""
+        if not conn.drained():
+            return None
+        recorded = list(self.recorded.values())
+        bound = {}
+        for i, r in enumerate(recorded):
+            if r.entry.kind == "call":
+                if r.call is None:
+                    fn, args = r.args
+                    r.call = fn.bind(*args, hold=True, returns=True)
+                bound[i] = r.call
+        counts = {h: self._count(h) for h in {r.entry.handle for r in recorded}}
+        if self.page is None:
+            self.page = mmap.mmap(-1, PAGE_SIZE)
+        self.lent = True
+        try:
+            result = await trio.to_thread.run_sync(hold, _HERE, io.sock, self.page,
+                                                   [tuple(r.entry) for r in recorded], counts, bound)
+        finally:
+            io.sock.setblocking(False)
+        return self._returned(("ok", result), recorded, counts, io, conn, record, stats, live)
 
     async def _wait(self, worker: Any) -> tuple:
         deadline = worker.deadline()
@@ -245,7 +303,7 @@ class Baton:
         kind, value, index = pending
         if kind not in ("err", "value") or type(index) is not int or not 0 <= index < len(recorded):
             raise LoanBroken("the native worker named no request it had taken")
-        if kind == "value":
+        if kind == "value" and self.worker is not None:
             value = self.worker.from_wire(value)
         return recorded[index].entry.packet, kind, value
 

@@ -88,6 +88,7 @@ class Session(SyscallsMixin):
         self.globals: dict[str, int] = {}  # global function name -> its handle
         self.module_functions: dict[int, tuple] = {}  # id(module function) -> (its handle, weakref)
         self.baton: Any = None  # lends the connection to the native worker (``baton.py``), once it calls
+        self.last_native: Any = None  # (function, arguments) of the last in-process native call (``baton.py``)
         self.initialized = False
         self.closed = False
         self._stream: Optional[StreamedCall] = None  # the streamed call in progress (see open_stream)
@@ -276,8 +277,10 @@ class Session(SyscallsMixin):
             done, result = await func.run(*args)
             if done:
                 worker = getattr(func.fn, "worker", None)
-                if worker is not None and (self.baton is None or self.baton.worker is not worker):
-                    from .baton import Baton  # its native worker called: it may take repeated calls
+                if worker is None:  # a native function in this process: a loan may bind the call
+                    self.last_native = (func.fn, args)
+                if self.baton is None or self.baton.worker is not worker:
+                    from .baton import Baton  # native code called: repeated calls may be lent
 
                     self.baton = Baton(self, worker)
                 return result if type(result) in _PLAIN else self.to_wire(result)

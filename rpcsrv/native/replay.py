@@ -93,7 +93,8 @@ def _callable(state: Any, frame: bytes) -> Any:
     return state.bound.get((oid, bytes(frame[at:])))
 
 
-def hold(state: Any, client: socket.socket, page: Any, entries: list, counts: dict) -> dict:
+def hold(state: Any, client: socket.socket, page: Any, entries: list, counts: dict,
+         calls: Optional[dict] = None) -> dict:
     """Serve the client's requests that are ``entries`` until one is not; return what was served.
 
     ``counts``: how many times the session has handed out each function handle the entries name
@@ -101,12 +102,14 @@ def hold(state: Any, client: socket.socket, page: Any, entries: list, counts: di
     is read blocking, with ``IDLE_RETURN`` as its receive time-out: one ``recv`` and one ``send`` per
     request, as in TVM's own server (the server, which reads nothing meanwhile, makes it non-blocking
     again when it has it back).  What was read of a request that is not one of the entries goes back
-    unanswered (``unread``), for the server to parse as if it had read it itself."""
+    unanswered (``unread``), for the server to parse as if it had read it itself.  ``calls``: the bound
+    call of each call entry, by index (a loan in the server's own process); else the worker's, found by
+    each entry's frame."""
     table, bound = {}, {}
     for i, raw in enumerate(entries):
         e = Entry(*raw)
         if e.kind == "call":
-            fn = _callable(state, e.frame)
+            fn = calls.get(i) if calls is not None else _callable(state, e.frame)
             if fn is None:
                 continue  # not a bound native call here (a model run, copied arguments): the server's
             bound[i] = fn
