@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import mmap
 import os
+import socket
 import time
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -53,7 +54,6 @@ def harden(sock: Any) -> None:
     when the worker is gone, just before the server closes the connection.  (Its other settings,
     buffer sizes, time-outs, ``O_NONBLOCK``, touch only this session; the owner that receives ``SIGIO``
     is refused by the worker's filter, and the server ignores ``SIGIO``.)"""
-    import socket
     import struct
 
     try:
@@ -242,12 +242,25 @@ class Baton:
         if self.page is None:
             self.page = mmap.mmap(-1, PAGE_SIZE)
         self.lent = True
+        done: list = []
+
+        async def serve() -> None:
+            done.append(await trio.to_thread.run_sync(hold, _HERE, io.sock, self.page,
+                                                      [tuple(r.entry) for r in recorded], counts, bound))
+            nursery.cancel_scope.cancel()
+
         try:
-            result = await trio.to_thread.run_sync(hold, _HERE, io.sock, self.page,
-                                                   [tuple(r.entry) for r in recorded], counts, bound)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(serve)
+                try:
+                    await trio.sleep_forever()
+                except trio.Cancelled:
+                    if not done:  # the session ends (deadline, shutdown) while the thread holds the
+                        io.sock.shutdown(socket.SHUT_RDWR)  # connection: its loop sees the close
+                    raise
         finally:
             io.sock.setblocking(False)
-        return self._returned(("ok", result), recorded, counts, io, conn, record, stats, live)
+        return self._returned(("ok", done[0]), recorded, counts, io, conn, record, stats, live)
 
     async def _wait(self, worker: Any) -> tuple:
         deadline = worker.deadline()

@@ -190,6 +190,26 @@ def test_client_gone_during_a_loan(board, kernels):
     np.testing.assert_array_equal(b.numpy(), np.full(N, 10, "float32"))
 
 
+def test_the_session_deadline_ends_a_loan(board, kernels):
+    """A client that never stops repeating a call: its session still ends at its deadline (the worker is
+    stopped; in process, the serving thread sees its connection shut), and the board goes on."""
+    remote = rpc.connect(board.host, board.port, session_timeout=2)
+    remote.upload(str(kernels), "loan.so")
+    f = remote.load_module("loan.so")["accumulate"]
+    dev = remote.cpu()
+    a, b = tvm.runtime.tensor(np.ones(N, "float32"), dev), tvm.runtime.tensor(np.zeros(N, "float32"), dev)
+    start = time.monotonic()
+    with pytest.raises(Exception):
+        while time.monotonic() - start < 30:
+            f(a, b)
+    assert time.monotonic() - start < 10
+    remote2, lib, dev2 = _session(board, kernels)
+    c = tvm.runtime.tensor(np.zeros(N, "float32"), dev2)
+    lib["accumulate"](tvm.runtime.tensor(np.ones(N, "float32"), dev2), c)
+    np.testing.assert_array_equal(c.numpy(), np.ones(N, "float32"))
+    assert board.alive()
+
+
 def test_classic_dialect_repeats_too(board, kernels):
     from rpcsrv.client.rpc import connect
     from rpcsrv.protocol import Dialect
