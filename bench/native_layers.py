@@ -15,7 +15,11 @@ what is left:
 * answer encode + decode: pickle and the binary result frame;
 * process round trip: one small message to another process and back over a socket pair (the worker's
   two wake-ups, with no work: the floor of any call that crosses two processes);
-* whole worker call: ``WorkerFunction(a, b)`` from a thread, all of the above.
+* whole worker call: ``WorkerFunction(a, b)`` from a thread, all of the above;
+* loan round trips: since issue 26's loans, a repeated call is answered by the worker straight from
+  the client's socket (``rpcsrv.native.replay``): a request from another process, the match, the bound
+  native call and the answer, with the loop in Python and in C (to compare with the bare process round
+  trip above).
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -86,6 +92,41 @@ def _process_round_trip(n: int) -> float:
     theirs.close()
     try:
         return _per_call(lambda: (ours.sendall(b"x" * 40), ours.recv(64)), n)
+    finally:
+        ours.close()
+        os.waitpid(pid, 0)
+
+
+def _loan_round_trip(fn, args: tuple, n: int, use_c: bool) -> float:
+    """One repeated call answered by a loan's loop (``replay.hold``, in C or Python) in another process:
+    the client's request, the match, the bound native call, the answer."""
+    import mmap
+
+    from rpcsrv.native import replay
+    from rpcsrv.native.wire import Shared, decode_head, encode_call
+
+    body = b"\x04\x00\x00\x00" + b"r" * 60  # a request's bytes (any: the loop compares them whole)
+    packet, answer = len(body).to_bytes(8, "little") + body, b"a" * 40
+    frame = encode_call(1, None, [Shared("session", 0, "<f4", (16,), (4,))])
+
+    class State:
+        def __init__(self):
+            _budget, oid, _nargs, at = decode_head(bytearray(frame))
+            self.bound = {(oid, bytes(frame[at:])): fn.bind(*args, hold=True, returns=True)}
+
+        def to_wire(self, v):
+            return v
+
+    ours, theirs = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        ours.close()
+        replay.USE_C = use_c
+        replay.hold(State(), theirs, mmap.mmap(-1, replay.PAGE_SIZE), [(packet, "call", 1, frame, answer)], {1: 1})
+        os._exit(0)
+    theirs.close()
+    try:
+        return _per_call(lambda: (ours.sendall(packet), ours.recv(64)), n)
     finally:
         ours.close()
         os.waitpid(pid, 0)
@@ -151,6 +192,10 @@ def layers(n: int = 2000) -> dict[str, tuple[float, float]]:
             trip = _process_round_trip(n)
             rows["process round trip (2 wake-ups)"] = (trip, trip)
             rows["whole worker call (sync)"] = (float("nan"), _per_call(lambda: wf(a, b), n))
+            # a repeated call since the loan (docs/native.md, "Repeated calls"): no server in between
+            local = tuple(np.zeros(16, "float32") for _ in range(2))
+            rows["loan, Python loop (round trip)"] = (float("nan"), _loan_round_trip(here, local, n, False))
+            rows["loan, C loop (round trip)"] = (float("nan"), _loan_round_trip(here, local, n, True))
         finally:
             ns.close()
     return rows
