@@ -228,3 +228,44 @@ def test_classic_dialect_repeats_too(board, kernels):
     np.testing.assert_array_equal(b.numpy(), 200 * x)
     assert _loaned(board) - before >= 150
     assert time.monotonic() - start < 30
+
+
+def test_random_mixes_of_calls_lookups_frees_and_copies(board, kernels):
+    """Random sequences of what a client does around a kernel (call a held function, look it up and call
+    it, hold or drop extra function handles, copy new inputs, read the output), checked against a model
+    of the numbers after every step: whatever mix of loans and server answers serves them, each call
+    runs once, and the handles the client holds keep working."""
+    from hypothesis import HealthCheck, given, settings, strategies as st
+
+    ops = st.lists(st.sampled_from(["call", "call", "call", "lookup-call", "lookup-call", "hold", "drop",
+                                    "copy", "read"]), min_size=5, max_size=40)
+
+    @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(ops, st.integers(1, 5))
+    def run(steps, scale):
+        remote, lib, dev = _session(board, kernels)
+        a = tvm.runtime.tensor(np.full(N, scale, "float32"), dev)
+        b = tvm.runtime.tensor(np.zeros(N, "float32"), dev)
+        f, held, x, expected = lib["accumulate"], [], float(scale), 0.0
+        for step in steps:
+            if step == "call":
+                f(a, b)
+                expected += x
+            elif step == "lookup-call":
+                lib["accumulate"](a, b)
+                expected += x
+            elif step == "hold":
+                held.append(lib["accumulate"])
+            elif step == "drop" and held:
+                held.pop()
+            elif step == "copy":
+                x += 1
+                a.copyfrom(np.full(N, x, "float32"))
+            else:
+                np.testing.assert_array_equal(b.numpy(), np.full(N, expected, "float32"))
+        for g in held:
+            g(a, b)
+            expected += x
+        np.testing.assert_array_equal(b.numpy(), np.full(N, expected, "float32"))
+
+    run()
