@@ -1,0 +1,133 @@
+"""Run plans: a step's work bound once per graph node, for the layers mobile networks are made of.
+
+A kernel of the table is a general function: each call checks and resolves its attributes, picks a path
+(fast paths, im2col, depthwise, compiled or numpy), converts and reshapes its operands, and only then
+computes.  That is 15-20 us of numpy and ctypes calls per conv measured alone, and much more inside a
+model run: right after a large conv has streamed megabytes through the caches, numpy's and the
+interpreter's own code and data are cold, and a small numpy call costs several times its warm price
+(a Flatten's ``np.prod`` of a shape tuple: 7 us alone, 35-45 us in MobileNetV2).  MobileNetV2 runs 52
+convs, MobileNetV3 62, so this fixed cost was a tenth of their run.
+
+So the ExampleJSON runtime asks :func:`plan` once per step, when the subgraph's constants are bound,
+for a function of the step's inputs with everything that depends only on the node's declared shapes,
+attributes and constant weights worked out: the path, the reshaped weights, the compiled kernel's
+arguments.  A planned call checks that its inputs are what the plan was made for (the declared shape and
+dtype, C-contiguous, the very constant arrays it bound, the compiled library still in use) and else
+runs the general kernel, so a plan changes no result and never refuses a call the kernel would take.
+
+Planned (float32, 2-D, compiled kernels in use, the activation one the C code applies):
+
+* depthwise convs (``compiled.depthwise_conv2d``'s C kernel, called with its arguments ready);
+* 1x1 stride-1 unpadded ungrouped convs of one image: the weights as an (M, C) matrix times the input
+  read in place as (C, H*W), then the compiled epilogue (bias and activation in one pass);
+
+Every other step, or any step on a board without the compiled kernels, runs its table kernel as before.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from . import compiled
+from .conv import _geometry, _tup
+
+F32 = np.dtype(np.float32)
+
+Planner = Callable[..., Optional[Callable[..., Any]]]
+
+
+def plan(op: str, kernel: Callable[..., Any], attrs: Mapping[str, Any], inputs: Sequence[Any],
+         shape: tuple, dtype: np.dtype) -> Optional[Callable[..., Any]]:
+    """A planned function of the step's inputs for op ``op`` (``kernel`` and its ``attrs``: the general
+    path it falls back on), or None.  ``inputs``: per input, the bound constant array, or a (shape, dtype)
+    pair for a computed one, or None for an omitted optional input; ``shape``/``dtype``: the node's own."""
+    planner = PLANNERS.get(op)
+    if planner is None:
+        return None
+    try:
+        return planner(kernel, dict(attrs), list(inputs), tuple(shape), np.dtype(dtype))
+    except (ValueError, TypeError, KeyError):  # attributes the general kernel will report at the run
+        return None
+
+
+def _computed(spec: Any) -> Optional[tuple[tuple, np.dtype]]:
+    """(shape, dtype) of a computed input, or None (a constant or an omitted input)."""
+    if isinstance(spec, tuple) and len(spec) == 2 and not isinstance(spec, np.ndarray):
+        return tuple(spec[0]), np.dtype(spec[1])
+    return None
+
+
+def _conv(kernel, attrs, inputs, shape, dtype):
+    """A plan for a float32 2-D conv with constant weights (and bias), or None."""
+    if len(inputs) not in (2, 3) or dtype != F32 or attrs.get("input_shuffle", 1) != 1:
+        return None
+    x_spec = _computed(inputs[0])
+    w, b = inputs[1], inputs[2] if len(inputs) == 3 else None
+    if x_spec is None or not isinstance(w, np.ndarray) or not (b is None or isinstance(b, np.ndarray)):
+        return None
+    xshape, xdtype = x_spec
+    if xdtype != F32 or w.dtype != F32 or len(xshape) != 4 or w.ndim != 4 or (b is not None and b.dtype != F32):
+        return None
+    lib = compiled.library()
+    if lib is None:
+        return None
+    group = int(attrs.get("group", 1))
+    strides, dilations, begin, _end, out = _geometry(
+        xshape, w.shape, group, _tup(attrs.get("kernel_shape")), _tup(attrs.get("pads")),
+        _tup(attrs.get("strides")), _tup(attrs.get("dilations")), attrs.get("auto_pad", "NOTSET"))
+    n, c, h, wd = xshape
+    m = w.shape[0]
+    if shape != (n, m) + out or (b is not None and b.size != m):
+        return None
+    activation, act_attrs = attrs.get("activation"), attrs.get("activation_attrs")
+    act, lo, hi = compiled._activation(activation, act_attrs)
+    if act == 0 and (activation is not None or act_attrs):
+        return None  # an activation the C code does not apply: the general kernel's job
+    bias = None if b is None else np.ascontiguousarray(b.reshape(m))
+    bptr = None if bias is None else bias.ctypes.data
+
+    def general(x, w_in, b_in=None):  # the table's kernel, for inputs the plan was not made for
+        return kernel(x, w_in, b_in, **attrs)
+
+    if w.shape[1] == 1 and group == c and group > 1:  # depthwise, any channel multiplier
+        wc = np.ascontiguousarray(w)
+        fn = lib.rpcsrv_dwconv2d_packed_f32 if out[1] <= compiled.PACKED_MAX_WIDTH else lib.rpcsrv_dwconv2d_f32
+        tail = (n, c, h, wd, m // c, w.shape[2], w.shape[3], strides[0], strides[1], dilations[0], dilations[1],
+                begin[0], begin[1], out[0], out[1], act, lo, hi)
+        wptr = wc.ctypes.data
+
+        def depthwise(x, w_in, b_in=None):
+            if w_in is not w or b_in is not b or type(x) is not np.ndarray or x.shape != xshape \
+                    or x.dtype != F32 or not x.flags.c_contiguous or compiled.library() is not lib:
+                return general(x, w_in, b_in)
+            y = np.empty(shape, F32)
+            if fn(x.ctypes.data, wptr, bptr, y.ctypes.data, *tail) != 0:
+                raise MemoryError("depthwise conv: the compiled kernel could not allocate its scratch plane")
+            return y
+
+        depthwise.keep = (wc, bias)  # the arrays the pointers point into live as long as the plan
+        return depthwise
+    if group == 1 and n == 1 and w.shape[2:] == (1, 1) and strides == (1, 1) and begin == (0, 0) \
+            and out == (h, wd):
+        wmat = np.ascontiguousarray(w.reshape(m, c))
+        q = h * wd
+        epilogue = lib.rpcsrv_bias_act_f32 if (act or bias is not None) else None
+
+        def pointwise(x, w_in, b_in=None):
+            if w_in is not w or b_in is not b or type(x) is not np.ndarray or x.shape != xshape \
+                    or x.dtype != F32 or not x.flags.c_contiguous or compiled.library() is not lib:
+                return general(x, w_in, b_in)
+            y = np.matmul(wmat, x.reshape(c, q))
+            if epilogue is not None:
+                epilogue(y.ctypes.data, bptr, m, q, q, act, lo, hi)
+            return y.reshape(shape)
+
+        pointwise.keep = (wmat, bias)
+        return pointwise
+    return None
+
+
+#: op -> planner(kernel, attrs, inputs, shape, dtype) -> planned function or None
+PLANNERS: dict[str, Planner] = {"conv": _conv}

@@ -1,0 +1,135 @@
+"""Run plans (``kernels/plans.py``): a planned depthwise or 1x1 conv gives ``onnx.reference``'s result on the
+depthwise cases (stride 2, channel multipliers, dilation, asymmetric pads) and the fused activations; inputs
+it was not made for (another shape, a non-contiguous view, other weights, compiled kernels turned off after
+planning) run the general kernel; no plan without the compiled kernels; and the ExampleJSON runtime plans
+a MobileNet-style block's convs and still matches onnxruntime."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rpcsrv.executor.kernels import compiled, plans
+from rpcsrv.executor.kernels.conv import conv
+from conftest import need_program
+from test_compiled_depthwise import ACTIVATIONS, CASES_2D, _case
+from test_depthwise_conv import onnx_conv
+
+
+@pytest.fixture
+def c_kernels(monkeypatch):
+    need_program("cc", "plans call the compiled kernels, built with the board's C compiler")
+    monkeypatch.delenv("RPCSRV_COMPILED_KERNELS", raising=False)
+    compiled.reset()
+    assert compiled.status()["in_use"], compiled.status()
+    yield
+    compiled.reset()
+
+
+def _plan(x, w, b, **attrs):
+    """The plan for conv(x, w, b, **attrs) with constant w (and b), x computed; asserts there is one."""
+    inputs = [(x.shape, x.dtype), w] + ([] if b is None else [b])
+    shape = conv(x, w, b, **attrs).shape
+    fn = plans.plan("conv", conv, attrs, inputs, shape, np.float32)
+    assert fn is not None and fn.__name__ in ("depthwise", "pointwise"), attrs
+    return fn
+
+
+def _close(got, want):
+    assert got.dtype == np.float32 and got.shape == want.shape and got.flags.c_contiguous
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * max(1.0, np.abs(want).max()))
+
+
+@pytest.mark.parametrize("case", CASES_2D, ids=[str(i) for i in range(len(CASES_2D))])
+@pytest.mark.parametrize("bias", [False, True])
+def test_planned_depthwise_matches_onnx_reference(case, bias, c_kernels):
+    x, w, b, attrs = _case(case, bias, CASES_2D.index(case))
+    fn = _plan(x, w, b, **attrs)
+    assert fn.__name__ == "depthwise"
+    _close(fn(x, w, b) if b is not None else fn(x, w), onnx_conv(x, w, b, **attrs))
+
+
+POINTWISE = [(1, 16, 96, (12, 12)), (1, 3, 5, (1, 1)), (1, 40, 8, (7, 9))]
+
+
+@pytest.mark.parametrize("activation", [a for a in ACTIVATIONS if a[0] != "sigmoid"] + [(None, None)],
+                         ids=lambda a: f"{a[0]}{len(a[1] or ())}")
+@pytest.mark.parametrize("kind", ["depthwise", "pointwise"])
+def test_planned_fused_activations(kind, activation, c_kernels):
+    """relu, clip (ReLU6 and one-sided), hard_swish, swish and none, as the compiled code applies them."""
+    if kind == "depthwise":
+        x, w, b, attrs = _case(CASES_2D[-1], True, 5)
+    else:
+        rng = np.random.default_rng(5)
+        n, c, m, hw = POINTWISE[0]
+        x = rng.standard_normal((n, c) + hw).astype(np.float32)
+        w, b = rng.standard_normal((m, c, 1, 1)).astype(np.float32), rng.standard_normal(m).astype(np.float32)
+        attrs = {}
+    w, b = w * 3, b * 3  # values on both sides of clip's and hard_swish's bounds
+    name, extra = activation
+    want = onnx_conv(x, w, b, **attrs)
+    want = ACTIVATIONS[activation](want) if name else want
+    attrs = dict(attrs, **({"activation": name} if name else {}),
+                 **({"activation_attrs": dict(extra)} if extra else {}))
+    fn = _plan(x, w, b, **attrs)
+    assert fn.__name__ == kind
+    _close(fn(x, w, b), want)
+
+
+@pytest.mark.parametrize("case", POINTWISE, ids=lambda c: "x".join(map(str, c[3])) + f"_{c[1]}to{c[2]}")
+@pytest.mark.parametrize("bias", [False, True])
+def test_planned_pointwise_matches_onnx_reference(case, bias, c_kernels):
+    n, c, m, hw = case
+    rng = np.random.default_rng(c)
+    x = rng.standard_normal((n, c) + hw).astype(np.float32)
+    w = rng.standard_normal((m, c, 1, 1)).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32) if bias else None
+    fn = _plan(x, w, b)
+    assert fn.__name__ == "pointwise"
+    _close(fn(x, w, b) if b is not None else fn(x, w), onnx_conv(x, w, b))
+
+
+def test_unplanned_layers(c_kernels):
+    """Strided, padded or grouped 1x1s, 3x3 dense convs, batches of 1x1s and other dtypes get no plan."""
+    x = np.zeros((1, 8, 6, 6), np.float32)
+    w1, w3 = np.ones((4, 8, 1, 1), np.float32), np.ones((4, 8, 3, 3), np.float32)
+    for w, attrs in ((w1, {"strides": [2, 2]}), (w1, {"pads": [1, 1, 1, 1]}), (w3, {}),
+                     (np.ones((4, 4, 1, 1), np.float32), {"group": 2})):
+        assert plans.plan("conv", conv, attrs, [(x.shape, x.dtype), w], conv(x, w, **attrs).shape,
+                          np.float32) is None, attrs
+    x2 = np.zeros((2, 8, 6, 6), np.float32)
+    assert plans.plan("conv", conv, {}, [(x2.shape, x2.dtype), w1], (2, 4, 6, 6), np.float32) is None
+    assert plans.plan("conv", conv, {}, [(x.shape, np.float64), w1.astype(np.float64)], (1, 4, 6, 6),
+                      np.float64) is None
+    assert plans.plan("relu", conv, {}, [(x.shape, x.dtype)], x.shape, np.float32) is None
+    # an activation the C code does not apply (sigmoid) stays the general kernel's
+    assert plans.plan("conv", conv, {"activation": "sigmoid"}, [(x.shape, x.dtype), w1], (1, 4, 6, 6),
+                      np.float32) is None
+
+
+def test_inputs_the_plan_was_not_made_for_run_the_general_kernel(c_kernels, monkeypatch):
+    x, w, b, attrs = _case(CASES_2D[1], True, 11)
+    fn = _plan(x, w, b, **attrs)
+    calls = []
+    real = compiled.library()
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return conv(*args, **kwargs)
+
+    fn = plans.plan("conv", counting, attrs, [(x.shape, x.dtype), w, b], onnx_conv(x, w, b, **attrs).shape,
+                    np.float32)
+    _close(fn(x, w, b), onnx_conv(x, w, b, **attrs))
+    assert calls == []  # planned
+    view = np.ascontiguousarray(x[..., ::-1])[..., ::-1]  # not C-contiguous
+    _close(fn(view, w, b), onnx_conv(x, w, b, **attrs))
+    w2 = w * 2  # other weights
+    _close(fn(x, w2, b), onnx_conv(x, w2, b, **attrs))
+    bigger = np.concatenate([x, x], axis=3)  # another shape
+    _close(fn(bigger, w, b), onnx_conv(bigger, w, b, **attrs))
+    assert len(calls) == 3
+    monkeypatch.setenv("RPCSRV_COMPILED_KERNELS", "0")  # turned off after planning: numpy runs
+    assert compiled.library() is None and real is not None
+    _close(fn(x, w, b), onnx_conv(x, w, b, **attrs))
+    assert len(calls) == 4
+    assert plans.plan("conv", conv, attrs, [(x.shape, x.dtype), w, b], (1,), np.float32) is None
