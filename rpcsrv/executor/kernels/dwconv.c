@@ -5,9 +5,9 @@
  * Per input channel: the padded plane is copied into sh * sw phase planes (padded row a*sh + p, column
  * b*sw + q goes to phase (p, q) at (a, b)), so every kernel tap of every output reads one contiguous run of
  * a phase plane: output (oh, ow) at flat index j = oh * QW + ow, tap (kh, kw) at j + its offset.  The
- * columns ow >= OW of each flat row are computed and dropped.  Outputs are accumulated in blocks of BLOCK
- * values held in registers over all taps (loops the compiler vectorises and unrolls), bias first, and
- * written row by row with the activation.
+ * columns ow >= OW of each flat row are computed and dropped.  Outputs are accumulated in runs of 8, 4, 2
+ * or 1 vectors held in registers over all taps (8 independent multiply-add chains keep both FMA pipes of a
+ * core busy), bias first, the activation applied in registers, then copied row by row into the output.
  * Channel multiplier m: output channel o reads input channel o / m.
  */
 #include <stdlib.h>
@@ -16,16 +16,16 @@
 #define BLOCK 32
 
 /* Vectors in GCC/clang's generic vector extension: 8 floats where the target has AVX, else 4 (SSE, NEON);
- * BLOCK values are held in BLOCK / VW of them, in registers, over all taps.  (Plain loops left this to the
+ * BLOCK (a multiple of every VW) rounds the accumulator's length up.  (Plain loops left this to the
  * auto-vectoriser, whose choices varied 3.6x with the flags.) */
 #if defined(__AVX__)
 #define VW 8
 #else
 #define VW 4
 #endif
-#define NV (BLOCK / VW)
 typedef float vf __attribute__((vector_size(VW * 4)));
 typedef float vfu __attribute__((vector_size(VW * 4), aligned(4), may_alias));
+typedef int vmask __attribute__((vector_size(VW * 4)));
 
 static inline vf loadv(const float *p) { return *(const vfu *)p; }
 /* the even lanes of a then b (a stride-2 column phase): one shuffle, not VW scalar moves */
@@ -36,7 +36,6 @@ static inline vf loadv(const float *p) { return *(const vfu *)p; }
 #define EVENS(a, b) __builtin_shufflevector(a, b, 0, 2, 4, 6)
 #endif
 #else
-typedef int vmask __attribute__((vector_size(VW * 4)));
 #if VW == 8
 #define EVENS(a, b) __builtin_shuffle(a, b, (vmask){0, 2, 4, 6, 8, 10, 12, 14})
 #else
@@ -62,29 +61,42 @@ static inline float act1(float v, int act, float lo, float hi) {
     return v;
 }
 
-/* Rows of ow outputs from the flat accumulator (rows qw apart), with the activation: one loop per
- * activation so that each vectorises. */
-static void store(float *dst, const float *acc, long oh, long ow, long qw, int act, float lo, float hi) {
-    for (long r = 0; r < oh; r++, dst += ow, acc += qw) {
-        if (act == ACT_RELU) {
-            for (long j = 0; j < ow; j++) dst[j] = acc[j] < 0.f ? 0.f : acc[j];  /* NaN stays NaN */
-        } else if (act == ACT_CLIP) {  /* NaN stays NaN, as np.clip */
-            for (long j = 0; j < ow; j++) {
-                float v = acc[j];
-                v = v < lo ? lo : v;
-                dst[j] = v > hi ? hi : v;
-            }
-        } else if (act == ACT_HARDSWISH) {
-            for (long j = 0; j < ow; j++) {
-                float v = acc[j], g = v * (1.f / 6.f) + 0.5f;
-                g = g < 0.f ? 0.f : g;
-                g = g > 1.f ? 1.f : g;
-                dst[j] = v * g;
-            }
-        } else {
-            memcpy(dst, acc, sizeof(float) * (size_t)ow);
-        }
+/* Rows of ow outputs from the flat accumulator (rows qw apart, activation already applied); each row in
+ * vectors, the last one overlapping the one before when the row is no whole number of them, or a short
+ * loop when it is narrower than a vector (a memcpy call per row cost more than the copy: 10-20%). */
+static inline void copy(float *dst, const float *src, long count) {  /* a short run: no memcpy call */
+    if (count >= VW) {
+        long j = 0;
+        for (; j + VW <= count; j += VW) storev(dst + j, loadv(src + j));
+        if (j < count) storev(dst + count - VW, loadv(src + count - VW));
+    } else {
+        for (long j = 0; j < count; j++) dst[j] = src[j];
     }
+}
+
+static void store(float *dst, const float *acc, long oh, long ow, long qw) {
+    for (long r = 0; r < oh; r++, dst += ow, acc += qw) copy(dst, acc, ow);
+}
+
+/* v where the mask is false, u where it is true (branch-free selects; NaN compares false, so stays) */
+static inline vf vselect(vmask m, vf u, vf v) { return (vf)(((vmask)u & m) | ((vmask)v & ~m)); }
+
+/* the fused activation on a vector of finished outputs (swish runs after, over the plane) */
+static inline vf actv(vf a, int act, float lo, float hi) {
+    const vf zero = {0}, one = zero + 1.f;
+    if (act == ACT_RELU) return vselect(a < zero, zero, a);
+    if (act == ACT_CLIP) {
+        vf l = zero + lo, h = zero + hi;
+        a = vselect(a < l, l, a);
+        return vselect(a > h, h, a);
+    }
+    if (act == ACT_HARDSWISH) {
+        vf g = a * (zero + 1.f / 6.f) + (zero + 0.5f);
+        g = vselect(g < zero, zero, g);
+        g = vselect(g > one, one, g);
+        return a * g;
+    }
+    return a;
 }
 
 /* dst[k] = src[k * step] for k < count (a column phase); stride 2 by pairs of vectors deinterleaved. */
@@ -94,6 +106,24 @@ static void gather(float *dst, const float *src, long count, long step) {
         for (; k + VW + 1 <= count; k += VW) storev(dst + k, EVENS(loadv(src + 2 * k), loadv(src + 2 * k + VW)));
     }
     for (; k < count; k++) dst[k] = src[k * step];
+}
+
+/* acc[j0 ..] = bias + the taps' multiply-adds over nv vectors from flat position j0, in registers (nv is a
+ * constant at each call: the function is inlined and its loops unrolled) */
+static inline __attribute__((always_inline)) void taps_run(float *acc, const float *buf, const long *off,
+                                                           const float *wo, long taps, float bo, long j0,
+                                                           const int nv, int act, float lo, float hi) {
+    vf a[8];
+#pragma GCC unroll 8
+    for (int v = 0; v < nv; v++) a[v] = (vf){0} + bo;
+    for (long t = 0; t < taps; t++) {
+        const float *s = buf + off[t] + j0;
+        vf wt = (vf){0} + wo[t];
+#pragma GCC unroll 8
+        for (int v = 0; v < nv; v++) a[v] += wt * loadv(s + v * VW);
+    }
+#pragma GCC unroll 8
+    for (int v = 0; v < nv; v++) storev(acc + j0 + v * VW, actv(a[v], act, lo, hi));
 }
 
 int rpcsrv_dwconv2d_f32(const float *x, const float *w, const float *bias, float *y,
@@ -151,21 +181,15 @@ int rpcsrv_dwconv2d_f32(const float *x, const float *w, const float *bias, float
                 long o = ci * mult + m;
                 const float *wo = w + o * taps;
                 float bo = bias ? bias[o] : 0.f;
-                for (long j0 = 0; j0 < len; j0 += BLOCK) {
-                    vf a[NV];
-#pragma GCC unroll 8
-                    for (int v = 0; v < NV; v++) a[v] = (vf){0} + bo;
-                    for (long t = 0; t < taps; t++) {
-                        const float *s = buf + off[t] + j0;
-                        vf wt = (vf){0} + wo[t];
-#pragma GCC unroll 8
-                        for (int v = 0; v < NV; v++) a[v] += wt * loadv(s + v * VW);
-                    }
-#pragma GCC unroll 8
-                    for (int v = 0; v < NV; v++) storev(acc + j0 + v * VW, a[v]);
-                }
+                /* runs of 8 vectors (8 independent multiply-add chains: enough to keep both FMA pipes busy),
+                 * then 4, 2, 1: no more than VW - 1 computed-and-dropped values at the end of the plane */
+                long nvec = (len + VW - 1) / VW, v0 = 0;
+                for (; v0 + 8 <= nvec; v0 += 8) taps_run(acc, buf, off, wo, taps, bo, v0 * VW, 8, act, lo, hi);
+                if (nvec - v0 >= 4) { taps_run(acc, buf, off, wo, taps, bo, v0 * VW, 4, act, lo, hi); v0 += 4; }
+                if (nvec - v0 >= 2) { taps_run(acc, buf, off, wo, taps, bo, v0 * VW, 2, act, lo, hi); v0 += 2; }
+                if (nvec - v0 >= 1) taps_run(acc, buf, off, wo, taps, bo, v0 * VW, 1, act, lo, hi);
                 float *plane = y + (b * c * mult + o) * oh * ow;
-                store(plane, acc, oh, ow, qw, act, lo, hi);
+                store(plane, acc, oh, ow, qw);
                 if (act == ACT_SWISH) rpcsrv_sigmoid_f32(plane, plane, oh * ow, 1);
             }
         }
