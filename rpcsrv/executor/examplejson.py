@@ -75,7 +75,8 @@ class SubgraphFunction:
                                last_of_key[key] == k, node.attrs.get("output_index", 0),
                                tuple(drops.get(k, ()))))
         self._table_steps = list(self.steps)  # the kernels of the table, before any plan (``prepare``)
-        self._plannable = {node.id for node in ops if node.id not in in_place}
+        # kernels of the table, and the folded convs (planned as ``scaled_conv``); not the concat chains
+        self._plannable = {node.id for node in ops if node.id not in in_place or node.id in folded}
 
     def prepare(self) -> None:
         """Derive what kernels cache from the constants bound so far (``kernels.load_time``), so the
@@ -98,7 +99,7 @@ class SubgraphFunction:
         nodes = self.graph.nodes
         inputs = [self.constants[i] if i in self.constants else (nodes[i].shape, nodes[i].dtype) if i in nodes
                   else None for i in node.inputs]
-        fn = plan(node.op, kernel, kattrs, inputs, node.shape, node.dtype)
+        fn = plan(getattr(kernel, "plan_as", node.op), kernel, kattrs, inputs, node.shape, node.dtype)
         return step if fn is None else (node, fn, {}, key, last_of_key, index, drops)
 
     def __call__(self, *args: Any) -> None:

@@ -133,3 +133,29 @@ def test_inputs_the_plan_was_not_made_for_run_the_general_kernel(c_kernels, monk
     _close(fn(x, w, b), onnx_conv(x, w, b, **attrs))
     assert len(calls) == 4
     assert plans.plan("conv", conv, attrs, [(x.shape, x.dtype), w, b], (1,), np.float32) is None
+
+
+@pytest.mark.parametrize("case", [(1, 24, 8, (6, 6)), (1, 24, 40, (3, 3))], ids=["scale-weights", "scale-input"])
+@pytest.mark.parametrize("activation", [(None, None), ("hard_swish", None), ("swish", None)],
+                         ids=lambda a: str(a[0]))
+def test_planned_scaled_pointwise(case, activation, c_kernels):
+    """scale_fold's conv(x * s, w, b) (squeeze-and-excitation): the scale on the weights when M <= H*W,
+    else on the input; another scale shape runs the folded kernel itself."""
+    from rpcsrv.executor.scale_fold import scaled
+
+    n, c, m, hw = case
+    rng = np.random.default_rng(m)
+    x = rng.standard_normal((n, c) + hw).astype(np.float32)
+    s = rng.uniform(0, 1, (1, c, 1, 1)).astype(np.float32)
+    w = rng.standard_normal((m, c, 1, 1)).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32)
+    name, _ = activation
+    attrs = {"activation": name} if name else {}
+    want = onnx_conv(x * s, w, b)
+    want = ACTIVATIONS[activation](want) if name else want
+    kernel = scaled(conv)
+    fn = plans.plan(kernel.plan_as, kernel, attrs, [(x.shape, x.dtype), (s.shape, s.dtype), w, b], want.shape,
+                    np.float32)
+    assert fn is not None and fn.__name__ == "scaled_pointwise"
+    _close(fn(x, s, w, b), want)
+    _close(fn(x, s.reshape(c, 1, 1), w, b), want)  # not the planned shape: the folded kernel

@@ -20,12 +20,15 @@ Planned (float32, 2-D, compiled kernels in use, the activation one the C code ap
 * depthwise convs (``compiled.depthwise_conv2d``'s C kernel, called with its arguments ready);
 * 1x1 stride-1 unpadded ungrouped convs of one image: the weights as an (M, C) matrix times the input
   read in place as (C, H*W), then the compiled epilogue (bias and activation in one pass);
+* the same convs with a squeeze-and-excitation scale folded in (``scale_fold``, planned as
+  ``scaled_conv``): the scale multiplies the weights or the input, whichever has fewer values.
 
 Every other step, or any step on a board without the compiled kernels, runs its table kernel as before.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
@@ -59,8 +62,15 @@ def _computed(spec: Any) -> Optional[tuple[tuple, np.dtype]]:
     return None
 
 
-def _conv(kernel, attrs, inputs, shape, dtype):
-    """A plan for a float32 2-D conv with constant weights (and bias), or None."""
+def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False):
+    """A plan for a float32 2-D conv with constant weights (and bias), or None.  ``scaled``: the conv of
+    ``scale_fold`` reading (x, s, w[, b]) for conv(x * s, w[, b]), s (1, C, 1, 1) computed."""
+    sshape = None
+    if scaled:
+        s_spec = _computed(inputs[1]) if len(inputs) in (3, 4) else None
+        if s_spec is None or s_spec[1] != F32:
+            return None
+        sshape, inputs = s_spec[0], [inputs[0]] + inputs[2:]
     if len(inputs) not in (2, 3) or dtype != F32 or attrs.get("input_shuffle", 1) != 1:
         return None
     x_spec = _computed(inputs[0])
@@ -91,7 +101,10 @@ def _conv(kernel, attrs, inputs, shape, dtype):
     def general(x, w_in, b_in=None):  # the table's kernel, for inputs the plan was not made for
         return kernel(x, w_in, b_in, **attrs)
 
-    if w.shape[1] == 1 and group == c and group > 1:  # depthwise, any channel multiplier
+    if scaled:
+        if group != 1 or math.prod(sshape) != c or sshape[-2:] != (1, 1):
+            return None
+    elif w.shape[1] == 1 and group == c and group > 1:  # depthwise, any channel multiplier
         wc = np.ascontiguousarray(w)
         fn = lib.rpcsrv_dwconv2d_packed_f32 if out[1] <= compiled.PACKED_MAX_WIDTH else lib.rpcsrv_dwconv2d_f32
         tail = (n, c, h, wd, m // c, w.shape[2], w.shape[3], strides[0], strides[1], dilations[0], dilations[1],
@@ -115,19 +128,39 @@ def _conv(kernel, attrs, inputs, shape, dtype):
         q = h * wd
         epilogue = lib.rpcsrv_bias_act_f32 if (act or bias is not None) else None
 
-        def pointwise(x, w_in, b_in=None):
-            if w_in is not w or b_in is not b or type(x) is not np.ndarray or x.shape != xshape \
-                    or x.dtype != F32 or not x.flags.c_contiguous or compiled.library() is not lib:
-                return general(x, w_in, b_in)
-            y = np.matmul(wmat, x.reshape(c, q))
+        def ready(x, w_in, b_in) -> bool:
+            return w_in is w and b_in is b and type(x) is np.ndarray and x.shape == xshape and x.dtype == F32 \
+                and x.flags.c_contiguous and compiled.library() is lib
+
+        def finish(y):
             if epilogue is not None:
                 epilogue(y.ctypes.data, bptr, m, q, q, act, lo, hi)
             return y.reshape(shape)
 
-        pointwise.keep = (wmat, bias)
-        return pointwise
+        if not scaled:
+            def pointwise(x, w_in, b_in=None):
+                if not ready(x, w_in, b_in):
+                    return general(x, w_in, b_in)
+                return finish(np.matmul(wmat, x.reshape(c, q)))
+
+            pointwise.keep = (wmat, bias)
+            return pointwise
+        # the scale goes where it multiplies fewer values: the weights' M*C, or the input's C*H*W (the
+        # small late maps of MobileNetV3/EfficientNet: 960 -> 160 at 7x7 scales 47k inputs, not 154k weights)
+        on_weights = m <= q
+
+        def scaled_pointwise(x, s, w_in, b_in=None):
+            if not ready(x, w_in, b_in) or type(s) is not np.ndarray or s.shape != sshape or s.dtype != F32:
+                return kernel(x, s, w_in, b_in, **attrs)
+            if on_weights:
+                return finish(np.matmul(wmat * s.reshape(1, c), x.reshape(c, q)))
+            return finish(np.matmul(wmat, x.reshape(c, q) * s.reshape(c, 1)))
+
+        scaled_pointwise.keep = (wmat, bias)
+        return scaled_pointwise
     return None
 
 
 #: op -> planner(kernel, attrs, inputs, shape, dtype) -> planned function or None
-PLANNERS: dict[str, Planner] = {"conv": _conv}
+PLANNERS: dict[str, Planner] = {"conv": _conv,
+                                "scaled_conv": lambda *args: _conv(*args, scaled=True)}
