@@ -31,7 +31,7 @@ def _plan(x, w, b, **attrs):
     inputs = [(x.shape, x.dtype), w] + ([] if b is None else [b])
     shape = conv(x, w, b, **attrs).shape
     fn = plans.plan("conv", conv, attrs, inputs, shape, np.float32)
-    assert fn is not None and fn.__name__ in ("depthwise", "pointwise"), attrs
+    assert fn is not None and fn.__name__ in ("rows", "pointwise"), attrs
     return fn
 
 
@@ -45,8 +45,35 @@ def _close(got, want):
 def test_planned_depthwise_matches_onnx_reference(case, bias, c_kernels):
     x, w, b, attrs = _case(case, bias, CASES_2D.index(case))
     fn = _plan(x, w, b, **attrs)
-    assert fn.__name__ == "depthwise"
+    assert fn.__name__ == "rows"
     _close(fn(x, w, b) if b is not None else fn(x, w), onnx_conv(x, w, b, **attrs))
+
+
+STEMS = [  # (n, c, m, spatial, kernel, strides, dilations, pads): dense convs of <= 32 taps per output
+    (1, 3, 16, (33, 31), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1)),  # a stem, stride 2, odd sizes
+    (2, 3, 5, (12, 12), (3, 3), (1, 1), (1, 1), (0, 1, 2, 0)),  # two images, asymmetric pads
+    (1, 2, 4, (15, 14), (3, 3), (1, 2), (2, 1), (2, 2, 2, 2)),  # dilation, a stride on one axis
+    (1, 1, 3, (20, 20), (5, 5), (2, 2), (1, 1), (2, 2, 2, 2)),  # one channel, 5x5 (25 taps)
+]
+
+
+@pytest.mark.parametrize("case", STEMS, ids=[str(i) for i in range(len(STEMS))])
+@pytest.mark.parametrize("activation", [(None, None), ("relu", None), ("clip", (("min", 0.0), ("max", 6.0))),
+                                        ("hard_swish", None), ("swish", None)], ids=lambda a: str(a[0]))
+def test_planned_stem_matches_onnx_reference(case, activation, c_kernels):
+    n, c, m, spatial, kernel, strides, dilations, pads = case
+    rng = np.random.default_rng(c * m)
+    x = rng.standard_normal((n, c) + spatial).astype(np.float32)
+    w = (3 * rng.standard_normal((m, c) + kernel)).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32)
+    attrs = dict(strides=list(strides), dilations=list(dilations), pads=list(pads))
+    name, extra = activation
+    want = onnx_conv(x, w, b, **attrs)
+    want = ACTIVATIONS[activation](want) if name else want
+    attrs.update({"activation": name, "activation_attrs": dict(extra) if extra else None} if name else {})
+    fn = _plan(x, w, b, **attrs)
+    assert fn.__name__ == "rows"
+    _close(fn(x, w, b), want)
 
 
 POINTWISE = [(1, 16, 96, (12, 12)), (1, 3, 5, (1, 1)), (1, 40, 8, (7, 9))]
@@ -72,7 +99,7 @@ def test_planned_fused_activations(kind, activation, c_kernels):
     attrs = dict(attrs, **({"activation": name} if name else {}),
                  **({"activation_attrs": dict(extra)} if extra else {}))
     fn = _plan(x, w, b, **attrs)
-    assert fn.__name__ == kind
+    assert fn.__name__ == {"depthwise": "rows"}.get(kind, kind)
     _close(fn(x, w, b), want)
 
 

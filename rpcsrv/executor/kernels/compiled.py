@@ -114,7 +114,7 @@ def library() -> Optional[ctypes.CDLL]:
             try:
                 path = _build()
                 lib = ctypes.CDLL(str(path))
-                for fn in (lib.rpcsrv_dwconv2d_f32, lib.rpcsrv_dwconv2d_packed_f32):
+                for fn in (lib.rpcsrv_dwconv2d_f32, lib.rpcsrv_dwconv2d_packed_f32, lib.rpcsrv_conv2d_rows_f32):
                     fn.restype = ctypes.c_int
                     fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 15 + [ctypes.c_int, ctypes.c_float,
                                                                                    ctypes.c_float]

@@ -126,25 +126,28 @@ static inline __attribute__((always_inline)) void taps_run(float *acc, const flo
     for (int v = 0; v < nv; v++) storev(acc + j0 + v * VW, actv(a[v], act, lo, hi));
 }
 
-int rpcsrv_dwconv2d_f32(const float *x, const float *w, const float *bias, float *y,
-                        long n, long c, long h, long wd, long mult, long kh, long kw,
-                        long sh, long sw, long dh, long dw, long pt, long pl,
-                        long oh, long ow, int act, float lo, float hi) {
+/* The rows kernel for a conv of g groups of cg input channels and mult outputs each (depthwise: cg = 1, g =
+ * C; a dense conv of few input channels, a stem: g = 1, cg = C): the group's cg planes are split into
+ * phases side by side, and an output's taps run over all of them (cg * kh * kw offsets). */
+static int conv_rows(const float *x, const float *w, const float *bias, float *y,
+                     long n, long g, long cg, long h, long wd, long mult, long kh, long kw,
+                     long sh, long sw, long dh, long dw, long pt, long pl,
+                     long oh, long ow, int act, float lo, float hi) {
     long qw = ((ow - 1) * sw + (kw - 1) * dw) / sw + 1;  /* phase width: the widest column a tap reads + 1 */
     long maxu = 0;
     for (long i = 0; i < kh; i++)
         if ((i * dh) / sh > maxu) maxu = (i * dh) / sh;
     long qh = oh + maxu + 1;  /* phase rows, one more for the last flat row's overrun */
-    long plane = qh * qw, phases = sh * sw, taps = kh * kw, len = oh * qw;
+    long plane = qh * qw, phases = sh * sw, taps = kh * kw, len = oh * qw, chplanes = phases * plane;
     long padded = (len + BLOCK - 1) / BLOCK * BLOCK;
-    /* the phase planes (zeroed once: every channel writes the same positions), BLOCK values of slack for
-     * the last block's reads, and the flat accumulator */
-    float *buf = calloc((size_t)(phases * plane + BLOCK + padded), sizeof(float));
+    /* the phase planes of cg channels (zeroed once: every group writes the same positions), BLOCK values of
+     * slack for the last block's reads, and the flat accumulator */
+    float *buf = calloc((size_t)(cg * chplanes + BLOCK + padded), sizeof(float));
     /* where each input row and column phase lands, worked out once (integer divisions cost more than the
      * copies they place when done per channel); rowat[r] < 0: the row lies past the phase planes */
-    long *off = malloc(sizeof(long) * (size_t)(taps + h + 3 * sw));
+    long *off = malloc(sizeof(long) * (size_t)(cg * taps + h + 3 * sw));
     if (!buf || !off) { free(buf); free(off); return -1; }
-    long *rowat = off + taps, *pcol = rowat + h, *pdst = pcol + sw, *pcnt = pdst + sw;
+    long *rowat = off + cg * taps, *pcol = rowat + h, *pdst = pcol + sw, *pcnt = pdst + sw;
     for (long r = 0; r < h; r++) {
         long pr = r + pt, a = pr / sh;
         rowat[r] = a >= qh ? -1 : (pr % sh) * sw * plane + a * qw;
@@ -158,37 +161,42 @@ int rpcsrv_dwconv2d_f32(const float *x, const float *w, const float *bias, float
         pdst[q] = q * plane + bq;
         pcnt[q] = end;
     }
-    float *acc = buf + phases * plane + BLOCK;
-    for (long i = 0; i < kh; i++)
-        for (long j = 0; j < kw; j++) {
-            long r = i * dh, s = j * dw;
-            off[i * kw + j] = ((r % sh) * sw + (s % sw)) * plane + (r / sh) * qw + s / sw;
-        }
+    float *acc = buf + cg * chplanes + BLOCK;
+    for (long ci = 0; ci < cg; ci++)  /* tap order as the weights' (ci, i, j) */
+        for (long i = 0; i < kh; i++)
+            for (long j = 0; j < kw; j++) {
+                long r = i * dh, s = j * dw;
+                off[(ci * kh + i) * kw + j] = ci * chplanes + ((r % sh) * sw + (s % sw)) * plane + (r / sh) * qw
+                                              + s / sw;
+            }
     for (long b = 0; b < n; b++)
-        for (long ci = 0; ci < c; ci++) {
-            const float *src = x + (b * c + ci) * h * wd;
-            for (long r = 0; r < h; r++) {
-                if (rowat[r] < 0) break;
-                float *rowbase = buf + rowat[r];
-                const float *in = src + r * wd;
-                for (long q = 0; q < sw; q++) {
-                    if (pcnt[q] <= 0) continue;
-                    if (sw == 1) memcpy(rowbase + pdst[q], in, sizeof(float) * (size_t)pcnt[q]);
-                    else gather(rowbase + pdst[q], in + pcol[q], pcnt[q], sw);
+        for (long gi = 0; gi < g; gi++) {
+            for (long ci = 0; ci < cg; ci++) {
+                const float *src = x + (b * g * cg + gi * cg + ci) * h * wd;
+                float *dst = buf + ci * chplanes;
+                for (long r = 0; r < h; r++) {
+                    if (rowat[r] < 0) break;
+                    float *rowbase = dst + rowat[r];
+                    const float *in = src + r * wd;
+                    for (long q = 0; q < sw; q++) {
+                        if (pcnt[q] <= 0) continue;
+                        if (sw == 1) memcpy(rowbase + pdst[q], in, sizeof(float) * (size_t)pcnt[q]);
+                        else gather(rowbase + pdst[q], in + pcol[q], pcnt[q], sw);
+                    }
                 }
             }
             for (long m = 0; m < mult; m++) {
-                long o = ci * mult + m;
-                const float *wo = w + o * taps;
+                long o = gi * mult + m, t = cg * taps;
+                const float *wo = w + o * t;
                 float bo = bias ? bias[o] : 0.f;
                 /* runs of 8 vectors (8 independent multiply-add chains: enough to keep both FMA pipes busy),
                  * then 4, 2, 1: no more than VW - 1 computed-and-dropped values at the end of the plane */
                 long nvec = (len + VW - 1) / VW, v0 = 0;
-                for (; v0 + 8 <= nvec; v0 += 8) taps_run(acc, buf, off, wo, taps, bo, v0 * VW, 8, act, lo, hi);
-                if (nvec - v0 >= 4) { taps_run(acc, buf, off, wo, taps, bo, v0 * VW, 4, act, lo, hi); v0 += 4; }
-                if (nvec - v0 >= 2) { taps_run(acc, buf, off, wo, taps, bo, v0 * VW, 2, act, lo, hi); v0 += 2; }
-                if (nvec - v0 >= 1) taps_run(acc, buf, off, wo, taps, bo, v0 * VW, 1, act, lo, hi);
-                float *plane = y + (b * c * mult + o) * oh * ow;
+                for (; v0 + 8 <= nvec; v0 += 8) taps_run(acc, buf, off, wo, t, bo, v0 * VW, 8, act, lo, hi);
+                if (nvec - v0 >= 4) { taps_run(acc, buf, off, wo, t, bo, v0 * VW, 4, act, lo, hi); v0 += 4; }
+                if (nvec - v0 >= 2) { taps_run(acc, buf, off, wo, t, bo, v0 * VW, 2, act, lo, hi); v0 += 2; }
+                if (nvec - v0 >= 1) taps_run(acc, buf, off, wo, t, bo, v0 * VW, 1, act, lo, hi);
+                float *plane = y + (b * g * mult + o) * oh * ow;
                 store(plane, acc, oh, ow, qw);
                 if (act == ACT_SWISH) rpcsrv_sigmoid_f32(plane, plane, oh * ow, 1);
             }
@@ -196,6 +204,22 @@ int rpcsrv_dwconv2d_f32(const float *x, const float *w, const float *bias, float
     free(buf);
     free(off);
     return 0;
+}
+
+int rpcsrv_dwconv2d_f32(const float *x, const float *w, const float *bias, float *y,
+                        long n, long c, long h, long wd, long mult, long kh, long kw,
+                        long sh, long sw, long dh, long dw, long pt, long pl,
+                        long oh, long ow, int act, float lo, float hi) {
+    return conv_rows(x, w, bias, y, n, c, 1, h, wd, mult, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, act, lo, hi);
+}
+
+/* A dense (ungrouped) conv of x (N, C, H, W) with w (M, C, KH, KW) by the rows kernel: for stems, whose
+ * few input channels make im2col's column matrix and a GEMM of inner size C*KH*KW <= 27 cost more. */
+int rpcsrv_conv2d_rows_f32(const float *x, const float *w, const float *bias, float *y,
+                           long n, long c, long h, long wd, long m, long kh, long kw,
+                           long sh, long sw, long dh, long dw, long pt, long pl,
+                           long oh, long ow, int act, float lo, float hi) {
+    return conv_rows(x, w, bias, y, n, 1, c, h, wd, m, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, act, lo, hi);
 }
 
 /* The same convolution with VW output channels side by side (small planes, where a plane's rows are too

@@ -17,7 +17,8 @@ runs the general kernel, so a plan changes no result and never refuses a call th
 
 Planned (float32, 2-D, compiled kernels in use, the activation one the C code applies):
 
-* depthwise convs (``compiled.depthwise_conv2d``'s C kernel, called with its arguments ready);
+* depthwise convs (``compiled.depthwise_conv2d``'s C kernel, called with its arguments ready), and dense
+  convs with few taps per output (stems: 3 channels, 3x3) by the same rows kernel (``ROWS_MAX_TAPS``);
 * 1x1 stride-1 unpadded ungrouped convs of one image: the weights as an (M, C) matrix times the input
   read in place as (C, H*W), then the compiled epilogue (bias and activation in one pass);
 * the same convs with a squeeze-and-excitation scale folded in (``scale_fold``, planned as
@@ -39,6 +40,11 @@ from .conv import _geometry, _tup
 F32 = np.dtype(np.float32)
 
 Planner = Callable[..., Optional[Callable[..., Any]]]
+#: dense convs with at most this many taps per output (C * KH * KW) run the C rows kernel (``dwconv.c``):
+#: stems (3 channels, 3x3: 27).  Measured against im2col + GEMM, 1 thread, cold caches, us: 3 -> 32 3x3 s2
+#: at 224 545 / 713, 3 -> 16 302 / 517, 4 -> 32 at 56 156 / 245; even at 72 (8 -> 64 at 56, 522 / 557);
+#: a 7x7 stem (147) is a draw, 32 -> 64 3x3 (288) 1.18x slower
+ROWS_MAX_TAPS = 32
 
 
 def plan(op: str, kernel: Callable[..., Any], attrs: Mapping[str, Any], inputs: Sequence[Any],
@@ -104,14 +110,20 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False):
     if scaled:
         if group != 1 or math.prod(sshape) != c or sshape[-2:] != (1, 1):
             return None
-    elif w.shape[1] == 1 and group == c and group > 1:  # depthwise, any channel multiplier
+    elif (w.shape[1] == 1 and group == c and group > 1) or (group == 1 and w.shape[2:] != (1, 1)
+                                                             and c * w.shape[2] * w.shape[3] <= ROWS_MAX_TAPS):
+        # depthwise (any channel multiplier), or a dense conv of few input channels (a stem): the C rows kernel
         wc = np.ascontiguousarray(w)
-        fn = lib.rpcsrv_dwconv2d_packed_f32 if out[1] <= compiled.PACKED_MAX_WIDTH else lib.rpcsrv_dwconv2d_f32
-        tail = (n, c, h, wd, m // c, w.shape[2], w.shape[3], strides[0], strides[1], dilations[0], dilations[1],
+        if group == 1:
+            fn, per = lib.rpcsrv_conv2d_rows_f32, m
+        else:
+            per = m // c
+            fn = lib.rpcsrv_dwconv2d_packed_f32 if out[1] <= compiled.PACKED_MAX_WIDTH else lib.rpcsrv_dwconv2d_f32
+        tail = (n, c, h, wd, per, w.shape[2], w.shape[3], strides[0], strides[1], dilations[0], dilations[1],
                 begin[0], begin[1], out[0], out[1], act, lo, hi)
         wptr = wc.ctypes.data
 
-        def depthwise(x, w_in, b_in=None):
+        def rows(x, w_in, b_in=None):
             if w_in is not w or b_in is not b or type(x) is not np.ndarray or x.shape != xshape \
                     or x.dtype != F32 or not x.flags.c_contiguous or compiled.library() is not lib:
                 return general(x, w_in, b_in)
@@ -120,8 +132,8 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False):
                 raise MemoryError("depthwise conv: the compiled kernel could not allocate its scratch plane")
             return y
 
-        depthwise.keep = (wc, bias)  # the arrays the pointers point into live as long as the plan
-        return depthwise
+        rows.keep = (wc, bias)  # the arrays the pointers point into live as long as the plan
+        return rows
     if group == 1 and n == 1 and w.shape[2:] == (1, 1) and strides == (1, 1) and begin == (0, 0) \
             and out == (h, wd):
         wmat = np.ascontiguousarray(w.reshape(m, c))
