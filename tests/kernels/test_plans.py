@@ -2,18 +2,19 @@
 depthwise cases (stride 2, channel multipliers, dilation, asymmetric pads) and the fused activations; inputs
 it was not made for (another shape, a non-contiguous view, other weights, compiled kernels turned off after
 planning) run the general kernel; no plan without the compiled kernels; and the ExampleJSON runtime plans
-a MobileNet-style block's convs and still matches onnxruntime."""
+a MobileNet-style block's convs and still matches onnxruntime; max pools on test_pool_paths' cases."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from rpcsrv.executor.kernels import compiled, plans
+from rpcsrv.executor.kernels import compiled, plans, pool
 from rpcsrv.executor.kernels.conv import conv
 from conftest import need_program
 from test_compiled_depthwise import ACTIVATIONS, CASES_2D, _case
 from test_depthwise_conv import onnx_conv
+from test_pool_paths import CASES as POOL_CASES, ids as pool_ids, reference as pool_reference
 
 
 @pytest.fixture
@@ -186,3 +187,36 @@ def test_planned_scaled_pointwise(case, activation, c_kernels):
     assert fn is not None and fn.__name__ == "scaled_pointwise"
     _close(fn(x, s, w, b), want)
     _close(fn(x, s.reshape(c, 1, 1), w, b), want)  # not the planned shape: the folded kernel
+
+
+POOLS_2D = [c for c in POOL_CASES if len(c[0]) == 4]
+
+
+@pytest.mark.parametrize("case", POOLS_2D, ids=[pool_ids(c) for c in POOLS_2D])
+def test_planned_max_pool_matches_onnx_reference(case, c_kernels):
+    """The pool cases of test_pool_paths (strides, asymmetric and SAME pads, dilation, ceil_mode, batches),
+    by the compiled phase-plane kernel; NaN wins, as in numpy's maximum."""
+    shape, attrs = case
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    want = pool_reference("MaxPool", x, **attrs).astype(np.float32)
+    fn = plans.plan("max_pool", pool.max_pool, attrs, [(x.shape, x.dtype)], want.shape, np.float32)
+    assert fn is not None and fn.__name__ == "max_pool"
+    got = fn(x)
+    assert got.flags.c_contiguous
+    np.testing.assert_array_equal(got, want)
+    x.reshape(-1)[x.size // 2] = np.nan
+    np.testing.assert_array_equal(fn(x), pool.max_pool(x, **attrs))
+
+
+def test_max_pool_unplanned(c_kernels):
+    """The indices output, other dtypes and ranks stay the table kernel's."""
+    x = np.zeros((1, 2, 8, 8), np.float32)
+    attrs = dict(kernel_shape=[2, 2], strides=[2, 2])
+    assert plans.plan("max_pool", pool.max_pool, dict(attrs, return_indices=1), [(x.shape, x.dtype)],
+                      (1, 2, 4, 4), np.float32) is None
+    assert plans.plan("max_pool", pool.max_pool, attrs, [(x.shape, np.float64)], (1, 2, 4, 4), np.float64) is None
+    assert plans.plan("max_pool", pool.max_pool, dict(kernel_shape=[2], strides=[2]), [((1, 2, 8), x.dtype)],
+                      (1, 2, 4), np.float32) is None
+    fn = plans.plan("max_pool", pool.max_pool, attrs, [(x.shape, x.dtype)], (1, 2, 4, 4), np.float32)
+    other = np.arange(2 * 2 * 6 * 6, dtype=np.float32).reshape(2, 2, 6, 6)  # another shape: the table kernel
+    np.testing.assert_array_equal(fn(other), pool.max_pool(other, **attrs))

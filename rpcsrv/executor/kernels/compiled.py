@@ -118,6 +118,8 @@ def library() -> Optional[ctypes.CDLL]:
                     fn.restype = ctypes.c_int
                     fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 15 + [ctypes.c_int, ctypes.c_float,
                                                                                    ctypes.c_float]
+                lib.rpcsrv_maxpool2d_f32.restype = ctypes.c_int
+                lib.rpcsrv_maxpool2d_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 14
                 lib.rpcsrv_sigmoid_f32.restype = None
                 lib.rpcsrv_sigmoid_f32.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
                 lib.rpcsrv_bias_act_f32.restype = None
@@ -137,7 +139,8 @@ def status() -> dict:
                 "library": None}
     lib = library()
     return {"in_use": lib is not None, "reason": _state.get("reason", "") if lib is None else
-            "compiled kernels in use (depthwise convolution, sigmoid, swish, conv epilogue)",
+            "compiled kernels in use (depthwise convolution, sigmoid, swish, conv epilogue, "
+            "stem convolution, max pooling)",
             "library": _state.get("path")}
 
 

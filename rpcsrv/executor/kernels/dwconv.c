@@ -126,6 +126,69 @@ static inline __attribute__((always_inline)) void taps_run(float *acc, const flo
     for (int v = 0; v < nv; v++) storev(acc + j0 + v * VW, actv(a[v], act, lo, hi));
 }
 
+/* The phase-plane geometry of one call (see the top of the file), for cg planes side by side: the tap
+ * offsets (cg * kh * kw, in the weights' (ci, i, j) order), and where each input row and column phase
+ * lands, worked out once (integer divisions cost more than the copies they place when done per channel);
+ * rowat[r] < 0: the row lies past the phase planes. */
+typedef struct {
+    long qw, plane, chplanes, len, padded, *off, *rowat, *pcol, *pdst, *pcnt;
+} geom;
+
+static int geom_init(geom *g, long cg, long h, long wd, long kh, long kw, long sh, long sw, long dh, long dw,
+                     long pt, long pl, long oh, long ow) {
+    long qw = ((ow - 1) * sw + (kw - 1) * dw) / sw + 1;  /* phase width: the widest column a tap reads + 1 */
+    long maxu = 0;
+    for (long i = 0; i < kh; i++)
+        if ((i * dh) / sh > maxu) maxu = (i * dh) / sh;
+    long qh = oh + maxu + 1;  /* phase rows, one more for the last flat row's overrun */
+    g->qw = qw;
+    g->plane = qh * qw;
+    g->chplanes = sh * sw * g->plane;
+    g->len = oh * qw;
+    g->padded = (g->len + BLOCK - 1) / BLOCK * BLOCK;
+    g->off = malloc(sizeof(long) * (size_t)(cg * kh * kw + h + 3 * sw));
+    if (!g->off) return -1;
+    g->rowat = g->off + cg * kh * kw;
+    g->pcol = g->rowat + h;
+    g->pdst = g->pcol + sw;
+    g->pcnt = g->pdst + sw;
+    for (long r = 0; r < h; r++) {
+        long pr = r + pt, a = pr / sh;
+        g->rowat[r] = a >= qh ? -1 : (pr % sh) * sw * g->plane + a * qw;
+    }
+    for (long q = 0; q < sw; q++) {  /* phase q: padded columns bq * sw + q */
+        long col = ((q - pl) % sw + sw) % sw;  /* the first input column of that phase */
+        long bq = (col + pl) / sw;
+        long end = (wd - col + sw - 1) / sw;  /* the phase's columns in a row */
+        if (end > qw - bq) end = qw - bq;
+        g->pcol[q] = col;
+        g->pdst[q] = q * g->plane + bq;
+        g->pcnt[q] = end;
+    }
+    for (long ci = 0; ci < cg; ci++)
+        for (long i = 0; i < kh; i++)
+            for (long j = 0; j < kw; j++) {
+                long r = i * dh, s = j * dw;
+                g->off[(ci * kh + i) * kw + j] = ci * g->chplanes + ((r % sh) * sw + (s % sw)) * g->plane
+                                                 + (r / sh) * qw + s / sw;
+            }
+    return 0;
+}
+
+/* one input plane (h, wd) into its phase planes at dst (the padding positions are left as they are) */
+static void fill_phases(const geom *g, float *dst, const float *src, long h, long wd, long sw) {
+    for (long r = 0; r < h; r++) {
+        if (g->rowat[r] < 0) break;
+        float *rowbase = dst + g->rowat[r];
+        const float *in = src + r * wd;
+        for (long q = 0; q < sw; q++) {
+            if (g->pcnt[q] <= 0) continue;
+            if (sw == 1) memcpy(rowbase + g->pdst[q], in, sizeof(float) * (size_t)g->pcnt[q]);
+            else gather(rowbase + g->pdst[q], in + g->pcol[q], g->pcnt[q], sw);
+        }
+    }
+}
+
 /* The rows kernel for a conv of g groups of cg input channels and mult outputs each (depthwise: cg = 1, g =
  * C; a dense conv of few input channels, a stem: g = 1, cg = C): the group's cg planes are split into
  * phases side by side, and an output's taps run over all of them (cg * kh * kw offsets). */
@@ -133,76 +196,77 @@ static int conv_rows(const float *x, const float *w, const float *bias, float *y
                      long n, long g, long cg, long h, long wd, long mult, long kh, long kw,
                      long sh, long sw, long dh, long dw, long pt, long pl,
                      long oh, long ow, int act, float lo, float hi) {
-    long qw = ((ow - 1) * sw + (kw - 1) * dw) / sw + 1;  /* phase width: the widest column a tap reads + 1 */
-    long maxu = 0;
-    for (long i = 0; i < kh; i++)
-        if ((i * dh) / sh > maxu) maxu = (i * dh) / sh;
-    long qh = oh + maxu + 1;  /* phase rows, one more for the last flat row's overrun */
-    long plane = qh * qw, phases = sh * sw, taps = kh * kw, len = oh * qw, chplanes = phases * plane;
-    long padded = (len + BLOCK - 1) / BLOCK * BLOCK;
+    geom gm;
+    if (geom_init(&gm, cg, h, wd, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow)) return -1;
     /* the phase planes of cg channels (zeroed once: every group writes the same positions), BLOCK values of
      * slack for the last block's reads, and the flat accumulator */
-    float *buf = calloc((size_t)(cg * chplanes + BLOCK + padded), sizeof(float));
-    /* where each input row and column phase lands, worked out once (integer divisions cost more than the
-     * copies they place when done per channel); rowat[r] < 0: the row lies past the phase planes */
-    long *off = malloc(sizeof(long) * (size_t)(cg * taps + h + 3 * sw));
-    if (!buf || !off) { free(buf); free(off); return -1; }
-    long *rowat = off + cg * taps, *pcol = rowat + h, *pdst = pcol + sw, *pcnt = pdst + sw;
-    for (long r = 0; r < h; r++) {
-        long pr = r + pt, a = pr / sh;
-        rowat[r] = a >= qh ? -1 : (pr % sh) * sw * plane + a * qw;
-    }
-    for (long q = 0; q < sw; q++) {  /* phase q: padded columns bq * sw + q */
-        long col = ((q - pl) % sw + sw) % sw;  /* the first input column of that phase */
-        long bq = (col + pl) / sw;
-        long end = (wd - col + sw - 1) / sw;  /* the phase's columns in a row */
-        if (end > qw - bq) end = qw - bq;
-        pcol[q] = col;
-        pdst[q] = q * plane + bq;
-        pcnt[q] = end;
-    }
-    float *acc = buf + cg * chplanes + BLOCK;
-    for (long ci = 0; ci < cg; ci++)  /* tap order as the weights' (ci, i, j) */
-        for (long i = 0; i < kh; i++)
-            for (long j = 0; j < kw; j++) {
-                long r = i * dh, s = j * dw;
-                off[(ci * kh + i) * kw + j] = ci * chplanes + ((r % sh) * sw + (s % sw)) * plane + (r / sh) * qw
-                                              + s / sw;
-            }
+    float *buf = calloc((size_t)(cg * gm.chplanes + BLOCK + gm.padded), sizeof(float));
+    if (!buf) { free(gm.off); return -1; }
+    float *acc = buf + cg * gm.chplanes + BLOCK;
+    long t = cg * kh * kw, nvec = (gm.len + VW - 1) / VW;
     for (long b = 0; b < n; b++)
         for (long gi = 0; gi < g; gi++) {
-            for (long ci = 0; ci < cg; ci++) {
-                const float *src = x + (b * g * cg + gi * cg + ci) * h * wd;
-                float *dst = buf + ci * chplanes;
-                for (long r = 0; r < h; r++) {
-                    if (rowat[r] < 0) break;
-                    float *rowbase = dst + rowat[r];
-                    const float *in = src + r * wd;
-                    for (long q = 0; q < sw; q++) {
-                        if (pcnt[q] <= 0) continue;
-                        if (sw == 1) memcpy(rowbase + pdst[q], in, sizeof(float) * (size_t)pcnt[q]);
-                        else gather(rowbase + pdst[q], in + pcol[q], pcnt[q], sw);
-                    }
-                }
-            }
+            for (long ci = 0; ci < cg; ci++)
+                fill_phases(&gm, buf + ci * gm.chplanes, x + (b * g * cg + gi * cg + ci) * h * wd, h, wd, sw);
             for (long m = 0; m < mult; m++) {
-                long o = gi * mult + m, t = cg * taps;
+                long o = gi * mult + m, v0 = 0;
                 const float *wo = w + o * t;
                 float bo = bias ? bias[o] : 0.f;
                 /* runs of 8 vectors (8 independent multiply-add chains: enough to keep both FMA pipes busy),
                  * then 4, 2, 1: no more than VW - 1 computed-and-dropped values at the end of the plane */
-                long nvec = (len + VW - 1) / VW, v0 = 0;
-                for (; v0 + 8 <= nvec; v0 += 8) taps_run(acc, buf, off, wo, t, bo, v0 * VW, 8, act, lo, hi);
-                if (nvec - v0 >= 4) { taps_run(acc, buf, off, wo, t, bo, v0 * VW, 4, act, lo, hi); v0 += 4; }
-                if (nvec - v0 >= 2) { taps_run(acc, buf, off, wo, t, bo, v0 * VW, 2, act, lo, hi); v0 += 2; }
-                if (nvec - v0 >= 1) taps_run(acc, buf, off, wo, t, bo, v0 * VW, 1, act, lo, hi);
+                for (; v0 + 8 <= nvec; v0 += 8) taps_run(acc, buf, gm.off, wo, t, bo, v0 * VW, 8, act, lo, hi);
+                if (nvec - v0 >= 4) { taps_run(acc, buf, gm.off, wo, t, bo, v0 * VW, 4, act, lo, hi); v0 += 4; }
+                if (nvec - v0 >= 2) { taps_run(acc, buf, gm.off, wo, t, bo, v0 * VW, 2, act, lo, hi); v0 += 2; }
+                if (nvec - v0 >= 1) taps_run(acc, buf, gm.off, wo, t, bo, v0 * VW, 1, act, lo, hi);
                 float *plane = y + (b * g * mult + o) * oh * ow;
-                store(plane, acc, oh, ow, qw);
+                store(plane, acc, oh, ow, gm.qw);
                 if (act == ACT_SWISH) rpcsrv_sigmoid_f32(plane, plane, oh * ow, 1);
             }
         }
     free(buf);
-    free(off);
+    free(gm.off);
+    return 0;
+}
+
+/* acc[j0 ..] = the maximum over the taps of nv vectors from flat position j0 (NaN wins, as numpy's) */
+static inline __attribute__((always_inline)) void max_run(float *acc, const float *buf, const long *off,
+                                                          long taps, long j0, const int nv) {
+    vf a[8];
+#pragma GCC unroll 8
+    for (int v = 0; v < nv; v++) a[v] = loadv(buf + off[0] + j0 + v * VW);
+    for (long t = 1; t < taps; t++) {
+        const float *s = buf + off[t] + j0;
+#pragma GCC unroll 8
+        for (int v = 0; v < nv; v++) {
+            vf u = loadv(s + v * VW);
+            a[v] = vselect((u > a[v]) | (u != u), u, a[v]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int v = 0; v < nv; v++) storev(acc + j0 + v * VW, a[v]);
+}
+
+/* MaxPool of x (N, C, H, W), float32, by the same phase planes (padding: -inf, which never wins). */
+int rpcsrv_maxpool2d_f32(const float *x, float *y, long n, long c, long h, long wd, long kh, long kw,
+                         long sh, long sw, long dh, long dw, long pt, long pl, long oh, long ow) {
+    geom gm;
+    if (geom_init(&gm, 1, h, wd, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow)) return -1;
+    float *buf = malloc(sizeof(float) * (size_t)(gm.chplanes + BLOCK + gm.padded));
+    if (!buf) { free(gm.off); return -1; }
+    for (long i = 0; i < gm.chplanes + BLOCK; i++) buf[i] = -__builtin_inff();
+    float *acc = buf + gm.chplanes + BLOCK;
+    long taps = kh * kw, nvec = (gm.len + VW - 1) / VW;
+    for (long p = 0; p < n * c; p++) {
+        fill_phases(&gm, buf, x + p * h * wd, h, wd, sw);
+        long v0 = 0;
+        for (; v0 + 8 <= nvec; v0 += 8) max_run(acc, buf, gm.off, taps, v0 * VW, 8);
+        if (nvec - v0 >= 4) { max_run(acc, buf, gm.off, taps, v0 * VW, 4); v0 += 4; }
+        if (nvec - v0 >= 2) { max_run(acc, buf, gm.off, taps, v0 * VW, 2); v0 += 2; }
+        if (nvec - v0 >= 1) max_run(acc, buf, gm.off, taps, v0 * VW, 1);
+        store(y + p * oh * ow, acc, oh, ow, gm.qw);
+    }
+    free(buf);
+    free(gm.off);
     return 0;
 }
 

@@ -23,6 +23,7 @@ Planned (float32, 2-D, compiled kernels in use, the activation one the C code ap
   read in place as (C, H*W), then the compiled epilogue (bias and activation in one pass);
 * the same convs with a squeeze-and-excitation scale folded in (``scale_fold``, planned as
   ``scaled_conv``): the scale multiplies the weights or the input, whichever has fewer values.
+* 2-D float32 MaxPools (no indices output) by the same phase planes, -inf as padding.
 
 Every other step, or any step on a board without the compiled kernels, runs its table kernel as before.
 """
@@ -36,6 +37,7 @@ import numpy as np
 
 from . import compiled
 from .conv import _geometry, _tup
+from .windows import resolve_pads, spatial_attr
 
 F32 = np.dtype(np.float32)
 
@@ -173,6 +175,39 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False):
     return None
 
 
+def _max_pool(kernel, attrs, inputs, shape, dtype):
+    """A plan for a float32 2-D MaxPool without its indices output (``dwconv.c``'s phase planes), or None."""
+    x_spec = _computed(inputs[0]) if len(inputs) == 1 else None
+    if x_spec is None or x_spec[1] != F32 or len(x_spec[0]) != 4 or dtype != F32 or attrs.get("return_indices"):
+        return None
+    lib = compiled.library()
+    if lib is None:
+        return None
+    xshape = x_spec[0]
+    kernel_shape = attrs.get("kernel_shape")
+    if kernel_shape is None or len(kernel_shape) != 2:
+        return None
+    strides = spatial_attr(attrs.get("strides"), 2, 1, "strides", "max_pool")
+    dilations = spatial_attr(attrs.get("dilations"), 2, 1, "dilations", "max_pool")
+    begin, _end, out = resolve_pads("max_pool", xshape[2:], list(kernel_shape), strides, dilations,
+                                    attrs.get("pads"), attrs.get("auto_pad", "NOTSET"), attrs.get("ceil_mode", 0))
+    if shape != tuple(xshape[:2]) + tuple(out) or min(out) < 1 or min(begin) < 0:
+        return None
+    fn = lib.rpcsrv_maxpool2d_f32
+    tail = (*xshape, *kernel_shape, *strides, *dilations, begin[0], begin[1], out[0], out[1])
+
+    def max_pool(x):
+        if type(x) is not np.ndarray or x.shape != xshape or x.dtype != F32 or not x.flags.c_contiguous \
+                or compiled.library() is not lib:
+            return kernel(x, **attrs)
+        y = np.empty(shape, F32)
+        if fn(x.ctypes.data, y.ctypes.data, *tail) != 0:
+            raise MemoryError("max pool: the compiled kernel could not allocate its scratch plane")
+        return y
+
+    return max_pool
+
+
 #: op -> planner(kernel, attrs, inputs, shape, dtype) -> planned function or None
-PLANNERS: dict[str, Planner] = {"conv": _conv,
+PLANNERS: dict[str, Planner] = {"conv": _conv, "max_pool": _max_pool,
                                 "scaled_conv": lambda *args: _conv(*args, scaled=True)}
