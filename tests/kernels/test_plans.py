@@ -220,3 +220,31 @@ def test_max_pool_unplanned(c_kernels):
     fn = plans.plan("max_pool", pool.max_pool, attrs, [(x.shape, x.dtype)], (1, 2, 4, 4), np.float32)
     other = np.arange(2 * 2 * 6 * 6, dtype=np.float32).reshape(2, 2, 6, 6)  # another shape: the table kernel
     np.testing.assert_array_equal(fn(other), pool.max_pool(other, **attrs))
+
+
+@pytest.mark.parametrize("c,m,h,w,pads", [(64, 64, 14, 14, (1, 1, 1, 1)), (96, 96, 15, 17, (1, 1, 1, 1)),
+                                          (64, 80, 16, 13, (2, 0, 1, 1)), (48, 48, 28, 27, (0, 0, 0, 0))])
+@pytest.mark.parametrize("activation", [(None, None), ("relu", None), ("clip", (("min", 0.0), ("max", 6.0))),
+                                        ("hard_swish", None), ("swish", None)], ids=lambda a: str(a[0]))
+def test_planned_winograd(c, m, h, w, pads, activation, c_kernels):
+    """3x3 convs that take Winograd: compiled transforms, bias and activation in the output transform
+    (odd sizes: cropped tiles; asymmetric pads)."""
+    from test_conv_paths import direct_conv
+
+    rng = np.random.default_rng(c + m + h)
+    x = rng.standard_normal((1, c, h, w)).astype(np.float32)
+    wt = (3 * rng.standard_normal((m, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32)
+    xp = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
+    name, extra = activation
+    want = direct_conv(xp, wt, b, 1, 0, 1, 1)
+    want = ACTIVATIONS[activation](want) if name else want
+    attrs = {"pads": list(pads), **({"activation": name} if name else {}),
+             **({"activation_attrs": dict(extra)} if extra else {})}
+    fn = plans.plan("conv", conv, attrs, [(x.shape, x.dtype), wt, b], want.shape, np.float32)
+    assert fn is not None and fn.__name__ == "winograd_conv"
+    got = fn(x, wt, b)
+    assert got.shape == want.shape and got.flags.c_contiguous
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5 * np.abs(want).max())
+    wt2 = wt * 2  # other weights: the general kernel
+    np.testing.assert_allclose(fn(x, wt2, b), conv(x, wt2, b, **attrs), rtol=1e-5, atol=1e-5)

@@ -23,6 +23,8 @@ Planned (float32, 2-D, compiled kernels in use, the activation one the C code ap
   read in place as (C, H*W), then the compiled epilogue (bias and activation in one pass);
 * the same convs with a squeeze-and-excitation scale folded in (``scale_fold``, planned as
   ``scaled_conv``): the scale multiplies the weights or the input, whichever has fewer values.
+* 3x3 convs that take Winograd (``conv.fast_path``): the compiled transforms (``winograd.c``), the bias and
+  the activation in the output transform;
 * 2-D float32 MaxPools (no indices output) by the same phase planes, -inf as padding.
 
 Every other step, or any step on a board without the compiled kernels, runs its table kernel as before.
@@ -35,8 +37,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from . import compiled
-from .conv import _geometry, _tup
+from . import compiled, winograd
+from .conv import _geometry, _tup, fast_path
 from .windows import resolve_pads, spatial_attr
 
 F32 = np.dtype(np.float32)
@@ -92,7 +94,7 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False):
     if lib is None:
         return None
     group = int(attrs.get("group", 1))
-    strides, dilations, begin, _end, out = _geometry(
+    strides, dilations, begin, end, out = _geometry(
         xshape, w.shape, group, _tup(attrs.get("kernel_shape")), _tup(attrs.get("pads")),
         _tup(attrs.get("strides")), _tup(attrs.get("dilations")), attrs.get("auto_pad", "NOTSET"))
     n, c, h, wd = xshape
@@ -112,6 +114,19 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False):
     if scaled:
         if group != 1 or math.prod(sshape) != c or sshape[-2:] != (1, 1):
             return None
+    elif _takes(winograd, xshape, w, strides, dilations, group) and min(begin + end) >= 0:
+        u = winograd.transformed_weights(w)  # Winograd, the bias and activation in its output transform
+        code = (act, lo, hi)
+
+        def winograd_conv(x, w_in, b_in=None):
+            y = None
+            if w_in is w and b_in is b and type(x) is np.ndarray and x.shape == xshape and x.dtype == F32 \
+                    and compiled.library() is lib:
+                y = winograd.compiled_winograd(x, u, bias, begin, end, code, lib)
+            return general(x, w_in, b_in) if y is None else y
+
+        winograd_conv.keep = (u, bias)
+        return winograd_conv
     elif (w.shape[1] == 1 and group == c and group > 1) or (group == 1 and w.shape[2:] != (1, 1)
                                                              and c * w.shape[2] * w.shape[3] <= ROWS_MAX_TAPS):
         # depthwise (any channel multiplier), or a dense conv of few input channels (a stem): the C rows kernel
@@ -206,6 +221,13 @@ def _max_pool(kernel, attrs, inputs, shape, dtype):
         return y
 
     return max_pool
+
+
+def _takes(module, xshape, w, strides, dilations, group) -> bool:
+    """Whether the general conv would take the fast path of ``module`` for an input of ``xshape`` (asked
+    with a zero-stride stand-in of that shape: no memory)."""
+    path = fast_path(np.broadcast_to(np.zeros((), F32), xshape), w, strides, dilations, group)
+    return path is not None and path.module is module
 
 
 #: op -> planner(kernel, attrs, inputs, shape, dtype) -> planned function or None
