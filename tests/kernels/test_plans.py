@@ -248,3 +248,36 @@ def test_planned_winograd(c, m, h, w, pads, activation, c_kernels):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5 * np.abs(want).max())
     wt2 = wt * 2  # other weights: the general kernel
     np.testing.assert_allclose(fn(x, wt2, b), conv(x, wt2, b, **attrs), rtol=1e-5, atol=1e-5)
+
+
+ADD_ACTIVATIONS = [(None, None), ("relu", None), ("clip", (("min", 0.0), ("max", 6.0))), ("hard_swish", None),
+                   ("swish", None)]
+
+
+@pytest.mark.parametrize("op", ["add", "sum"])
+@pytest.mark.parametrize("form", ["channel", "channel-first", "channel-4d", "residual"])
+@pytest.mark.parametrize("activation", ADD_ACTIVATIONS, ids=lambda a: str(a[0]))
+def test_planned_add(op, form, activation, c_kernels):
+    """A per-channel constant (batch norm's shift, either operand, (C, 1, 1) or (1, C, 1, 1)) or a residual
+    tensor, added with the fused activation in one pass; two images; other operands: the table kernel."""
+    from rpcsrv.executor.kernels import KERNELS
+
+    rng = np.random.default_rng(len(form))
+    x = rng.standard_normal((2, 6, 5, 7)).astype(np.float32)
+    other = rng.standard_normal(x.shape if form == "residual" else (1, 6, 1, 1) if form == "channel-4d"
+                                else (6, 1, 1)).astype(np.float32) * 3
+    name, extra = activation
+    attrs = {**({"activation": name} if name else {}), **({"activation_attrs": dict(extra)} if extra else {})}
+    args = [other, x] if form == "channel-first" else [x, other]
+    want = x.astype(np.float64) + other
+    want = ACTIVATIONS[activation](want) if name else want
+    specs = [a if a is other and form != "residual" else (a.shape, a.dtype) for a in args]
+    fn = plans.plan(op, KERNELS[op], attrs, specs, x.shape, np.float32)
+    if form == "residual" and not name:
+        assert fn is None  # numpy's one contiguous pass
+        return
+    assert fn is not None and fn.__name__ in ("channel_add", "residual")
+    _close(fn(*args), want)
+    if form != "residual":  # another constant: the table kernel
+        swapped = [a * 2 if a is other else a for a in args]
+        _close(fn(*swapped), KERNELS[op](*swapped, **attrs))

@@ -129,6 +129,9 @@ def library() -> Optional[ctypes.CDLL]:
                 lib.rpcsrv_wino_in_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 8
                 lib.rpcsrv_wino_out_f32.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 6 + [
                     ctypes.c_int, ctypes.c_float, ctypes.c_float]
+                lib.rpcsrv_add_act_f32.restype = None
+                lib.rpcsrv_add_act_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 2 + [
+                    ctypes.c_int, ctypes.c_float, ctypes.c_float]
                 lib.rpcsrv_sigmoid_f32.restype = None
                 lib.rpcsrv_sigmoid_f32.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
                 lib.rpcsrv_bias_act_f32.restype = None

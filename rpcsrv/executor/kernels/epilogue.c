@@ -34,3 +34,37 @@ void rpcsrv_bias_act_f32(float *y, const float *bias, long m, long q, long pitch
     }
     if (act == ACT_SWISH && pitch == q) rpcsrv_sigmoid_f32(y, y, m * q, 1);  /* one long run */
 }
+
+/* y = act(x + r + bias) for m rows of q values, contiguous: r (optional) the same shape as x (a residual
+ * connection, ResNet's Add/Sum + Relu), bias (optional) one value per row (DenseNet's batch-norm shift +
+ * Relu before each conv): one pass where numpy makes two or three (the broadcast add over rows of H*W
+ * values runs numpy's slow short-row loops).  x may be y (in place); swish runs after, over all of y. */
+void rpcsrv_add_act_f32(const float *x, const float *r, const float *bias, float *y, long m, long q, int act,
+                        float lo, float hi) {
+    for (long i = 0; i < m; i++) {
+        const float *xi = x + i * q, *ri = r ? r + i * q : 0;
+        float *yi = y + i * q;
+        const float b = bias ? bias[i] : 0.f;
+        if (ri) {
+            for (long j = 0; j < q; j++) yi[j] = xi[j] + ri[j] + b;
+        } else {
+            for (long j = 0; j < q; j++) yi[j] = xi[j] + b;
+        }
+        if (act == ACT_RELU) {
+            for (long j = 0; j < q; j++) yi[j] = yi[j] < 0.f ? 0.f : yi[j];
+        } else if (act == ACT_CLIP) {
+            for (long j = 0; j < q; j++) {
+                float v = yi[j];
+                v = v < lo ? lo : v;
+                yi[j] = v > hi ? hi : v;
+            }
+        } else if (act == ACT_HARDSWISH) {
+            for (long j = 0; j < q; j++) {
+                float v = yi[j], g = v * (1.f / 6.f) + 0.5f;
+                g = g < 0.f ? 0.f : g;
+                yi[j] = v * (g > 1.f ? 1.f : g);
+            }
+        }
+    }
+    if (act == ACT_SWISH) rpcsrv_sigmoid_f32(y, y, m * q, 1);
+}

@@ -25,6 +25,8 @@ Planned (float32, 2-D, compiled kernels in use, the activation one the C code ap
   ``scaled_conv``): the scale multiplies the weights or the input, whichever has fewer values.
 * 3x3 convs that take Winograd (``conv.fast_path``): the compiled transforms (``winograd.c``), the bias and
   the activation in the output transform;
+* Add/Sum of a 4-D tensor and a per-channel constant (a batch norm's shift) or a residual tensor, with a
+  fused activation: one pass (``epilogue.c``);
 * 2-D float32 MaxPools (no indices output) by the same phase planes, -inf as padding.
 
 Every other step, or any step on a board without the compiled kernels, runs its table kernel as before.
@@ -223,6 +225,58 @@ def _max_pool(kernel, attrs, inputs, shape, dtype):
     return max_pool
 
 
+def _add(kernel, attrs, inputs, shape, dtype):
+    """A plan for a float32 Add/Sum of a computed 4-D tensor and either a per-channel constant (C, 1, 1) or
+    another computed tensor of its shape, with a fused activation the C code applies (``epilogue.c``'s
+    ``rpcsrv_add_act_f32``: one pass), or None."""
+    if len(inputs) != 2 or dtype != F32 or len(shape) != 4 or set(attrs) - {"activation", "activation_attrs"}:
+        return None
+    lib = compiled.library()
+    if lib is None:
+        return None
+    activation, act_attrs = attrs.get("activation"), attrs.get("activation_attrs")
+    act, lo, hi = compiled._activation(activation, act_attrs)
+    if act == 0 and (activation is not None or act_attrs):
+        return None
+    specs = [_computed(spec) for spec in inputs]
+    n, c = shape[:2]
+    q = shape[2] * shape[3]
+    fn = lib.rpcsrv_add_act_f32
+    if specs[0] == specs[1] == (shape, F32):  # a residual connection
+        if act == 0:
+            return None  # numpy's one contiguous pass is as good
+
+        def residual(a, b):
+            if type(a) is not np.ndarray or type(b) is not np.ndarray or a.shape != shape or b.shape != shape \
+                    or a.dtype != F32 or b.dtype != F32 or not (a.flags.c_contiguous and b.flags.c_contiguous) \
+                    or compiled.library() is not lib:
+                return kernel(a, b, **attrs)
+            y = np.empty(shape, F32)
+            fn(a.ctypes.data, b.ctypes.data, None, y.ctypes.data, n * c, q, act, lo, hi)
+            return y
+
+        return residual
+    k = 0 if specs[0] == (shape, F32) else 1 if specs[1] == (shape, F32) else None
+    const = None if k is None else inputs[1 - k]
+    if not isinstance(const, np.ndarray) or const.dtype != F32 or const.shape not in ((c, 1, 1), (1, c, 1, 1)):
+        return None
+    bias = np.ascontiguousarray(const.reshape(c))
+    bptr = bias.ctypes.data
+
+    def channel_add(*args):
+        x = args[k]
+        if args[1 - k] is not const or type(x) is not np.ndarray or x.shape != shape or x.dtype != F32 \
+                or not x.flags.c_contiguous or compiled.library() is not lib:
+            return kernel(*args, **attrs)
+        y = np.empty(shape, F32)
+        for i in range(n):
+            fn(x.ctypes.data + i * c * q * 4, None, bptr, y.ctypes.data + i * c * q * 4, c, q, act, lo, hi)
+        return y
+
+    channel_add.keep = bias
+    return channel_add
+
+
 def _takes(module, xshape, w, strides, dilations, group) -> bool:
     """Whether the general conv would take the fast path of ``module`` for an input of ``xshape`` (asked
     with a zero-stride stand-in of that shape: no memory)."""
@@ -231,5 +285,5 @@ def _takes(module, xshape, w, strides, dilations, group) -> bool:
 
 
 #: op -> planner(kernel, attrs, inputs, shape, dtype) -> planned function or None
-PLANNERS: dict[str, Planner] = {"conv": _conv, "max_pool": _max_pool,
+PLANNERS: dict[str, Planner] = {"conv": _conv, "max_pool": _max_pool, "add": _add, "sum": _add,
                                 "scaled_conv": lambda *args: _conv(*args, scaled=True)}
