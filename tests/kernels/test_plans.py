@@ -80,6 +80,39 @@ def test_planned_stem_matches_onnx_reference(case, activation, c_kernels):
 POINTWISE = [(1, 16, 96, (12, 12)), (1, 3, 5, (1, 1)), (1, 40, 8, (7, 9))]
 
 
+@pytest.mark.parametrize("group", [2, 4])
+@pytest.mark.parametrize("activation", [(None, None), ("relu", None), ("swish", None)], ids=lambda a: str(a[0]))
+def test_planned_grouped_pointwise(group, activation, c_kernels):
+    """ShuffleNet's grouped 1x1 convs: one batched product, the epilogue after."""
+    rng = np.random.default_rng(group)
+    x = rng.standard_normal((1, 8 * group, 6, 5)).astype(np.float32)
+    w = rng.standard_normal((12 * group, 8, 1, 1)).astype(np.float32)
+    b = rng.standard_normal(12 * group).astype(np.float32)
+    name, _ = activation
+    want = onnx_conv(x, w, b, group=group)
+    want = ACTIVATIONS[activation](want) if name else want
+    fn = _plan(x, w, b, group=group, **({"activation": name} if name else {}))
+    assert fn.__name__ == "pointwise"
+    _close(fn(x, w, b), want)
+
+
+@pytest.mark.parametrize("case", [CASES_2D[0], CASES_2D[1], CASES_2D[3],
+                                  (2, 6, 1, (7, 9), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1))],
+                         ids=["s1", "s2", "s3", "batch"])
+def test_planned_depthwise_reads_the_shuffle_in_place(case, c_kernels):
+    """ShuffleNet's channel shuffle composite on a depthwise conv: the C kernel reads each group's shuffled
+    channel where it is (no shuffled copy), as onnx.reference's conv of the shuffled input."""
+    x, w, b, attrs = _case(case, True, 9)
+    n, c = x.shape[:2]
+    if w.shape[0] != c or c % 2:
+        pytest.skip("a channel multiplier or an odd channel count: no shuffle of this kind in the models")
+    for groups in (2, c // 2) if c > 2 else (2,):
+        shuffled = x.reshape(n, groups, c // groups, *x.shape[2:]).swapaxes(1, 2).reshape(x.shape)
+        fn = _plan(x, w, b, input_shuffle=groups, **attrs)
+        assert fn.__name__ == "rows"
+        _close(fn(x, w, b), onnx_conv(shuffled, w, b, **attrs))
+
+
 @pytest.mark.parametrize("activation", [a for a in ACTIVATIONS if a[0] != "sigmoid"] + [(None, None)],
                          ids=lambda a: f"{a[0]}{len(a[1] or ())}")
 @pytest.mark.parametrize("kind", ["depthwise", "pointwise"])
@@ -118,11 +151,12 @@ def test_planned_pointwise_matches_onnx_reference(case, bias, c_kernels):
 
 
 def test_unplanned_layers(c_kernels):
-    """Strided, padded or grouped 1x1s, 3x3 dense convs, batches of 1x1s and other dtypes get no plan."""
+    """Strided or padded 1x1s, 3x3 dense and grouped convs, a shuffle on anything but a depthwise conv, batches
+    of 1x1s and other dtypes get no plan."""
     x = np.zeros((1, 8, 6, 6), np.float32)
     w1, w3 = np.ones((4, 8, 1, 1), np.float32), np.ones((4, 8, 3, 3), np.float32)
     for w, attrs in ((w1, {"strides": [2, 2]}), (w1, {"pads": [1, 1, 1, 1]}), (w3, {}),
-                     (np.ones((4, 4, 1, 1), np.float32), {"group": 2})):
+                     (np.ones((4, 4, 3, 3), np.float32), {"group": 2}), (w1, {"input_shuffle": 2})):
         assert plans.plan("conv", conv, attrs, [(x.shape, x.dtype), w], conv(x, w, **attrs).shape,
                           np.float32) is None, attrs
     x2 = np.zeros((2, 8, 6, 6), np.float32)

@@ -123,6 +123,7 @@ def library() -> Optional[ctypes.CDLL]:
                     fn.restype = ctypes.c_int
                     fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 15 + [ctypes.c_int, ctypes.c_float,
                                                                                    ctypes.c_float]
+                lib.rpcsrv_dwconv2d_f32.argtypes += [ctypes.c_long]  # the input shuffle (1: none)
                 lib.rpcsrv_maxpool2d_f32.restype = ctypes.c_int
                 lib.rpcsrv_maxpool2d_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 14
                 lib.rpcsrv_wino_in_f32.restype = lib.rpcsrv_wino_out_f32.restype = ctypes.c_int
@@ -225,7 +226,8 @@ def depthwise_conv2d(x, w, bias, strides, dilations, begin, out, activation=None
     fn = lib.rpcsrv_dwconv2d_packed_f32 if out[1] <= PACKED_MAX_WIDTH else lib.rpcsrv_dwconv2d_f32
     rc = fn(x.ctypes.data, w.ctypes.data, None if b is None else b.ctypes.data, y.ctypes.data,
             n, c, h, wd, m // c, w.shape[2], w.shape[3], strides[0], strides[1],
-            dilations[0], dilations[1], begin[0], begin[1], out[0], out[1], act, lo, hi)
+            dilations[0], dilations[1], begin[0], begin[1], out[0], out[1], act, lo, hi,
+            *(() if fn is lib.rpcsrv_dwconv2d_packed_f32 else (1,)))
     if rc != 0:
         raise MemoryError("depthwise conv: the compiled kernel could not allocate its scratch plane")
     return y

@@ -130,7 +130,7 @@ static void fill_phases(const geom *g, float *dst, const float *src, long h, lon
 static int conv_rows(const float *x, const float *w, const float *bias, float *y,
                      long n, long g, long cg, long h, long wd, long mult, long kh, long kw,
                      long sh, long sw, long dh, long dw, long pt, long pl,
-                     long oh, long ow, int act, float lo, float hi) {
+                     long oh, long ow, int act, float lo, float hi, long shuffle) {
     geom gm;
     if (geom_init(&gm, cg, h, wd, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow)) return -1;
     /* the phase planes of cg channels (zeroed once: every group writes the same positions), BLOCK values of
@@ -141,8 +141,11 @@ static int conv_rows(const float *x, const float *w, const float *bias, float *y
     long t = cg * kh * kw, nvec = (gm.len + VW - 1) / VW;
     for (long b = 0; b < n; b++)
         for (long gi = 0; gi < g; gi++) {
+            /* shuffle > 1 (depthwise only): group gi reads the channel ShuffleNet's shuffle in that many
+             * groups puts there, (gi % shuffle) * (g / shuffle) + gi / shuffle, with no shuffled copy */
+            long src = shuffle > 1 ? (gi % shuffle) * (g / shuffle) + gi / shuffle : gi;
             for (long ci = 0; ci < cg; ci++)
-                fill_phases(&gm, buf + ci * gm.chplanes, x + (b * g * cg + gi * cg + ci) * h * wd, h, wd, sw);
+                fill_phases(&gm, buf + ci * gm.chplanes, x + (b * g * cg + src * cg + ci) * h * wd, h, wd, sw);
             for (long m = 0; m < mult; m++) {
                 long o = gi * mult + m, v0 = 0;
                 const float *wo = w + o * t;
@@ -208,8 +211,9 @@ int rpcsrv_maxpool2d_f32(const float *x, float *y, long n, long c, long h, long 
 int rpcsrv_dwconv2d_f32(const float *x, const float *w, const float *bias, float *y,
                         long n, long c, long h, long wd, long mult, long kh, long kw,
                         long sh, long sw, long dh, long dw, long pt, long pl,
-                        long oh, long ow, int act, float lo, float hi) {
-    return conv_rows(x, w, bias, y, n, c, 1, h, wd, mult, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, act, lo, hi);
+                        long oh, long ow, int act, float lo, float hi, long shuffle) {
+    return conv_rows(x, w, bias, y, n, c, 1, h, wd, mult, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, act, lo, hi,
+                     shuffle);
 }
 
 /* A dense (ungrouped) conv of x (N, C, H, W) with w (M, C, KH, KW) by the rows kernel: for stems, whose
@@ -218,7 +222,7 @@ int rpcsrv_conv2d_rows_f32(const float *x, const float *w, const float *bias, fl
                            long n, long c, long h, long wd, long m, long kh, long kw,
                            long sh, long sw, long dh, long dw, long pt, long pl,
                            long oh, long ow, int act, float lo, float hi) {
-    return conv_rows(x, w, bias, y, n, 1, c, h, wd, m, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, act, lo, hi);
+    return conv_rows(x, w, bias, y, n, 1, c, h, wd, m, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, act, lo, hi, 1);
 }
 
 /* The same convolution with VW output channels side by side (small planes, where a plane's rows are too

@@ -17,10 +17,12 @@ runs the general kernel, so a plan changes no result and never refuses a call th
 
 Planned (float32, 2-D, compiled kernels in use, the activation one the C code applies):
 
-* depthwise convs (``compiled.depthwise_conv2d``'s C kernel, called with its arguments ready), and dense
+* depthwise convs (``compiled.depthwise_conv2d``'s C kernel, called with its arguments ready; ShuffleNet's
+  channel shuffle composite read in place, no shuffled copy), and dense
   convs with few taps per output (stems: 3 channels, 3x3) by the same rows kernel (``ROWS_MAX_TAPS``);
-* 1x1 stride-1 unpadded ungrouped convs of one image: the weights as an (M, C) matrix times the input
-  read in place as (C, H*W), then the compiled epilogue (bias and activation in one pass);
+* 1x1 stride-1 unpadded convs of one image: the weights as an (M, C) matrix times the input read in place
+  as (C, H*W) (grouped: one batched product per group), then the compiled epilogue (bias and activation in
+  one pass);
 * the same convs with a squeeze-and-excitation scale folded in (``scale_fold``, planned as
   ``scaled_conv``): the scale multiplies the weights or the input, whichever has fewer values.
 * 3x3 convs that take Winograd (``conv.fast_path``): the compiled transforms (``winograd.c``), the bias and
@@ -83,7 +85,8 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False):
         if s_spec is None or s_spec[1] != F32:
             return None
         sshape, inputs = s_spec[0], [inputs[0]] + inputs[2:]
-    if len(inputs) not in (2, 3) or dtype != F32 or attrs.get("input_shuffle", 1) != 1:
+    shuffle = attrs.get("input_shuffle", 1)
+    if len(inputs) not in (2, 3) or dtype != F32 or type(shuffle) is not int:
         return None
     x_spec = _computed(inputs[0])
     w, b = inputs[1], inputs[2] if len(inputs) == 3 else None
@@ -101,7 +104,7 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False):
         _tup(attrs.get("strides")), _tup(attrs.get("dilations")), attrs.get("auto_pad", "NOTSET"))
     n, c, h, wd = xshape
     m = w.shape[0]
-    if shape != (n, m) + out or (b is not None and b.size != m):
+    if shape != (n, m) + out or (b is not None and b.size != m) or shuffle < 1 or c % shuffle:
         return None
     activation, act_attrs = attrs.get("activation"), attrs.get("activation_attrs")
     act, lo, hi = compiled._activation(activation, act_attrs)
@@ -113,6 +116,9 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False):
     def general(x, w_in, b_in=None):  # the table's kernel, for inputs the plan was not made for
         return kernel(x, w_in, b_in, **attrs)
 
+    depthwise = w.shape[1] == 1 and group == c and group > 1
+    if shuffle != 1 and not (depthwise and m == c and out[1] > compiled.PACKED_MAX_WIDTH):
+        return None  # ShuffleNet's shuffle: only the depthwise rows kernel reads it in place
     if scaled:
         if group != 1 or math.prod(sshape) != c or sshape[-2:] != (1, 1):
             return None
@@ -129,8 +135,7 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False):
 
         winograd_conv.keep = (u, bias)
         return winograd_conv
-    elif (w.shape[1] == 1 and group == c and group > 1) or (group == 1 and w.shape[2:] != (1, 1)
-                                                             and c * w.shape[2] * w.shape[3] <= ROWS_MAX_TAPS):
+    elif depthwise or (group == 1 and w.shape[2:] != (1, 1) and c * w.shape[2] * w.shape[3] <= ROWS_MAX_TAPS):
         # depthwise (any channel multiplier), or a dense conv of few input channels (a stem): the C rows kernel
         wc = np.ascontiguousarray(w)
         if group == 1:
@@ -139,7 +144,7 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False):
             per = m // c
             fn = lib.rpcsrv_dwconv2d_packed_f32 if out[1] <= compiled.PACKED_MAX_WIDTH else lib.rpcsrv_dwconv2d_f32
         tail = (n, c, h, wd, per, w.shape[2], w.shape[3], strides[0], strides[1], dilations[0], dilations[1],
-                begin[0], begin[1], out[0], out[1], act, lo, hi)
+                begin[0], begin[1], out[0], out[1], act, lo, hi) + ((shuffle,) if fn is lib.rpcsrv_dwconv2d_f32 else ())
         wptr = wc.ctypes.data
 
         def rows(x, w_in, b_in=None):
@@ -153,10 +158,12 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False):
 
         rows.keep = (wc, bias)  # the arrays the pointers point into live as long as the plan
         return rows
-    if group == 1 and n == 1 and w.shape[2:] == (1, 1) and strides == (1, 1) and begin == (0, 0) \
-            and out == (h, wd):
-        wmat = np.ascontiguousarray(w.reshape(m, c))
+    if (group == 1 or not scaled) and n == 1 and w.shape[2:] == (1, 1) and strides == (1, 1) \
+            and begin == (0, 0) and out == (h, wd):
+        # grouped (ShuffleNet's): one batched product of (G, M/G, C/G) weights with the (G, C/G, H*W) input
+        wmat = np.ascontiguousarray(w.reshape(m, c) if group == 1 else w.reshape(group, m // group, c // group))
         q = h * wd
+        xview = (c, q) if group == 1 else (group, c // group, q)
         epilogue = lib.rpcsrv_bias_act_f32 if (act or bias is not None) else None
 
         def ready(x, w_in, b_in) -> bool:
@@ -172,7 +179,7 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False):
             def pointwise(x, w_in, b_in=None):
                 if not ready(x, w_in, b_in):
                     return general(x, w_in, b_in)
-                return finish(np.matmul(wmat, x.reshape(c, q)))
+                return finish(np.matmul(wmat, x.reshape(xview)))
 
             pointwise.keep = (wmat, bias)
             return pointwise
