@@ -174,7 +174,8 @@ def test_prebuilt_library(monkeypatch, tmp_path):
         compiled.reset()
         assert compiled.status() == {"in_use": True, "library": built,
                                      "reason": "compiled kernels in use (depthwise convolution, sigmoid, swish, "
-                                               "conv epilogue, stem convolution, max pooling, winograd transforms)"}
+                                               "conv epilogue, stem convolution, max and average pooling, "
+                                               "winograd transforms)"}
         monkeypatch.setenv("RPCSRV_KERNELS_LIB", str(tmp_path / "nowhere.so"))
         compiled.reset()
         state = compiled.status()

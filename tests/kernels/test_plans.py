@@ -315,3 +315,16 @@ def test_planned_add(op, form, activation, c_kernels):
     if form != "residual":  # another constant: the table kernel
         swapped = [a * 2 if a is other else a for a in args]
         _close(fn(*swapped), KERNELS[op](*swapped, **attrs))
+
+
+@pytest.mark.parametrize("include", [0, 1])
+@pytest.mark.parametrize("case", POOLS_2D, ids=[pool_ids(c) for c in POOLS_2D])
+def test_planned_average_pool_matches_onnx_reference(case, include, c_kernels):
+    """test_pool_paths' 2-D cases with and without count_include_pad (ceil_mode overhang never counts)."""
+    shape, attrs = case
+    attrs = dict(attrs, count_include_pad=include)
+    x = np.random.default_rng(4).standard_normal(shape).astype(np.float32)
+    want = pool_reference("AveragePool", x, **attrs)
+    fn = plans.plan("average_pool", pool.average_pool, attrs, [(x.shape, x.dtype)], want.shape, np.float32)
+    assert fn is not None and fn.__name__ == "average_pool"
+    _close(fn(x), want)

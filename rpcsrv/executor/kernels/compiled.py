@@ -126,6 +126,8 @@ def library() -> Optional[ctypes.CDLL]:
                 lib.rpcsrv_dwconv2d_f32.argtypes += [ctypes.c_long]  # the input shuffle (1: none)
                 lib.rpcsrv_maxpool2d_f32.restype = ctypes.c_int
                 lib.rpcsrv_maxpool2d_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 14
+                lib.rpcsrv_avgpool2d_f32.restype = ctypes.c_int
+                lib.rpcsrv_avgpool2d_f32.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 14
                 lib.rpcsrv_wino_in_f32.restype = lib.rpcsrv_wino_out_f32.restype = ctypes.c_int
                 lib.rpcsrv_wino_in_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 8
                 lib.rpcsrv_wino_out_f32.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 6 + [
@@ -153,7 +155,7 @@ def status() -> dict:
     lib = library()
     return {"in_use": lib is not None, "reason": _state.get("reason", "") if lib is None else
             "compiled kernels in use (depthwise convolution, sigmoid, swish, conv epilogue, "
-            "stem convolution, max pooling, winograd transforms)",
+            "stem convolution, max and average pooling, winograd transforms)",
             "library": _state.get("path")}
 
 

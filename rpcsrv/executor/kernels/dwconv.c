@@ -184,6 +184,47 @@ static inline __attribute__((always_inline)) void max_run(float *acc, const floa
     for (int v = 0; v < nv; v++) storev(acc + j0 + v * VW, a[v]);
 }
 
+/* acc[j0 ..] = the sum over the taps of nv vectors from flat position j0 */
+static inline __attribute__((always_inline)) void sum_run(float *acc, const float *buf, const long *off,
+                                                          long taps, long j0, const int nv) {
+    vf a[8];
+#pragma GCC unroll 8
+    for (int v = 0; v < nv; v++) a[v] = loadv(buf + off[0] + j0 + v * VW);
+    for (long t = 1; t < taps; t++) {
+        const float *s = buf + off[t] + j0;
+#pragma GCC unroll 8
+        for (int v = 0; v < nv; v++) a[v] += loadv(s + v * VW);
+    }
+#pragma GCC unroll 8
+    for (int v = 0; v < nv; v++) storev(acc + j0 + v * VW, a[v]);
+}
+
+/* AveragePool of x (N, C, H, W), float32, by the same phase planes (padding: 0): each window's sum divided
+ * by counts[oh * OW + ow] (what ONNX's count_include_pad and ceil_mode make it, worked out by pool.py). */
+int rpcsrv_avgpool2d_f32(const float *x, float *y, const float *counts, long n, long c, long h, long wd,
+                         long kh, long kw, long sh, long sw, long dh, long dw, long pt, long pl, long oh, long ow) {
+    geom gm;
+    if (geom_init(&gm, 1, h, wd, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow)) return -1;
+    float *buf = calloc((size_t)(gm.chplanes + BLOCK + gm.padded), sizeof(float));
+    if (!buf) { free(gm.off); return -1; }
+    float *acc = buf + gm.chplanes + BLOCK;
+    long taps = kh * kw, nvec = (gm.len + VW - 1) / VW;
+    for (long p = 0; p < n * c; p++) {
+        fill_phases(&gm, buf, x + p * h * wd, h, wd, sw);
+        long v0 = 0;
+        for (; v0 + 8 <= nvec; v0 += 8) sum_run(acc, buf, gm.off, taps, v0 * VW, 8);
+        if (nvec - v0 >= 4) { sum_run(acc, buf, gm.off, taps, v0 * VW, 4); v0 += 4; }
+        if (nvec - v0 >= 2) { sum_run(acc, buf, gm.off, taps, v0 * VW, 2); v0 += 2; }
+        if (nvec - v0 >= 1) sum_run(acc, buf, gm.off, taps, v0 * VW, 1);
+        float *dst = y + p * oh * ow;
+        for (long r = 0; r < oh; r++)
+            for (long j = 0; j < ow; j++) dst[r * ow + j] = acc[r * gm.qw + j] / counts[r * ow + j];
+    }
+    free(buf);
+    free(gm.off);
+    return 0;
+}
+
 /* MaxPool of x (N, C, H, W), float32, by the same phase planes (padding: -inf, which never wins). */
 int rpcsrv_maxpool2d_f32(const float *x, float *y, long n, long c, long h, long wd, long kh, long kw,
                          long sh, long sw, long dh, long dw, long pt, long pl, long oh, long ow) {

@@ -29,7 +29,7 @@ Planned (float32, 2-D, compiled kernels in use, the activation one the C code ap
   the activation in the output transform;
 * Add/Sum of a 4-D tensor and a per-channel constant (a batch norm's shift) or a residual tensor, with a
   fused activation: one pass (``epilogue.c``);
-* 2-D float32 MaxPools (no indices output) by the same phase planes, -inf as padding.
+* 2-D float32 MaxPools (no indices output) and AveragePools by the same phase planes (padding -inf or 0).
 
 Every other step, or any step on a board without the compiled kernels, runs its table kernel as before.
 """
@@ -41,7 +41,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from . import compiled, winograd
+from . import compiled, pool, winograd
 from .conv import _geometry, _tup, fast_path
 from .windows import resolve_pads, spatial_attr
 
@@ -199,8 +199,9 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False):
     return None
 
 
-def _max_pool(kernel, attrs, inputs, shape, dtype):
-    """A plan for a float32 2-D MaxPool without its indices output (``dwconv.c``'s phase planes), or None."""
+def _pool(op, kernel, attrs, inputs, shape, dtype):
+    """A plan for a float32 2-D MaxPool (without its indices output) or AveragePool (``dwconv.c``'s phase
+    planes; the average's divisors from ``pool.average_counts``), or None."""
     x_spec = _computed(inputs[0]) if len(inputs) == 1 else None
     if x_spec is None or x_spec[1] != F32 or len(x_spec[0]) != 4 or dtype != F32 or attrs.get("return_indices"):
         return None
@@ -211,25 +212,35 @@ def _max_pool(kernel, attrs, inputs, shape, dtype):
     kernel_shape = attrs.get("kernel_shape")
     if kernel_shape is None or len(kernel_shape) != 2:
         return None
-    strides = spatial_attr(attrs.get("strides"), 2, 1, "strides", "max_pool")
-    dilations = spatial_attr(attrs.get("dilations"), 2, 1, "dilations", "max_pool")
-    begin, _end, out = resolve_pads("max_pool", xshape[2:], list(kernel_shape), strides, dilations,
-                                    attrs.get("pads"), attrs.get("auto_pad", "NOTSET"), attrs.get("ceil_mode", 0))
+    strides = spatial_attr(attrs.get("strides"), 2, 1, "strides", op)
+    dilations = spatial_attr(attrs.get("dilations"), 2, 1, "dilations", op)
+    auto_pad = attrs.get("auto_pad", "NOTSET")
+    begin, end, out = resolve_pads(op, xshape[2:], list(kernel_shape), strides, dilations, attrs.get("pads"),
+                                   auto_pad, attrs.get("ceil_mode", 0))
     if shape != tuple(xshape[:2]) + tuple(out) or min(out) < 1 or min(begin) < 0:
         return None
-    fn = lib.rpcsrv_maxpool2d_f32
     tail = (*xshape, *kernel_shape, *strides, *dilations, begin[0], begin[1], out[0], out[1])
+    if op == "max_pool":
+        fn, counts, divisors = lib.rpcsrv_maxpool2d_f32, (), None
+    else:
+        divisors = pool.average_counts(xshape, kernel_shape, strides, dilations, begin, end, out, auto_pad,
+                                       attrs.get("count_include_pad", 0), attrs.get("pads"), F32)
+        if divisors.shape != tuple(out) or not divisors.flags.c_contiguous or not divisors.all():
+            return None
+        fn, counts = lib.rpcsrv_avgpool2d_f32, (divisors.ctypes.data,)
 
-    def max_pool(x):
+    def pooled(x):
         if type(x) is not np.ndarray or x.shape != xshape or x.dtype != F32 or not x.flags.c_contiguous \
                 or compiled.library() is not lib:
             return kernel(x, **attrs)
         y = np.empty(shape, F32)
-        if fn(x.ctypes.data, y.ctypes.data, *tail) != 0:
-            raise MemoryError("max pool: the compiled kernel could not allocate its scratch plane")
+        if fn(x.ctypes.data, y.ctypes.data, *counts, *tail) != 0:
+            raise MemoryError(f"{op}: the compiled kernel could not allocate its scratch plane")
         return y
 
-    return max_pool
+    pooled.__name__ = op
+    pooled.keep = divisors  # the divisors' pointer stays valid as long as the plan
+    return pooled
 
 
 def _add(kernel, attrs, inputs, shape, dtype):
@@ -292,5 +303,7 @@ def _takes(module, xshape, w, strides, dilations, group) -> bool:
 
 
 #: op -> planner(kernel, attrs, inputs, shape, dtype) -> planned function or None
-PLANNERS: dict[str, Planner] = {"conv": _conv, "max_pool": _max_pool, "add": _add, "sum": _add,
+PLANNERS: dict[str, Planner] = {"conv": _conv, "add": _add, "sum": _add,
+                                "max_pool": lambda *args: _pool("max_pool", *args),
+                                "average_pool": lambda *args: _pool("average_pool", *args),
                                 "scaled_conv": lambda *args: _conv(*args, scaled=True)}
