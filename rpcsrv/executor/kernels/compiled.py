@@ -135,6 +135,12 @@ def library() -> Optional[ctypes.CDLL]:
                 lib.rpcsrv_add_act_f32.restype = None
                 lib.rpcsrv_add_act_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 2 + [
                     ctypes.c_int, ctypes.c_float, ctypes.c_float]
+                for fn in (lib.rpcsrv_rows_block, lib.rpcsrv_pool_block):
+                    fn.restype = ctypes.c_int
+                    fn.argtypes = [ctypes.c_void_p] * (4 if fn is lib.rpcsrv_rows_block else 3)
+                lib.rpcsrv_bias_act_block.restype = lib.rpcsrv_add_act_block.restype = None
+                lib.rpcsrv_bias_act_block.argtypes = [ctypes.c_void_p] * 3
+                lib.rpcsrv_add_act_block.argtypes = [ctypes.c_void_p] * 5
                 lib.rpcsrv_sigmoid_f32.restype = None
                 lib.rpcsrv_sigmoid_f32.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
                 lib.rpcsrv_bias_act_f32.restype = None

@@ -266,6 +266,28 @@ int rpcsrv_conv2d_rows_f32(const float *x, const float *w, const float *bias, fl
     return conv_rows(x, w, bias, y, n, 1, c, h, wd, m, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, act, lo, hi, 1);
 }
 
+/* The rows kernels and the pools with their arguments in blocks made once per plan (kernels/plans.py): a
+ * ctypes call converts every argument it is given, 3 us for 23 of them and several times that inside a
+ * model run, where the interpreter's code is cold; these take 4.  p (longs; pointers fit a long on the
+ * LP64 and ILP32 boards): w, bias (0: none), n, c, h, wd, per group, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow,
+ * act, shuffle, dense (1: a stem, c channels in one group; 0: depthwise); f: lo, hi. */
+int rpcsrv_rows_block(const float *x, float *y, const long *p, const float *f) {
+    const float *w = (const float *)p[0], *bias = (const float *)p[1];
+    if (p[19]) return conv_rows(x, w, bias, y, p[2], 1, p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11],
+                                p[12], p[13], p[14], p[15], p[16], (int)p[17], f[0], f[1], 1);
+    return conv_rows(x, w, bias, y, p[2], p[3], 1, p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11], p[12],
+                     p[13], p[14], p[15], p[16], (int)p[17], f[0], f[1], p[18]);
+}
+
+/* p: counts (0: a max pool, else an average pool's divisors), n, c, h, wd, kh, kw, sh, sw, dh, dw, pt, pl,
+ * oh, ow */
+int rpcsrv_pool_block(const float *x, float *y, const long *p) {
+    if (p[0]) return rpcsrv_avgpool2d_f32(x, y, (const float *)p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7],
+                                          p[8], p[9], p[10], p[11], p[12], p[13], p[14]);
+    return rpcsrv_maxpool2d_f32(x, y, p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11], p[12],
+                                p[13], p[14]);
+}
+
 /* The same convolution with VW output channels side by side (small planes, where a plane's rows are too
  * short for the per-channel loops above): the padded input of VW channels is interleaved once, (PH, PW,
  * VW), so each tap of an output pixel is one vector load and one multiply-add for VW channels, at any

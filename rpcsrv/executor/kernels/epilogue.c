@@ -68,3 +68,13 @@ void rpcsrv_add_act_f32(const float *x, const float *r, const float *bias, float
     }
     if (act == ACT_SWISH) rpcsrv_sigmoid_f32(y, y, m * q, 1);
 }
+
+/* The two above with their arguments in blocks made once per plan (kernels/plans.py: a ctypes call's cost
+ * grows with its argument count).  p: bias (0: none), m, q, act; f: lo, hi.  bias_act runs on y in place. */
+void rpcsrv_bias_act_block(float *y, const long *p, const float *f) {
+    rpcsrv_bias_act_f32(y, (const float *)p[0], p[1], p[2], p[2], (int)p[3], f[0], f[1]);
+}
+
+void rpcsrv_add_act_block(const float *x, const float *r, float *y, const long *p, const float *f) {
+    rpcsrv_add_act_f32(x, r, (const float *)p[0], y, p[1], p[2], (int)p[3], f[0], f[1]);
+}

@@ -36,6 +36,7 @@ Every other step, or any step on a board without the compiled kernels, runs its 
 
 from __future__ import annotations
 
+import ctypes
 import math
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -67,6 +68,33 @@ def plan(op: str, kernel: Callable[..., Any], attrs: Mapping[str, Any], inputs: 
         return planner(kernel, dict(attrs), list(inputs), tuple(shape), np.dtype(dtype))
     except (ValueError, TypeError, KeyError):  # attributes the general kernel will report at the run
         return None
+
+
+def _address(a: np.ndarray) -> int:
+    """The address of a C-contiguous array's data: through ctypes' buffer view, 0.3 us against 1.1 us for
+    ``a.ctypes.data`` (read-only or empty arrays, which the view refuses, take the slower way)."""
+    try:
+        return _addressof(_char_view(a))
+    except (TypeError, ValueError, BufferError):
+        return a.ctypes.data
+
+
+_addressof, _char_view = ctypes.addressof, ctypes.c_char.from_buffer
+
+
+def _block(kind, values) -> tuple[Any, int]:
+    """A parameter block of a compiled kernel (``*_block`` in the C files): the ctypes array (kept alive
+    by the plan) and its address."""
+    arr = (kind * len(values))(*values)
+    return arr, ctypes.addressof(arr)
+
+
+def _in_use(lib) -> Callable[[], bool]:
+    """Whether ``lib`` is still the compiled library in use: a dict lookup per call (``compiled.library()``
+    re-reads the environment, 1 us; turning the kernels off by the environment takes effect for plans made
+    after it, and at once with ``compiled.reset()``)."""
+    state = compiled._state
+    return lambda: state.get("lib") is lib
 
 
 def _computed(spec: Any) -> Optional[tuple[tuple, np.dtype]]:
@@ -124,12 +152,12 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False):
             return None
     elif _takes(winograd, xshape, w, strides, dilations, group) and min(begin + end) >= 0:
         u = winograd.transformed_weights(w)  # Winograd, the bias and activation in its output transform
-        code = (act, lo, hi)
+        code, in_use = (act, lo, hi), _in_use(lib)
 
         def winograd_conv(x, w_in, b_in=None):
             y = None
             if w_in is w and b_in is b and type(x) is np.ndarray and x.shape == xshape and x.dtype == F32 \
-                    and compiled.library() is lib:
+                    and in_use():
                 y = winograd.compiled_winograd(x, u, bias, begin, end, code, lib)
             return general(x, w_in, b_in) if y is None else y
 
@@ -138,25 +166,27 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False):
     elif depthwise or (group == 1 and w.shape[2:] != (1, 1) and c * w.shape[2] * w.shape[3] <= ROWS_MAX_TAPS):
         # depthwise (any channel multiplier), or a dense conv of few input channels (a stem): the C rows kernel
         wc = np.ascontiguousarray(w)
-        if group == 1:
-            fn, per = lib.rpcsrv_conv2d_rows_f32, m
-        else:
-            per = m // c
-            fn = lib.rpcsrv_dwconv2d_packed_f32 if out[1] <= compiled.PACKED_MAX_WIDTH else lib.rpcsrv_dwconv2d_f32
-        tail = (n, c, h, wd, per, w.shape[2], w.shape[3], strides[0], strides[1], dilations[0], dilations[1],
-                begin[0], begin[1], out[0], out[1], act, lo, hi) + ((shuffle,) if fn is lib.rpcsrv_dwconv2d_f32 else ())
-        wptr = wc.ctypes.data
+        dense = group == 1
+        packed = not dense and out[1] <= compiled.PACKED_MAX_WIDTH
+        params, pptr = _block(ctypes.c_long, (
+            wc.ctypes.data, bptr or 0, n, c, h, wd, m if dense else m // c, w.shape[2], w.shape[3], strides[0],
+            strides[1], dilations[0], dilations[1], begin[0], begin[1], out[0], out[1], act, shuffle, int(dense)))
+        fparams, fptr = _block(ctypes.c_float, (lo, hi))
+        fn, in_use = lib.rpcsrv_rows_block, _in_use(lib)
 
         def rows(x, w_in, b_in=None):
             if w_in is not w or b_in is not b or type(x) is not np.ndarray or x.shape != xshape \
-                    or x.dtype != F32 or not x.flags.c_contiguous or compiled.library() is not lib:
+                    or x.dtype != F32 or not x.flags.c_contiguous or not in_use():
                 return general(x, w_in, b_in)
+            if packed:  # the channels-side-by-side form (boards where it measures better): its own call
+                return compiled.depthwise_conv2d(x, w, bias, strides, dilations, begin, out, activation, act_attrs,
+                                                 lib)
             y = np.empty(shape, F32)
-            if fn(x.ctypes.data, wptr, bptr, y.ctypes.data, *tail) != 0:
+            if fn(_address(x), _address(y), pptr, fptr) != 0:
                 raise MemoryError("depthwise conv: the compiled kernel could not allocate its scratch plane")
             return y
 
-        rows.keep = (wc, bias)  # the arrays the pointers point into live as long as the plan
+        rows.keep = (wc, bias, params, fparams)  # what the pointers point into lives as long as the plan
         return rows
     if (group == 1 or not scaled) and n == 1 and w.shape[2:] == (1, 1) and strides == (1, 1) \
             and begin == (0, 0) and out == (h, wd):
@@ -164,15 +194,18 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False):
         wmat = np.ascontiguousarray(w.reshape(m, c) if group == 1 else w.reshape(group, m // group, c // group))
         q = h * wd
         xview = (c, q) if group == 1 else (group, c // group, q)
-        epilogue = lib.rpcsrv_bias_act_f32 if (act or bias is not None) else None
+        epilogue = lib.rpcsrv_bias_act_block if (act or bias is not None) else None
+        params, pptr = _block(ctypes.c_long, (bptr or 0, m, q, act))
+        fparams, fptr = _block(ctypes.c_float, (lo, hi))
+        in_use = _in_use(lib)
 
         def ready(x, w_in, b_in) -> bool:
             return w_in is w and b_in is b and type(x) is np.ndarray and x.shape == xshape and x.dtype == F32 \
-                and x.flags.c_contiguous and compiled.library() is lib
+                and x.flags.c_contiguous and in_use()
 
         def finish(y):
             if epilogue is not None:
-                epilogue(y.ctypes.data, bptr, m, q, q, act, lo, hi)
+                epilogue(_address(y), pptr, fptr)
             return y.reshape(shape)
 
         if not scaled:
@@ -181,7 +214,7 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False):
                     return general(x, w_in, b_in)
                 return finish(np.matmul(wmat, x.reshape(xview)))
 
-            pointwise.keep = (wmat, bias)
+            pointwise.keep = (wmat, bias, params, fparams)
             return pointwise
         # the scale goes where it multiplies fewer values: the weights' M*C, or the input's C*H*W (the
         # small late maps of MobileNetV3/EfficientNet: 960 -> 160 at 7x7 scales 47k inputs, not 154k weights)
@@ -194,7 +227,7 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False):
                 return finish(np.matmul(wmat * s.reshape(1, c), x.reshape(c, q)))
             return finish(np.matmul(wmat, x.reshape(c, q) * s.reshape(c, 1)))
 
-        scaled_pointwise.keep = (wmat, bias)
+        scaled_pointwise.keep = (wmat, bias, params, fparams)
         return scaled_pointwise
     return None
 
@@ -219,27 +252,28 @@ def _pool(op, kernel, attrs, inputs, shape, dtype):
                                    auto_pad, attrs.get("ceil_mode", 0))
     if shape != tuple(xshape[:2]) + tuple(out) or min(out) < 1 or min(begin) < 0:
         return None
-    tail = (*xshape, *kernel_shape, *strides, *dilations, begin[0], begin[1], out[0], out[1])
     if op == "max_pool":
-        fn, counts, divisors = lib.rpcsrv_maxpool2d_f32, (), None
+        divisors = None
     else:
         divisors = pool.average_counts(xshape, kernel_shape, strides, dilations, begin, end, out, auto_pad,
                                        attrs.get("count_include_pad", 0), attrs.get("pads"), F32)
         if divisors.shape != tuple(out) or not divisors.flags.c_contiguous or not divisors.all():
             return None
-        fn, counts = lib.rpcsrv_avgpool2d_f32, (divisors.ctypes.data,)
+    params, pptr = _block(ctypes.c_long, (0 if divisors is None else divisors.ctypes.data, *xshape, *kernel_shape,
+                                          *strides, *dilations, begin[0], begin[1], out[0], out[1]))
+    fn, in_use = lib.rpcsrv_pool_block, _in_use(lib)
 
     def pooled(x):
         if type(x) is not np.ndarray or x.shape != xshape or x.dtype != F32 or not x.flags.c_contiguous \
-                or compiled.library() is not lib:
+                or not in_use():
             return kernel(x, **attrs)
         y = np.empty(shape, F32)
-        if fn(x.ctypes.data, y.ctypes.data, *counts, *tail) != 0:
+        if fn(_address(x), _address(y), pptr) != 0:
             raise MemoryError(f"{op}: the compiled kernel could not allocate its scratch plane")
         return y
 
     pooled.__name__ = op
-    pooled.keep = divisors  # the divisors' pointer stays valid as long as the plan
+    pooled.keep = (divisors, params)  # what the block points into lives as long as the plan
     return pooled
 
 
@@ -259,39 +293,43 @@ def _add(kernel, attrs, inputs, shape, dtype):
     specs = [_computed(spec) for spec in inputs]
     n, c = shape[:2]
     q = shape[2] * shape[3]
-    fn = lib.rpcsrv_add_act_f32
+    fn, in_use = lib.rpcsrv_add_act_block, _in_use(lib)
+    fparams, fptr = _block(ctypes.c_float, (lo, hi))
     if specs[0] == specs[1] == (shape, F32):  # a residual connection
         if act == 0:
             return None  # numpy's one contiguous pass is as good
+        params, pptr = _block(ctypes.c_long, (0, n * c, q, act))
 
         def residual(a, b):
             if type(a) is not np.ndarray or type(b) is not np.ndarray or a.shape != shape or b.shape != shape \
                     or a.dtype != F32 or b.dtype != F32 or not (a.flags.c_contiguous and b.flags.c_contiguous) \
-                    or compiled.library() is not lib:
+                    or not in_use():
                 return kernel(a, b, **attrs)
             y = np.empty(shape, F32)
-            fn(a.ctypes.data, b.ctypes.data, None, y.ctypes.data, n * c, q, act, lo, hi)
+            fn(_address(a), _address(b), _address(y), pptr, fptr)
             return y
 
+        residual.keep = (params, fparams)
         return residual
     k = 0 if specs[0] == (shape, F32) else 1 if specs[1] == (shape, F32) else None
     const = None if k is None else inputs[1 - k]
     if not isinstance(const, np.ndarray) or const.dtype != F32 or const.shape not in ((c, 1, 1), (1, c, 1, 1)):
         return None
     bias = np.ascontiguousarray(const.reshape(c))
-    bptr = bias.ctypes.data
+    params, pptr = _block(ctypes.c_long, (bias.ctypes.data, c, q, act))
 
     def channel_add(*args):
         x = args[k]
         if args[1 - k] is not const or type(x) is not np.ndarray or x.shape != shape or x.dtype != F32 \
-                or not x.flags.c_contiguous or compiled.library() is not lib:
+                or not x.flags.c_contiguous or not in_use():
             return kernel(*args, **attrs)
         y = np.empty(shape, F32)
+        xa, ya = _address(x), _address(y)
         for i in range(n):
-            fn(x.ctypes.data + i * c * q * 4, None, bptr, y.ctypes.data + i * c * q * 4, c, q, act, lo, hi)
+            fn(xa + i * c * q * 4, None, ya + i * c * q * 4, pptr, fptr)
         return y
 
-    channel_add.keep = bias
+    channel_add.keep = (bias, params, fparams)
     return channel_add
 
 
