@@ -50,10 +50,10 @@ static inline __attribute__((always_inline)) void taps_run(float *acc, const flo
                                                            const int nv, int act, float lo, float hi) {
     vf a[8];
 #pragma GCC unroll 8
-    for (int v = 0; v < nv; v++) a[v] = (vf){0} + bo;
+    for (int v = 0; v < nv; v++) a[v] = splat(bo);
     for (long t = 0; t < taps; t++) {
         const float *s = buf + off[t] + j0;
-        vf wt = (vf){0} + wo[t];
+        vf wt = splat(wo[t]);
 #pragma GCC unroll 8
         for (int v = 0; v < nv; v++) a[v] += wt * loadv(s + v * VW);
     }
@@ -127,6 +127,33 @@ static void fill_phases(const geom *g, float *dst, const float *src, long h, lon
 /* The rows kernel for a conv of g groups of cg input channels and mult outputs each (depthwise: cg = 1, g =
  * C; a dense conv of few input channels, a stem: g = 1, cg = C): the group's cg planes are split into
  * phases side by side, and an output's taps run over all of them (cg * kh * kw offsets). */
+/* Four outputs that read the same phase planes (a stem's output channels, a channel multiplier) at once:
+ * each input vector loaded feeds four multiply-adds, where one output at a time loads one vector per
+ * multiply-add and is bound by the loads (a stem's 27 taps read 12 phase planes from L2).  acc holds the
+ * four flat accumulators, `stride` apart; wo the four outputs' weights, t apart. */
+static inline __attribute__((always_inline)) void taps_run4(float *acc, long stride, const float *buf,
+                                                            const long *off, const float *wo, long t,
+                                                            const float *bo, long j0, const int nv, int act,
+                                                            float lo, float hi) {
+    vf a[4][2];
+    const vf zero = {0};
+    for (int k = 0; k < 4; k++) a[k][0] = a[k][1] = splat(bo[k]);
+    for (long tt = 0; tt < t; tt++) {
+        const float *s = buf + off[tt] + j0;
+        vf x0 = loadv(s), x1 = nv > 1 ? loadv(s + VW) : zero;
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            vf wk = splat(wo[k * t + tt]);
+            a[k][0] += wk * x0;
+            if (nv > 1) a[k][1] += wk * x1;
+        }
+    }
+    for (int k = 0; k < 4; k++) {
+        storev(acc + k * stride + j0, actv(a[k][0], act, lo, hi));
+        if (nv > 1) storev(acc + k * stride + j0 + VW, actv(a[k][1], act, lo, hi));
+    }
+}
+
 static int conv_rows(const float *x, const float *w, const float *bias, float *y,
                      long n, long g, long cg, long h, long wd, long mult, long kh, long kw,
                      long sh, long sw, long dh, long dw, long pt, long pl,
@@ -135,9 +162,9 @@ static int conv_rows(const float *x, const float *w, const float *bias, float *y
     if (geom_init(&gm, cg, h, wd, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow)) return -1;
     /* the phase planes of cg channels (zeroed once: every group writes the same positions), BLOCK values of
      * slack for the last block's reads, and the flat accumulator */
-    float *buf = calloc((size_t)(cg * gm.chplanes + BLOCK + gm.padded), sizeof(float));
+    float *buf = calloc((size_t)(cg * gm.chplanes + BLOCK + 4 * gm.padded), sizeof(float));
     if (!buf) { free(gm.off); return -1; }
-    float *acc = buf + cg * gm.chplanes + BLOCK;
+    float *acc = buf + cg * gm.chplanes + BLOCK;  /* four flat accumulators, padded apart */
     long t = cg * kh * kw, nvec = (gm.len + VW - 1) / VW;
     for (long b = 0; b < n; b++)
         for (long gi = 0; gi < g; gi++) {
@@ -146,7 +173,21 @@ static int conv_rows(const float *x, const float *w, const float *bias, float *y
             long src = shuffle > 1 ? (gi % shuffle) * (g / shuffle) + gi / shuffle : gi;
             for (long ci = 0; ci < cg; ci++)
                 fill_phases(&gm, buf + ci * gm.chplanes, x + (b * g * cg + src * cg + ci) * h * wd, h, wd, sw);
-            for (long m = 0; m < mult; m++) {
+            long m = 0;
+            for (; m + 4 <= mult; m += 4) {  /* outputs four at a time, then one at a time */
+                long o = gi * mult + m, v0 = 0;
+                float bo[4];
+                for (int k = 0; k < 4; k++) bo[k] = bias ? bias[o + k] : 0.f;
+                for (; v0 + 2 <= nvec; v0 += 2)
+                    taps_run4(acc, gm.padded, buf, gm.off, w + o * t, t, bo, v0 * VW, 2, act, lo, hi);
+                if (v0 < nvec) taps_run4(acc, gm.padded, buf, gm.off, w + o * t, t, bo, v0 * VW, 1, act, lo, hi);
+                for (int k = 0; k < 4; k++) {
+                    float *plane = y + (b * g * mult + o + k) * oh * ow;
+                    store(plane, acc + k * gm.padded, oh, ow, gm.qw);
+                    if (act == ACT_SWISH) rpcsrv_sigmoid_f32(plane, plane, oh * ow, 1);
+                }
+            }
+            for (; m < mult; m++) {
                 long o = gi * mult + m, v0 = 0;
                 const float *wo = w + o * t;
                 float bo = bias ? bias[o] : 0.f;

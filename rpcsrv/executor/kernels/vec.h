@@ -72,20 +72,24 @@ static inline float act1(float v, int act, float lo, float hi) {
     return v;
 }
 
+/* s in every lane: -0 + s is s for every s (0 + s is not, for s = -0), so the compiler makes this one
+ * broadcast, where (vf){0} + s costs a scalar add before it (in the multiply-add loops' every tap) */
+static inline vf splat(float s) { return -(vf){0} + s; }
+
 /* v where the mask is false, u where it is true (branch-free selects; NaN compares false, so stays) */
 static inline vf vselect(vmask m, vf u, vf v) { return (vf)(((vmask)u & m) | ((vmask)v & ~m)); }
 
 /* the fused activation on a vector of finished outputs (swish runs after, over the plane) */
 static inline vf actv(vf a, int act, float lo, float hi) {
-    const vf zero = {0}, one = zero + 1.f;
+    const vf zero = {0}, one = splat(1.f);
     if (act == ACT_RELU) return vselect(a < zero, zero, a);
     if (act == ACT_CLIP) {
-        vf l = zero + lo, h = zero + hi;
+        vf l = splat(lo), h = splat(hi);
         a = vselect(a < l, l, a);
         return vselect(a > h, h, a);
     }
     if (act == ACT_HARDSWISH) {
-        vf g = a * (zero + 1.f / 6.f) + (zero + 0.5f);
+        vf g = a * splat(1.f / 6.f) + splat(0.5f);
         g = vselect(g < zero, zero, g);
         g = vselect(g > one, one, g);
         return a * g;

@@ -81,7 +81,7 @@ int rpcsrv_wino_out_f32(const float *p, float *y, const float *bias, long n, lon
                 const float *q[16];
                 for (int k = 0; k < 16; k++) q[k] = src + k * k16;
                 long j = 0;
-                const vf vb = (vf){0} + bo;
+                const vf vb = splat(bo);
                 for (; j + VW <= tw; j += VW) {
                     vf r0[4], r1[4];
                     for (int s = 0; s < 4; s++) {  /* A^T m: the tiles' two rows, per column s */
