@@ -329,3 +329,24 @@ def test_planned_average_pool_matches_onnx_reference(case, include, c_kernels):
     fn = plans.plan("average_pool", pool.average_pool, attrs, [(x.shape, x.dtype)], want.shape, np.float32)
     assert fn is not None and fn.__name__ == "average_pool"
     _close(fn(x), want)
+
+
+@pytest.mark.parametrize("shape", [(1, 1280, 7, 7), (2, 3, 5, 1), (1, 4, 1, 1), (1, 8, 16, 16), (1, 5, 3, 7)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_planned_global_average_pool(shape, c_kernels):
+    """Row means (vector and scalar tails: 1, 15, 21, 49, 256 values) against onnx.reference."""
+    from onnx import TensorProto, helper
+    from onnx.reference import ReferenceEvaluator
+
+    from rpcsrv.executor.kernels import KERNELS
+
+    x = np.random.default_rng(2).standard_normal(shape).astype(np.float32) + 3
+    node = helper.make_node("GlobalAveragePool", ["x"], ["y"])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.DOUBLE, None)],
+                              [helper.make_tensor_value_info("y", TensorProto.DOUBLE, None)])
+    want = ReferenceEvaluator(helper.make_model(graph)).run(None, {"x": x.astype(np.float64)})[0]
+    fn = plans.plan("global_average_pool", KERNELS["global_average_pool"], {}, [(x.shape, x.dtype)], want.shape,
+                    np.float32)
+    assert fn is not None and fn.__name__ == "global_average_pool"
+    _close(fn(x), want)
+    _close(fn(np.asfortranarray(x)), want)  # not C-contiguous: the table kernel

@@ -29,6 +29,7 @@ Planned (float32, 2-D, compiled kernels in use, the activation one the C code ap
   the activation in the output transform;
 * Add/Sum of a 4-D tensor and a per-channel constant (a batch norm's shift) or a residual tensor, with a
   fused activation: one pass (``epilogue.c``);
+* GlobalAveragePool of 4-D float32 tensors (row means in one pass, ``epilogue.c``);
 * 2-D float32 MaxPools (no indices output) and AveragePools by the same phase planes (padding -inf or 0).
 
 Every other step, or any step on a board without the compiled kernels, runs its table kernel as before.
@@ -333,6 +334,29 @@ def _add(kernel, attrs, inputs, shape, dtype):
     return channel_add
 
 
+def _global_average_pool(kernel, attrs, inputs, shape, dtype):
+    """A plan for a float32 4-D GlobalAveragePool (``epilogue.c``'s row means), or None."""
+    x_spec = _computed(inputs[0]) if len(inputs) == 1 and not attrs else None
+    if x_spec is None or x_spec[1] != F32 or len(x_spec[0]) != 4 or dtype != F32 or not all(x_spec[0]):
+        return None
+    lib = compiled.library()
+    if lib is None:
+        return None
+    xshape = x_spec[0]
+    rows, q = xshape[0] * xshape[1], xshape[2] * xshape[3]
+    fn, in_use = lib.rpcsrv_row_mean_f32, _in_use(lib)
+
+    def global_average_pool(x):
+        if type(x) is not np.ndarray or x.shape != xshape or x.dtype != F32 or not x.flags.c_contiguous \
+                or not in_use():
+            return kernel(x)
+        y = np.empty(shape, F32)
+        fn(_address(x), _address(y), rows, q)
+        return y
+
+    return global_average_pool
+
+
 def _takes(module, xshape, w, strides, dilations, group) -> bool:
     """Whether the general conv would take the fast path of ``module`` for an input of ``xshape`` (asked
     with a zero-stride stand-in of that shape: no memory)."""
@@ -342,6 +366,7 @@ def _takes(module, xshape, w, strides, dilations, group) -> bool:
 
 #: op -> planner(kernel, attrs, inputs, shape, dtype) -> planned function or None
 PLANNERS: dict[str, Planner] = {"conv": _conv, "add": _add, "sum": _add,
+                                "global_average_pool": _global_average_pool,
                                 "max_pool": lambda *args: _pool("max_pool", *args),
                                 "average_pool": lambda *args: _pool("average_pool", *args),
                                 "scaled_conv": lambda *args: _conv(*args, scaled=True)}
