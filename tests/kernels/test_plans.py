@@ -350,3 +350,15 @@ def test_planned_global_average_pool(shape, c_kernels):
     assert fn is not None and fn.__name__ == "global_average_pool"
     _close(fn(x), want)
     _close(fn(np.asfortranarray(x)), want)  # not C-contiguous: the table kernel
+
+
+@pytest.mark.parametrize("shape", [(1, 96, 1, 1), (2, 3, 5), (1, 17)], ids=lambda s: "x".join(map(str, s)))
+def test_planned_sigmoid(shape, c_kernels):
+    from rpcsrv.executor.kernels import KERNELS
+
+    x = (np.random.default_rng(5).standard_normal(shape) * 8).astype(np.float32)
+    fn = plans.plan("sigmoid", KERNELS["sigmoid"], {}, [(x.shape, x.dtype)], x.shape, np.float32)
+    assert fn is not None and fn.__name__ == "sigmoid"
+    want = 1 / (1 + np.exp(-x.astype(np.float64)))
+    _close(fn(x), want)
+    assert plans.plan("sigmoid", KERNELS["sigmoid"], {}, [(x.shape, np.float64)], x.shape, np.float64) is None

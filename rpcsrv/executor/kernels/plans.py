@@ -29,7 +29,7 @@ Planned (float32, 2-D, compiled kernels in use, the activation one the C code ap
   the activation in the output transform;
 * Add/Sum of a 4-D tensor and a per-channel constant (a batch norm's shift) or a residual tensor, with a
   fused activation: one pass (``epilogue.c``);
-* GlobalAveragePool of 4-D float32 tensors (row means in one pass, ``epilogue.c``);
+* GlobalAveragePool of 4-D float32 tensors (row means in one pass, ``epilogue.c``), and Sigmoid;
 * 2-D float32 MaxPools (no indices output) and AveragePools by the same phase planes (padding -inf or 0).
 
 Every other step, or any step on a board without the compiled kernels, runs its table kernel as before.
@@ -357,6 +357,29 @@ def _global_average_pool(kernel, attrs, inputs, shape, dtype):
     return global_average_pool
 
 
+def _sigmoid(kernel, attrs, inputs, shape, dtype):
+    """A plan for a float32 Sigmoid (``sigmoid.c``; squeeze-and-excitation gates: small tensors, where the
+    table kernel's checks and conversions are most of the cost), or None."""
+    x_spec = _computed(inputs[0]) if len(inputs) == 1 and not attrs else None
+    if x_spec is None or x_spec != (shape, F32) or dtype != F32:
+        return None
+    lib = compiled.library()
+    if lib is None:
+        return None
+    count = math.prod(shape)
+    fn, in_use = lib.rpcsrv_sigmoid_f32, _in_use(lib)
+
+    def sigmoid(x):
+        if type(x) is not np.ndarray or x.shape != shape or x.dtype != F32 or not x.flags.c_contiguous \
+                or not in_use():
+            return kernel(x)
+        y = np.empty(shape, F32)
+        fn(_address(x), _address(y), count, 0)
+        return y
+
+    return sigmoid
+
+
 def _takes(module, xshape, w, strides, dilations, group) -> bool:
     """Whether the general conv would take the fast path of ``module`` for an input of ``xshape`` (asked
     with a zero-stride stand-in of that shape: no memory)."""
@@ -366,7 +389,7 @@ def _takes(module, xshape, w, strides, dilations, group) -> bool:
 
 #: op -> planner(kernel, attrs, inputs, shape, dtype) -> planned function or None
 PLANNERS: dict[str, Planner] = {"conv": _conv, "add": _add, "sum": _add,
-                                "global_average_pool": _global_average_pool,
+                                "global_average_pool": _global_average_pool, "sigmoid": _sigmoid,
                                 "max_pool": lambda *args: _pool("max_pool", *args),
                                 "average_pool": lambda *args: _pool("average_pool", *args),
                                 "scaled_conv": lambda *args: _conv(*args, scaled=True)}
