@@ -308,9 +308,6 @@ def test_planned_add(op, form, activation, c_kernels):
     want = ACTIVATIONS[activation](want) if name else want
     specs = [a if a is other and form != "residual" else (a.shape, a.dtype) for a in args]
     fn = plans.plan(op, KERNELS[op], attrs, specs, x.shape, np.float32)
-    if form == "residual" and not name:
-        assert fn is None  # numpy's one contiguous pass
-        return
     assert fn is not None and fn.__name__ in ("channel_add", "residual")
     _close(fn(*args), want)
     if form != "residual":  # another constant: the table kernel
@@ -362,3 +359,40 @@ def test_planned_sigmoid(shape, c_kernels):
     want = 1 / (1 + np.exp(-x.astype(np.float64)))
     _close(fn(x), want)
     assert plans.plan("sigmoid", KERNELS["sigmoid"], {}, [(x.shape, np.float64)], x.shape, np.float64) is None
+
+
+
+@pytest.mark.parametrize("attrs", [{}, {"alpha": 1 / 6, "beta": 0.5}], ids=["default", "hard_swish-gate"])
+def test_planned_hard_sigmoid(attrs, c_kernels):
+    """MobileNetV3's gates: clip(alpha * x + beta, 0, 1), NaN kept; float64 not planned."""
+    from rpcsrv.executor.kernels import KERNELS
+
+    x = (np.random.default_rng(6).standard_normal((1, 72, 1, 1)) * 8).astype(np.float32)
+    x[0, 3] = np.nan
+    fn = plans.plan("hard_sigmoid", KERNELS["hard_sigmoid"], attrs, [(x.shape, x.dtype)], x.shape, np.float32)
+    assert fn is not None and fn.__name__ == "hard_sigmoid"
+    want = np.clip(attrs.get("alpha", 0.2) * x.astype(np.float64) + attrs.get("beta", 0.5), 0, 1)
+    got = fn(x)
+    assert np.isnan(got[0, 3]) and np.isnan(want[0, 3])
+    _close(np.nan_to_num(got), np.nan_to_num(want))
+    assert plans.plan("hard_sigmoid", KERNELS["hard_sigmoid"], attrs, [(x.shape, np.float64)], x.shape,
+                      np.float64) is None
+
+
+def test_planned_views(c_kernels):
+    """Flatten and Reshape to a constant shape give a view of the declared shape; another input shape or
+    another shape constant runs the table kernel."""
+    from rpcsrv.executor.kernels import KERNELS
+
+    x = np.arange(24, dtype=np.float32).reshape(1, 6, 2, 2)
+    fn = plans.plan("flatten", KERNELS["flatten"], {"axis": 1}, [(x.shape, x.dtype)], (1, 24), np.float32)
+    assert fn.__name__ == "view" and np.shares_memory(fn(x), x)
+    np.testing.assert_array_equal(fn(x), KERNELS["flatten"](x, axis=1))
+    other = np.zeros((2, 3, 2, 2), np.float32)
+    assert fn(other).shape == (2, 12)
+    dims = np.array([1, 6, 4], np.int64)
+    fn = plans.plan("reshape", KERNELS["reshape"], {}, [(x.shape, x.dtype), dims], (1, 6, 4), np.float32)
+    np.testing.assert_array_equal(fn(x, dims), x.reshape(1, 6, 4))
+    np.testing.assert_array_equal(fn(x, np.array([6, 4], np.int64)), x.reshape(6, 4))
+    assert plans.plan("reshape", KERNELS["reshape"], {}, [(x.shape, x.dtype), ((3,), np.int64)], (1, 6, 4),
+                      np.float32) is None  # a computed shape

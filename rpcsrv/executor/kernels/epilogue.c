@@ -98,3 +98,13 @@ void rpcsrv_row_mean_f32(const float *x, float *y, long m, long q) {
         y[i] = t * scale;
     }
 }
+
+/* y = clip(a * x + b, lo, hi) over count values: HardSigmoid (MobileNetV3's squeeze-and-excitation gates)
+ * in one call, where numpy makes three passes and as many calls.  NaN stays NaN, as np.clip. */
+void rpcsrv_affine_clip_f32(const float *x, float *y, long count, float a, float b, float lo, float hi) {
+    for (long j = 0; j < count; j++) {
+        float v = a * x[j] + b;
+        v = v < lo ? lo : v;
+        y[j] = v > hi ? hi : v;
+    }
+}

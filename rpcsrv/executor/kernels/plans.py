@@ -27,9 +27,10 @@ Planned (float32, 2-D, compiled kernels in use, the activation one the C code ap
   ``scaled_conv``): the scale multiplies the weights or the input, whichever has fewer values.
 * 3x3 convs that take Winograd (``conv.fast_path``): the compiled transforms (``winograd.c``), the bias and
   the activation in the output transform;
-* Add/Sum of a 4-D tensor and a per-channel constant (a batch norm's shift) or a residual tensor, with a
-  fused activation: one pass (``epilogue.c``);
-* GlobalAveragePool of 4-D float32 tensors (row means in one pass, ``epilogue.c``), and Sigmoid;
+* Add/Sum of a 4-D tensor and a per-channel constant (a batch norm's shift) or a residual tensor, and the
+  fused activation if any: one pass (``epilogue.c``);
+* GlobalAveragePool of 4-D float32 tensors (row means in one pass, ``epilogue.c``), Sigmoid, HardSigmoid;
+* Flatten, and Reshape to a constant shape: a view of the declared shape;
 * 2-D float32 MaxPools (no indices output) and AveragePools by the same phase planes (padding -inf or 0).
 
 Every other step, or any step on a board without the compiled kernels, runs its table kernel as before.
@@ -296,9 +297,7 @@ def _add(kernel, attrs, inputs, shape, dtype):
     q = shape[2] * shape[3]
     fn, in_use = lib.rpcsrv_add_act_block, _in_use(lib)
     fparams, fptr = _block(ctypes.c_float, (lo, hi))
-    if specs[0] == specs[1] == (shape, F32):  # a residual connection
-        if act == 0:
-            return None  # numpy's one contiguous pass is as good
+    if specs[0] == specs[1] == (shape, F32):  # a residual connection (with or without an activation)
         params, pptr = _block(ctypes.c_long, (0, n * c, q, act))
 
         def residual(a, b):
@@ -380,6 +379,45 @@ def _sigmoid(kernel, attrs, inputs, shape, dtype):
     return sigmoid
 
 
+def _hard_sigmoid(kernel, attrs, inputs, shape, dtype):
+    """A plan for a float32 HardSigmoid (``epilogue.c``'s affine clip), or None."""
+    x_spec = _computed(inputs[0]) if len(inputs) == 1 and set(attrs) <= {"alpha", "beta"} else None
+    if x_spec is None or x_spec != (shape, F32) or dtype != F32:
+        return None
+    lib = compiled.library()
+    if lib is None:
+        return None
+    count, alpha, beta = math.prod(shape), float(attrs.get("alpha", 0.2)), float(attrs.get("beta", 0.5))
+    fn, in_use = lib.rpcsrv_affine_clip_f32, _in_use(lib)
+
+    def hard_sigmoid(x):
+        if type(x) is not np.ndarray or x.shape != shape or x.dtype != F32 or not x.flags.c_contiguous \
+                or not in_use():
+            return kernel(x, **attrs)
+        y = np.empty(shape, F32)
+        fn(_address(x), _address(y), count, alpha, beta, 0.0, 1.0)
+        return y
+
+    return hard_sigmoid
+
+
+def _view(kernel, attrs, inputs, shape, dtype):
+    """A plan for a Flatten, or a Reshape to a constant shape, of a computed input: a view of the declared
+    shape (the table kernel works out the same from the attributes and the shape input at every call)."""
+    x_spec = _computed(inputs[0]) if inputs else None
+    if x_spec is None or x_spec[1] != dtype or math.prod(x_spec[0]) != math.prod(shape) or any(
+            _computed(spec) is not None for spec in inputs[1:]):
+        return None
+    xshape = x_spec[0]
+
+    def view(x, *rest):
+        if type(x) is not np.ndarray or x.shape != xshape or rest and rest[0] is not inputs[1]:
+            return kernel(x, *rest, **attrs)
+        return x.reshape(shape)
+
+    return view
+
+
 def _takes(module, xshape, w, strides, dilations, group) -> bool:
     """Whether the general conv would take the fast path of ``module`` for an input of ``xshape`` (asked
     with a zero-stride stand-in of that shape: no memory)."""
@@ -390,6 +428,7 @@ def _takes(module, xshape, w, strides, dilations, group) -> bool:
 #: op -> planner(kernel, attrs, inputs, shape, dtype) -> planned function or None
 PLANNERS: dict[str, Planner] = {"conv": _conv, "add": _add, "sum": _add,
                                 "global_average_pool": _global_average_pool, "sigmoid": _sigmoid,
+                                "hard_sigmoid": _hard_sigmoid, "flatten": _view, "reshape": _view,
                                 "max_pool": lambda *args: _pool("max_pool", *args),
                                 "average_pool": lambda *args: _pool("average_pool", *args),
                                 "scaled_conv": lambda *args: _conv(*args, scaled=True)}
