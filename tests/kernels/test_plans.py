@@ -396,3 +396,25 @@ def test_planned_views(c_kernels):
     np.testing.assert_array_equal(fn(x, np.array([6, 4], np.int64)), x.reshape(6, 4))
     assert plans.plan("reshape", KERNELS["reshape"], {}, [(x.shape, x.dtype), ((3,), np.int64)], (1, 6, 4),
                       np.float32) is None  # a computed shape
+
+
+@pytest.mark.parametrize("trans_b", [0, 1])
+@pytest.mark.parametrize("activation", [(None, None), ("hard_swish", None), ("relu", None)], ids=lambda a: str(a[0]))
+def test_planned_gemm(trans_b, activation, c_kernels):
+    """A classifier's Gemm of one row (MobileNetV3's hard_swish head), bias and activation in one pass;
+    other weights, or two rows, run the table kernel."""
+    from rpcsrv.executor.kernels import KERNELS
+
+    rng = np.random.default_rng(trans_b)
+    a = rng.standard_normal((1, 40)).astype(np.float32)
+    w = rng.standard_normal((24, 40) if trans_b else (40, 24)).astype(np.float32)
+    c = rng.standard_normal(24).astype(np.float32)
+    name, _ = activation
+    attrs = {"transB": trans_b, **({"activation": name} if name else {})}
+    want = a.astype(np.float64) @ (w.T if trans_b else w) + c
+    want = ACTIVATIONS[activation](want) if name else want
+    fn = plans.plan("gemm", KERNELS["gemm"], attrs, [(a.shape, a.dtype), w, c], (1, 24), np.float32)
+    assert fn is not None and fn.__name__ == "gemm"
+    _close(fn(a, w, c), want)
+    _close(fn(a, w * 2, c), KERNELS["gemm"](a, w * 2, c, **attrs))
+    assert plans.plan("gemm", KERNELS["gemm"], attrs, [((2, 40), a.dtype), w, c], (2, 24), np.float32) is None

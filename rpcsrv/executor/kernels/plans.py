@@ -30,7 +30,7 @@ Planned (float32, 2-D, compiled kernels in use, the activation one the C code ap
 * Add/Sum of a 4-D tensor and a per-channel constant (a batch norm's shift) or a residual tensor, and the
   fused activation if any: one pass (``epilogue.c``);
 * GlobalAveragePool of 4-D float32 tensors (row means in one pass, ``epilogue.c``), Sigmoid, HardSigmoid;
-* Flatten, and Reshape to a constant shape: a view of the declared shape;
+* Flatten, and Reshape to a constant shape: a view of the declared shape; a classifier's Gemm (one row);
 * 2-D float32 MaxPools (no indices output) and AveragePools by the same phase planes (padding -inf or 0).
 
 Every other step, or any step on a board without the compiled kernels, runs its table kernel as before.
@@ -44,11 +44,9 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from . import compiled, pool, winograd
+from . import compiled, plans_ops, winograd
 from .conv import _geometry, _tup, fast_path
-from .windows import resolve_pads, spatial_attr
-
-F32 = np.dtype(np.float32)
+from .plan_support import F32, address, block, computed, in_use
 
 Planner = Callable[..., Optional[Callable[..., Any]]]
 #: dense convs with at most this many taps per output (C * KH * KW) run the C rows kernel (``dwconv.c``):
@@ -72,53 +70,19 @@ def plan(op: str, kernel: Callable[..., Any], attrs: Mapping[str, Any], inputs: 
         return None
 
 
-def _address(a: np.ndarray) -> int:
-    """The address of a C-contiguous array's data: through ctypes' buffer view, 0.3 us against 1.1 us for
-    ``a.ctypes.data`` (read-only or empty arrays, which the view refuses, take the slower way)."""
-    try:
-        return _addressof(_char_view(a))
-    except (TypeError, ValueError, BufferError):
-        return a.ctypes.data
-
-
-_addressof, _char_view = ctypes.addressof, ctypes.c_char.from_buffer
-
-
-def _block(kind, values) -> tuple[Any, int]:
-    """A parameter block of a compiled kernel (``*_block`` in the C files): the ctypes array (kept alive
-    by the plan) and its address."""
-    arr = (kind * len(values))(*values)
-    return arr, ctypes.addressof(arr)
-
-
-def _in_use(lib) -> Callable[[], bool]:
-    """Whether ``lib`` is still the compiled library in use: a dict lookup per call (``compiled.library()``
-    re-reads the environment, 1 us; turning the kernels off by the environment takes effect for plans made
-    after it, and at once with ``compiled.reset()``)."""
-    state = compiled._state
-    return lambda: state.get("lib") is lib
-
-
-def _computed(spec: Any) -> Optional[tuple[tuple, np.dtype]]:
-    """(shape, dtype) of a computed input, or None (a constant or an omitted input)."""
-    if isinstance(spec, tuple) and len(spec) == 2 and not isinstance(spec, np.ndarray):
-        return tuple(spec[0]), np.dtype(spec[1])
-    return None
-
-
 def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False):
     """A plan for a float32 2-D conv with constant weights (and bias), or None.  ``scaled``: the conv of
     ``scale_fold`` reading (x, s, w[, b]) for conv(x * s, w[, b]), s (1, C, 1, 1) computed."""
     sshape = None
     if scaled:
-        s_spec = _computed(inputs[1]) if len(inputs) in (3, 4) else None
+        s_spec = computed(inputs[1]) if len(inputs) in (3, 4) else None
         if s_spec is None or s_spec[1] != F32:
             return None
         sshape, inputs = s_spec[0], [inputs[0]] + inputs[2:]
     shuffle = attrs.get("input_shuffle", 1)
     if len(inputs) not in (2, 3) or dtype != F32 or type(shuffle) is not int:
         return None
-    x_spec = _computed(inputs[0])
+    x_spec = computed(inputs[0])
     w, b = inputs[1], inputs[2] if len(inputs) == 3 else None
     if x_spec is None or not isinstance(w, np.ndarray) or not (b is None or isinstance(b, np.ndarray)):
         return None
@@ -154,12 +118,12 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False):
             return None
     elif _takes(winograd, xshape, w, strides, dilations, group) and min(begin + end) >= 0:
         u = winograd.transformed_weights(w)  # Winograd, the bias and activation in its output transform
-        code, in_use = (act, lo, hi), _in_use(lib)
+        code, ready = (act, lo, hi), in_use(lib)
 
         def winograd_conv(x, w_in, b_in=None):
             y = None
             if w_in is w and b_in is b and type(x) is np.ndarray and x.shape == xshape and x.dtype == F32 \
-                    and in_use():
+                    and ready():
                 y = winograd.compiled_winograd(x, u, bias, begin, end, code, lib)
             return general(x, w_in, b_in) if y is None else y
 
@@ -170,21 +134,21 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False):
         wc = np.ascontiguousarray(w)
         dense = group == 1
         packed = not dense and out[1] <= compiled.PACKED_MAX_WIDTH
-        params, pptr = _block(ctypes.c_long, (
+        params, pptr = block(ctypes.c_long, (
             wc.ctypes.data, bptr or 0, n, c, h, wd, m if dense else m // c, w.shape[2], w.shape[3], strides[0],
             strides[1], dilations[0], dilations[1], begin[0], begin[1], out[0], out[1], act, shuffle, int(dense)))
-        fparams, fptr = _block(ctypes.c_float, (lo, hi))
-        fn, in_use = lib.rpcsrv_rows_block, _in_use(lib)
+        fparams, fptr = block(ctypes.c_float, (lo, hi))
+        fn, ready = lib.rpcsrv_rows_block, in_use(lib)
 
         def rows(x, w_in, b_in=None):
             if w_in is not w or b_in is not b or type(x) is not np.ndarray or x.shape != xshape \
-                    or x.dtype != F32 or not x.flags.c_contiguous or not in_use():
+                    or x.dtype != F32 or not x.flags.c_contiguous or not ready():
                 return general(x, w_in, b_in)
             if packed:  # the channels-side-by-side form (boards where it measures better): its own call
                 return compiled.depthwise_conv2d(x, w, bias, strides, dilations, begin, out, activation, act_attrs,
                                                  lib)
             y = np.empty(shape, F32)
-            if fn(_address(x), _address(y), pptr, fptr) != 0:
+            if fn(address(x), address(y), pptr, fptr) != 0:
                 raise MemoryError("depthwise conv: the compiled kernel could not allocate its scratch plane")
             return y
 
@@ -197,17 +161,17 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False):
         q = h * wd
         xview = (c, q) if group == 1 else (group, c // group, q)
         epilogue = lib.rpcsrv_bias_act_block if (act or bias is not None) else None
-        params, pptr = _block(ctypes.c_long, (bptr or 0, m, q, act))
-        fparams, fptr = _block(ctypes.c_float, (lo, hi))
-        in_use = _in_use(lib)
+        params, pptr = block(ctypes.c_long, (bptr or 0, m, q, act))
+        fparams, fptr = block(ctypes.c_float, (lo, hi))
+        lib_ready = in_use(lib)
 
         def ready(x, w_in, b_in) -> bool:
             return w_in is w and b_in is b and type(x) is np.ndarray and x.shape == xshape and x.dtype == F32 \
-                and x.flags.c_contiguous and in_use()
+                and x.flags.c_contiguous and lib_ready()
 
         def finish(y):
             if epilogue is not None:
-                epilogue(_address(y), pptr, fptr)
+                epilogue(address(y), pptr, fptr)
             return y.reshape(shape)
 
         if not scaled:
@@ -234,190 +198,6 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False):
     return None
 
 
-def _pool(op, kernel, attrs, inputs, shape, dtype):
-    """A plan for a float32 2-D MaxPool (without its indices output) or AveragePool (``dwconv.c``'s phase
-    planes; the average's divisors from ``pool.average_counts``), or None."""
-    x_spec = _computed(inputs[0]) if len(inputs) == 1 else None
-    if x_spec is None or x_spec[1] != F32 or len(x_spec[0]) != 4 or dtype != F32 or attrs.get("return_indices"):
-        return None
-    lib = compiled.library()
-    if lib is None:
-        return None
-    xshape = x_spec[0]
-    kernel_shape = attrs.get("kernel_shape")
-    if kernel_shape is None or len(kernel_shape) != 2:
-        return None
-    strides = spatial_attr(attrs.get("strides"), 2, 1, "strides", op)
-    dilations = spatial_attr(attrs.get("dilations"), 2, 1, "dilations", op)
-    auto_pad = attrs.get("auto_pad", "NOTSET")
-    begin, end, out = resolve_pads(op, xshape[2:], list(kernel_shape), strides, dilations, attrs.get("pads"),
-                                   auto_pad, attrs.get("ceil_mode", 0))
-    if shape != tuple(xshape[:2]) + tuple(out) or min(out) < 1 or min(begin) < 0:
-        return None
-    if op == "max_pool":
-        divisors = None
-    else:
-        divisors = pool.average_counts(xshape, kernel_shape, strides, dilations, begin, end, out, auto_pad,
-                                       attrs.get("count_include_pad", 0), attrs.get("pads"), F32)
-        if divisors.shape != tuple(out) or not divisors.flags.c_contiguous or not divisors.all():
-            return None
-    params, pptr = _block(ctypes.c_long, (0 if divisors is None else divisors.ctypes.data, *xshape, *kernel_shape,
-                                          *strides, *dilations, begin[0], begin[1], out[0], out[1]))
-    fn, in_use = lib.rpcsrv_pool_block, _in_use(lib)
-
-    def pooled(x):
-        if type(x) is not np.ndarray or x.shape != xshape or x.dtype != F32 or not x.flags.c_contiguous \
-                or not in_use():
-            return kernel(x, **attrs)
-        y = np.empty(shape, F32)
-        if fn(_address(x), _address(y), pptr) != 0:
-            raise MemoryError(f"{op}: the compiled kernel could not allocate its scratch plane")
-        return y
-
-    pooled.__name__ = op
-    pooled.keep = (divisors, params)  # what the block points into lives as long as the plan
-    return pooled
-
-
-def _add(kernel, attrs, inputs, shape, dtype):
-    """A plan for a float32 Add/Sum of a computed 4-D tensor and either a per-channel constant (C, 1, 1) or
-    another computed tensor of its shape, with a fused activation the C code applies (``epilogue.c``'s
-    ``rpcsrv_add_act_f32``: one pass), or None."""
-    if len(inputs) != 2 or dtype != F32 or len(shape) != 4 or set(attrs) - {"activation", "activation_attrs"}:
-        return None
-    lib = compiled.library()
-    if lib is None:
-        return None
-    activation, act_attrs = attrs.get("activation"), attrs.get("activation_attrs")
-    act, lo, hi = compiled._activation(activation, act_attrs)
-    if act == 0 and (activation is not None or act_attrs):
-        return None
-    specs = [_computed(spec) for spec in inputs]
-    n, c = shape[:2]
-    q = shape[2] * shape[3]
-    fn, in_use = lib.rpcsrv_add_act_block, _in_use(lib)
-    fparams, fptr = _block(ctypes.c_float, (lo, hi))
-    if specs[0] == specs[1] == (shape, F32):  # a residual connection (with or without an activation)
-        params, pptr = _block(ctypes.c_long, (0, n * c, q, act))
-
-        def residual(a, b):
-            if type(a) is not np.ndarray or type(b) is not np.ndarray or a.shape != shape or b.shape != shape \
-                    or a.dtype != F32 or b.dtype != F32 or not (a.flags.c_contiguous and b.flags.c_contiguous) \
-                    or not in_use():
-                return kernel(a, b, **attrs)
-            y = np.empty(shape, F32)
-            fn(_address(a), _address(b), _address(y), pptr, fptr)
-            return y
-
-        residual.keep = (params, fparams)
-        return residual
-    k = 0 if specs[0] == (shape, F32) else 1 if specs[1] == (shape, F32) else None
-    const = None if k is None else inputs[1 - k]
-    if not isinstance(const, np.ndarray) or const.dtype != F32 or const.shape not in ((c, 1, 1), (1, c, 1, 1)):
-        return None
-    bias = np.ascontiguousarray(const.reshape(c))
-    params, pptr = _block(ctypes.c_long, (bias.ctypes.data, c, q, act))
-
-    def channel_add(*args):
-        x = args[k]
-        if args[1 - k] is not const or type(x) is not np.ndarray or x.shape != shape or x.dtype != F32 \
-                or not x.flags.c_contiguous or not in_use():
-            return kernel(*args, **attrs)
-        y = np.empty(shape, F32)
-        xa, ya = _address(x), _address(y)
-        for i in range(n):
-            fn(xa + i * c * q * 4, None, ya + i * c * q * 4, pptr, fptr)
-        return y
-
-    channel_add.keep = (bias, params, fparams)
-    return channel_add
-
-
-def _global_average_pool(kernel, attrs, inputs, shape, dtype):
-    """A plan for a float32 4-D GlobalAveragePool (``epilogue.c``'s row means), or None."""
-    x_spec = _computed(inputs[0]) if len(inputs) == 1 and not attrs else None
-    if x_spec is None or x_spec[1] != F32 or len(x_spec[0]) != 4 or dtype != F32 or not all(x_spec[0]):
-        return None
-    lib = compiled.library()
-    if lib is None:
-        return None
-    xshape = x_spec[0]
-    rows, q = xshape[0] * xshape[1], xshape[2] * xshape[3]
-    fn, in_use = lib.rpcsrv_row_mean_f32, _in_use(lib)
-
-    def global_average_pool(x):
-        if type(x) is not np.ndarray or x.shape != xshape or x.dtype != F32 or not x.flags.c_contiguous \
-                or not in_use():
-            return kernel(x)
-        y = np.empty(shape, F32)
-        fn(_address(x), _address(y), rows, q)
-        return y
-
-    return global_average_pool
-
-
-def _sigmoid(kernel, attrs, inputs, shape, dtype):
-    """A plan for a float32 Sigmoid (``sigmoid.c``; squeeze-and-excitation gates: small tensors, where the
-    table kernel's checks and conversions are most of the cost), or None."""
-    x_spec = _computed(inputs[0]) if len(inputs) == 1 and not attrs else None
-    if x_spec is None or x_spec != (shape, F32) or dtype != F32:
-        return None
-    lib = compiled.library()
-    if lib is None:
-        return None
-    count = math.prod(shape)
-    fn, in_use = lib.rpcsrv_sigmoid_f32, _in_use(lib)
-
-    def sigmoid(x):
-        if type(x) is not np.ndarray or x.shape != shape or x.dtype != F32 or not x.flags.c_contiguous \
-                or not in_use():
-            return kernel(x)
-        y = np.empty(shape, F32)
-        fn(_address(x), _address(y), count, 0)
-        return y
-
-    return sigmoid
-
-
-def _hard_sigmoid(kernel, attrs, inputs, shape, dtype):
-    """A plan for a float32 HardSigmoid (``epilogue.c``'s affine clip), or None."""
-    x_spec = _computed(inputs[0]) if len(inputs) == 1 and set(attrs) <= {"alpha", "beta"} else None
-    if x_spec is None or x_spec != (shape, F32) or dtype != F32:
-        return None
-    lib = compiled.library()
-    if lib is None:
-        return None
-    count, alpha, beta = math.prod(shape), float(attrs.get("alpha", 0.2)), float(attrs.get("beta", 0.5))
-    fn, in_use = lib.rpcsrv_affine_clip_f32, _in_use(lib)
-
-    def hard_sigmoid(x):
-        if type(x) is not np.ndarray or x.shape != shape or x.dtype != F32 or not x.flags.c_contiguous \
-                or not in_use():
-            return kernel(x, **attrs)
-        y = np.empty(shape, F32)
-        fn(_address(x), _address(y), count, alpha, beta, 0.0, 1.0)
-        return y
-
-    return hard_sigmoid
-
-
-def _view(kernel, attrs, inputs, shape, dtype):
-    """A plan for a Flatten, or a Reshape to a constant shape, of a computed input: a view of the declared
-    shape (the table kernel works out the same from the attributes and the shape input at every call)."""
-    x_spec = _computed(inputs[0]) if inputs else None
-    if x_spec is None or x_spec[1] != dtype or math.prod(x_spec[0]) != math.prod(shape) or any(
-            _computed(spec) is not None for spec in inputs[1:]):
-        return None
-    xshape = x_spec[0]
-
-    def view(x, *rest):
-        if type(x) is not np.ndarray or x.shape != xshape or rest and rest[0] is not inputs[1]:
-            return kernel(x, *rest, **attrs)
-        return x.reshape(shape)
-
-    return view
-
-
 def _takes(module, xshape, w, strides, dilations, group) -> bool:
     """Whether the general conv would take the fast path of ``module`` for an input of ``xshape`` (asked
     with a zero-stride stand-in of that shape: no memory)."""
@@ -426,9 +206,11 @@ def _takes(module, xshape, w, strides, dilations, group) -> bool:
 
 
 #: op -> planner(kernel, attrs, inputs, shape, dtype) -> planned function or None
-PLANNERS: dict[str, Planner] = {"conv": _conv, "add": _add, "sum": _add,
-                                "global_average_pool": _global_average_pool, "sigmoid": _sigmoid,
-                                "hard_sigmoid": _hard_sigmoid, "flatten": _view, "reshape": _view,
-                                "max_pool": lambda *args: _pool("max_pool", *args),
-                                "average_pool": lambda *args: _pool("average_pool", *args),
+PLANNERS: dict[str, Planner] = {"conv": _conv, "add": plans_ops.add_plan, "sum": plans_ops.add_plan,
+                                "global_average_pool": plans_ops.global_average_pool_plan,
+                                "sigmoid": plans_ops.sigmoid_plan, "hard_sigmoid": plans_ops.hard_sigmoid_plan,
+                                "flatten": plans_ops.view_plan, "reshape": plans_ops.view_plan,
+                                "gemm": plans_ops.gemm_plan,
+                                "max_pool": lambda *args: plans_ops.pool_plan("max_pool", *args),
+                                "average_pool": lambda *args: plans_ops.pool_plan("average_pool", *args),
                                 "scaled_conv": lambda *args: _conv(*args, scaled=True)}
