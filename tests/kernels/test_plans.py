@@ -418,3 +418,16 @@ def test_planned_gemm(trans_b, activation, c_kernels):
     _close(fn(a, w, c), want)
     _close(fn(a, w * 2, c), KERNELS["gemm"](a, w * 2, c, **attrs))
     assert plans.plan("gemm", KERNELS["gemm"], attrs, [((2, 40), a.dtype), w, c], (2, 24), np.float32) is None
+
+
+def test_bad_attributes_leave_the_step_to_the_table_kernel(c_kernels):
+    """A plan is an optimisation: attributes it cannot read (the table kernel reports them at the run) give
+    no plan, never an error at load."""
+    x = np.zeros((1, 4, 6, 6), np.float32)
+    w = np.zeros((4, 1, 3, 3), np.float32)
+    for attrs in ({"group": 4, "strides": "x"}, {"group": 4, "pads": [1]}, {"group": 4, "dilations": [0, 1]},
+                  {"group": "four"}, {"kernel_shape": [5, 5], "group": 4}):
+        assert plans.plan("conv", conv, attrs, [(x.shape, x.dtype), w], (1, 4, 6, 6), np.float32) is None, attrs
+    assert plans.plan("max_pool", pool.max_pool, {"kernel_shape": None}, [(x.shape, x.dtype)], x.shape,
+                      np.float32) is None
+    assert plans.plan("conv", conv, {}, [None], (1,), np.float32) is None
