@@ -45,5 +45,5 @@ class BuildWithShims(build_py):
 
 CLIENT = [f"rpcsrv.{name}" for name in find_packages(include=["client", "client.*"])]
 setup(packages=find_packages(include=["rpcsrv", "rpcsrv.*"]) + CLIENT, package_dir={"rpcsrv.client": "client"},
-      package_data={"rpcsrv.native": ["*.c"], "rpcsrv.executor.kernels": ["*.c"]},  # C built on the board if need be
+      package_data={"rpcsrv.native": ["*.c"], "rpcsrv.executor.kernels": ["*.c", "*.h"]},  # C built on the board
       cmdclass={"build_py": BuildWithShims})

@@ -74,6 +74,9 @@ class SubgraphFunction:
             self.steps.append((node, in_place.get(node.id, kernels[node.op]), kattrs, key if shared else None,
                                last_of_key[key] == k, node.attrs.get("output_index", 0),
                                tuple(drops.get(k, ()))))
+        self._table_steps = list(self.steps)  # the kernels of the table, before any plan (``prepare``)
+        # kernels of the table, and the folded convs (planned as ``scaled_conv``); not the concat chains
+        self._plannable = {node.id for node in ops if node.id not in in_place or node.id in folded}
 
     def prepare(self) -> None:
         """Derive what kernels cache from the constants bound so far (``kernels.load_time``), so the
@@ -83,6 +86,21 @@ class SubgraphFunction:
         ops = self.graph.ops  # as declared (a folded conv's weights are scaled at each call: nothing to prepare)
         prepare_constants(ops, self.graph.nodes, self.constants,
                           [{k: v for k, v in node.attrs.items() if k not in RUNTIME_ATTRS} for node in ops])
+        self.steps = [self._planned(step) for step in self._table_steps]
+
+    def _planned(self, step: tuple) -> tuple:
+        """``step`` with its kernel bound to its node's shapes and constants when ``kernels.plans`` has a
+        plan for it (its attributes then go into the plan), else as it is."""
+        from .kernels.plans import plan
+
+        node, kernel, kattrs, key, last_of_key, index, drops = step
+        if key is not None or index != 0 or node.id not in self._plannable:
+            return step
+        nodes = self.graph.nodes
+        inputs = [self.constants[i] if i in self.constants else (nodes[i].shape, nodes[i].dtype) if i in nodes
+                  else None for i in node.inputs]
+        fn = plan(getattr(kernel, "plan_as", node.op), kernel, kattrs, inputs, node.shape, node.dtype)
+        return step if fn is None else (node, fn, {}, key, last_of_key, index, drops)
 
     def __call__(self, *args: Any) -> None:
         g, n_in, n_out = self.graph, len(self.inputs), len(self.outputs)

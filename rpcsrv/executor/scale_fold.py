@@ -52,6 +52,7 @@ def scaled(conv: Callable) -> Callable:
         w = np.asarray(w)
         return conv(x, w * np.asarray(s, w.dtype).reshape(1, w.shape[1], 1, 1), b, **attrs)
 
+    scaled_conv.plan_as = "scaled_conv"  # kernels.plans has a plan for it (the scale on the smaller side)
     return scaled_conv
 
 

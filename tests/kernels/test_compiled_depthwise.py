@@ -6,6 +6,8 @@ says why."""
 
 from __future__ import annotations
 
+import subprocess
+
 import numpy as np
 import pytest
 
@@ -21,14 +23,32 @@ CASES_2D = [c for c in CASES if len(c[3]) == 2] + [
 ]
 
 
-@pytest.fixture(params=["rows", "packed"])
-def c_kernels(request, monkeypatch):
+@pytest.fixture(scope="module")
+def generic_library(tmp_path_factory):
+    """The kernels built with plain ``-O3`` (no ``-march=native``): on x86_64 that is SSE2, 4-float vectors,
+    the vector width of NEON boards, where the bench machine's own build uses 8 (AVX)."""
+    need_program("cc", "the compiled depthwise kernel is built with the board's C compiler")
+    out = tmp_path_factory.mktemp("generic") / "libkernels-generic.so"
+    subprocess.run(["cc", "-O3", "-shared", "-fPIC", "-o", str(out), *map(str, compiled.SOURCES), "-lm"],
+                   check=True, capture_output=True)
+    return str(out)
+
+
+@pytest.fixture(params=["rows", "packed", "rows-generic"])
+def c_kernels(request, monkeypatch, generic_library):
     """The compiled kernel, in use (skips without a C compiler, fails under RPCSRV_REQUIRE_ALL=1), with
-    its per-channel rows loops or its channels-side-by-side (packed) loops for every width."""
+    its per-channel rows loops or its channels-side-by-side (packed) loops for every width; rows-generic:
+    the rows loops of a build without ``-march=native`` (4-float vectors on x86_64)."""
     monkeypatch.setattr(compiled, "PACKED_MAX_WIDTH", 10**9 if request.param == "packed" else 0)
     need_program("cc", "the compiled depthwise kernel is built with the board's C compiler")
     monkeypatch.delenv("RPCSRV_COMPILED_KERNELS", raising=False)
+    if request.param == "rows-generic":
+        monkeypatch.setenv("RPCSRV_KERNELS_LIB", generic_library)
+        request.addfinalizer(compiled.reset)  # the next test loads its own library again
+    compiled.reset()
     assert compiled.status()["in_use"], compiled.status()
+    if request.param == "rows-generic":
+        assert compiled.status()["library"] == generic_library
 
     def numpy_path(*args, **kwargs):
         raise AssertionError("the numpy depthwise kernel ran although the compiled one was in use")
@@ -154,7 +174,8 @@ def test_prebuilt_library(monkeypatch, tmp_path):
         compiled.reset()
         assert compiled.status() == {"in_use": True, "library": built,
                                      "reason": "compiled kernels in use (depthwise convolution, sigmoid, swish, "
-                                               "conv epilogue)"}
+                                               "conv epilogue, stem convolution, max and average pooling, "
+                                               "winograd transforms)"}
         monkeypatch.setenv("RPCSRV_KERNELS_LIB", str(tmp_path / "nowhere.so"))
         compiled.reset()
         state = compiled.status()

@@ -1,5 +1,6 @@
 """Winograd F(2x2, 3x3) against a direct float64 convolution on random data: its float32 error stays within
-a bound close to im2col's, for every channel count and geometry ``usable`` lets through."""
+a bound close to im2col's, for every channel count and geometry ``usable`` lets through, with the compiled
+transforms (``winograd.c``) and with the numpy ones."""
 
 from __future__ import annotations
 
@@ -14,12 +15,31 @@ from test_conv_paths import direct_conv
 BOUND = 2e-5
 
 
+@pytest.fixture(params=["compiled", "numpy"])
+def transforms(request, monkeypatch):
+    """The compiled transforms (skips without a C compiler; fails under RPCSRV_REQUIRE_ALL=1), or numpy's."""
+    from rpcsrv.executor.kernels import compiled
+    from conftest import need_program
+
+    calls = []
+    real = winograd._numpy_winograd
+    monkeypatch.setattr(winograd, "_numpy_winograd", lambda *a: calls.append(1) or real(*a))
+    if request.param == "compiled":
+        need_program("cc", "the compiled transforms are built with the board's C compiler")
+        monkeypatch.delenv("RPCSRV_COMPILED_KERNELS", raising=False)
+        assert compiled.status()["in_use"], compiled.status()
+    else:
+        monkeypatch.setenv("RPCSRV_COMPILED_KERNELS", "0")
+    yield
+    assert bool(calls) == (request.param == "numpy"), "the other transforms ran"
+
+
 @pytest.mark.parametrize("c,m,h,w,pads", [
     (48, 48, 14, 14, (1, 1, 1, 1)), (64, 64, 28, 28, (1, 1, 1, 1)), (128, 64, 15, 17, (1, 1, 1, 1)),
     (256, 48, 14, 14, (0, 0, 0, 0)), (128, 32, 56, 56, (1, 1, 1, 1)), (64, 80, 16, 13, (2, 0, 1, 1)),
     (winograd.MAX_CHANNELS, 48, 14, 14, (1, 1, 1, 1)), (192, 320, 7, 7, (1, 1, 1, 1)),
 ])
-def test_winograd_error_is_bounded_against_direct_convolution(c, m, h, w, pads):
+def test_winograd_error_is_bounded_against_direct_convolution(c, m, h, w, pads, transforms):
     rng = np.random.default_rng(c * m + h)
     x = rng.standard_normal((1, c, h, w)).astype(np.float32)
     wt = (rng.standard_normal((m, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32)

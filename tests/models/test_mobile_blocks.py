@@ -1,7 +1,8 @@
 """The depthwise family's blocks (``bench/zoo_mobile.py``: MobileNetV2's inverted residuals with ReLU6 as
 Clip, MobileNetV3's HardSwish and HardSigmoid squeeze-and-excitation, EfficientNet's SiLU and Sigmoid
 squeeze-and-excitation), at small sizes: the compiler fuses Clip, HardSwish and x * Sigmoid(x) into the
-convs, and the executor's results match onnxruntime with the compiled kernels and without them."""
+convs, and the executor's results match onnxruntime with the compiled kernels (every conv as a run plan,
+``kernels/plans.py``) and without them."""
 
 from __future__ import annotations
 
@@ -68,3 +69,8 @@ def test_mobile_blocks_match_onnxruntime(name, kernels, libraries, monkeypatch):
     ex.get_function("run")()
     got = ex.get_function("get_output")(0)
     np.testing.assert_allclose(got, want[0], rtol=1e-4, atol=1e-4 * np.abs(want[0]).max())
+    # every conv ran as a run plan (kernels/plans.py) with the compiled kernels, none without them
+    steps = [s for fn in ex._functions.values() for s in getattr(fn, "steps", ())]
+    convs = [s for s in steps if s[0].op == "conv"]
+    planned = [s for s in convs if getattr(s[1], "__module__", "") == "rpcsrv.executor.kernels.plans"]
+    assert len(planned) == len(convs) if kernels == "compiled" else not planned, (len(planned), len(convs))

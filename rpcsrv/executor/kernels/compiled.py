@@ -1,6 +1,8 @@
 """Compiled kernels: ``dwconv.c`` built with the board's C compiler at first use, cached, loaded by ctypes.
 
-(``epilogue.c``: a GEMM conv's bias and fused activation in one pass; ``sigmoid.c``: sigmoid and SiLU.)
+(``dwconv.c`` also has the stem convolution and max pooling on its phase planes; ``epilogue.c``: a GEMM
+conv's bias and fused activation in one pass; ``sigmoid.c``: sigmoid and SiLU; ``winograd.c``: Winograd's
+input and output transforms; ``vec.h``: their shared vector helpers.)
 
 Why: a depthwise conv is ``kernel_size`` multiply-adds per output with no reduction over channels, so
 numpy runs it as whole-array passes at memory speed (about 5 GFLOP/s here; ``depthwise.py``), while
@@ -11,8 +13,9 @@ board (its shim is built the same way).
 
 Where the library comes from, first found wins:
 
-1. ``RPCSRV_KERNELS_LIB=/path/libdwconv.so``: prebuilt (boards without a compiler; build it elsewhere
-   with ``cc -O3 -shared -fPIC -o libdwconv.so rpcsrv/executor/kernels/dwconv.c``);
+1. ``RPCSRV_KERNELS_LIB=/path/libkernels.so``: prebuilt (boards without a compiler; build it elsewhere
+   with ``cc -O3 -shared -fPIC -o libkernels.so dwconv.c sigmoid.c epilogue.c winograd.c -lm`` in
+   ``rpcsrv/executor/kernels``);
 2. the cache ``$RPCSRV_CACHE_DIR`` (default ``~/.cache/rpcsrv``), keyed by the sources' hash, the
    machine and the CPU's features (a compiler removed after the build leaves the cached library in use);
 3. built now with ``$RPCSRV_CC``, ``$CC``, ``cc``, ``gcc`` or ``clang`` (-O3 with ``-march=native``
@@ -37,7 +40,9 @@ from typing import Optional
 
 import numpy as np
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("dwconv.c", "sigmoid.c", "epilogue.c"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("dwconv.c", "sigmoid.c", "epilogue.c", "winograd.c"))
+#: included by the sources (hashed with them: a change rebuilds)
+HEADERS = (Path(__file__).with_name("vec.h"),)
 ENV_SWITCH = "RPCSRV_COMPILED_KERNELS"
 _lock = threading.Lock()
 _state: dict = {}  # "lib": the loaded library or None, "reason": why not, "path": where from
@@ -76,7 +81,7 @@ def _build() -> Path:
             raise OSError(f"RPCSRV_KERNELS_LIB={prebuilt} does not exist")
         return Path(prebuilt)
     cc = compiler()
-    source = b"".join(path.read_bytes() for path in SOURCES)
+    source = b"".join(path.read_bytes() for path in SOURCES + HEADERS)
     # not the compiler (a cached build serves without one); the CPU's features, since -march=native builds
     # for them (a cache dir shared by boards of one architecture but other CPUs)
     key = hashlib.sha256(source + platform.machine().encode() + _cpu_features()).hexdigest()[:16]
@@ -114,10 +119,32 @@ def library() -> Optional[ctypes.CDLL]:
             try:
                 path = _build()
                 lib = ctypes.CDLL(str(path))
-                for fn in (lib.rpcsrv_dwconv2d_f32, lib.rpcsrv_dwconv2d_packed_f32):
+                for fn in (lib.rpcsrv_dwconv2d_f32, lib.rpcsrv_dwconv2d_packed_f32, lib.rpcsrv_conv2d_rows_f32):
                     fn.restype = ctypes.c_int
                     fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 15 + [ctypes.c_int, ctypes.c_float,
                                                                                    ctypes.c_float]
+                lib.rpcsrv_dwconv2d_f32.argtypes += [ctypes.c_long]  # the input shuffle (1: none)
+                lib.rpcsrv_maxpool2d_f32.restype = ctypes.c_int
+                lib.rpcsrv_maxpool2d_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 14
+                lib.rpcsrv_avgpool2d_f32.restype = ctypes.c_int
+                lib.rpcsrv_avgpool2d_f32.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 14
+                lib.rpcsrv_wino_in_f32.restype = lib.rpcsrv_wino_out_f32.restype = ctypes.c_int
+                lib.rpcsrv_wino_in_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 8
+                lib.rpcsrv_wino_out_f32.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 6 + [
+                    ctypes.c_int, ctypes.c_float, ctypes.c_float]
+                lib.rpcsrv_add_act_f32.restype = None
+                lib.rpcsrv_add_act_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 2 + [
+                    ctypes.c_int, ctypes.c_float, ctypes.c_float]
+                for fn in (lib.rpcsrv_rows_block, lib.rpcsrv_pool_block):
+                    fn.restype = ctypes.c_int
+                    fn.argtypes = [ctypes.c_void_p] * (4 if fn is lib.rpcsrv_rows_block else 3)
+                lib.rpcsrv_bias_act_block.restype = lib.rpcsrv_add_act_block.restype = None
+                lib.rpcsrv_bias_act_block.argtypes = [ctypes.c_void_p] * 3
+                lib.rpcsrv_add_act_block.argtypes = [ctypes.c_void_p] * 5
+                lib.rpcsrv_row_mean_f32.restype = None
+                lib.rpcsrv_row_mean_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2
+                lib.rpcsrv_affine_clip_f32.restype = None
+                lib.rpcsrv_affine_clip_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] + [ctypes.c_float] * 4
                 lib.rpcsrv_sigmoid_f32.restype = None
                 lib.rpcsrv_sigmoid_f32.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
                 lib.rpcsrv_bias_act_f32.restype = None
@@ -137,7 +164,8 @@ def status() -> dict:
                 "library": None}
     lib = library()
     return {"in_use": lib is not None, "reason": _state.get("reason", "") if lib is None else
-            "compiled kernels in use (depthwise convolution, sigmoid, swish, conv epilogue)",
+            "compiled kernels in use (depthwise convolution, sigmoid, swish, conv epilogue, "
+            "stem convolution, max and average pooling, winograd transforms)",
             "library": _state.get("path")}
 
 
@@ -210,7 +238,8 @@ def depthwise_conv2d(x, w, bias, strides, dilations, begin, out, activation=None
     fn = lib.rpcsrv_dwconv2d_packed_f32 if out[1] <= PACKED_MAX_WIDTH else lib.rpcsrv_dwconv2d_f32
     rc = fn(x.ctypes.data, w.ctypes.data, None if b is None else b.ctypes.data, y.ctypes.data,
             n, c, h, wd, m // c, w.shape[2], w.shape[3], strides[0], strides[1],
-            dilations[0], dilations[1], begin[0], begin[1], out[0], out[1], act, lo, hi)
+            dilations[0], dilations[1], begin[0], begin[1], out[0], out[1], act, lo, hi,
+            *(() if fn is lib.rpcsrv_dwconv2d_packed_f32 else (1,)))
     if rc != 0:
         raise MemoryError("depthwise conv: the compiled kernel could not allocate its scratch plane")
     return y

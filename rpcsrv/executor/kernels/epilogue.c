@@ -4,9 +4,7 @@
  * fits in cache), and each pass runs numpy's per-call machinery; in MobileNetV2 that was 10-25% of every
  * 1x1 conv.  Built with dwconv.c by kernels/compiled.py; conv.py's numpy epilogue stays the fallback. */
 
-enum { ACT_NONE = 0, ACT_RELU = 1, ACT_CLIP = 2, ACT_HARDSWISH = 3, ACT_SWISH = 4 };
-
-void rpcsrv_sigmoid_f32(const float *x, float *y, long count, int times_x);
+#include "vec.h"
 
 void rpcsrv_bias_act_f32(float *y, const float *bias, long m, long q, long pitch, int act, float lo, float hi) {
     for (long i = 0; i < m; i++) {
@@ -33,4 +31,80 @@ void rpcsrv_bias_act_f32(float *y, const float *bias, long m, long q, long pitch
         if (act == ACT_SWISH && pitch != q) rpcsrv_sigmoid_f32(row, row, q, 1);
     }
     if (act == ACT_SWISH && pitch == q) rpcsrv_sigmoid_f32(y, y, m * q, 1);  /* one long run */
+}
+
+/* y = act(x + r + bias) for m rows of q values, contiguous: r (optional) the same shape as x (a residual
+ * connection, ResNet's Add/Sum + Relu), bias (optional) one value per row (DenseNet's batch-norm shift +
+ * Relu before each conv): one pass where numpy makes two or three (the broadcast add over rows of H*W
+ * values runs numpy's slow short-row loops).  x may be y (in place); swish runs after, over all of y. */
+void rpcsrv_add_act_f32(const float *x, const float *r, const float *bias, float *y, long m, long q, int act,
+                        float lo, float hi) {
+    for (long i = 0; i < m; i++) {
+        const float *xi = x + i * q, *ri = r ? r + i * q : 0;
+        float *yi = y + i * q;
+        const float b = bias ? bias[i] : 0.f;
+        if (ri) {
+            for (long j = 0; j < q; j++) yi[j] = xi[j] + ri[j] + b;
+        } else {
+            for (long j = 0; j < q; j++) yi[j] = xi[j] + b;
+        }
+        if (act == ACT_RELU) {
+            for (long j = 0; j < q; j++) yi[j] = yi[j] < 0.f ? 0.f : yi[j];
+        } else if (act == ACT_CLIP) {
+            for (long j = 0; j < q; j++) {
+                float v = yi[j];
+                v = v < lo ? lo : v;
+                yi[j] = v > hi ? hi : v;
+            }
+        } else if (act == ACT_HARDSWISH) {
+            for (long j = 0; j < q; j++) {
+                float v = yi[j], g = v * (1.f / 6.f) + 0.5f;
+                g = g < 0.f ? 0.f : g;
+                yi[j] = v * (g > 1.f ? 1.f : g);
+            }
+        }
+    }
+    if (act == ACT_SWISH) rpcsrv_sigmoid_f32(y, y, m * q, 1);
+}
+
+/* The two above with their arguments in blocks made once per plan (kernels/plans.py: a ctypes call's cost
+ * grows with its argument count).  p: bias (0: none), m, q, act; f: lo, hi.  bias_act runs on y in place. */
+void rpcsrv_bias_act_block(float *y, const long *p, const float *f) {
+    rpcsrv_bias_act_f32(y, (const float *)p[0], p[1], p[2], p[2], (int)p[3], f[0], f[1]);
+}
+
+void rpcsrv_add_act_block(const float *x, const float *r, float *y, const long *p, const float *f) {
+    rpcsrv_add_act_f32(x, r, (const float *)p[0], y, p[1], p[2], (int)p[3], f[0], f[1]);
+}
+
+/* y[i] = the mean of row i of x (m rows of q values, contiguous): GlobalAveragePool over (N * C, H * W) in one
+ * pass, two vector accumulators per row.  numpy's product with a ones vector is a BLAS call, a divide and
+ * reshapes: 18-24 us each inside EfficientNet's run (its 16 squeeze-and-excitation blocks), 10 alone. */
+void rpcsrv_row_mean_f32(const float *x, float *y, long m, long q) {
+    const float scale = 1.f / (float)q;
+    for (long i = 0; i < m; i++) {
+        const float *xi = x + i * q;
+        vf a = {0}, b = {0};
+        long j = 0;
+        for (; j + 2 * VW <= q; j += 2 * VW) {
+            a += loadv(xi + j);
+            b += loadv(xi + j + VW);
+        }
+        if (j + VW <= q) { a += loadv(xi + j); j += VW; }
+        a += b;
+        float t = 0.f;
+        for (int k = 0; k < VW; k++) t += a[k];
+        for (; j < q; j++) t += xi[j];
+        y[i] = t * scale;
+    }
+}
+
+/* y = clip(a * x + b, lo, hi) over count values: HardSigmoid (MobileNetV3's squeeze-and-excitation gates)
+ * in one call, where numpy makes three passes and as many calls.  NaN stays NaN, as np.clip. */
+void rpcsrv_affine_clip_f32(const float *x, float *y, long count, float a, float b, float lo, float hi) {
+    for (long j = 0; j < count; j++) {
+        float v = a * x[j] + b;
+        v = v < lo ? lo : v;
+        y[j] = v > hi ? hi : v;
+    }
 }

@@ -309,15 +309,21 @@ def average_pool(x, *, auto_pad: str = "NOTSET", ceil_mode: int = 0, count_inclu
         # one window over the whole input (old exports' global pooling): the global mean
         return _spatial_mean(x.astype(ct, copy=False), tuple(range(2, x.ndim))).astype(x.dtype, copy=False)
     total = _pool_reduce(x.astype(ct, copy=False), kernel, strides, dilations, begin, end, out, 0, np.add)
+    total /= average_counts(x.shape, kernel, strides, dilations, begin, end, out, auto_pad, count_include_pad,
+                            pads, ct)
+    return total.astype(x.dtype, copy=False)
+
+
+def average_counts(xshape, kernel, strides, dilations, begin, end, out, auto_pad, count_include_pad, pads,
+                   dtype) -> np.ndarray:
+    """What each of AveragePool's outputs divides its sum by (O...), read-only, cached per geometry."""
     auto = auto_pad in ("SAME_UPPER", "SAME_LOWER")
     explicit = None if auto else pads
     if auto and count_include_pad:  # auto pads are real pads here
         explicit = list(begin) + list(end)
-    counts = _cached_counts(tuple(x.shape[2:]), k, tuple(kernel), tuple(strides), tuple(dilations), tuple(begin),
-                            tuple(end), tuple(out), bool(count_include_pad and auto_pad != "VALID"),
-                            None if explicit is None else tuple(int(v) for v in explicit), ct.str)
-    total /= counts
-    return total.astype(x.dtype, copy=False)
+    return _cached_counts(tuple(xshape[2:]), len(xshape) - 2, tuple(kernel), tuple(strides), tuple(dilations),
+                          tuple(begin), tuple(end), tuple(out), bool(count_include_pad and auto_pad != "VALID"),
+                          None if explicit is None else tuple(int(v) for v in explicit), np.dtype(dtype).str)
 
 
 @functools.lru_cache(maxsize=256)

@@ -7,6 +7,8 @@ Pad's ``pads``) are accepted both ways: the tensor input positionally, the attri
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .registry import bad, ints, norm_axis, register
@@ -188,8 +190,9 @@ def flatten(data, *, axis: int = 1):
     a = axis + x.ndim if axis < 0 else axis
     if not 0 <= a <= x.ndim:
         raise bad("flatten", f"axis {axis} out of range for rank {x.ndim}")
-    rows = int(np.prod(x.shape[:a]))
-    return x.reshape(rows, int(np.prod(x.shape[a:])))
+    # math.prod, not np.prod: a tuple through numpy's reduction machinery costs 7 us here, and 35-45 us
+    # right after a large conv (numpy's code and data evicted from the caches), on a reshape's own ~1 us
+    return x.reshape(math.prod(x.shape[:a]), math.prod(x.shape[a:]))
 
 
 @register("expand")

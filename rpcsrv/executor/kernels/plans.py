@@ -1,0 +1,216 @@
+"""Run plans: a step's work bound once per graph node, for the layers mobile networks are made of.
+
+A kernel of the table is a general function: each call checks and resolves its attributes, picks a path
+(fast paths, im2col, depthwise, compiled or numpy), converts and reshapes its operands, and only then
+computes.  That is 15-20 us of numpy and ctypes calls per conv measured alone, and much more inside a
+model run: right after a large conv has streamed megabytes through the caches, numpy's and the
+interpreter's own code and data are cold, and a small numpy call costs several times its warm price
+(a Flatten's ``np.prod`` of a shape tuple: 7 us alone, 35-45 us in MobileNetV2).  MobileNetV2 runs 52
+convs, MobileNetV3 62, so this fixed cost was a tenth of their run.
+
+So the ExampleJSON runtime asks :func:`plan` once per step, when the subgraph's constants are bound,
+for a function of the step's inputs with everything that depends only on the node's declared shapes,
+attributes and constant weights worked out: the path, the reshaped weights, the compiled kernel's
+arguments.  A planned call checks that its inputs are what the plan was made for (the declared shape and
+dtype, C-contiguous, the very constant arrays it bound, the compiled library still in use) and else
+runs the general kernel, so a plan changes no result and never refuses a call the kernel would take.
+
+Planned (float32, 2-D, compiled kernels in use, the activation one the C code applies):
+
+* depthwise convs (``compiled.depthwise_conv2d``'s C kernel, called with its arguments ready; ShuffleNet's
+  channel shuffle composite read in place, no shuffled copy), and dense
+  convs with few taps per output (stems: 3 channels, 3x3) by the same rows kernel (``ROWS_MAX_TAPS``);
+* 1x1 stride-1 unpadded convs of one image: the weights as an (M, C) matrix times the input read in place
+  as (C, H*W) (grouped: one batched product per group), then the compiled epilogue (bias and activation in
+  one pass);
+* the same convs with a squeeze-and-excitation scale folded in (``scale_fold``, planned as
+  ``scaled_conv``): the scale multiplies the weights or the input, whichever has fewer values.
+* 3x3 convs that take Winograd (``conv.fast_path``): the compiled transforms (``winograd.c``), the bias and
+  the activation in the output transform;
+* Add/Sum of a 4-D tensor and a per-channel constant (a batch norm's shift) or a residual tensor, and the
+  fused activation if any: one pass (``epilogue.c``);
+* GlobalAveragePool of 4-D float32 tensors (row means in one pass, ``epilogue.c``), Sigmoid, HardSigmoid;
+* Flatten, and Reshape to a constant shape: a view of the declared shape; a classifier's Gemm (one row);
+* 2-D float32 MaxPools (no indices output) and AveragePools by the same phase planes (padding -inf or 0).
+
+Every other step, or any step on a board without the compiled kernels, runs its table kernel as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from . import compiled, plans_ops, winograd
+from .conv import _geometry, _tup, fast_path
+from .plan_support import F32, address, block, computed, in_use
+
+Planner = Callable[..., Optional[Callable[..., Any]]]
+#: dense convs with at most this many taps per output (C * KH * KW) run the C rows kernel (``dwconv.c``):
+#: stems (3 channels, 3x3: 27).  Measured against im2col + GEMM, 1 thread, cold caches, us: 3 -> 32 3x3 s2
+#: at 224 545 / 713, 3 -> 16 302 / 517, 4 -> 32 at 56 156 / 245; even at 72 (8 -> 64 at 56, 522 / 557);
+#: a 7x7 stem (147) is a draw, 32 -> 64 3x3 (288) 1.18x slower
+ROWS_MAX_TAPS = 32
+
+
+def plan(op: str, kernel: Callable[..., Any], attrs: Mapping[str, Any], inputs: Sequence[Any],
+         shape: tuple, dtype: np.dtype) -> Optional[Callable[..., Any]]:
+    """A planned function of the step's inputs for op ``op`` (``kernel`` and its ``attrs``: the general
+    path it falls back on), or None.  ``inputs``: per input, the bound constant array, or a (shape, dtype)
+    pair for a computed one, or None for an omitted optional input; ``shape``/``dtype``: the node's own."""
+    planner = PLANNERS.get(op)
+    if planner is None:
+        return None
+    try:
+        return planner(kernel, dict(attrs), list(inputs), tuple(shape), np.dtype(dtype))
+    except Exception:  # noqa: BLE001 - a plan is an optimisation: any attribute or shape it cannot take (the
+        return None  # table kernel reports a bad one at the run) leaves the step to the table kernel
+
+
+def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False):
+    """A plan for a float32 2-D conv with constant weights (and bias), or None.  ``scaled``: the conv of
+    ``scale_fold`` reading (x, s, w[, b]) for conv(x * s, w[, b]), s (1, C, 1, 1) computed."""
+    sshape = None
+    if scaled:
+        s_spec = computed(inputs[1]) if len(inputs) in (3, 4) else None
+        if s_spec is None or s_spec[1] != F32:
+            return None
+        sshape, inputs = s_spec[0], [inputs[0]] + inputs[2:]
+    shuffle = attrs.get("input_shuffle", 1)
+    if len(inputs) not in (2, 3) or dtype != F32 or type(shuffle) is not int:
+        return None
+    x_spec = computed(inputs[0])
+    w, b = inputs[1], inputs[2] if len(inputs) == 3 else None
+    if x_spec is None or not isinstance(w, np.ndarray) or not (b is None or isinstance(b, np.ndarray)):
+        return None
+    xshape, xdtype = x_spec
+    if xdtype != F32 or w.dtype != F32 or len(xshape) != 4 or w.ndim != 4 or (b is not None and b.dtype != F32):
+        return None
+    lib = compiled.library()
+    if lib is None:
+        return None
+    group = int(attrs.get("group", 1))
+    strides, dilations, begin, end, out = _geometry(
+        xshape, w.shape, group, _tup(attrs.get("kernel_shape")), _tup(attrs.get("pads")),
+        _tup(attrs.get("strides")), _tup(attrs.get("dilations")), attrs.get("auto_pad", "NOTSET"))
+    n, c, h, wd = xshape
+    m = w.shape[0]
+    if shape != (n, m) + out or (b is not None and b.size != m) or shuffle < 1 or c % shuffle:
+        return None
+    activation, act_attrs = attrs.get("activation"), attrs.get("activation_attrs")
+    act, lo, hi = compiled._activation(activation, act_attrs)
+    if act == 0 and (activation is not None or act_attrs):
+        return None  # an activation the C code does not apply: the general kernel's job
+    bias = None if b is None else np.ascontiguousarray(b.reshape(m))
+    bptr = None if bias is None else bias.ctypes.data
+
+    def general(x, w_in, b_in=None):  # the table's kernel, for inputs the plan was not made for
+        return kernel(x, w_in, b_in, **attrs)
+
+    depthwise = w.shape[1] == 1 and group == c and group > 1
+    if shuffle != 1 and not (depthwise and m == c and out[1] > compiled.PACKED_MAX_WIDTH):
+        return None  # ShuffleNet's shuffle: only the depthwise rows kernel reads it in place
+    if scaled:
+        if group != 1 or math.prod(sshape) != c or sshape[-2:] != (1, 1):
+            return None
+    elif _takes(winograd, xshape, w, strides, dilations, group) and min(begin + end) >= 0:
+        u = winograd.transformed_weights(w)  # Winograd, the bias and activation in its output transform
+        code, ready = (act, lo, hi), in_use(lib)
+
+        def winograd_conv(x, w_in, b_in=None):
+            y = None
+            if w_in is w and b_in is b and type(x) is np.ndarray and x.shape == xshape and x.dtype == F32 \
+                    and ready():
+                y = winograd.compiled_winograd(x, u, bias, begin, end, code, lib)
+            return general(x, w_in, b_in) if y is None else y
+
+        winograd_conv.keep = (u, bias)
+        return winograd_conv
+    elif depthwise or (group == 1 and w.shape[2:] != (1, 1) and c * w.shape[2] * w.shape[3] <= ROWS_MAX_TAPS):
+        # depthwise (any channel multiplier), or a dense conv of few input channels (a stem): the C rows kernel
+        wc = np.ascontiguousarray(w)
+        dense = group == 1
+        packed = not dense and out[1] <= compiled.PACKED_MAX_WIDTH
+        params, pptr = block(ctypes.c_long, (
+            wc.ctypes.data, bptr or 0, n, c, h, wd, m if dense else m // c, w.shape[2], w.shape[3], strides[0],
+            strides[1], dilations[0], dilations[1], begin[0], begin[1], out[0], out[1], act, shuffle, int(dense)))
+        fparams, fptr = block(ctypes.c_float, (lo, hi))
+        fn, ready = lib.rpcsrv_rows_block, in_use(lib)
+
+        def rows(x, w_in, b_in=None):
+            if w_in is not w or b_in is not b or type(x) is not np.ndarray or x.shape != xshape \
+                    or x.dtype != F32 or not x.flags.c_contiguous or not ready():
+                return general(x, w_in, b_in)
+            if packed:  # the channels-side-by-side form (boards where it measures better): its own call
+                return compiled.depthwise_conv2d(x, w, bias, strides, dilations, begin, out, activation, act_attrs,
+                                                 lib)
+            y = np.empty(shape, F32)
+            if fn(address(x), address(y), pptr, fptr) != 0:
+                raise MemoryError("depthwise conv: the compiled kernel could not allocate its scratch plane")
+            return y
+
+        rows.keep = (wc, bias, params, fparams)  # what the pointers point into lives as long as the plan
+        return rows
+    if (group == 1 or not scaled) and n == 1 and w.shape[2:] == (1, 1) and strides == (1, 1) \
+            and begin == (0, 0) and out == (h, wd):
+        # grouped (ShuffleNet's): one batched product of (G, M/G, C/G) weights with the (G, C/G, H*W) input
+        wmat = np.ascontiguousarray(w.reshape(m, c) if group == 1 else w.reshape(group, m // group, c // group))
+        q = h * wd
+        xview = (c, q) if group == 1 else (group, c // group, q)
+        epilogue = lib.rpcsrv_bias_act_block if (act or bias is not None) else None
+        params, pptr = block(ctypes.c_long, (bptr or 0, m, q, act))
+        fparams, fptr = block(ctypes.c_float, (lo, hi))
+        lib_ready = in_use(lib)
+
+        def ready(x, w_in, b_in) -> bool:
+            return w_in is w and b_in is b and type(x) is np.ndarray and x.shape == xshape and x.dtype == F32 \
+                and x.flags.c_contiguous and lib_ready()
+
+        def finish(y):
+            if epilogue is not None:
+                epilogue(address(y), pptr, fptr)
+            return y.reshape(shape)
+
+        if not scaled:
+            def pointwise(x, w_in, b_in=None):
+                if not ready(x, w_in, b_in):
+                    return general(x, w_in, b_in)
+                return finish(np.matmul(wmat, x.reshape(xview)))
+
+            pointwise.keep = (wmat, bias, params, fparams)
+            return pointwise
+        # the scale goes where it multiplies fewer values: the weights' M*C, or the input's C*H*W (the
+        # small late maps of MobileNetV3/EfficientNet: 960 -> 160 at 7x7 scales 47k inputs, not 154k weights)
+        on_weights = m <= q
+
+        def scaled_pointwise(x, s, w_in, b_in=None):
+            if not ready(x, w_in, b_in) or type(s) is not np.ndarray or s.shape != sshape or s.dtype != F32:
+                return kernel(x, s, w_in, b_in, **attrs)
+            if on_weights:
+                return finish(np.matmul(wmat * s.reshape(1, c), x.reshape(c, q)))
+            return finish(np.matmul(wmat, x.reshape(c, q) * s.reshape(c, 1)))
+
+        scaled_pointwise.keep = (wmat, bias, params, fparams)
+        return scaled_pointwise
+    return None
+
+
+def _takes(module, xshape, w, strides, dilations, group) -> bool:
+    """Whether the general conv would take the fast path of ``module`` for an input of ``xshape`` (asked
+    with a zero-stride stand-in of that shape: no memory)."""
+    path = fast_path(np.broadcast_to(np.zeros((), F32), xshape), w, strides, dilations, group)
+    return path is not None and path.module is module
+
+
+#: op -> planner(kernel, attrs, inputs, shape, dtype) -> planned function or None
+PLANNERS: dict[str, Planner] = {"conv": _conv, "add": plans_ops.add_plan, "sum": plans_ops.add_plan,
+                                "global_average_pool": plans_ops.global_average_pool_plan,
+                                "sigmoid": plans_ops.sigmoid_plan, "hard_sigmoid": plans_ops.hard_sigmoid_plan,
+                                "flatten": plans_ops.view_plan, "reshape": plans_ops.view_plan,
+                                "gemm": plans_ops.gemm_plan,
+                                "max_pool": lambda *args: plans_ops.pool_plan("max_pool", *args),
+                                "average_pool": lambda *args: plans_ops.pool_plan("average_pool", *args),
+                                "scaled_conv": lambda *args: _conv(*args, scaled=True)}

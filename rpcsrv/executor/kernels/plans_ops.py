@@ -1,0 +1,240 @@
+"""Run plans for the ops around the convolutions (see ``plans.py``): pools, Add/Sum with an activation,
+GlobalAveragePool, Sigmoid, HardSigmoid, views (Flatten, Reshape) and a classifier's Gemm.  Each is a
+planner ``(kernel, attrs, inputs, shape, dtype) -> planned function or None``, as ``plans.PLANNERS`` lists."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+
+import numpy as np
+
+from . import compiled, pool
+from .plan_support import F32, address, block, computed, in_use
+from .windows import resolve_pads, spatial_attr
+
+
+def pool_plan(op, kernel, attrs, inputs, shape, dtype):
+    """A plan for a float32 2-D MaxPool (without its indices output) or AveragePool (``dwconv.c``'s phase
+    planes; the average's divisors from ``pool.average_counts``), or None."""
+    x_spec = computed(inputs[0]) if len(inputs) == 1 else None
+    if x_spec is None or x_spec[1] != F32 or len(x_spec[0]) != 4 or dtype != F32 or attrs.get("return_indices"):
+        return None
+    lib = compiled.library()
+    if lib is None:
+        return None
+    xshape = x_spec[0]
+    kernel_shape = attrs.get("kernel_shape")
+    if kernel_shape is None or len(kernel_shape) != 2:
+        return None
+    strides = spatial_attr(attrs.get("strides"), 2, 1, "strides", op)
+    dilations = spatial_attr(attrs.get("dilations"), 2, 1, "dilations", op)
+    auto_pad = attrs.get("auto_pad", "NOTSET")
+    begin, end, out = resolve_pads(op, xshape[2:], list(kernel_shape), strides, dilations, attrs.get("pads"),
+                                   auto_pad, attrs.get("ceil_mode", 0))
+    if shape != tuple(xshape[:2]) + tuple(out) or min(out) < 1 or min(begin) < 0:
+        return None
+    if op == "max_pool":
+        divisors = None
+    else:
+        divisors = pool.average_counts(xshape, kernel_shape, strides, dilations, begin, end, out, auto_pad,
+                                       attrs.get("count_include_pad", 0), attrs.get("pads"), F32)
+        if divisors.shape != tuple(out) or not divisors.flags.c_contiguous or not divisors.all():
+            return None
+    params, pptr = block(ctypes.c_long, (0 if divisors is None else divisors.ctypes.data, *xshape, *kernel_shape,
+                                          *strides, *dilations, begin[0], begin[1], out[0], out[1]))
+    fn, ready = lib.rpcsrv_pool_block, in_use(lib)
+
+    def pooled(x):
+        if type(x) is not np.ndarray or x.shape != xshape or x.dtype != F32 or not x.flags.c_contiguous \
+                or not ready():
+            return kernel(x, **attrs)
+        y = np.empty(shape, F32)
+        if fn(address(x), address(y), pptr) != 0:
+            raise MemoryError(f"{op}: the compiled kernel could not allocate its scratch plane")
+        return y
+
+    pooled.__name__ = op
+    pooled.keep = (divisors, params)  # what the block points into lives as long as the plan
+    return pooled
+
+
+def add_plan(kernel, attrs, inputs, shape, dtype):
+    """A plan for a float32 Add/Sum of a computed 4-D tensor and either a per-channel constant (C, 1, 1) or
+    another computed tensor of its shape, with a fused activation the C code applies (``epilogue.c``'s
+    ``rpcsrv_add_act_f32``: one pass), or None."""
+    if len(inputs) != 2 or dtype != F32 or len(shape) != 4 or set(attrs) - {"activation", "activation_attrs"}:
+        return None
+    lib = compiled.library()
+    if lib is None:
+        return None
+    activation, act_attrs = attrs.get("activation"), attrs.get("activation_attrs")
+    act, lo, hi = compiled._activation(activation, act_attrs)
+    if act == 0 and (activation is not None or act_attrs):
+        return None
+    specs = [computed(spec) for spec in inputs]
+    n, c = shape[:2]
+    q = shape[2] * shape[3]
+    fn, ready = lib.rpcsrv_add_act_block, in_use(lib)
+    fparams, fptr = block(ctypes.c_float, (lo, hi))
+    if specs[0] == specs[1] == (shape, F32):  # a residual connection (with or without an activation)
+        params, pptr = block(ctypes.c_long, (0, n * c, q, act))
+
+        def residual(a, b):
+            if type(a) is not np.ndarray or type(b) is not np.ndarray or a.shape != shape or b.shape != shape \
+                    or a.dtype != F32 or b.dtype != F32 or not (a.flags.c_contiguous and b.flags.c_contiguous) \
+                    or not ready():
+                return kernel(a, b, **attrs)
+            y = np.empty(shape, F32)
+            fn(address(a), address(b), address(y), pptr, fptr)
+            return y
+
+        residual.keep = (params, fparams)
+        return residual
+    k = 0 if specs[0] == (shape, F32) else 1 if specs[1] == (shape, F32) else None
+    const = None if k is None else inputs[1 - k]
+    if not isinstance(const, np.ndarray) or const.dtype != F32 or const.shape not in ((c, 1, 1), (1, c, 1, 1)):
+        return None
+    bias = np.ascontiguousarray(const.reshape(c))
+    params, pptr = block(ctypes.c_long, (bias.ctypes.data, c, q, act))
+
+    def channel_add(*args):
+        x = args[k]
+        if args[1 - k] is not const or type(x) is not np.ndarray or x.shape != shape or x.dtype != F32 \
+                or not x.flags.c_contiguous or not ready():
+            return kernel(*args, **attrs)
+        y = np.empty(shape, F32)
+        xa, ya = address(x), address(y)
+        for i in range(n):
+            fn(xa + i * c * q * 4, None, ya + i * c * q * 4, pptr, fptr)
+        return y
+
+    channel_add.keep = (bias, params, fparams)
+    return channel_add
+
+
+def global_average_pool_plan(kernel, attrs, inputs, shape, dtype):
+    """A plan for a float32 4-D GlobalAveragePool (``epilogue.c``'s row means), or None."""
+    x_spec = computed(inputs[0]) if len(inputs) == 1 and not attrs else None
+    if x_spec is None or x_spec[1] != F32 or len(x_spec[0]) != 4 or dtype != F32 or not all(x_spec[0]):
+        return None
+    lib = compiled.library()
+    if lib is None:
+        return None
+    xshape = x_spec[0]
+    rows, q = xshape[0] * xshape[1], xshape[2] * xshape[3]
+    fn, ready = lib.rpcsrv_row_mean_f32, in_use(lib)
+
+    def global_average_pool(x):
+        if type(x) is not np.ndarray or x.shape != xshape or x.dtype != F32 or not x.flags.c_contiguous \
+                or not ready():
+            return kernel(x)
+        y = np.empty(shape, F32)
+        fn(address(x), address(y), rows, q)
+        return y
+
+    return global_average_pool
+
+
+def sigmoid_plan(kernel, attrs, inputs, shape, dtype):
+    """A plan for a float32 Sigmoid (``sigmoid.c``; squeeze-and-excitation gates: small tensors, where the
+    table kernel's checks and conversions are most of the cost), or None."""
+    x_spec = computed(inputs[0]) if len(inputs) == 1 and not attrs else None
+    if x_spec is None or x_spec != (shape, F32) or dtype != F32:
+        return None
+    lib = compiled.library()
+    if lib is None:
+        return None
+    count = math.prod(shape)
+    fn, ready = lib.rpcsrv_sigmoid_f32, in_use(lib)
+
+    def sigmoid(x):
+        if type(x) is not np.ndarray or x.shape != shape or x.dtype != F32 or not x.flags.c_contiguous \
+                or not ready():
+            return kernel(x)
+        y = np.empty(shape, F32)
+        fn(address(x), address(y), count, 0)
+        return y
+
+    return sigmoid
+
+
+def hard_sigmoid_plan(kernel, attrs, inputs, shape, dtype):
+    """A plan for a float32 HardSigmoid (``epilogue.c``'s affine clip), or None."""
+    x_spec = computed(inputs[0]) if len(inputs) == 1 and set(attrs) <= {"alpha", "beta"} else None
+    if x_spec is None or x_spec != (shape, F32) or dtype != F32:
+        return None
+    lib = compiled.library()
+    if lib is None:
+        return None
+    count, alpha, beta = math.prod(shape), float(attrs.get("alpha", 0.2)), float(attrs.get("beta", 0.5))
+    fn, ready = lib.rpcsrv_affine_clip_f32, in_use(lib)
+
+    def hard_sigmoid(x):
+        if type(x) is not np.ndarray or x.shape != shape or x.dtype != F32 or not x.flags.c_contiguous \
+                or not ready():
+            return kernel(x, **attrs)
+        y = np.empty(shape, F32)
+        fn(address(x), address(y), count, alpha, beta, 0.0, 1.0)
+        return y
+
+    return hard_sigmoid
+
+
+def view_plan(kernel, attrs, inputs, shape, dtype):
+    """A plan for a Flatten, or a Reshape to a constant shape, of a computed input: a view of the declared
+    shape (the table kernel works out the same from the attributes and the shape input at every call)."""
+    x_spec = computed(inputs[0]) if inputs else None
+    if x_spec is None or x_spec[1] != dtype or math.prod(x_spec[0]) != math.prod(shape) or any(
+            computed(spec) is not None for spec in inputs[1:]):
+        return None
+    xshape = x_spec[0]
+
+    def view(x, *rest):
+        if type(x) is not np.ndarray or x.shape != xshape or rest and rest[0] is not inputs[1]:
+            return kernel(x, *rest, **attrs)
+        return x.reshape(shape)
+
+    return view
+
+
+def gemm_plan(kernel, attrs, inputs, shape, dtype):
+    """A plan for a float32 Gemm of one computed row with constant weights (a classifier): the product, then
+    the bias and the fused activation in one compiled pass (``epilogue.c``), or None."""
+    if len(inputs) not in (2, 3) or dtype != F32 or attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0 \
+            or attrs.get("beta", 1.0) != 1.0 or set(attrs) - {"alpha", "beta", "transA", "transB", "activation",
+                                                               "activation_attrs"}:
+        return None
+    a_spec, w, c = computed(inputs[0]), inputs[1], inputs[2] if len(inputs) == 3 else None
+    if a_spec is None or a_spec[1] != F32 or len(a_spec[0]) != 2 or a_spec[0][0] != 1 \
+            or not isinstance(w, np.ndarray) or w.dtype != F32 or w.ndim != 2:
+        return None
+    n = shape[1] if len(shape) == 2 else -1
+    if c is not None and (not isinstance(c, np.ndarray) or c.dtype != F32 or c.size != n or c.ndim > 2):
+        return None
+    lib = compiled.library()
+    if lib is None:
+        return None
+    act, lo, hi = compiled._activation(attrs.get("activation"), attrs.get("activation_attrs"))
+    if act == 0 and (attrs.get("activation") is not None or attrs.get("activation_attrs")):
+        return None
+    wmat = w.T if attrs.get("transB", 0) else w  # a transposed view: BLAS reads it as it is
+    if wmat.shape != (a_spec[0][1], n) or shape != (1, n):
+        return None
+    bias = None if c is None else np.ascontiguousarray(c.reshape(n))
+    params, pptr = block(ctypes.c_long, (0, 1, n, act))
+    fparams, fptr = block(ctypes.c_float, (lo, hi))
+    fn, ready, ashape = lib.rpcsrv_add_act_block, in_use(lib), a_spec[0]
+
+    def gemm(a, w_in, c_in=None):
+        if w_in is not w or c_in is not c or type(a) is not np.ndarray or a.shape != ashape or a.dtype != F32 \
+                or not ready():
+            return kernel(a, w_in, c_in, **attrs)
+        y = np.matmul(a, wmat)
+        if bias is not None or act:  # y + bias (a row of n), then the activation, in place
+            ya = address(y)
+            fn(ya, 0 if bias is None else bias.ctypes.data, ya, pptr, fptr)
+        return y
+
+    gemm.keep = (bias, params, fparams)
+    return gemm

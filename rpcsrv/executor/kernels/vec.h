@@ -1,0 +1,100 @@
+/* Vectors, selects and fused activations shared by the compiled kernels (dwconv.c, winograd.c): GCC's and
+ * clang's generic vector extension, so one source builds for x86_64 (SSE/AVX), aarch64 and armv7 (NEON, or
+ * scalar code where there is no SIMD).  kernels/compiled.py hashes this header with the sources. */
+#ifndef RPCSRV_VEC_H
+#define RPCSRV_VEC_H
+
+/* Vectors in GCC/clang's generic vector extension: 8 floats where the target has AVX, else 4 (SSE, NEON);
+ * (Plain loops left this to the
+ * auto-vectoriser, whose choices varied 3.6x with the flags.) */
+#if defined(__AVX__)
+#define VW 8
+#else
+#define VW 4
+#endif
+typedef float vf __attribute__((vector_size(VW * 4)));
+typedef float vfu __attribute__((vector_size(VW * 4), aligned(4), may_alias));
+typedef int vmask __attribute__((vector_size(VW * 4)));
+
+static inline vf loadv(const float *p) { return *(const vfu *)p; }
+/* the even lanes of a then b (a stride-2 column phase): one shuffle, not VW scalar moves */
+#if defined(__clang__)
+#if VW == 8
+#define EVENS(a, b) __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14)
+#else
+#define EVENS(a, b) __builtin_shufflevector(a, b, 0, 2, 4, 6)
+#endif
+#else
+#if VW == 8
+#define EVENS(a, b) __builtin_shuffle(a, b, (vmask){0, 2, 4, 6, 8, 10, 12, 14})
+#else
+#define EVENS(a, b) __builtin_shuffle(a, b, (vmask){0, 2, 4, 6})
+#endif
+#endif
+static inline void storev(float *p, vf v) { *(vfu *)p = v; }
+
+/* the odd lanes of a then b, and the lanes of a and b interleaved (low halves, high halves) */
+#if defined(__clang__)
+#if VW == 8
+#define ODDS(a, b) __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15)
+#define ZIPLO(a, b) __builtin_shufflevector(a, b, 0, 8, 1, 9, 2, 10, 3, 11)
+#define ZIPHI(a, b) __builtin_shufflevector(a, b, 4, 12, 5, 13, 6, 14, 7, 15)
+#else
+#define ODDS(a, b) __builtin_shufflevector(a, b, 1, 3, 5, 7)
+#define ZIPLO(a, b) __builtin_shufflevector(a, b, 0, 4, 1, 5)
+#define ZIPHI(a, b) __builtin_shufflevector(a, b, 2, 6, 3, 7)
+#endif
+#else
+#if VW == 8
+#define ODDS(a, b) __builtin_shuffle(a, b, (vmask){1, 3, 5, 7, 9, 11, 13, 15})
+#define ZIPLO(a, b) __builtin_shuffle(a, b, (vmask){0, 8, 1, 9, 2, 10, 3, 11})
+#define ZIPHI(a, b) __builtin_shuffle(a, b, (vmask){4, 12, 5, 13, 6, 14, 7, 15})
+#else
+#define ODDS(a, b) __builtin_shuffle(a, b, (vmask){1, 3, 5, 7})
+#define ZIPLO(a, b) __builtin_shuffle(a, b, (vmask){0, 4, 1, 5})
+#define ZIPHI(a, b) __builtin_shuffle(a, b, (vmask){2, 6, 3, 7})
+#endif
+#endif
+
+enum { ACT_NONE = 0, ACT_RELU = 1, ACT_CLIP = 2, ACT_HARDSWISH = 3, ACT_SWISH = 4 };
+
+/* sigmoid.c: y = x * sigmoid(x) (times_x 1), in place when y == x */
+void rpcsrv_sigmoid_f32(const float *x, float *y, long count, int times_x);
+
+static inline float act1(float v, int act, float lo, float hi) {
+    if (act == ACT_RELU) return v < 0.f ? 0.f : v;
+    if (act == ACT_CLIP) { v = v < lo ? lo : v; return v > hi ? hi : v; }
+    if (act == ACT_HARDSWISH) {
+        float g = v * (1.f / 6.f) + 0.5f;
+        g = g < 0.f ? 0.f : g;
+        return v * (g > 1.f ? 1.f : g);
+    }
+    return v;
+}
+
+/* s in every lane: -0 + s is s for every s (0 + s is not, for s = -0), so the compiler makes this one
+ * broadcast, where (vf){0} + s costs a scalar add before it (in the multiply-add loops' every tap) */
+static inline vf splat(float s) { return -(vf){0} + s; }
+
+/* v where the mask is false, u where it is true (branch-free selects; NaN compares false, so stays) */
+static inline vf vselect(vmask m, vf u, vf v) { return (vf)(((vmask)u & m) | ((vmask)v & ~m)); }
+
+/* the fused activation on a vector of finished outputs (swish runs after, over the plane) */
+static inline vf actv(vf a, int act, float lo, float hi) {
+    const vf zero = {0}, one = splat(1.f);
+    if (act == ACT_RELU) return vselect(a < zero, zero, a);
+    if (act == ACT_CLIP) {
+        vf l = splat(lo), h = splat(hi);
+        a = vselect(a < l, l, a);
+        return vselect(a > h, h, a);
+    }
+    if (act == ACT_HARDSWISH) {
+        vf g = a * splat(1.f / 6.f) + splat(0.5f);
+        g = vselect(g < zero, zero, g);
+        g = vselect(g > one, one, g);
+        return a * g;
+    }
+    return a;
+}
+
+#endif

@@ -1,0 +1,192 @@
+"""Run plans of the ops around the convolutions (``kernels/plans_ops.py``) against ``onnx.reference`` or
+float64: max and average pools on test_pool_paths' cases, Add/Sum with an activation, GlobalAveragePool,
+Sigmoid, HardSigmoid, views (Flatten, Reshape) and a classifier's Gemm; inputs a plan was not made for run
+the table kernel."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rpcsrv.executor.kernels import compiled, plans, pool
+from conftest import need_program
+from test_compiled_depthwise import ACTIVATIONS
+from test_plans import _close
+from test_pool_paths import CASES as POOL_CASES, ids as pool_ids, reference as pool_reference
+
+
+@pytest.fixture
+def c_kernels(monkeypatch):
+    need_program("cc", "plans call the compiled kernels, built with the board's C compiler")
+    monkeypatch.delenv("RPCSRV_COMPILED_KERNELS", raising=False)
+    compiled.reset()
+    assert compiled.status()["in_use"], compiled.status()
+    yield
+    compiled.reset()
+
+POOLS_2D = [c for c in POOL_CASES if len(c[0]) == 4]
+
+
+@pytest.mark.parametrize("case", POOLS_2D, ids=[pool_ids(c) for c in POOLS_2D])
+def test_planned_max_pool_matches_onnx_reference(case, c_kernels):
+    """The pool cases of test_pool_paths (strides, asymmetric and SAME pads, dilation, ceil_mode, batches),
+    by the compiled phase-plane kernel; NaN wins, as in numpy's maximum."""
+    shape, attrs = case
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    want = pool_reference("MaxPool", x, **attrs).astype(np.float32)
+    fn = plans.plan("max_pool", pool.max_pool, attrs, [(x.shape, x.dtype)], want.shape, np.float32)
+    assert fn is not None and fn.__name__ == "max_pool"
+    got = fn(x)
+    assert got.flags.c_contiguous
+    np.testing.assert_array_equal(got, want)
+    x.reshape(-1)[x.size // 2] = np.nan
+    np.testing.assert_array_equal(fn(x), pool.max_pool(x, **attrs))
+
+
+def test_max_pool_unplanned(c_kernels):
+    """The indices output, other dtypes and ranks stay the table kernel's."""
+    x = np.zeros((1, 2, 8, 8), np.float32)
+    attrs = dict(kernel_shape=[2, 2], strides=[2, 2])
+    assert plans.plan("max_pool", pool.max_pool, dict(attrs, return_indices=1), [(x.shape, x.dtype)],
+                      (1, 2, 4, 4), np.float32) is None
+    assert plans.plan("max_pool", pool.max_pool, attrs, [(x.shape, np.float64)], (1, 2, 4, 4), np.float64) is None
+    assert plans.plan("max_pool", pool.max_pool, dict(kernel_shape=[2], strides=[2]), [((1, 2, 8), x.dtype)],
+                      (1, 2, 4), np.float32) is None
+    fn = plans.plan("max_pool", pool.max_pool, attrs, [(x.shape, x.dtype)], (1, 2, 4, 4), np.float32)
+    other = np.arange(2 * 2 * 6 * 6, dtype=np.float32).reshape(2, 2, 6, 6)  # another shape: the table kernel
+    np.testing.assert_array_equal(fn(other), pool.max_pool(other, **attrs))
+
+
+ADD_ACTIVATIONS = [(None, None), ("relu", None), ("clip", (("min", 0.0), ("max", 6.0))), ("hard_swish", None),
+                   ("swish", None)]
+
+
+@pytest.mark.parametrize("op", ["add", "sum"])
+@pytest.mark.parametrize("form", ["channel", "channel-first", "channel-4d", "residual"])
+@pytest.mark.parametrize("activation", ADD_ACTIVATIONS, ids=lambda a: str(a[0]))
+def test_planned_add(op, form, activation, c_kernels):
+    """A per-channel constant (batch norm's shift, either operand, (C, 1, 1) or (1, C, 1, 1)) or a residual
+    tensor, added with the fused activation in one pass; two images; other operands: the table kernel."""
+    from rpcsrv.executor.kernels import KERNELS
+
+    rng = np.random.default_rng(len(form))
+    x = rng.standard_normal((2, 6, 5, 7)).astype(np.float32)
+    other = rng.standard_normal(x.shape if form == "residual" else (1, 6, 1, 1) if form == "channel-4d"
+                                else (6, 1, 1)).astype(np.float32) * 3
+    name, extra = activation
+    attrs = {**({"activation": name} if name else {}), **({"activation_attrs": dict(extra)} if extra else {})}
+    args = [other, x] if form == "channel-first" else [x, other]
+    want = x.astype(np.float64) + other
+    want = ACTIVATIONS[activation](want) if name else want
+    specs = [a if a is other and form != "residual" else (a.shape, a.dtype) for a in args]
+    fn = plans.plan(op, KERNELS[op], attrs, specs, x.shape, np.float32)
+    assert fn is not None and fn.__name__ in ("channel_add", "residual")
+    _close(fn(*args), want)
+    if form != "residual":  # another constant: the table kernel
+        swapped = [a * 2 if a is other else a for a in args]
+        _close(fn(*swapped), KERNELS[op](*swapped, **attrs))
+
+
+@pytest.mark.parametrize("include", [0, 1])
+@pytest.mark.parametrize("case", POOLS_2D, ids=[pool_ids(c) for c in POOLS_2D])
+def test_planned_average_pool_matches_onnx_reference(case, include, c_kernels):
+    """test_pool_paths' 2-D cases with and without count_include_pad (ceil_mode overhang never counts)."""
+    shape, attrs = case
+    attrs = dict(attrs, count_include_pad=include)
+    x = np.random.default_rng(4).standard_normal(shape).astype(np.float32)
+    want = pool_reference("AveragePool", x, **attrs)
+    fn = plans.plan("average_pool", pool.average_pool, attrs, [(x.shape, x.dtype)], want.shape, np.float32)
+    assert fn is not None and fn.__name__ == "average_pool"
+    _close(fn(x), want)
+
+
+@pytest.mark.parametrize("shape", [(1, 1280, 7, 7), (2, 3, 5, 1), (1, 4, 1, 1), (1, 8, 16, 16), (1, 5, 3, 7)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_planned_global_average_pool(shape, c_kernels):
+    """Row means (vector and scalar tails: 1, 15, 21, 49, 256 values) against onnx.reference."""
+    from onnx import TensorProto, helper
+    from onnx.reference import ReferenceEvaluator
+
+    from rpcsrv.executor.kernels import KERNELS
+
+    x = np.random.default_rng(2).standard_normal(shape).astype(np.float32) + 3
+    node = helper.make_node("GlobalAveragePool", ["x"], ["y"])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.DOUBLE, None)],
+                              [helper.make_tensor_value_info("y", TensorProto.DOUBLE, None)])
+    want = ReferenceEvaluator(helper.make_model(graph)).run(None, {"x": x.astype(np.float64)})[0]
+    fn = plans.plan("global_average_pool", KERNELS["global_average_pool"], {}, [(x.shape, x.dtype)], want.shape,
+                    np.float32)
+    assert fn is not None and fn.__name__ == "global_average_pool"
+    _close(fn(x), want)
+    _close(fn(np.asfortranarray(x)), want)  # not C-contiguous: the table kernel
+
+
+@pytest.mark.parametrize("shape", [(1, 96, 1, 1), (2, 3, 5), (1, 17)], ids=lambda s: "x".join(map(str, s)))
+def test_planned_sigmoid(shape, c_kernels):
+    from rpcsrv.executor.kernels import KERNELS
+
+    x = (np.random.default_rng(5).standard_normal(shape) * 8).astype(np.float32)
+    fn = plans.plan("sigmoid", KERNELS["sigmoid"], {}, [(x.shape, x.dtype)], x.shape, np.float32)
+    assert fn is not None and fn.__name__ == "sigmoid"
+    want = 1 / (1 + np.exp(-x.astype(np.float64)))
+    _close(fn(x), want)
+    assert plans.plan("sigmoid", KERNELS["sigmoid"], {}, [(x.shape, np.float64)], x.shape, np.float64) is None
+
+
+
+@pytest.mark.parametrize("attrs", [{}, {"alpha": 1 / 6, "beta": 0.5}], ids=["default", "hard_swish-gate"])
+def test_planned_hard_sigmoid(attrs, c_kernels):
+    """MobileNetV3's gates: clip(alpha * x + beta, 0, 1), NaN kept; float64 not planned."""
+    from rpcsrv.executor.kernels import KERNELS
+
+    x = (np.random.default_rng(6).standard_normal((1, 72, 1, 1)) * 8).astype(np.float32)
+    x[0, 3] = np.nan
+    fn = plans.plan("hard_sigmoid", KERNELS["hard_sigmoid"], attrs, [(x.shape, x.dtype)], x.shape, np.float32)
+    assert fn is not None and fn.__name__ == "hard_sigmoid"
+    want = np.clip(attrs.get("alpha", 0.2) * x.astype(np.float64) + attrs.get("beta", 0.5), 0, 1)
+    got = fn(x)
+    assert np.isnan(got[0, 3]) and np.isnan(want[0, 3])
+    _close(np.nan_to_num(got), np.nan_to_num(want))
+    assert plans.plan("hard_sigmoid", KERNELS["hard_sigmoid"], attrs, [(x.shape, np.float64)], x.shape,
+                      np.float64) is None
+
+
+def test_planned_views(c_kernels):
+    """Flatten and Reshape to a constant shape give a view of the declared shape; another input shape or
+    another shape constant runs the table kernel."""
+    from rpcsrv.executor.kernels import KERNELS
+
+    x = np.arange(24, dtype=np.float32).reshape(1, 6, 2, 2)
+    fn = plans.plan("flatten", KERNELS["flatten"], {"axis": 1}, [(x.shape, x.dtype)], (1, 24), np.float32)
+    assert fn.__name__ == "view" and np.shares_memory(fn(x), x)
+    np.testing.assert_array_equal(fn(x), KERNELS["flatten"](x, axis=1))
+    other = np.zeros((2, 3, 2, 2), np.float32)
+    assert fn(other).shape == (2, 12)
+    dims = np.array([1, 6, 4], np.int64)
+    fn = plans.plan("reshape", KERNELS["reshape"], {}, [(x.shape, x.dtype), dims], (1, 6, 4), np.float32)
+    np.testing.assert_array_equal(fn(x, dims), x.reshape(1, 6, 4))
+    np.testing.assert_array_equal(fn(x, np.array([6, 4], np.int64)), x.reshape(6, 4))
+    assert plans.plan("reshape", KERNELS["reshape"], {}, [(x.shape, x.dtype), ((3,), np.int64)], (1, 6, 4),
+                      np.float32) is None  # a computed shape
+
+
+@pytest.mark.parametrize("trans_b", [0, 1])
+@pytest.mark.parametrize("activation", [(None, None), ("hard_swish", None), ("relu", None)], ids=lambda a: str(a[0]))
+def test_planned_gemm(trans_b, activation, c_kernels):
+    """A classifier's Gemm of one row (MobileNetV3's hard_swish head), bias and activation in one pass;
+    other weights, or two rows, run the table kernel."""
+    from rpcsrv.executor.kernels import KERNELS
+
+    rng = np.random.default_rng(trans_b)
+    a = rng.standard_normal((1, 40)).astype(np.float32)
+    w = rng.standard_normal((24, 40) if trans_b else (40, 24)).astype(np.float32)
+    c = rng.standard_normal(24).astype(np.float32)
+    name, _ = activation
+    attrs = {"transB": trans_b, **({"activation": name} if name else {})}
+    want = a.astype(np.float64) @ (w.T if trans_b else w) + c
+    want = ACTIVATIONS[activation](want) if name else want
+    fn = plans.plan("gemm", KERNELS["gemm"], attrs, [(a.shape, a.dtype), w, c], (1, 24), np.float32)
+    assert fn is not None and fn.__name__ == "gemm"
+    _close(fn(a, w, c), want)
+    _close(fn(a, w * 2, c), KERNELS["gemm"](a, w * 2, c, **attrs))
+    assert plans.plan("gemm", KERNELS["gemm"], attrs, [((2, 40), a.dtype), w, c], (2, 24), np.float32) is None
