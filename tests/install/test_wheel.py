@@ -31,8 +31,10 @@ def test_the_wheel_holds_rpcsrv_only_with_the_shim_source_and_prebuilt_shims(bui
     assert tops == {"rpcsrv"}, f"top-level entries besides rpcsrv: {sorted(tops - {'rpcsrv'})}"
     assert any(n.startswith("rpcsrv/client/") for n in names), "the client tools install as rpcsrv.client"
     root = Path(__file__).resolve().parents[2]
-    sources = {str(p.relative_to(root)) for p in (root / "rpcsrv").rglob("*.c")}  # built on the board if need be
-    assert {"rpcsrv/native/shim.c", "rpcsrv/native/check_kernel.c", "rpcsrv/executor/kernels/dwconv.c"} <= sources
+    sources = {str(p.relative_to(root)) for ext in ("*.c", "*.h")  # built on the board if need be
+               for p in (root / "rpcsrv").rglob(ext)}
+    assert {"rpcsrv/native/shim.c", "rpcsrv/native/check_kernel.c", "rpcsrv/executor/kernels/dwconv.c",
+            "rpcsrv/executor/kernels/vec.h"} <= sources
     assert sources | {"rpcsrv/native/shimbuild.py"} <= set(names), sorted(sources - set(names))
     assert "rpcsrv/native/prebuilt/x86_64-linux-gnu/libshim.so" in names or not _x86_64()
     if os.environ.get("RPCSRV_PREBUILT_REQUIRE") == "1":  # CI: the cross compilers are there (.ci/run)
