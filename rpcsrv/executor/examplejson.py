@@ -18,6 +18,7 @@ import numpy as np
 from .concat_chain import chain_kernels
 from .examplejson_text import RUNTIME_ATTRS, ExampleJSONError, Kernel, Node, Subgraph, parse_examplejson
 from .runtime import STEP_HOOK, ExecutorError, RuntimeModule  # (STEP_HOOK: re-exported for the benches)
+from .residual_fold import fold_residuals
 from .scale_fold import fold_scales
 
 __all__ = ["STEP_HOOK", "ExampleJSONError", "ExampleJSONRuntime", "Node", "Subgraph", "SubgraphFunction",
@@ -49,6 +50,9 @@ class SubgraphFunction:
         self.outputs = [graph.nodes[i] for i in graph.outputs]
         # squeeze-and-excitation's Mul goes into the 1x1 conv that reads it (see scale_fold)
         ops, folded = fold_scales(graph, kernels)
+        # a residual Add goes into the 1x1 conv whose output it adds (see residual_fold)
+        ops, residuals = fold_residuals(graph, ops, kernels, set(folded))
+        folded.update(residuals)
         # ops that share op, inputs and attrs (the outputs of one multi-output op) run once per call
         kernel_attrs = [{k: v for k, v in node.attrs.items() if k not in RUNTIME_ATTRS} for node in ops]
         keys = [(node.op, node.inputs, json.dumps(kattrs, sort_keys=True))

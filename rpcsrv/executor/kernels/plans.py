@@ -70,10 +70,15 @@ def plan(op: str, kernel: Callable[..., Any], attrs: Mapping[str, Any], inputs: 
         return None  # table kernel reports a bad one at the run) leaves the step to the table kernel
 
 
-def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False):
+def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False, res: bool = False):
     """A plan for a float32 2-D conv with constant weights (and bias), or None.  ``scaled``: the conv of
-    ``scale_fold`` reading (x, s, w[, b]) for conv(x * s, w[, b]), s (1, C, 1, 1) computed."""
+    ``scale_fold`` reading (x, s, w[, b]) for conv(x * s, w[, b]), s (1, C, 1, 1) computed.  ``res``: the 1x1
+    conv of ``residual_fold`` reading (x, w, b, r) for act(conv(x, w, b) + r), r computed."""
     sshape = None
+    if res:
+        if len(inputs) != 4 or computed(inputs[3]) != (shape, F32):
+            return None
+        inputs = inputs[:3] if inputs[2] is not None else inputs[:2]
     if scaled:
         s_spec = computed(inputs[1]) if len(inputs) in (3, 4) else None
         if s_spec is None or s_spec[1] != F32:
@@ -107,12 +112,14 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False):
     bias = None if b is None else np.ascontiguousarray(b.reshape(m))
     bptr = None if bias is None else bias.ctypes.data
 
-    def general(x, w_in, b_in=None):  # the table's kernel, for inputs the plan was not made for
-        return kernel(x, w_in, b_in, **attrs)
+    def general(x, w_in, b_in=None, *r):  # the table's kernel, for inputs the plan was not made for
+        return kernel(x, w_in, b_in, *r, **attrs)
 
     depthwise = w.shape[1] == 1 and group == c and group > 1
     if shuffle != 1 and not (depthwise and m == c and out[1] > compiled.PACKED_MAX_WIDTH):
         return None  # ShuffleNet's shuffle: only the depthwise rows kernel reads it in place
+    if res and not (group == 1 and w.shape[2:] == (1, 1)):
+        return None  # the residual: only the 1x1 plan adds it in its epilogue
     if scaled:
         if group != 1 or math.prod(sshape) != c or sshape[-2:] != (1, 1):
             return None
@@ -174,6 +181,20 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False):
                 epilogue(address(y), pptr, fptr)
             return y.reshape(shape)
 
+        if res:  # bias, residual and activation in one pass over the product, in place
+            add_act = lib.rpcsrv_add_act_block
+
+            def residual_pointwise(x, w_in, b_in, r):
+                if not ready(x, w_in, b_in) or type(r) is not np.ndarray or r.shape != shape or r.dtype != F32 \
+                        or not r.flags.c_contiguous:
+                    return general(x, w_in, b_in, r)
+                y = np.matmul(wmat, x.reshape(xview))
+                ya = address(y)
+                add_act(ya, address(r), ya, pptr, fptr)
+                return y.reshape(shape)
+
+            residual_pointwise.keep = (wmat, bias, params, fparams)
+            return residual_pointwise
         if not scaled:
             def pointwise(x, w_in, b_in=None):
                 if not ready(x, w_in, b_in):
@@ -213,4 +234,5 @@ PLANNERS: dict[str, Planner] = {"conv": _conv, "add": plans_ops.add_plan, "sum":
                                 "gemm": plans_ops.gemm_plan,
                                 "max_pool": lambda *args: plans_ops.pool_plan("max_pool", *args),
                                 "average_pool": lambda *args: plans_ops.pool_plan("average_pool", *args),
-                                "scaled_conv": lambda *args: _conv(*args, scaled=True)}
+                                "scaled_conv": lambda *args: _conv(*args, scaled=True),
+                                "residual_conv": lambda *args: _conv(*args, res=True)}
