@@ -6,7 +6,13 @@
 
 #include "vec.h"
 
+void rpcsrv_bias_swish_f32(float *y, const float *bias, long m, long q, long pitch);  /* sigmoid.c */
+
 void rpcsrv_bias_act_f32(float *y, const float *bias, long m, long q, long pitch, int act, float lo, float hi) {
+    if (act == ACT_SWISH) {  /* the bias inside SiLU's one pass */
+        rpcsrv_bias_swish_f32(y, bias, m, q, pitch);
+        return;
+    }
     for (long i = 0; i < m; i++) {
         float *row = y + i * pitch;
         const float b = bias ? bias[i] : 0.f;
@@ -28,9 +34,7 @@ void rpcsrv_bias_act_f32(float *y, const float *bias, long m, long q, long pitch
         } else if (bias) {
             for (long j = 0; j < q; j++) row[j] += b;
         }
-        if (act == ACT_SWISH && pitch != q) rpcsrv_sigmoid_f32(row, row, q, 1);
     }
-    if (act == ACT_SWISH && pitch == q) rpcsrv_sigmoid_f32(y, y, m * q, 1);  /* one long run */
 }
 
 /* y = act(x + r + bias) for m rows of q values, contiguous: r (optional) the same shape as x (a residual

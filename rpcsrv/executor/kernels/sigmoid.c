@@ -44,17 +44,31 @@ static inline sf vexp(sf x) {
     return p * (sf)bits;
 }
 
-void rpcsrv_sigmoid_f32(const float *x, float *y, long count, int times_x) {
+/* y = sigmoid(x + b) (times_x 0) or (x + b) * sigmoid(x + b) (1) over count values; add_b 0: x as it is
+ * (no + 0, which would turn -0 into +0) */
+static void sigmoid_run(const float *x, float *y, long count, int times_x, int add_b, float b) {
     long k = 0;
     for (; k + SW <= count; k += SW) {
         sf v = *(const sfu *)(x + k);
+        if (add_b) v += b;
         sf s = 1.0f / (1.0f + vexp(-v));
         *(sfu *)(y + k) = times_x ? v * s : s;
     }
     for (; k < count; k++) {
-        float s = 1.0f / (1.0f + expf(-x[k]));
-        y[k] = times_x ? x[k] * s : s;
+        float v = add_b ? x[k] + b : x[k], s = 1.0f / (1.0f + expf(-v));
+        y[k] = times_x ? v * s : s;
     }
+}
+
+void rpcsrv_sigmoid_f32(const float *x, float *y, long count, int times_x) {
+    sigmoid_run(x, y, count, times_x, 0, 0.f);
+}
+
+/* y (m rows of q values, rows `pitch` apart), in place: SiLU of y + the row's bias (NULL: none), in one
+ * pass (a conv's epilogue with SiLU fused: EfficientNet's expand convs, where a bias pass and then a SiLU
+ * pass each read and wrote the expanded tensor) */
+void rpcsrv_bias_swish_f32(float *y, const float *bias, long m, long q, long pitch) {
+    for (long i = 0; i < m; i++) sigmoid_run(y + i * pitch, y + i * pitch, q, 1, bias != 0, bias ? bias[i] : 0.f);
 }
 #else
 void rpcsrv_sigmoid_f32(const float *x, float *y, long count, int times_x) {
@@ -62,5 +76,13 @@ void rpcsrv_sigmoid_f32(const float *x, float *y, long count, int times_x) {
         float s = 1.0f / (1.0f + expf(-x[k]));
         y[k] = times_x ? x[k] * s : s;
     }
+}
+
+void rpcsrv_bias_swish_f32(float *y, const float *bias, long m, long q, long pitch) {
+    for (long i = 0; i < m; i++)
+        for (long k = 0; k < q; k++) {
+            float v = y[i * pitch + k] + (bias ? bias[i] : 0.f);
+            y[i * pitch + k] = v / (1.0f + expf(-v));
+        }
 }
 #endif
