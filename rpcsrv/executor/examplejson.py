@@ -51,7 +51,7 @@ class SubgraphFunction:
         # squeeze-and-excitation's Mul goes into the 1x1 conv that reads it (see scale_fold)
         ops, folded = fold_scales(graph, kernels)
         # a residual Add goes into the 1x1 conv whose output it adds (see residual_fold)
-        ops, residuals = fold_residuals(graph, ops, kernels, set(folded))
+        ops, residuals = fold_residuals(graph, ops, kernels, folded)
         folded.update(residuals)
         # ops that share op, inputs and attrs (the outputs of one multi-output op) run once per call
         kernel_attrs = [{k: v for k, v in node.attrs.items() if k not in RUNTIME_ATTRS} for node in ops]

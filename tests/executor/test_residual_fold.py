@@ -150,3 +150,46 @@ def test_no_fold_where_it_would_be_wrong(case, kernels_mode):
     want = reference(x, r, wt, b, "relu", kernel=kernel, conv_act=kwargs.get("conv_act"))
     np.testing.assert_allclose(outs[0], want, rtol=1e-5, atol=1e-5)
     assert "add" in [step[0].op for step in fn.steps]
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("hw", [(7, 7), (3, 5)])  # the scale on the weights (M <= H*W) or on the input
+def test_scaled_projection_folds_too(hw, bias, kernels_mode):
+    """Squeeze-and-excitation's Mul (scale_fold), the 1x1 projection and the residual Add: one step,
+    onnx.reference's values (Mul, Conv, Add)."""
+    from onnx import TensorProto, helper
+    from onnx.reference import ReferenceEvaluator
+
+    h, w = hw
+    src = "\n".join(["blk", f"  input 0 1 {C} {h} {w}", f"  input 1 1 {C} 1 1", f"  input 2 1 {M} {h} {w}",
+                     f"  const 3 {M} {C} 1 1 name: w", f"  const 4 {M} name: b",
+                     f"  mul 5 inputs: 0 1 shape: 1 {C} {h} {w}",
+                     f"  conv 6 inputs: 5 3{' 4' if bias else ''} shape: 1 {M} {h} {w} attrs: "
+                     '{"kernel_shape": [1, 1], "pads": [0, 0, 0, 0]}',
+                     f"  add 7 inputs: 2 6 shape: 1 {M} {h} {w}", "  output 7"]) + "\n"
+    rng = np.random.default_rng(h + w)
+    wt, b = rng.standard_normal((M, C, 1, 1)).astype(np.float32), rng.standard_normal(M).astype(np.float32)
+    mod = ExampleJSONRuntime(src)
+    mod.bind("blk", {"w": wt, "b": b}, "test")
+    fn = mod.get_function("blk")
+    fn.prepare()
+    x, s = rng.standard_normal((1, C, h, w)).astype(np.float32), rng.random((1, C, 1, 1)).astype(np.float32)
+    r = rng.standard_normal((1, M, h, w)).astype(np.float32)
+    out = np.empty((1, M, h, w), np.float32)
+    fn(x, s, r, out)
+    nodes = [helper.make_node("Mul", ["x", "s"], ["xs"]),
+             helper.make_node("Conv", ["xs", "w"] + (["b"] if bias else []), ["c"], kernel_shape=[1, 1]),
+             helper.make_node("Add", ["r", "c"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+                                           for n in ("x", "s", "r", "w") + (("b",) if bias else ())],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    want = ReferenceEvaluator(model).run(None, {"x": x, "s": s, "r": r, "w": wt} | ({"b": b} if bias else {}))[0]
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    steps = [(step[0].op, getattr(step[1], "__name__", "")) for step in fn.steps]
+    if kernels_mode == "compiled":
+        assert steps == [("conv", "scaled_pointwise")]  # Mul, Conv and Add in one planned step
+        got = fn.steps[0][1](x, s.reshape(C, 1, 1), fn.constants[3], fn.constants[4] if bias else None, r)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)  # a scale it was not planned for
+    else:
+        assert [op for op, _ in steps] == ["conv", "add"]  # scale_fold only

@@ -75,10 +75,10 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False, res: bool =
     ``scale_fold`` reading (x, s, w[, b]) for conv(x * s, w[, b]), s (1, C, 1, 1) computed.  ``res``: the 1x1
     conv of ``residual_fold`` reading (x, w, b, r) for act(conv(x, w, b) + r), r computed."""
     sshape = None
-    if res:
-        if len(inputs) != 4 or computed(inputs[3]) != (shape, F32):
+    if res:  # the residual last, after the bias (None when absent)
+        if len(inputs) != 4 + scaled or computed(inputs[-1]) != (shape, F32):
             return None
-        inputs = inputs[:3] if inputs[2] is not None else inputs[:2]
+        inputs = inputs[:-1] if inputs[-2] is not None else inputs[:-2]
     if scaled:
         s_spec = computed(inputs[1]) if len(inputs) in (3, 4) else None
         if s_spec is None or s_spec[1] != F32:
@@ -184,14 +184,19 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False, res: bool =
         if res:  # bias, residual and activation in one pass over the product, in place
             add_act = lib.rpcsrv_add_act_block
 
-            def residual_pointwise(x, w_in, b_in, r):
-                if not ready(x, w_in, b_in) or type(r) is not np.ndarray or r.shape != shape or r.dtype != F32 \
-                        or not r.flags.c_contiguous:
-                    return general(x, w_in, b_in, r)
-                y = np.matmul(wmat, x.reshape(xview))
+            def finish_residual(y, r):
                 ya = address(y)
                 add_act(ya, address(r), ya, pptr, fptr)
                 return y.reshape(shape)
+
+            def r_ready(r) -> bool:
+                return type(r) is np.ndarray and r.shape == shape and r.dtype == F32 and r.flags.c_contiguous
+
+        if res and not scaled:
+            def residual_pointwise(x, w_in, b_in, r):
+                if not ready(x, w_in, b_in) or not r_ready(r):
+                    return general(x, w_in, b_in, r)
+                return finish_residual(np.matmul(wmat, x.reshape(xview)), r)
 
             residual_pointwise.keep = (wmat, bias, params, fparams)
             return residual_pointwise
@@ -207,12 +212,15 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False, res: bool =
         # small late maps of MobileNetV3/EfficientNet: 960 -> 160 at 7x7 scales 47k inputs, not 154k weights)
         on_weights = m <= q
 
-        def scaled_pointwise(x, s, w_in, b_in=None):
-            if not ready(x, w_in, b_in) or type(s) is not np.ndarray or s.shape != sshape or s.dtype != F32:
-                return kernel(x, s, w_in, b_in, **attrs)
+        def scaled_pointwise(x, s, w_in, b_in=None, *r):  # r: the residual (res) or nothing
+            if not ready(x, w_in, b_in) or type(s) is not np.ndarray or s.shape != sshape or s.dtype != F32 \
+                    or len(r) != res or (res and not r_ready(r[0])):
+                return kernel(x, s, w_in, b_in, *r, **attrs)
             if on_weights:
-                return finish(np.matmul(wmat * s.reshape(1, c), x.reshape(c, q)))
-            return finish(np.matmul(wmat, x.reshape(c, q) * s.reshape(c, 1)))
+                y = np.matmul(wmat * s.reshape(1, c), x.reshape(c, q))
+            else:
+                y = np.matmul(wmat, x.reshape(c, q) * s.reshape(c, 1))
+            return finish_residual(y, r[0]) if res else finish(y)
 
         scaled_pointwise.keep = (wmat, bias, params, fparams)
         return scaled_pointwise
@@ -235,4 +243,5 @@ PLANNERS: dict[str, Planner] = {"conv": _conv, "add": plans_ops.add_plan, "sum":
                                 "max_pool": lambda *args: plans_ops.pool_plan("max_pool", *args),
                                 "average_pool": lambda *args: plans_ops.pool_plan("average_pool", *args),
                                 "scaled_conv": lambda *args: _conv(*args, scaled=True),
-                                "residual_conv": lambda *args: _conv(*args, res=True)}
+                                "residual_conv": lambda *args: _conv(*args, res=True),
+                                "scaled_residual_conv": lambda *args: _conv(*args, scaled=True, res=True)}
