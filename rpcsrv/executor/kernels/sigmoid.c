@@ -27,12 +27,12 @@ static inline sf select(si mask, sf a, sf b) {  /* mask ? a : b, lane by lane */
 static inline sf vexp(sf x) {
     x = select(x > 88.3762626647949f, (sf){0} + 88.3762626647949f, x);
     x = select(x < -87.3365447504f, (sf){0} - 87.3365447504f, x);
-    sf fx = x * 1.44269504088896341f + 0.5f;
-    si n = __builtin_convertvector(fx, si);  /* truncation; floor below */
-    sf fn = __builtin_convertvector(n, sf);
-    si over = fn > fx;
-    n += over;  /* mask is -1 where truncation rounded up */
-    fn = __builtin_convertvector(n, sf);
+    /* n = x / ln 2 rounded to the nearest integer: added to 1.5 * 2^23, the sum's low mantissa bits are n
+     * (the same reduced range as Cephes' floor(x / ln 2 + 0.5), without its two conversions and fix-up) */
+    const sf magic = (sf){0} + 12582912.0f;
+    sf t = x * 1.44269504088896341f + magic;
+    sf fn = t - magic;
+    si n = (si)t - (si)magic;
     sf r = x - fn * 0.693359375f + fn * 2.12194440e-4f;
     sf p = 1.9875691500e-4f * r + 1.3981999507e-3f;
     p = p * r + 8.3333452784e-3f;
