@@ -48,6 +48,12 @@ def ours(eng: zoo_bench.Engines, repeat: int) -> dict[str, float]:
         for node in graph.ops if graph is not None else ():
             w = graph.nodes[node.inputs[1]].shape if node.op == "conv" else None
             kinds[(graph.name, node.id)] = conv_kind(node.attrs.get("group", 1), w[1], w[2:]) if w else node.op
+        for step in getattr(fn, "steps", ()):  # a conv folded with the Add after it runs under the Add's ID
+            node = step[0]
+            if node.op == "conv" and not kinds[(graph.name, node.id)].startswith("conv"):
+                w = next(graph.nodes[i].shape for i in node.inputs
+                         if i in graph.nodes and graph.nodes[i].kind == "const" and len(graph.nodes[i].shape) == 4)
+                kinds[(graph.name, node.id)] = conv_kind(node.attrs.get("group", 1), w[1], w[2:])
 
     def hook(graph, node, value, seconds):
         times[(graph, node.id)].append(seconds)
