@@ -24,7 +24,9 @@ Planned (float32, 2-D, compiled kernels in use, the activation one the C code ap
   as (C, H*W) (grouped: one batched product per group), then the compiled epilogue (bias and activation in
   one pass);
 * the same convs with a squeeze-and-excitation scale folded in (``scale_fold``, planned as
-  ``scaled_conv``): the scale multiplies the weights or the input, whichever has fewer values.
+  ``scaled_conv``): the scale multiplies the weights or the input, whichever has fewer values;
+* either with the residual Add after it folded in (``residual_fold``, planned as ``residual_conv`` or
+  ``scaled_residual_conv``): the residual, the bias and the activation in the one epilogue pass;
 * 3x3 convs that take Winograd (``conv.fast_path``): the compiled transforms (``winograd.c``), the bias and
   the activation in the output transform;
 * Add/Sum of a 4-D tensor and a per-channel constant (a batch norm's shift) or a residual tensor, and the
