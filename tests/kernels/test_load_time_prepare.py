@@ -81,9 +81,11 @@ def test_bound_constants_are_trusted_and_a_changed_weight_is_not():
         np.frombuffer(bytearray(16), np.float32))
 
 
-def test_only_the_path_conv_will_take_is_prepared():
-    """A few-output 3x3 conv runs as stacked taps (``taps.usable``), though Winograd would also take it:
-    load time prepares the taps' weights, not Winograd's."""
+def test_only_the_path_conv_will_take_is_prepared(monkeypatch):
+    """Without the compiled kernels a few-output 3x3 conv runs as stacked taps (``taps.usable``), though
+    Winograd would also take it: load time prepares the taps' weights, not Winograd's.  (With them, Winograd
+    goes first: ``test_winograd.py``.)"""
+    monkeypatch.setenv("RPCSRV_COMPILED_KERNELS", "0")
     from rpcsrv.executor.kernels import taps
 
     class N:

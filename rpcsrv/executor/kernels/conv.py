@@ -105,7 +105,10 @@ FAST_PATHS = (FastPath(taps, "taps_conv", "stacked"), FastPath(winograd, "winogr
 
 
 def fast_path(x, w, strides, dilations, group) -> Optional[FastPath]:
-    """The first fast path that takes this layer, or None (im2col or depthwise)."""
+    """The first fast path that takes this layer, or None (im2col or depthwise); Winograd first where its
+    compiled transforms beat the others (``winograd.preferred``)."""
+    if winograd.preferred(x, w, strides, dilations, group):
+        return FAST_PATHS[1]
     for path in FAST_PATHS:
         if path.usable(x, w, strides, dilations, group):
             return path

@@ -42,15 +42,42 @@ FEW_OUT_CHANNELS, FEW_OUT_MIN_TILES = 16, 400
 #: (16*M*C floats) stay cache-sized: measured 0.71-0.91x for 160-320 channel layers (Inception's 7x7
 #: ones), 1.03-1.19x for 384x384 and 512x512, 1.06-1.47x with fewer than 128 input or output channels
 SMALL_MIN_TILES, SMALL_MIN_OUT, SMALL_MIN_IN, SMALL_MAX_WEIGHTS = 16, 160, 128, 110_000
+#: with the compiled transforms (``winograd.c``) Winograd pays far more widely, and beats the stacked taps
+#: (``taps``) too: measured per layer with bias and relu, 1 thread, caches flushed, compiled Winograd /
+#: the path taken before (us): DenseNet's 128 -> 32 at 56, 28, 14, 7: 0.78, 0.59, 0.55, 0.57 of the taps;
+#: SqueezeNet's 32 -> 128 at 27 0.61 of im2col; 512 -> 128 at 14 0.53, 1024 -> 256 at 7 0.46 of the taps;
+#: 32 -> 32..128 at 7..56 0.47-0.77 of im2col; 48 -> 16 0.59-0.62.  Not with 16 input channels (up to 2.3x
+#: slower with 128 outputs), nor on small images with many channels both sides (256x256 at 7x7: 1.06)
+COMPILED_MIN_IN, COMPILED_MIN_OUT, COMPILED_SMALL_MAX_WEIGHTS = 32, 16, 32768
 #: largest input channels tested against the error bound
 MAX_CHANNELS = 1024
 #: set False to turn Winograd off (benchmarks compare both)
 ENABLED = True
 
+
 def usable(x: np.ndarray, w: np.ndarray, strides, dilations, group: int) -> bool:
     """Whether ``conv`` should run this layer as Winograd F(2x2, 3x3)."""
+    return (_geometry_fits(x, w, strides, dilations, group)
+            and ((MIN_CHANNELS <= x.shape[1] and _tiles_pay(w.shape[0], *x.shape[1:])) or _compiled_pays(x, w)))
+
+
+def preferred(x: np.ndarray, w: np.ndarray, strides, dilations, group: int) -> bool:
+    """Whether Winograd should take this layer before the other fast paths (the stacked taps): where the
+    compiled transforms are in use and were measured faster (``COMPILED_*``)."""
+    return _geometry_fits(x, w, strides, dilations, group) and _compiled_pays(x, w)
+
+
+def _geometry_fits(x, w, strides, dilations, group) -> bool:
     return (ENABLED and dense_stride1_2d(x, strides, dilations, group) and w.shape[2:] == (3, 3)
-            and MIN_CHANNELS <= x.shape[1] <= MAX_CHANNELS and _tiles_pay(w.shape[0], *x.shape[1:]))
+            and x.shape[1] <= MAX_CHANNELS)
+
+
+def _compiled_pays(x: np.ndarray, w: np.ndarray) -> bool:
+    m, c, h, wd = w.shape[0], *x.shape[1:]
+    if c < COMPILED_MIN_IN or m < COMPILED_MIN_OUT or compiled.library() is None:
+        return False
+    tiles = ((h + 1) // 2) * ((wd + 1) // 2)
+    return tiles >= MIN_TILES or (tiles >= SMALL_MIN_TILES and (m * c <= COMPILED_SMALL_MAX_WEIGHTS or 2 * m <= c))
 
 
 def _tiles_pay(m: int, c: int, h: int, w: int) -> bool:
