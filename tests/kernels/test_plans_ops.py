@@ -1,6 +1,6 @@
 """Run plans of the ops around the convolutions (``kernels/plans_ops.py``) against ``onnx.reference`` or
 float64: max and average pools on test_pool_paths' cases, Add/Sum with an activation, GlobalAveragePool,
-Sigmoid, HardSigmoid, views (Flatten, Reshape) and a classifier's Gemm; inputs a plan was not made for run
+Sigmoid, HardSigmoid, Softmax, views (Flatten, Reshape) and a classifier's Gemm; inputs a plan was not made for run
 the table kernel."""
 
 from __future__ import annotations
@@ -190,3 +190,39 @@ def test_planned_gemm(trans_b, activation, c_kernels):
     _close(fn(a, w, c), want)
     _close(fn(a, w * 2, c), KERNELS["gemm"](a, w * 2, c, **attrs))
     assert plans.plan("gemm", KERNELS["gemm"], attrs, [((2, 40), a.dtype), w, c], (2, 24), np.float32) is None
+
+
+def _onnx_softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    from onnx import TensorProto, helper
+    from onnx.reference import ReferenceEvaluator
+
+    graph = helper.make_graph([helper.make_node("Softmax", ["x"], ["y"], axis=axis)], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    return ReferenceEvaluator(model).run(None, {"x": x})[0]
+
+
+@pytest.mark.parametrize("shape", [(1, 4, 128, 128), (1, 1000), (2, 3, 5), (3, 17), (4, 1)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_planned_softmax(shape, c_kernels, monkeypatch):
+    from rpcsrv.executor.kernels import KERNELS
+
+    rng = np.random.default_rng(6)
+    x = (rng.standard_normal(shape) * 6).astype(np.float32)
+    x.reshape(-1, shape[-1])[0] += 500  # a large row: the max is taken out before exp
+    if shape[-1] > 2:
+        x.reshape(-1, shape[-1])[-1, ::2] = -1e30  # masked scores: their share is 0
+    for axis in (-1, len(shape) - 1):
+        fn = plans.plan("softmax", KERNELS["softmax"], {"axis": axis}, [(x.shape, x.dtype)], x.shape, np.float32)
+        assert fn is not None and fn.__name__ == "softmax"
+        want = _onnx_softmax(x, axis)
+        np.testing.assert_allclose(fn(x), want, rtol=2e-6, atol=1e-7)
+        np.testing.assert_allclose(fn(np.asfortranarray(x)), want, rtol=2e-6, atol=1e-7)  # the table kernel
+    if len(shape) > 1 and shape[0] > 1:  # another axis: the table kernel's
+        assert plans.plan("softmax", KERNELS["softmax"], {"axis": 0}, [(x.shape, x.dtype)], x.shape,
+                          np.float32) is None
+    assert plans.plan("softmax", KERNELS["softmax"], {}, [(x.shape, np.float64)], x.shape, np.float64) is None
+    monkeypatch.setenv("RPCSRV_COMPILED_KERNELS", "0")  # the numpy fallback: no plan, the table kernel
+    assert plans.plan("softmax", KERNELS["softmax"], {}, [(x.shape, x.dtype)], x.shape, np.float32) is None
+    np.testing.assert_allclose(KERNELS["softmax"](x, axis=-1), _onnx_softmax(x, -1), rtol=2e-6, atol=1e-7)

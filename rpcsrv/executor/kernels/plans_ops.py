@@ -1,5 +1,5 @@
 """Run plans for the ops around the convolutions (see ``plans.py``): pools, Add/Sum with an activation,
-GlobalAveragePool, Sigmoid, HardSigmoid, views (Flatten, Reshape) and a classifier's Gemm.  Each is a
+GlobalAveragePool, Sigmoid, HardSigmoid, Softmax, views (Flatten, Reshape) and a classifier's Gemm.  Each is a
 planner ``(kernel, attrs, inputs, shape, dtype) -> planned function or None``, as ``plans.PLANNERS`` lists."""
 
 from __future__ import annotations
@@ -134,6 +134,33 @@ def global_average_pool_plan(kernel, attrs, inputs, shape, dtype):
         return y
 
     return global_average_pool
+
+
+def softmax_plan(kernel, attrs, inputs, shape, dtype):
+    """A plan for a float32 Softmax along the last axis (``sigmoid.c``: each row's max, exponentials, sum
+    and scale while the row is in cache; numpy makes five passes over the tensor), or None."""
+    x_spec = computed(inputs[0]) if len(inputs) == 1 and set(attrs) <= {"axis"} else None
+    if x_spec is None or x_spec != (shape, F32) or dtype != F32 or not shape or min(shape) < 1:
+        return None
+    axis = attrs.get("axis", -1)
+    if type(axis) is not int or axis not in (-1, len(shape) - 1):
+        return None
+    lib = compiled.library()
+    if lib is None:
+        return None
+    n = shape[-1]
+    rows = math.prod(shape) // n
+    fn, ready = lib.rpcsrv_softmax_f32, in_use(lib)
+
+    def softmax(x):
+        if type(x) is not np.ndarray or x.shape != shape or x.dtype != F32 or not x.flags.c_contiguous \
+                or not ready():
+            return kernel(x, **attrs)
+        y = np.empty(shape, F32)
+        fn(address(x), address(y), rows, n)
+        return y
+
+    return softmax
 
 
 def sigmoid_plan(kernel, attrs, inputs, shape, dtype):
