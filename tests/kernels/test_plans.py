@@ -31,7 +31,7 @@ def _plan(x, w, b, **attrs):
     inputs = [(x.shape, x.dtype), w] + ([] if b is None else [b])
     shape = conv(x, w, b, **attrs).shape
     fn = plans.plan("conv", conv, attrs, inputs, shape, np.float32)
-    assert fn is not None and fn.__name__ in ("rows", "pointwise"), attrs
+    assert fn is not None and fn.__name__ in ("rows", "pointwise", "im2col_chunks"), attrs
     return fn
 
 
@@ -150,16 +150,19 @@ def test_planned_pointwise_matches_onnx_reference(case, bias, c_kernels):
 
 
 def test_unplanned_layers(c_kernels):
-    """Strided or padded 1x1s, 3x3 dense and grouped convs, a shuffle on anything but a depthwise conv, batches
-    of 1x1s and other dtypes get no plan."""
+    """Strided or padded 1x1s, grouped convs, a shuffle on anything but a depthwise conv, batches
+    of 1x1s, large weights and other dtypes get no plan."""
     x = np.zeros((1, 8, 6, 6), np.float32)
     w1, w3 = np.ones((4, 8, 1, 1), np.float32), np.ones((4, 8, 3, 3), np.float32)
-    for w, attrs in ((w1, {"strides": [2, 2]}), (w1, {"pads": [1, 1, 1, 1]}), (w3, {}),
+    for w, attrs in ((w1, {"strides": [2, 2]}), (w1, {"pads": [1, 1, 1, 1]}),
                      (np.ones((4, 4, 3, 3), np.float32), {"group": 2}), (w1, {"input_shuffle": 2})):
         assert plans.plan("conv", conv, attrs, [(x.shape, x.dtype), w], conv(x, w, **attrs).shape,
                           np.float32) is None, attrs
     x2 = np.zeros((2, 8, 6, 6), np.float32)
     assert plans.plan("conv", conv, {}, [(x2.shape, x2.dtype), w1], (2, 4, 6, 6), np.float32) is None
+    assert plans.plan("conv", conv, {}, [(x2.shape, x2.dtype), w3], (2, 4, 4, 4), np.float32) is None
+    big = np.ones((1024, 8, 3, 3), np.float32)  # weights past CHUNK_MAX_WEIGHTS: one im2col, the table kernel's
+    assert plans.plan("conv", conv, {}, [(x.shape, x.dtype), big], (1, 1024, 4, 4), np.float32) is None
     assert plans.plan("conv", conv, {}, [(x.shape, np.float64), w1.astype(np.float64)], (1, 4, 6, 6),
                       np.float64) is None
     assert plans.plan("relu", conv, {}, [(x.shape, x.dtype)], x.shape, np.float32) is None
@@ -262,3 +265,39 @@ def test_bad_attributes_leave_the_step_to_the_table_kernel(c_kernels):
     assert plans.plan("max_pool", pool.max_pool, {"kernel_shape": None}, [(x.shape, x.dtype)], x.shape,
                       np.float32) is None
     assert plans.plan("conv", conv, {}, [None], (1,), np.float32) is None
+
+
+CHUNKED = [  # (c, m, spatial, kernel, strides, dilations, pads): dense convs no fast path takes, small weights
+    (3, 16, (40, 38), (7, 7), (2, 2), (1, 1), (3, 3, 3, 3)),  # a 7x7 stem, odd sizes
+    (3, 8, (47, 47), (11, 11), (4, 4), (1, 1), (0, 0, 0, 0)),  # AlexNet's 11x11 s4
+    (6, 8, (17, 15), (3, 3), (2, 1), (2, 1), (0, 1, 2, 0)),  # dilation, a stride on one axis, asymmetric pads
+    (16, 12, (14, 14), (5, 5), (1, 1), (1, 1), (2, 2, 2, 2)),  # 5x5 stride 1
+]
+
+
+@pytest.mark.parametrize("case", CHUNKED, ids=[str(i) for i in range(len(CHUNKED))])
+@pytest.mark.parametrize("activation", [(None, None), ("relu", None), ("clip", (("min", 0.0), ("max", 6.0))),
+                                        ("hard_swish", None), ("swish", None)], ids=lambda a: str(a[0]))
+@pytest.mark.parametrize("bias", [False, True])
+def test_planned_im2col_chunks_match_onnx_reference(case, activation, bias, c_kernels, monkeypatch):
+    """im2col a band of output rows at a time: bands of one or a few rows (CHUNK_ELEMENTS made small), or
+    the whole output in one."""
+    c, m, spatial, kernel, strides, dilations, pads = case
+    rng = np.random.default_rng(c * m)
+    x = rng.standard_normal((1, c) + spatial).astype(np.float32)
+    w = (rng.standard_normal((m, c) + kernel) / np.sqrt(c * kernel[0] * kernel[1])).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32) if bias else None
+    attrs = dict(strides=list(strides), dilations=list(dilations), pads=list(pads))
+    name, extra = activation
+    want = onnx_conv(x, w, b, **attrs)
+    want = ACTIVATIONS[activation](want) if name else want
+    attrs.update({"activation": name, "activation_attrs": dict(extra) if extra else None} if name else {})
+    for elements in (200, 3000, plans.CHUNK_ELEMENTS):
+        monkeypatch.setattr(plans, "CHUNK_ELEMENTS", elements)
+        fn = _plan(x, w, b, **attrs)
+        assert fn.__name__ == "im2col_chunks"
+        _close(fn(x, w, b), want)
+        _close(fn(np.asfortranarray(x), w, b), want)  # any layout: the windows are read by strides
+    w2 = w * 2  # other weights: the general kernel
+    _close(fn(x, w2, b), onnx_conv(x, w2, b, **attrs) if not name else ACTIVATIONS[activation](
+        onnx_conv(x, w2, b, **{k: v for k, v in attrs.items() if not k.startswith("activation")})))

@@ -29,6 +29,8 @@ Planned (float32, 2-D, compiled kernels in use, the activation one the C code ap
   ``scaled_residual_conv``): the residual, the bias and the activation in the one epilogue pass;
 * 3x3 convs that take Winograd (``conv.fast_path``): the compiled transforms (``winograd.c``), the bias and
   the activation in the output transform;
+* other dense convs of one image with small weights (7x7 stems, AlexNet's 11x11, small 3x3 and 5x5 ones that
+  no fast path takes): im2col and the GEMM a band of output rows at a time, then the compiled epilogue;
 * Add/Sum of a 4-D tensor and a per-channel constant (a batch norm's shift) or a residual tensor, and the
   fused activation if any: one pass (``epilogue.c``);
 * GlobalAveragePool of 4-D float32 tensors (row means in one pass, ``epilogue.c``), Sigmoid, HardSigmoid,
@@ -50,6 +52,7 @@ import numpy as np
 from . import compiled, plans_ops, winograd
 from .conv import _geometry, _tup, fast_path
 from .plan_support import F32, address, block, computed, in_use
+from .windows import pad_spatial
 
 Planner = Callable[..., Optional[Callable[..., Any]]]
 #: dense convs with at most this many taps per output (C * KH * KW) run the C rows kernel (``dwconv.c``):
@@ -57,6 +60,12 @@ Planner = Callable[..., Optional[Callable[..., Any]]]
 #: at 224 545 / 713, 3 -> 16 302 / 517, 4 -> 32 at 56 156 / 245; even at 72 (8 -> 64 at 56, 522 / 557);
 #: a 7x7 stem (147) is a draw, 32 -> 64 3x3 (288) 1.18x slower
 ROWS_MAX_TAPS = 32
+#: other dense convs of one image whose weights take at most this many values run im2col a band of output
+#: rows at a time (``_im2col_chunks``), bands of about ``CHUNK_ELEMENTS`` column values (1 MB).  Measured, 1
+#: thread, caches flushed, against one im2col: 7x7 s2 stems 3 -> 64 0.78-0.87, 3 -> 96 0.92; AlexNet's 11x11
+#: s4 0.92; 64 -> 64 3x3 s2 0.90; 16 -> 64 3x3 at 55 0.96; 5x5 16 -> 32, 32 -> 64 0.86-0.87.  Larger weights
+#: (128 -> 128 3x3 s2: 1.02, 256 -> 256 1.03) do not pay: OpenBLAS packs them again for every band
+CHUNK_MAX_WEIGHTS, CHUNK_ELEMENTS = 40_000, 1 << 18
 
 
 def plan(op: str, kernel: Callable[..., Any], attrs: Mapping[str, Any], inputs: Sequence[Any],
@@ -227,13 +236,54 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False, res: bool =
 
         scaled_pointwise.keep = (wmat, bias, params, fparams)
         return scaled_pointwise
+    if not (scaled or res) and group == 1 and n == 1 and w.shape[2:] != (1, 1) and min(begin + end) >= 0 \
+            and m * w[0].size <= CHUNK_MAX_WEIGHTS and fast_path(_stand_in(xshape), w, strides, dilations, 1) is None:
+        return _im2col_chunks(general, w, b, bptr, xshape, shape, strides, dilations, begin, end, act, lo, hi, lib)
     return None
+
+
+def _im2col_chunks(general, w, b, bptr, xshape, shape, strides, dilations, begin, end, act, lo, hi, lib):
+    """im2col + GEMM a band of output rows at a time (``CHUNK_ELEMENTS`` column values), each product written
+    into its columns of the output, then the compiled epilogue: the band's columns stay in cache between
+    their copy and their product, where the whole column matrix (a 7x7 stem's: 7.4 MB) streams through
+    memory twice."""
+    c, (m, k), (oh, ow) = xshape[1], (w.shape[0], w[0].size), shape[2:]
+    wmat = np.ascontiguousarray(w.reshape(m, k))
+    band = max(1, CHUNK_ELEMENTS // (k * ow))
+    kh, kw = w.shape[2:]
+    params, pptr = block(ctypes.c_long, (bptr or 0, m, oh * ow, act))
+    fparams, fptr = block(ctypes.c_float, (lo, hi))
+    epilogue, lib_ready = lib.rpcsrv_bias_act_block if (bptr or act) else None, in_use(lib)
+
+    def im2col_chunks(x, w_in, b_in=None):
+        if w_in is not w or b_in is not b or type(x) is not np.ndarray or x.shape != xshape or x.dtype != F32 \
+                or not lib_ready():
+            return general(x, w_in, b_in)
+        xp = pad_spatial(x[0], begin, end, 0.0)
+        s0, s1, s2 = xp.strides
+        win = np.lib.stride_tricks.as_strided(xp, (c, kh, kw, oh, ow), (
+            s0, dilations[0] * s1, dilations[1] * s2, strides[0] * s1, strides[1] * s2), writeable=False)
+        y = np.empty((m, oh * ow), F32)
+        for r0 in range(0, oh, band):
+            r1 = min(oh, r0 + band)
+            np.matmul(wmat, win[:, :, :, r0:r1].reshape(k, (r1 - r0) * ow), out=y[:, r0 * ow:r1 * ow])
+        if epilogue is not None:
+            epilogue(address(y), pptr, fptr)
+        return y.reshape(shape)
+
+    im2col_chunks.keep = (wmat, params, fparams)
+    return im2col_chunks
+
+
+def _stand_in(xshape) -> np.ndarray:
+    """A float32 array of ``xshape`` that takes no memory (asked which fast path a conv would take)."""
+    return np.broadcast_to(np.zeros((), F32), xshape)
 
 
 def _takes(module, xshape, w, strides, dilations, group) -> bool:
     """Whether the general conv would take the fast path of ``module`` for an input of ``xshape`` (asked
     with a zero-stride stand-in of that shape: no memory)."""
-    path = fast_path(np.broadcast_to(np.zeros((), F32), xshape), w, strides, dilations, group)
+    path = fast_path(_stand_in(xshape), w, strides, dilations, group)
     return path is not None and path.module is module
 
 
