@@ -1,7 +1,7 @@
 """Run plans of the ops around the convolutions (``kernels/plans_ops.py``) against ``onnx.reference`` or
 float64: max and average pools on test_pool_paths' cases, Add/Sum with an activation, GlobalAveragePool,
-Sigmoid, HardSigmoid, Softmax, views (Flatten, Reshape) and a classifier's Gemm; inputs a plan was not made for run
-the table kernel."""
+Sigmoid, HardSigmoid, Softmax, views (Flatten, Reshape), a classifier's Gemm and MatMul by constant weights;
+inputs a plan was not made for run the table kernel."""
 
 from __future__ import annotations
 
@@ -226,3 +226,36 @@ def test_planned_softmax(shape, c_kernels, monkeypatch):
     monkeypatch.setenv("RPCSRV_COMPILED_KERNELS", "0")  # the numpy fallback: no plan, the table kernel
     assert plans.plan("softmax", KERNELS["softmax"], {}, [(x.shape, x.dtype)], x.shape, np.float32) is None
     np.testing.assert_allclose(KERNELS["softmax"](x, axis=-1), _onnx_softmax(x, -1), rtol=2e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("activation", [(None, None)] + [a for a in ACTIVATIONS if a[0] != "sigmoid"],
+                         ids=lambda a: f"{a[0]}{len(a[1] or ())}")
+@pytest.mark.parametrize("ashape,n,bias", [((2, 5, 8), 12, True), ((1, 7, 33), 19, False), ((6, 16), 40, True)],
+                         ids=["3d-bias", "odd-nobias", "2d-bias"])
+def test_planned_matmul(ashape, n, bias, activation, c_kernels, monkeypatch):
+    """MatMul by constant weights with the compiler's bias and fused activation, against float64; inputs the
+    plan was not made for, and the numpy fallback, run the table kernel."""
+    from rpcsrv.executor.kernels import KERNELS
+
+    rng = np.random.default_rng(len(ashape) * n)
+    a = (rng.standard_normal(ashape) * 2).astype(np.float32)
+    w = rng.standard_normal((ashape[-1], n)).astype(np.float32)
+    c = rng.standard_normal(n).astype(np.float32) if bias else None
+    name, extra = activation
+    attrs = {"activation": name, "activation_attrs": dict(extra) if extra else None} if name else {}
+    want = a.astype(np.float64) @ w + (0 if c is None else c)
+    want = ACTIVATIONS[activation](want) if name else want
+    shape = ashape[:-1] + (n,)
+    inputs = [(ashape, np.float32), w] + ([c] if bias else [])
+    fn = plans.plan("matmul", KERNELS["matmul"], attrs, inputs, shape, np.float32)
+    assert fn is not None and fn.__name__ == "matmul"
+    args = (w, c) if bias else (w,)
+    _close(fn(a, *args), want)
+    _close(fn(np.asfortranarray(a), *args), want)  # not C-contiguous: the table kernel
+    w2 = w * 2  # other weights: the table kernel
+    want2 = a.astype(np.float64) @ w2 + (0 if c is None else c)
+    _close(fn(a, w2, *args[1:]), ACTIVATIONS[activation](want2) if name else want2)
+    assert plans.plan("matmul", KERNELS["matmul"], attrs, [(ashape, np.float32), w[None]] + inputs[2:],
+                      shape, np.float32) is None  # batched weights
+    monkeypatch.setenv("RPCSRV_COMPILED_KERNELS", "0")  # the numpy fallback: no plan
+    assert plans.plan("matmul", KERNELS["matmul"], attrs, inputs, shape, np.float32) is None

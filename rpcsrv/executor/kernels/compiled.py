@@ -145,6 +145,9 @@ def library() -> Optional[ctypes.CDLL]:
                 lib.rpcsrv_row_mean_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2
                 lib.rpcsrv_softmax_f32.restype = None
                 lib.rpcsrv_softmax_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2
+                lib.rpcsrv_col_bias_act_f32.restype = None
+                lib.rpcsrv_col_bias_act_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2 + [
+                    ctypes.c_int, ctypes.c_float, ctypes.c_float]
                 lib.rpcsrv_affine_clip_f32.restype = None
                 lib.rpcsrv_affine_clip_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] + [ctypes.c_float] * 4
                 lib.rpcsrv_sigmoid_f32.restype = None

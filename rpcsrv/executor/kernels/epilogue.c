@@ -112,3 +112,11 @@ void rpcsrv_affine_clip_f32(const float *x, float *y, long count, float a, float
         y[j] = v > hi ? hi : v;
     }
 }
+
+/* y (rows of n values, contiguous), in place: act(y + bias) with one bias value per column (a MatMul's
+ * dense + bias composite, an encoder's projections), in one pass per row while it is in cache */
+void rpcsrv_col_bias_act_f32(float *y, const float *bias, long rows, long n, int act, float lo, float hi) {
+    for (long i = 0; i < rows; i++)
+        rpcsrv_add_act_f32(y + i * n, bias, 0, y + i * n, 1, n, act == ACT_SWISH ? 0 : act, lo, hi);
+    if (act == ACT_SWISH) rpcsrv_sigmoid_f32(y, y, rows * n, 1);
+}

@@ -36,6 +36,7 @@ Planned (float32, 2-D, compiled kernels in use, the activation one the C code ap
 * GlobalAveragePool of 4-D float32 tensors (row means in one pass, ``epilogue.c``), Sigmoid, HardSigmoid,
   Softmax along the last axis (``sigmoid.c``: each row while in cache);
 * Flatten, and Reshape to a constant shape: a view of the declared shape; a classifier's Gemm (one row);
+  MatMul by constant 2-D weights (the bias and activation in one pass after the GEMM);
 * 2-D float32 MaxPools (no indices output) and AveragePools by the same phase planes (padding -inf or 0).
 
 Every other step, or any step on a board without the compiled kernels, runs its table kernel as before.
@@ -291,7 +292,7 @@ def _takes(module, xshape, w, strides, dilations, group) -> bool:
 PLANNERS: dict[str, Planner] = {"conv": _conv, "add": plans_ops.add_plan, "sum": plans_ops.add_plan,
                                 "global_average_pool": plans_ops.global_average_pool_plan,
                                 "sigmoid": plans_ops.sigmoid_plan, "hard_sigmoid": plans_ops.hard_sigmoid_plan,
-                                "softmax": plans_ops.softmax_plan,
+                                "softmax": plans_ops.softmax_plan, "matmul": plans_ops.matmul_plan,
                                 "flatten": plans_ops.view_plan, "reshape": plans_ops.view_plan,
                                 "gemm": plans_ops.gemm_plan,
                                 "max_pool": lambda *args: plans_ops.pool_plan("max_pool", *args),

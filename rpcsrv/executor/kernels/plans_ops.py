@@ -1,6 +1,7 @@
 """Run plans for the ops around the convolutions (see ``plans.py``): pools, Add/Sum with an activation,
-GlobalAveragePool, Sigmoid, HardSigmoid, Softmax, views (Flatten, Reshape) and a classifier's Gemm.  Each is a
-planner ``(kernel, attrs, inputs, shape, dtype) -> planned function or None``, as ``plans.PLANNERS`` lists."""
+GlobalAveragePool, Sigmoid, HardSigmoid, Softmax, views (Flatten, Reshape), a classifier's Gemm and MatMul by
+constant weights.  Each is a planner ``(kernel, attrs, inputs, shape, dtype) -> planned function or None``, as
+``plans.PLANNERS`` lists."""
 
 from __future__ import annotations
 
@@ -134,6 +135,40 @@ def global_average_pool_plan(kernel, attrs, inputs, shape, dtype):
         return y
 
     return global_average_pool
+
+
+def matmul_plan(kernel, attrs, inputs, shape, dtype):
+    """A plan for a float32 MatMul of a computed (..., K) input by constant (K, N) weights, with the compiler's
+    bias (N,) and fused activation if any: one GEMM over the input's rows, then the bias and activation in
+    one pass (``epilogue.c``; numpy: a broadcast add, then the activation), or None."""
+    a_spec = computed(inputs[0]) if len(inputs) in (2, 3) else None
+    b, c = inputs[1], inputs[2] if len(inputs) == 3 else None
+    if a_spec is None or a_spec[1] != F32 or len(a_spec[0]) < 2 or dtype != F32 or not isinstance(b, np.ndarray) \
+            or b.dtype != F32 or b.ndim != 2 or not (c is None or (isinstance(c, np.ndarray) and c.dtype == F32
+                                                                 and c.shape == (b.shape[1],))):
+        return None
+    ashape, (k, n) = a_spec[0], b.shape
+    act, lo, hi = compiled._activation(attrs.get("activation"), attrs.get("activation_attrs"))
+    lib = compiled.library()
+    if ashape[-1] != k or shape != ashape[:-1] + (n,) or lib is None or min(shape) < 1 \
+            or (act == 0 and (attrs.get("activation") is not None or attrs.get("activation_attrs"))):
+        return None
+    rows = math.prod(ashape[:-1])
+    bias = None if c is None else np.ascontiguousarray(c)
+    cptr = None if bias is None else bias.ctypes.data
+    fn, ready = lib.rpcsrv_col_bias_act_f32 if (act or bias is not None) else None, in_use(lib)
+
+    def matmul(a, b_in, c_in=None):
+        if b_in is not b or c_in is not c or type(a) is not np.ndarray or a.shape != ashape or a.dtype != F32 \
+                or not a.flags.c_contiguous or not ready():
+            return kernel(a, b_in, c_in, **attrs)
+        y = np.matmul(a.reshape(rows, k), b)
+        if fn is not None:
+            fn(address(y), cptr, rows, n, act, lo, hi)
+        return y.reshape(shape)
+
+    matmul.keep = bias
+    return matmul
 
 
 def softmax_plan(kernel, attrs, inputs, shape, dtype):
