@@ -1,8 +1,8 @@
 """Compiled kernels: ``dwconv.c`` built with the board's C compiler at first use, cached, loaded by ctypes.
 
 (``dwconv.c`` also has the stem convolution and max pooling on its phase planes; ``epilogue.c``: a GEMM
-conv's bias and fused activation in one pass; ``sigmoid.c``: sigmoid and SiLU; ``winograd.c``: Winograd's
-input and output transforms; ``vec.h``: their shared vector helpers.)
+conv's (or MatMul's) bias and fused activation in one pass; ``sigmoid.c``: sigmoid, SiLU and softmax;
+``winograd.c``: Winograd's input and output transforms; ``vec.h``: their shared vector helpers.)
 
 Why: a depthwise conv is ``kernel_size`` multiply-adds per output with no reduction over channels, so
 numpy runs it as whole-array passes at memory speed (about 5 GFLOP/s here; ``depthwise.py``), while
