@@ -20,22 +20,21 @@ on; in the middle of an answer, the connection ends (the client would read a bro
 
 from __future__ import annotations
 
-import math
 import mmap
 import os
 import socket
-import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import trio
 
+from .answers import Returned
 from .handles import PackedFunction
 from ..native.confine_wire import ProtocolViolation
-from ..native.library import NativeFunction
+from ..native.fastpath import DEADLINE, wait_answer
+from ..native.library import NativeError, NativeFunction
 from ..native.replay import CALLING, IDLE, PAGE_FORMAT, PAGE_SIZE, Entry, hold
 from ..native.shm import _seal
-from ..native.library import NativeError
 from ..native.wire import FrameError
 from ..native.worker import _send
 from ..protocol import CallFunc, FunctionHandle, RPCCode, Syscall
@@ -63,9 +62,8 @@ def harden(sock: Any) -> None:
 
 
 class _Here:
-    """The state ``replay.hold`` reads, for a loan served in the server's own process."""
-
-    bound: dict = {}
+    """The state ``replay.hold`` reads, for a loan served in the server's own process (its calls are
+    given to it bound: only results are converted, and here they stay as they are)."""
 
     @staticmethod
     def to_wire(value: Any) -> Any:
@@ -73,10 +71,6 @@ class _Here:
 
 
 _HERE = _Here()
-
-
-class _Deadline(Exception):
-    """The session's deadline passed during a loan (its worker was stopped)."""
 
 
 class LoanBroken(ConnectionError):
@@ -140,7 +134,7 @@ class Baton:
         handles = self.session.handles
         if type(ev) is CallFunc:
             func = handles.objects.get(ev.handle)
-            if type(func) is not PackedFunction or type(answer).__name__ != "Returned":
+            if type(func) is not PackedFunction or type(answer) is not Returned:
                 return None
             if self._ours(func.fn):  # one of the native functions, called
                 if self.worker is None:  # in process: the call's arguments, as the session ran it
@@ -163,7 +157,7 @@ class Baton:
             return None
         if type(ev) is Syscall and ev.code == RPCCode.FREE_HANDLE and ev.args:
             handle = getattr(ev.args[0], "value", None)
-            if handle in self.functions and type(answer).__name__ == "Returned":
+            if handle in self.functions and type(answer) is Returned:
                 return "free", handle, b"", self.functions[handle].name, None
         return None
 
@@ -176,6 +170,10 @@ class Baton:
     def _count(self, handle: int) -> int:
         handles = self.session.handles
         return handles.refs.get(handle, 1) if handle in handles.objects else 0
+
+    def _counts(self, recorded: list) -> dict:
+        """How many times the session holds each function handle the record names (the loan's start)."""
+        return {h: self._count(h) for h in {r.entry.handle for r in recorded}}
 
     # ------------------------------------------------------------------ lending
     def _page_fd(self) -> int:
@@ -197,7 +195,7 @@ class Baton:
         if worker.dead is not None or not conn.drained() or not worker.lock.acquire(blocking=False):
             return None
         recorded = list(self.recorded.values())
-        counts = {h: self._count(h) for h in {r.entry.handle for r in recorded}}
+        counts = self._counts(recorded)
         try:
             fds: list[int] = []
             try:
@@ -209,10 +207,9 @@ class Baton:
                 if len(fds) == 2:
                     os.close(fds[1])
             try:
-                reply = await self._wait(worker)
-            except _Deadline:
-                return self._died(NativeError("native code was still running at the session deadline; its "
-                                              "worker was stopped"), recorded)
+                if not await wait_answer(worker):
+                    return self._died(NativeError(DEADLINE), recorded)
+                reply = worker._settle(worker._recv())
             except (ProtocolViolation, EOFError, OSError, ConnectionError, FrameError) as exc:
                 return self._died(worker._failure(exc, "native call"), recorded)
             except BaseException:
@@ -238,7 +235,7 @@ class Baton:
                     fn, args = r.args
                     r.call = fn.bind(*args, hold=True, returns=True)
                 bound[i] = r.call
-        counts = {h: self._count(h) for h in {r.entry.handle for r in recorded}}
+        counts = self._counts(recorded)
         if self.page is None:
             self.page = mmap.mmap(-1, PAGE_SIZE)
         self.lent = True
@@ -261,16 +258,6 @@ class Baton:
         finally:
             io.sock.setblocking(False)
         return self._returned(("ok", done[0]), recorded, counts, io, conn, record, stats, live)
-
-    async def _wait(self, worker: Any) -> tuple:
-        deadline = worker.deadline()
-        until = math.inf if deadline is None else trio.current_time() + deadline - time.monotonic()
-        with trio.move_on_at(until) as waited:
-            await trio.lowlevel.wait_readable(worker.sock)
-        if waited.cancelled_caught:
-            worker.kill("stopped at the session deadline")
-            raise _Deadline
-        return worker._settle(worker._recv())
 
     def _died(self, error: Exception, recorded: list) -> Optional[tuple]:
         """The worker is gone during a loan: the request it was running, if it was, owes its crash."""

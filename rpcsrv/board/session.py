@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import logging
 import weakref
-from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import numpy as np
 import trio
 
 from .accounts import BudgetError, MemoryAccount, RPCUserError
+from .answers import INIT_DONE, Answer, CopyData, Failed, Returned
 from ..executor.memory import ALLOCATION_HOOK
 from ..executor.runtime import RuntimeModule
 from .handles import HandleTable, NDArrayRef, PackedFunction
@@ -41,35 +41,6 @@ log = logging.getLogger("rpcsrv.board.session")
 
 __all__ = ["Answer", "BudgetError", "CopyData", "Failed", "Limits", "NDArrayRef", "PackedFunction",
            "RPCUserError", "Returned", "Session"]
-
-
-# ---------------------------------------------------------------------- answers (the server encodes them)
-
-class Answer:
-    """What the session answers one request with; the server turns it into bytes."""
-
-
-@dataclass(slots=True)
-class Returned(Answer):
-    """A value.  ``call``: a function's result (sent with its type code, ``EncodeReturn``); otherwise
-    a syscall, init or copy answer (sent as the value alone)."""
-
-    value: Any
-    call: bool = False
-
-
-@dataclass
-class Failed(Answer):
-    """An error, sent as an RPC exception with ``message``."""
-
-    message: str
-
-
-@dataclass
-class CopyData(Answer):
-    """The bytes of a kCopyFromRemote answer (sent from the tensor's memory, no copy)."""
-
-    data: memoryview
 
 
 class Session(SyscallsMixin):
@@ -334,8 +305,6 @@ class Session(SyscallsMixin):
 #: values that cross as they are, both ways (arguments to functions, results to the client)
 _PLAIN = frozenset({type(None), bool, int, float, str})
 
-#: the kInitServer answer (the connection sends it as zero values, which clients of both dialects accept)
-INIT_DONE = Returned(None)
 
 
 def _message(exc: BaseException) -> str:

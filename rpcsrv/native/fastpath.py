@@ -88,6 +88,25 @@ class Inline:
 _SEEN: "weakref.WeakKeyDictionary[Any, list]" = weakref.WeakKeyDictionary()
 
 
+#: why a call in a worker ended at the session deadline
+DEADLINE = "native code was still running at the session deadline; its worker was stopped"
+
+
+async def wait_answer(worker: Any) -> bool:
+    """Wait on the event loop for ``worker``'s next message, until the session's deadline: False when the
+    deadline came first (the worker is then stopped: its answer would never be read)."""
+    import trio
+
+    deadline = worker.deadline()
+    until = math.inf if deadline is None else trio.current_time() + deadline - time.monotonic()
+    with trio.move_on_at(until) as waited:
+        await trio.lowlevel.wait_readable(worker.sock)
+    if waited.cancelled_caught:
+        worker.kill("stopped at the session deadline")
+        return False
+    return True
+
+
 async def worker_call(worker: Any, oid: int, args: tuple, what: str) -> tuple[bool, Any]:
     """Call function ``oid`` of ``worker`` (a ``proxy.Worker``) from the event loop: ``(True, value)``;
     ``(False, None)`` when the call must take the blocking path (``Worker.call`` in a thread):
@@ -113,14 +132,8 @@ async def worker_call(worker: Any, oid: int, args: tuple, what: str) -> tuple[bo
         try:
             _send(worker.sock, None, data=frame)
             if not select.select([worker.sock], [], [], QUICK_WAIT)[0]:  # not answered at once: wait on the loop
-                deadline = worker.deadline()
-                until = math.inf if deadline is None else trio.current_time() + deadline - time.monotonic()
-                with trio.move_on_at(until) as waited:
-                    await trio.lowlevel.wait_readable(worker.sock)
-                if waited.cancelled_caught:  # the deadline passed first
-                    worker.kill("stopped at the session deadline")
-                    raise NativeError(f"{what}: native code was still running at the session deadline; "
-                                      f"its worker was stopped")
+                if not await wait_answer(worker):
+                    raise NativeError(f"{what}: {DEADLINE}")
             answer = worker._recv()  # read as from an untrusted peer (confine_wire.py)
             if answer[0] in ("slot", "slot-done"):  # a model run in the worker: its slot is held in a thread
                 answer = await trio.to_thread.run_sync(worker._answer, what, answer)

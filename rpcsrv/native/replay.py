@@ -224,7 +224,7 @@ def _run_c(fn: Any, entries: list, bound: dict, state: Any, client: socket.socke
     handles = sorted({Entry(*raw).handle for raw in entries})
     slots = (ctypes.c_int64 * max(len(handles), 1))(*[counts.get(h, 0) for h in handles])
     table = (_LoanEntry * len(entries))()
-    cells: list = []  # the result cells, alive for the call
+    cells: dict = {}  # the result cells of the bound calls, by entry (alive for the call)
     for i, raw in enumerate(entries):
         e, x = Entry(*raw), table[i]
         x.packet, x.packet_len = e.packet, len(e.packet)
@@ -233,7 +233,7 @@ def _run_c(fn: Any, entries: list, bound: dict, state: Any, client: socket.socke
         if i in bound:
             abi, f, args, codes, nargs, _fail = bound[i].parts
             ret, code = (TVMFFIAny() if abi == 2 else TVMValue()), ctypes.c_int32(4)
-            cells.append((ret, code))
+            cells[i] = (ret, code)
             x.abi, x.nargs, x.fptr = abi, nargs, ctypes.cast(f, ctypes.c_void_p)
             x.args, x.codes = ctypes.cast(args, ctypes.c_void_p), ctypes.cast(codes, ctypes.c_void_p) if codes else None
             x.ret, x.ret_code = ctypes.cast(ctypes.pointer(ret), ctypes.c_void_p), ctypes.pointer(code)
@@ -262,7 +262,7 @@ def _run_c(fn: Any, entries: list, bound: dict, state: Any, client: socket.socke
         else:
             from .library import _from_any, _from_value
 
-            ret, code = cells[sorted(bound).index(i)]
+            ret, code = cells[i]
             value = _from_any(ret, "") if _abi == 2 else _from_value(ret, code.value, "")
             result["pending"] = ("value", state.to_wire(value), i)
     return result

@@ -8,21 +8,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rpcsrv.executor.kernels import compiled, plans, pool
-from conftest import need_program
+import test_plans
+from rpcsrv.executor.kernels import plans, pool
 from test_compiled_depthwise import ACTIVATIONS
 from test_plans import _close
 from test_pool_paths import CASES as POOL_CASES, ids as pool_ids, reference as pool_reference
 
-
-@pytest.fixture
-def c_kernels(monkeypatch):
-    need_program("cc", "plans call the compiled kernels, built with the board's C compiler")
-    monkeypatch.delenv("RPCSRV_COMPILED_KERNELS", raising=False)
-    compiled.reset()
-    assert compiled.status()["in_use"], compiled.status()
-    yield
-    compiled.reset()
+c_kernels = test_plans.c_kernels  # the fixture: the compiled kernels in use
 
 POOLS_2D = [c for c in POOL_CASES if len(c[0]) == 4]
 

@@ -23,7 +23,7 @@ from typing import Any, Optional
 from ...protocol import (BadPacket, CallFunc, CallFuncEnd, CopyFromRemote, CopyToRemote, InitServer,
                          Syscall)
 from ...protocol.codes import RPCCode
-from ..session import Failed
+from ..answers import Failed
 
 #: function kinds of the latency histograms
 KINDS = ("small_call", "copy", "upload", "module_call", "model_run")
@@ -138,7 +138,9 @@ class ServerStats:
         self.refused[reason] = self.refused.get(reason, 0) + 1
 
     # ------------------------------------------------------------------ per request (the hot path)
-    def observe(self, ev: Any, answer: Any, seconds: float, live: LiveSession) -> None:
+    def observe(self, ev: Any, answer: Any, seconds: float, live: LiveSession, count: int = 1) -> None:
+        """One request answered in ``seconds`` (``count``: that many like it, ``seconds`` their total,
+        each counted at the mean)."""
         if type(ev) is CallFunc:  # the common case: the cell of the function's handle, found once per handle
             cell = live.cells.get(ev.handle)
             if cell is None:
@@ -148,9 +150,9 @@ class ServerStats:
                     live.cells[ev.handle] = cell
         else:
             cell = self._event_cell(ev)
-        cell.count += 1
+        cell.count += count
         cell.sum += seconds
-        cell.buckets[bisect_left(BOUNDS, seconds)] += 1
+        cell.buckets[bisect_left(BOUNDS, seconds if count == 1 else seconds / count)] += count
         if type(answer) is Failed:
             cell.errors += 1
             self.errors.append(ErrorEntry(time.time(), live.number, live.record.peer, cell.code, answer.message[:500]))
@@ -159,12 +161,7 @@ class ServerStats:
         """``count`` more requests like ``ev`` answered like ``answer`` in ``seconds`` in all: those a native
         worker answered while it held the connection (``rpcsrv.board.baton``), each at the mean."""
         self.loaned += count
-        self.observe(ev, answer, seconds / count, live)
-        cell = live.cells.get(ev.handle) if type(ev) is CallFunc else self._event_cell(ev)
-        if cell is not None and count > 1:
-            cell.count += count - 1
-            cell.sum += seconds * (count - 1) / count
-            cell.buckets[bisect_left(BOUNDS, seconds / count)] += count - 1
+        self.observe(ev, answer, seconds, live, count)
 
     def _cell(self, code: str, kind: str) -> Cell:
         cell = self.cells.get((code, kind))
