@@ -72,7 +72,9 @@ def test_disconnect_mid_upload(tight):
     parts = sess._conn.send_call(upload.handle, ["big.bin", memoryview(bytes(30 * MB))])
     data = b"".join(bytes(p) for p in parts)
     sess._sock.sendall(data[:len(data) // 2])
-    time.sleep(0.3)
+    deadline = time.monotonic() + 10  # (a loaded machine may take more than a moment to write the first piece)
+    while not list(tight.work.glob("session-*/big.bin.part")) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert list(tight.work.glob("session-*/big.bin.part"))  # the partial file exists meanwhile
     sess._sock.close()
     all_released(tight)
