@@ -251,3 +251,48 @@ def test_planned_matmul(ashape, n, bias, activation, c_kernels, monkeypatch):
                       shape, np.float32) is None  # batched weights
     monkeypatch.setenv("RPCSRV_COMPILED_KERNELS", "0")  # the numpy fallback: no plan
     assert plans.plan("matmul", KERNELS["matmul"], attrs, inputs, shape, np.float32) is None
+
+
+@pytest.mark.parametrize("shape,axes,keepdims,as_input", [
+    ((1, 1024, 7, 7), [2, 3], 0, False), ((1, 1024, 7, 7), [-1, -2], 1, True), ((2, 3, 5), [2], 0, True),
+    ((1, 17), [1], 1, False), ((1, 8, 4, 4), [1, 2, 3], 0, False)], ids=lambda v: str(v))
+def test_planned_reduce_mean_over_trailing_axes(shape, axes, keepdims, as_input, c_kernels):
+    """ReduceMean over trailing axes (attribute, opset 13, or constant input, opset 18) against
+    onnx.reference; other axes and non-contiguous inputs run the table kernel."""
+    from onnx import TensorProto, helper, numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    from rpcsrv.executor.kernels import KERNELS
+
+    x = np.random.default_rng(3).standard_normal(shape).astype(np.float32) + 2
+    opset = 18 if as_input else 13
+    node = helper.make_node("ReduceMean", ["x", "axes"] if as_input else ["x"], ["y"], keepdims=keepdims,
+                            **({} if as_input else {"axes": axes}))
+    inits = [numpy_helper.from_array(np.array(axes, np.int64), "axes")] if as_input else []
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.DOUBLE, None)],
+                              [helper.make_tensor_value_info("y", TensorProto.DOUBLE, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    want = ReferenceEvaluator(model).run(None, {"x": x.astype(np.float64)})[0]
+    const = np.array(axes, np.int64)
+    attrs = {"keepdims": keepdims} if as_input else {"axes": axes, "keepdims": keepdims}
+    inputs = [(x.shape, x.dtype)] + ([const] if as_input else [])
+    fn = plans.plan("reduce_mean", KERNELS["reduce_mean"], attrs, inputs, want.shape, np.float32)
+    assert fn is not None and fn.__name__ == "reduce_mean"
+    args = [const] if as_input else []
+    _close(fn(x, *args), want)
+    np.testing.assert_allclose(fn(np.asfortranarray(x), *args), want, rtol=1e-5)  # the table kernel
+    if as_input:  # another axes array than the planned constant: the table kernel, which reads it
+        other = np.array([len(shape) - 1], np.int64)
+        np.testing.assert_allclose(fn(x, other), np.mean(x, axis=-1, keepdims=bool(keepdims)), rtol=1e-6)
+
+
+def test_reduce_mean_unplanned(c_kernels):
+    """Leading or middle axes, all axes by default, and float64 stay the table kernel's."""
+    from rpcsrv.executor.kernels import KERNELS
+
+    k = KERNELS["reduce_mean"]
+    spec = [((1, 4, 5, 6), np.float32)]
+    assert plans.plan("reduce_mean", k, {"axes": [1, 2]}, spec, (1, 1, 1, 6), np.float32) is None
+    assert plans.plan("reduce_mean", k, {}, spec, (1, 1, 1, 1), np.float32) is None
+    assert plans.plan("reduce_mean", k, {"axes": [3]}, [((1, 4, 5, 6), np.float64)], (1, 4, 5, 1),
+                      np.float64) is None

@@ -33,8 +33,8 @@ Planned (float32, 2-D, compiled kernels in use, the activation one the C code ap
   no fast path takes): im2col and the GEMM a band of output rows at a time, then the compiled epilogue;
 * Add/Sum of a 4-D tensor and a per-channel constant (a batch norm's shift) or a residual tensor, and the
   fused activation if any: one pass (``epilogue.c``);
-* GlobalAveragePool of 4-D float32 tensors (row means in one pass, ``epilogue.c``), Sigmoid, HardSigmoid,
-  Softmax along the last axis (``sigmoid.c``: each row while in cache);
+* GlobalAveragePool of 4-D float32 tensors and ReduceMean over trailing axes (row means in one pass,
+  ``epilogue.c``), Sigmoid, HardSigmoid, Softmax along the last axis (``sigmoid.c``: each row while in cache);
 * Flatten, and Reshape to a constant shape: a view of the declared shape; a classifier's Gemm (one row);
   MatMul by constant 2-D weights (the bias and activation in one pass after the GEMM);
 * 2-D float32 MaxPools (no indices output) and AveragePools by the same phase planes (padding -inf or 0).
@@ -291,6 +291,7 @@ def _takes(module, xshape, w, strides, dilations, group) -> bool:
 #: op -> planner(kernel, attrs, inputs, shape, dtype) -> planned function or None
 PLANNERS: dict[str, Planner] = {"conv": _conv, "add": plans_ops.add_plan, "sum": plans_ops.add_plan,
                                 "global_average_pool": plans_ops.global_average_pool_plan,
+                                "reduce_mean": plans_ops.reduce_mean_plan,
                                 "sigmoid": plans_ops.sigmoid_plan, "hard_sigmoid": plans_ops.hard_sigmoid_plan,
                                 "softmax": plans_ops.softmax_plan, "matmul": plans_ops.matmul_plan,
                                 "flatten": plans_ops.view_plan, "reshape": plans_ops.view_plan,
