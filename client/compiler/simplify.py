@@ -49,28 +49,19 @@ stride and groups) is ``Conv_B(Conv_A(x)) + W_B b``: ``fold_bias_forward`` moves
 ``Conv_B``'s bias and drops ``Conv_A``'s, which saves a pass where the bias cost one (ShuffleNet's
 depthwise convs, each followed by a grouped 1x1 conv, after their BatchNormalization was folded in).
 
-**SiLU as one op.**  ``Mul(x, Sigmoid(x))`` (EfficientNet's activation as PyTorch exports it) becomes
-``Swish(x)`` (``fuse_swish``): one pass instead of two, and the partitioner fuses it into the Conv before it.
+**Activations as one op** (``fuse.py``): SiLU's ``Mul(x, Sigmoid(x))`` becomes ``Swish(x)``, and GELU's erf
+pattern (PyTorch's export of ``F.gelu``) one ``Gelu(x)``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from .fuse import fuse_gelu, fuse_swish
+from .fuse import readers as _readers, sole_reader as _sole_reader, uses as _uses
 from .onnx_import import ONNX_DOMAINS, Graph, Node, TensorInfo
 
 _FLOATS = ("float16", "float32", "float64")
-
-
-def _uses(graph: Graph) -> dict[str, int]:
-    uses: dict[str, int] = {}
-    for n in graph.nodes:
-        for i in n.inputs:
-            if i:
-                uses[i] = uses.get(i, 0) + 1
-    for o in graph.outputs:
-        uses[o] = uses.get(o, 0) + 1
-    return uses
 
 
 def _inference_bn(bn: Node, uses: dict) -> bool:
@@ -238,20 +229,6 @@ def fold_affine(graph: Graph) -> int:
     return count
 
 
-def _readers(graph: Graph) -> dict[str, list[Node]]:
-    """Tensor name -> the nodes that read it (each once)."""
-    readers: dict[str, list[Node]] = {}
-    for n in graph.nodes:
-        for i in set(n.inputs):
-            readers.setdefault(i, []).append(n)
-    return readers
-
-
-def _sole_reader(name: str, readers: dict, uses: dict) -> Node | None:
-    users = readers.get(name, [])
-    return users[0] if uses.get(name) == 1 and len(users) == 1 else None
-
-
 def fold_scale_into_conv(graph: Graph) -> int:
     """BatchNormalization → Relu → Conv with positive scales becomes Add → Relu → Conv with the scales in
     the Conv's weights (see the module doc; ``graph`` changed in place).  Returns how many."""
@@ -321,29 +298,8 @@ def fold_bias_forward(graph: Graph) -> int:
     return count
 
 
-def fuse_swish(graph: Graph) -> int:
-    """``Mul(x, Sigmoid(x))`` (SiLU, as PyTorch exports it) becomes one ``Swish(x)`` node, which the
-    partitioner then fuses into the Conv before it; the Sigmoid's output must be read by that Mul alone.
-    Returns how many."""
-    uses, readers = _uses(graph), _readers(graph)
-    drop, count = set(), 0
-    for sig in graph.nodes:
-        mul = _sole_reader(sig.outputs[0], readers, uses) if sig.op_type == "Sigmoid" and sig.outputs else None
-        if mul is None or mul.op_type != "Mul" or sorted(mul.inputs) != sorted([sig.inputs[0], sig.outputs[0]]) \
-                or {sig.domain, mul.domain} - set(ONNX_DOMAINS) or sig.outputs[0] in graph.outputs:
-            continue
-        info = graph.tensors.get(sig.inputs[0])
-        if info is None or info.dtype not in _FLOATS:
-            continue
-        mul.op_type, mul.inputs, mul.attrs = "Swish", [sig.inputs[0]], {}
-        drop.add(id(sig))
-        count += 1
-    graph.nodes[:] = [n for n in graph.nodes if id(n) not in drop]
-    return count
-
-
 def simplify_inference(graph: Graph, ops=None) -> int:
-    """The five folds above, in the order that lets each feed the next; how many nodes they changed.
+    """The folds above, in the order that lets each feed the next; how many nodes they changed.
 
     ``ops``: the accelerator's op set (kernel names; None: all): a fold whose result needs an op the set
     lacks is skipped (a composed BatchNormalization has no host implementation to fall back on).
@@ -355,6 +311,8 @@ def simplify_inference(graph: Graph, ops=None) -> int:
     count += fold_bias_forward(graph)
     if ops is None or "swish" in ops:
         count += fuse_swish(graph)
+    if ops is None or "gelu" in ops:
+        count += fuse_gelu(graph)
     return count
 
 

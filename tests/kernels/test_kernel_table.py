@@ -128,3 +128,18 @@ def test_input_count_and_absent_required_inputs(op, args, message):
 def test_zero_d_results_are_arrays(op, args, attrs):
     y = KERNELS[op](*args, **attrs)
     assert isinstance(y, np.ndarray) and y.shape == ()
+
+
+@pytest.mark.parametrize("index", [0, 2, -1, np.int32(1)], ids=str)
+def test_gather_one_index_of_the_first_axis_is_a_view(index):
+    """Gather of one index on axis 0 (PyTorch's attention picks q, k and v so) is a view of the input,
+    equal to np.take's copy; other axes, index arrays and 1-D inputs copy as before."""
+    x = np.arange(3 * 4 * 5, dtype=np.float32).reshape(3, 4, 5)
+    got = KERNELS["gather"](x, np.array(index))
+    np.testing.assert_array_equal(got, np.take(x, np.array(index), axis=0))
+    assert np.shares_memory(got, x) and got.flags.c_contiguous
+    assert not np.shares_memory(KERNELS["gather"](x, np.array(1), axis=1), x)
+    assert not np.shares_memory(KERNELS["gather"](x, np.array([index])), x)
+    assert KERNELS["gather"](np.arange(3.0), np.array(index)).shape == ()
+    with pytest.raises(ValueError, match="out of range"):
+        KERNELS["gather"](x, np.array(3))

@@ -1,7 +1,7 @@
 """Run plans of the ops around the convolutions (``kernels/plans_ops.py``) against ``onnx.reference`` or
 float64: max and average pools on test_pool_paths' cases, Add/Sum with an activation, GlobalAveragePool,
-Sigmoid, HardSigmoid, Softmax, views (Flatten, Reshape), a classifier's Gemm and MatMul by constant weights;
-inputs a plan was not made for run the table kernel."""
+ReduceMean, Sigmoid, Gelu, HardSigmoid, Softmax, views (Flatten, Reshape), a classifier's Gemm and MatMul by
+constant weights; inputs a plan was not made for run the table kernel."""
 
 from __future__ import annotations
 
@@ -296,3 +296,30 @@ def test_reduce_mean_unplanned(c_kernels):
     assert plans.plan("reduce_mean", k, {}, spec, (1, 1, 1, 1), np.float32) is None
     assert plans.plan("reduce_mean", k, {"axes": [3]}, [((1, 4, 5, 6), np.float64)], (1, 4, 5, 1),
                       np.float64) is None
+
+
+@pytest.mark.parametrize("shape", [(1, 128, 1024), (3, 5), (17,)], ids=lambda s: "x".join(map(str, s)))
+def test_planned_gelu_matches_onnx_reference(shape, c_kernels):
+    """The compiled one-pass Gelu (vector body and scalar tail) against onnx.reference's Gelu in float64;
+    NaN and infinities as the table kernel gives them."""
+    from onnx import TensorProto, helper
+    from onnx.reference import ReferenceEvaluator
+
+    from rpcsrv.executor.kernels import KERNELS
+    x = (np.random.default_rng(6).standard_normal(shape) * 4).astype(np.float32)
+    node = helper.make_node("Gelu", ["x"], ["y"])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.DOUBLE, None)],
+                              [helper.make_tensor_value_info("y", TensorProto.DOUBLE, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    want = ReferenceEvaluator(model).run(None, {"x": x.astype(np.float64)})[0]
+    fn = plans.plan("gelu", KERNELS["gelu"], {}, [(x.shape, x.dtype)], x.shape, np.float32)
+    assert fn is not None and fn.__name__ == "gelu"
+    got = fn(x)
+    assert got.dtype == np.float32 and got.flags.c_contiguous
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=3e-7)
+    special = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-30, -9.0, 9.0] * 3, np.float32)[:x.size]
+    y = np.resize(special, x.shape).astype(np.float32)
+    with np.errstate(invalid="ignore"):  # -inf * 0: NaN, as the table kernel gives it
+        np.testing.assert_array_equal(fn(y), KERNELS["gelu"](y))
+    assert plans.plan("gelu", KERNELS["gelu"], {"approximate": "tanh"}, [(x.shape, x.dtype)], x.shape,
+                      np.float32) is None

@@ -150,7 +150,8 @@ def library() -> Optional[ctypes.CDLL]:
                     ctypes.c_int, ctypes.c_float, ctypes.c_float]
                 lib.rpcsrv_affine_clip_f32.restype = None
                 lib.rpcsrv_affine_clip_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] + [ctypes.c_float] * 4
-                lib.rpcsrv_sigmoid_f32.restype = None
+                lib.rpcsrv_sigmoid_f32.restype = lib.rpcsrv_gelu_f32.restype = None
+                lib.rpcsrv_gelu_f32.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]
                 lib.rpcsrv_sigmoid_f32.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
                 lib.rpcsrv_bias_act_f32.restype = None
                 lib.rpcsrv_bias_act_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 3 + [

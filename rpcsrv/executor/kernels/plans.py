@@ -34,7 +34,8 @@ Planned (float32, 2-D, compiled kernels in use, the activation one the C code ap
 * Add/Sum of a 4-D tensor and a per-channel constant (a batch norm's shift) or a residual tensor, and the
   fused activation if any: one pass (``epilogue.c``);
 * GlobalAveragePool of 4-D float32 tensors and ReduceMean over trailing axes (row means in one pass,
-  ``epilogue.c``), Sigmoid, HardSigmoid, Softmax along the last axis (``sigmoid.c``: each row while in cache);
+  ``epilogue.c``), Sigmoid, Gelu (erf form), HardSigmoid, Softmax along the last axis (``sigmoid.c``: each
+  row while in cache);
 * Flatten, and Reshape to a constant shape: a view of the declared shape; a classifier's Gemm (one row);
   MatMul by constant 2-D weights (the bias and activation in one pass after the GEMM);
 * 2-D float32 MaxPools (no indices output) and AveragePools by the same phase planes (padding -inf or 0).
@@ -292,7 +293,8 @@ def _takes(module, xshape, w, strides, dilations, group) -> bool:
 PLANNERS: dict[str, Planner] = {"conv": _conv, "add": plans_ops.add_plan, "sum": plans_ops.add_plan,
                                 "global_average_pool": plans_ops.global_average_pool_plan,
                                 "reduce_mean": plans_ops.reduce_mean_plan,
-                                "sigmoid": plans_ops.sigmoid_plan, "hard_sigmoid": plans_ops.hard_sigmoid_plan,
+                                "sigmoid": plans_ops.sigmoid_plan, "gelu": plans_ops.gelu_plan,
+                                "hard_sigmoid": plans_ops.hard_sigmoid_plan,
                                 "softmax": plans_ops.softmax_plan, "matmul": plans_ops.matmul_plan,
                                 "flatten": plans_ops.view_plan, "reshape": plans_ops.view_plan,
                                 "gemm": plans_ops.gemm_plan,

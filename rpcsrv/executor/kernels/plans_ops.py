@@ -1,5 +1,5 @@
 """Run plans for the ops around the convolutions (see ``plans.py``): pools, Add/Sum with an activation,
-GlobalAveragePool, ReduceMean over trailing axes, Sigmoid, HardSigmoid, Softmax, views (Flatten, Reshape), a
+GlobalAveragePool, ReduceMean over trailing axes, Sigmoid, Gelu, HardSigmoid, Softmax, views (Flatten, Reshape), a
 classifier's Gemm and MatMul by constant weights.  Each is a planner ``(kernel, attrs, inputs, shape, dtype) ->
 planned function or None``, as ``plans.PLANNERS`` lists."""
 
@@ -255,6 +255,29 @@ def sigmoid_plan(kernel, attrs, inputs, shape, dtype):
         return y
 
     return sigmoid
+
+
+def gelu_plan(kernel, attrs, inputs, shape, dtype):
+    """A plan for a float32 Gelu of the erf form (ONNX's, or PyTorch's erf pattern the compiler fuses into one
+    ``Gelu``): ``sigmoid.c``'s one pass, or None."""
+    x_spec = computed(inputs[0]) if len(inputs) == 1 and attrs.get("approximate", "none") == "none" else None
+    if x_spec is None or x_spec != (shape, F32) or dtype != F32 or set(attrs) - {"approximate"}:
+        return None
+    lib = compiled.library()
+    if lib is None:
+        return None
+    count = math.prod(shape)
+    fn, ready = lib.rpcsrv_gelu_f32, in_use(lib)
+
+    def gelu(x):
+        if type(x) is not np.ndarray or x.shape != shape or x.dtype != F32 or not x.flags.c_contiguous \
+                or not ready():
+            return kernel(x, **attrs)
+        y = np.empty(shape, F32)
+        fn(address(x), address(y), count)
+        return y
+
+    return gelu
 
 
 def hard_sigmoid_plan(kernel, attrs, inputs, shape, dtype):

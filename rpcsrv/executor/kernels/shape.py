@@ -108,6 +108,8 @@ def gather(data, indices, *, axis: int = 0):
     n = x.shape[a]
     if idx.size and (idx.min() < -n or idx.max() >= n):
         raise bad("gather", f"indices out of range for axis of size {n}")
+    if a == 0 and idx.ndim == 0 and idx.dtype.kind in "iu" and x.ndim > 1:
+        return x[int(idx)]  # one index of the first axis (PyTorch's attention picks q, k, v so): a view, no copy
     return np.take(x, idx, axis=a)
 
 

@@ -2,6 +2,7 @@
  * dwconv.c by kernels/compiled.py).  numpy computes 1 / (1 + exp(-x)) in four passes over the tensor;
  * EfficientNet's activations made that 25% of its run.  Softmax along contiguous rows, each row while in
  * cache (numpy: five passes over the tensor, 4x onnxruntime's time on an encoder's attention scores).
+ * GELU (erf form) in one pass.
  *
  * exp is Cephes' expf in GCC/clang generic vectors (range reduction by ln 2, a degree-6 polynomial, the
  * power of two built in the exponent bits): within 2 ulp of expf for |x| < 87; below -87.3 the sigmoid is
@@ -101,6 +102,29 @@ void rpcsrv_softmax_f32(const float *x, float *y, long rows, long n) {
         for (; k < n; k++) y[k] *= inv;
     }
 }
+
+/* GELU, erf form: y = 0.5 x (1 + erf(x / sqrt 2)), erf by Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7, the
+ * table kernel's fit: unary.erf_approx) with vexp, in one pass (numpy: a dozen passes over the tensor; a
+ * PyTorch-exported encoder's FFN activations took more than a tenth of its run) */
+static inline float gelu1(float x) {
+    float v = x * 0.70710678118654752f, a = fabsf(v), t = 1.0f / (1.0f + 0.3275911f * a);
+    float p = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;
+    float e = 1.0f - p * expf(-a * a);
+    return 0.5f * x * (1.0f + (v < 0.f ? -e : e));
+}
+
+void rpcsrv_gelu_f32(const float *x, float *y, long count) {
+    const si sign = (si){0} + (int)0x80000000u;
+    long k = 0;
+    for (; k + SW <= count; k += SW) {
+        sf x0 = *(const sfu *)(x + k), v = x0 * 0.70710678118654752f;
+        sf a = (sf)((si)v & ~sign), t = 1.0f / (1.0f + 0.3275911f * a);
+        sf p = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;
+        sf e = 1.0f - p * vexp(-(a * a));
+        *(sfu *)(y + k) = 0.5f * x0 * (1.0f + (sf)((si)e | ((si)v & sign)));
+    }
+    for (; k < count; k++) y[k] = gelu1(x[k]);
+}
 #else
 void rpcsrv_softmax_f32(const float *x, float *y, long rows, long n) {
     for (long i = 0; i < rows; i++, x += n, y += n) {
@@ -124,5 +148,13 @@ void rpcsrv_bias_swish_f32(float *y, const float *bias, long m, long q, long pit
             float v = y[i * pitch + k] + (bias ? bias[i] : 0.f);
             y[i * pitch + k] = v / (1.0f + expf(-v));
         }
+}
+void rpcsrv_gelu_f32(const float *x, float *y, long count) {
+    for (long k = 0; k < count; k++) {
+        float v = x[k] * 0.70710678118654752f, a = fabsf(v), t = 1.0f / (1.0f + 0.3275911f * a);
+        float p = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;
+        float e = 1.0f - p * expf(-a * a);
+        y[k] = 0.5f * x[k] * (1.0f + (v < 0.f ? -e : e));
+    }
 }
 #endif
