@@ -1,16 +1,17 @@
 """Executor speed on real topologies (issues 16, 27): the light model zoo, a BERT-class encoder and the
 depthwise family against onnxruntime.
 
-The nine architectures that ship inside the ``onnx`` wheel (``onnx/backend/test/data/light/``), a
-transformer encoder built with ``onnx.helper`` (``bench_models.py``) and MobileNetV2, MobileNetV3-Large
-and EfficientNet-B0 at 224x224 (``zoo_mobile.py``, random weights) are compiled by ``client.compile_onnx``, written as
-libraries, loaded with ``rpcsrv.executor.load_module`` and run through the graph executor, as the board
-does.  onnxruntime runs the same model in the same process.  For each thread count (``--threads 1,2``:
-BLAS threads through threadpoolctl, onnxruntime's ``intra_op_num_threads``) both engines run
-interleaved, ``--repeat`` times each, and the medians are compared; the geometric mean of the ratios
-closes each table.  ``auto`` runs rpcsrv with the server's own policy (``rpcsrv.executor.compute``).
-onnxruntime's worker threads do not spin between runs here (they would hold the cores rpcsrv runs on
-next: with spinning, 2-thread rpcsrv runs measured 5-20x slower in this interleaving).
+The nine architectures that ship inside the ``onnx`` wheel (``onnx/backend/test/data/light/``), a transformer
+encoder built with ``onnx.helper`` (``bench_models.py``) and MobileNetV2, MobileNetV3-Large and
+EfficientNet-B0 at 224x224 (``zoo_mobile.py``, random weights), and where torch is installed the PyTorch
+exports of ``zoo_torch.py`` (MobileNetV2, ResNet-18, ShuffleNetV2, SqueezeNet 1.1, an encoder) are compiled by
+``client.compile_onnx``, written as libraries, loaded with ``rpcsrv.executor.load_module`` and run through the
+graph executor, as the board does. onnxruntime runs the same model in the same process. For each thread count
+(``--threads 1,2``: BLAS threads through threadpoolctl, onnxruntime's ``intra_op_num_threads``) both engines
+run interleaved, ``--repeat`` times each, and the medians are compared; the geometric mean of the ratios
+closes each table. ``auto`` runs rpcsrv with the server's own policy (``rpcsrv.executor.compute``).
+onnxruntime's worker threads do not spin between runs here (they would hold the cores rpcsrv runs on next:
+with spinning, 2-thread rpcsrv runs measured 5-20x slower in this interleaving).
 
 Also reported: the BLAS library and kernel (threadpoolctl), the first run after loading against the
 steady state, and the peak resident memory each engine adds while loading and running (the process's
@@ -51,7 +52,12 @@ from onnx import numpy_helper  # noqa: E402
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 ZOO = sorted(p.stem.removeprefix("light_") for p in LIGHT.glob("light_*.onnx"))
 
-from zoo_mobile import BUILDERS, MODELS as MOBILE  # noqa: E402
+import zoo_torch  # noqa: E402
+from zoo_mobile import BUILDERS as _MOBILE_BUILDERS, MODELS as MOBILE  # noqa: E402
+
+BUILDERS = {**_MOBILE_BUILDERS, **zoo_torch.BUILDERS}
+#: PyTorch exports (``zoo_torch.py``) join the default set where torch is installed
+TORCH = list(zoo_torch.MODELS) if zoo_torch.available() else []
 
 
 def fills_as_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -260,8 +266,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", default="1,2,auto", help="thread counts to compare (1, 2, auto)")
     ap.add_argument("--repeat", type=int, default=10)
-    ap.add_argument("--models", default=",".join(ZOO + ["encoder"] + list(MOBILE)))
+    ap.add_argument("--models", default=",".join(ZOO + ["encoder"] + list(MOBILE) + TORCH))
     args = ap.parse_args(argv)
+    if not TORCH:
+        print(f"torch is not installed: the PyTorch exports ({', '.join(zoo_torch.MODELS)}) are left out "
+              "(pip install torch)", flush=True)
     from rpcsrv.executor import compute
 
     info = blas_info()
