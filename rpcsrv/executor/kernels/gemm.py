@@ -26,6 +26,8 @@ from .plan_support import F32, address, block
 #: L2 flushed before each call, us, gemm.c / (matmul + epilogue), see docs/executor.md: q = 12544 (112x112)
 #: 0.88-0.93, 3136 (56x56) 0.93-0.96, 784 (28x28) 0.97-1.00; 196 (14x14) 1.04-1.05, 49 (7x7) 1.08-1.17
 MIN_COLUMNS = 512
+#: ``SWITCH["on"] = False``: planned convs take OpenBLAS + epilogue at their next call (paired benchmarks)
+SWITCH = {"on": True}
 
 
 def takes(m: int, k: int, q: int) -> bool:
@@ -34,11 +36,12 @@ def takes(m: int, k: int, q: int) -> bool:
 
 
 def _one_thread() -> Callable[[], bool]:
-    """Whether the BLAS runs one thread now (the compute policy's last setting; unset: the caller's own)."""
+    """Whether the BLAS runs one thread now (the compute policy's last setting; unset: the caller's own),
+    and the switch is on."""
     from ..compute import POLICY
 
     blas = POLICY.blas
-    return lambda: (blas.current or 1) <= 1
+    return lambda: SWITCH["on"] and (blas.current or 1) <= 1
 
 
 def packed_weights(lib: ctypes.CDLL, wmat: np.ndarray) -> np.ndarray:
