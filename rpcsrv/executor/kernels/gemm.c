@@ -1,16 +1,16 @@
 /* A float32 GEMM for 1x1 convolutions with the epilogue fused: y[m, q] = act(w[m, k] @ s*x[k, q] + r[m, q] +
  * bias[m]), x, r and y row-major (NCHW: rows of q = H*W values), s an optional per-k scale (a
  * squeeze-and-excitation gate folded into the conv), r an optional residual.  numpy's matmul (OpenBLAS)
- * then a separate epilogue pass streams every output through memory twice; in MobileNetV2 the outputs of
- * the expand 1x1s (up to 4.8 MB) no longer fit in cache, so that second pass was a fifth of the 1x1 time.
- * Here the bias, residual and activation are applied to each register tile as it is stored.
+ * then the separate epilogue pass (epilogue.c) stream every output through memory twice, and the outputs
+ * of MobileNetV2's expand 1x1s (up to 4.8 MB) no longer fit in cache.  Here the bias, residual and
+ * activation are applied to each register tile as it is stored (swish: over a band of rows while in cache).
  *
  * The usual blocking (Goto/BLIS): w packed once at plan time into panels of MR rows interleaved along k
- * (rpcsrv_gemm_pack_w); per call, a block of KC rows x NC columns of x is packed (and scaled) into strips
- * of NR columns that stay in L2 while every w panel passes over them; the micro-kernel keeps an MR x NR
- * tile of y in MR * NR / VW vector accumulators, one broadcast of w and NR / VW loads of x per k step.
- * MR and NR come from the vector width and the register count of the target (no spills on AVX2,
- * AVX-512, NEON).  Built with the other kernels by kernels/compiled.py. */
+ * (rpcsrv_gemm_pack_w); per call, a block of KC rows x NC columns of x (XBLOCK bytes) is packed (and
+ * scaled) into strips of NR columns that stay in L2 while every w panel passes over them; the micro-kernel
+ * keeps an MR x NR tile of y in MR * NR / VW vector accumulators, one broadcast of w and NR / VW loads of
+ * x per k step.  MR and NR come from the vector width and the register count of the target (no spills on
+ * AVX2, AVX-512, NEON).  Built with the other kernels by kernels/compiled.py; kernels/gemm.py calls it. */
 
 #define _POSIX_C_SOURCE 200112L /* posix_memalign */
 #include <stdlib.h>
@@ -33,8 +33,14 @@
 #ifndef KC
 #define KC 384 /* a w panel (MR x KC) and an x strip (KC x NR) together in L1 */
 #endif
-#ifndef NC
-#define NC 384 /* the packed x block (KC x NC, at most 576 KB) in L2 */
+#ifndef XBLOCK /* bytes of the packed x block (kc x nc), to stay in L2: 1 MB measured best here (x86_64, 1 MB
+                 * of L2 per core: 16 -> 96 at 112x112 then the next layer, 3% faster than 256 KB); ARM boards'
+                 * L2 is often 256-512 KB per core (unmeasured) */
+#if defined(__x86_64__)
+#define XBLOCK (1024 * 1024)
+#else
+#define XBLOCK (256 * 1024)
+#endif
 #endif
 
 long rpcsrv_gemm_mr(void) { return MR; }
@@ -125,7 +131,10 @@ static void edge(long kc, const float *a, const float *b, float *y, long q, long
  * alias x or r.  0, or -1 when the packing buffer could not be allocated. */
 int rpcsrv_gemm_f32(const float *wp, const float *x, const float *s, const float *r, const float *bias, float *y,
                     long m, long k, long q, int act, float lo, float hi) {
-    const long ncap = q < NC ? (q + NR - 1) / NR * NR : NC, kcap = k < KC ? k : KC;
+    /* column blocks as wide as the L2 budget allows: y is written in long row runs (narrow blocks, all rows
+     * of one then all rows of the next, left it in an order the next layer read 7% slower) */
+    const long kcap = k < KC ? k : KC, nb = XBLOCK / (long)sizeof(float) / kcap / NR * NR, NC = nb > NR ? nb : NR;
+    const long ncap = q < NC ? (q + NR - 1) / NR * NR : NC;
     float *xp = 0; /* on a cache line: its vector loads never straddle two */
     if (posix_memalign((void **)&xp, 64, (size_t)(kcap * ncap) * sizeof(float))) return -1;
     const struct epi full = {bias, r, q, act == ACT_SWISH ? ACT_NONE : act, lo, hi};
