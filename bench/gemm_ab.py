@@ -5,7 +5,7 @@ flushed before each call (in a model the previous layer has just streamed other 
 the two arms alternating.  Per model (``--models``): one loaded executor runs with the GEMM on and off
 alternately (``gemm.SWITCH``, read at each call; the order flips each round), onnxruntime after each pair.
 
-    python bench/gemm_ab.py [--shapes] [--models mobilenetv2,resnet50] [--rounds 15]
+    python bench/gemm_ab.py [--shapes] [--models mobilenetv2,resnet50] [--rounds 15] [--min-columns 512]
 """
 
 from __future__ import annotations
@@ -101,7 +101,12 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", action="store_true", help="the per-shape table")
     ap.add_argument("--models", default="", help="comma-separated zoo models (zoo_bench.ZOO, MOBILE)")
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--min-columns", type=int, help="gemm.MIN_COLUMNS for the plans made here (the rule)")
     args = ap.parse_args(argv)
+    if args.min_columns is not None:
+        from rpcsrv.executor.kernels import gemm
+
+        gemm.MIN_COLUMNS = args.min_columns
     if args.shapes:
         from threadpoolctl import threadpool_limits
 

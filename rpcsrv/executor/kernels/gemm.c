@@ -46,11 +46,12 @@
 long rpcsrv_gemm_mr(void) { return MR; }
 
 /* w (m x k, row-major) into panels of MR rows, k-major within a panel (the last panel zero-padded):
- * wp must hold ceil(m / MR) * MR * k floats */
+ * wp must hold ceil(m / MR) * MR * k + 8 floats (the last 8 read, not used, by columns()) */
 void rpcsrv_gemm_pack_w(const float *w, float *wp, long m, long k) {
     for (long i0 = 0; i0 < m; i0 += MR)
         for (long p = 0; p < k; p++)
             for (long i = 0; i < MR; i++) *wp++ = i0 + i < m ? w[(i0 + i) * k + p] : 0.f;
+    for (int i = 0; i < 8; i++) *wp++ = 0.f;
 }
 
 /* x[p0 .. p0+kc, j0 .. j0+nc] (rows q apart, times s[p] when s) into strips of NR columns, kc x NR each,
@@ -127,6 +128,49 @@ static void edge(long kc, const float *a, const float *b, float *y, long q, long
         }
 }
 
+/* the last columns of a row panel (cols < NR, rows == MR): one column at a time, its MR rows side by side in
+ * one vector of 8 (a w panel's k step is MR contiguous values; lanes past MR are ignored, rpcsrv_gemm_pack_w
+ * pads the panels by 8 values for them), where a full tile would compute NR columns: q = 49 (7x7) is
+ * 32 + 17, q = 196 is 6 x 32 + 4 */
+typedef float vr __attribute__((vector_size(32)));
+typedef float vru __attribute__((vector_size(32), aligned(4), may_alias));
+
+/* the finished column j's MR values, *acc, through the epilogue into y */
+static inline void put_column(const vr *acc, float *y, long q, long i0, long j, int first, const struct epi *e) {
+    for (int i = 0; i < MR; i++) { /* (by address: a 32-byte vector argument's ABI differs without AVX) */
+        float *out = y + (i0 + i) * q + j, v = (*acc)[i] + (first ? 0.f : *out);
+        if (e) {
+            if (e->r) v += e->r[(i0 + i) * e->ldr + j];
+            if (e->bias) v += e->bias[i0 + i];
+            v = act1(v, e->act, e->lo, e->hi);
+        }
+        *out = v;
+    }
+}
+
+/* 8 columns at a time (8 independent multiply-add chains), then one at a time with k split in 4 */
+static void columns(long kc, const float *restrict a, const float *restrict b, float *y, long q, long i0, long j0,
+                    long cols, int first, const struct epi *e) {
+    long j = 0;
+    for (; j + 8 <= cols; j += 8) {
+        vr acc[8] = {{0}};
+        for (long p = 0; p < kc; p++) {
+            const vr av = *(const vru *)(a + p * MR);
+            for (int c = 0; c < 8; c++) acc[c] += av * (-(vr){0} + b[p * NR + j + c]);
+        }
+        for (int c = 0; c < 8; c++) put_column(&acc[c], y, q, i0, j0 + j + c, first, e);
+    }
+    for (; j < cols; j++) {
+        vr acc[4] = {{0}};
+        long p = 0;
+        for (; p + 4 <= kc; p += 4)
+            for (int u = 0; u < 4; u++) acc[u] += *(const vru *)(a + (p + u) * MR) * (-(vr){0} + b[(p + u) * NR + j]);
+        for (; p < kc; p++) acc[0] += *(const vru *)(a + p * MR) * (-(vr){0} + b[p * NR + j]);
+        acc[0] += acc[1] + (acc[2] + acc[3]);
+        put_column(&acc[0], y, q, i0, j0 + j, first, e);
+    }
+}
+
 /* y = act(wp @ (s * x) + r + bias), wp packed by rpcsrv_gemm_pack_w; s, r, bias optional (0); y may not
  * alias x or r.  0, or -1 when the packing buffer could not be allocated. */
 int rpcsrv_gemm_f32(const float *wp, const float *x, const float *s, const float *r, const float *bias, float *y,
@@ -152,11 +196,14 @@ int rpcsrv_gemm_f32(const float *wp, const float *x, const float *s, const float
                     const float *b = xp + j * kc;
                     if (rows == MR && nc - j >= NR)
                         micro(kc, a, b, y + i0 * q + j0 + j, q, first, e, i0, j0 + j);
+                    else if (rows == MR)
+                        columns(kc, a, b, y, q, i0, j0 + j, nc - j, first, e);
                     else
                         edge(kc, a, b, y, q, i0, j0 + j, rows, nc - j < NR ? nc - j : NR, first, e);
                 }
                 if (last && act == ACT_SWISH) /* SiLU over the band's rows while they are in cache */
-                    for (long i = 0; i < rows; i++) rpcsrv_sigmoid_f32(y + (i0 + i) * q + j0, y + (i0 + i) * q + j0, nc, 1);
+                    for (float *row = y + i0 * q + j0; row < y + (i0 + rows) * q; row += q)
+                        rpcsrv_sigmoid_f32(row, row, nc, 1);
             }
         }
     }

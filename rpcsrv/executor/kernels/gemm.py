@@ -48,7 +48,7 @@ def packed_weights(lib: ctypes.CDLL, wmat: np.ndarray) -> np.ndarray:
     """(M, K) float32 weights in ``gemm.c``'s panels (MR rows interleaved along K, zero-padded)."""
     m, k = wmat.shape
     mr = int(lib.rpcsrv_gemm_mr())
-    wp = np.empty(-(-m // mr) * mr * k, F32)
+    wp = np.empty(-(-m // mr) * mr * k + 8, F32)  # (8: read past the last panel, not used)
     w = np.ascontiguousarray(wmat, F32)
     lib.rpcsrv_gemm_pack_w(w.ctypes.data, wp.ctypes.data, m, k)
     return wp
