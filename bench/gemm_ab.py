@@ -3,9 +3,11 @@
 Per shape (``--shapes``): MobileNetV2's and ResNet-50's 1x1 convs, y = clip(w @ x + bias, 0, 6), the L2
 flushed before each call (in a model the previous layer has just streamed other data through it); medians,
 the two arms alternating.  Per model (``--models``): one loaded executor runs with the GEMM on and off
-alternately (``gemm.SWITCH``, read at each call; the order flips each round), onnxruntime after each pair.
+alternately (``gemm.SWITCH``, read at each call; the order flips each round), onnxruntime after each pair;
+per conv step of one model (``--layers``), the same pairs through the executor's step hook.
 
-    python bench/gemm_ab.py [--shapes] [--models mobilenetv2,resnet50] [--rounds 15] [--min-columns 512]
+    python bench/gemm_ab.py [--shapes] [--models mobilenetv2,resnet50] [--layers efficientnet] [--rounds 15]
+                            [--min-columns 16]
 """
 
 from __future__ import annotations
@@ -96,11 +98,52 @@ def models(names: list[str], rounds: int) -> None:
         gemm.SWITCH["on"] = True
 
 
+def layers(name: str, rounds: int) -> None:
+    """Per conv step of one model (the executor's step hook), medians with the GEMM off and on, alternating."""
+    import collections
+
+    from threadpoolctl import threadpool_limits
+
+    from rpcsrv.executor import compute, examplejson
+    from rpcsrv.executor.kernels import gemm
+
+    times: dict = {True: collections.defaultdict(list), False: collections.defaultdict(list)}
+    shapes: dict = {}
+
+    def hook(graph, node, value, seconds):
+        if "conv" in str(node.op):
+            times[gemm.SWITCH["on"]][(graph, node.id)].append(seconds)
+            shapes[(graph, node.id)] = getattr(value, "shape", None)
+
+    print(f"| {name} conv step (output) | BLAS + epilogue us | gemm.c us | ratio |\n|---|---|---|---|")
+    try:
+        with tempfile.TemporaryDirectory() as tmp, compute.fixed_threads(1), threadpool_limits(1, "blas"):
+            eng = zoo_bench.Engines(name, Path(tmp))
+            token = examplejson.STEP_HOOK.set(hook)
+            try:
+                for r in range(rounds):
+                    for arm in (True, False) if r % 2 else (False, True):
+                        gemm.SWITCH["on"] = arm
+                        eng._run()
+            finally:
+                examplejson.STEP_HOOK.reset(token)
+    finally:
+        gemm.SWITCH["on"] = True
+    total = [0.0, 0.0]
+    for key in times[True]:
+        off, on = (float(np.median(times[arm][key])) * 1e6 for arm in (False, True))
+        total[0], total[1] = total[0] + off, total[1] + on
+        print(f"| {shapes[key]} | {off:.1f} | {on:.1f} | {on / off:.2f} |")
+    print(f"| **all convs** | **{total[0] / 1e3:.3f} ms** | **{total[1] / 1e3:.3f} ms** | "
+          f"**{total[1] / total[0]:.3f}** |")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", action="store_true", help="the per-shape table")
     ap.add_argument("--models", default="", help="comma-separated zoo models (zoo_bench.ZOO, MOBILE)")
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--layers", default="", help="a zoo model: its conv steps one by one, GEMM off and on")
     ap.add_argument("--min-columns", type=int, help="gemm.MIN_COLUMNS for the plans made here (the rule)")
     args = ap.parse_args(argv)
     if args.min_columns is not None:
@@ -114,6 +157,8 @@ def main(argv=None) -> int:
             shapes()
     if args.models:
         models(args.models.split(","), args.rounds)
+    if args.layers:
+        layers(args.layers, args.rounds)
     return 0
 
 

@@ -129,8 +129,9 @@ def test_plans_call_the_gemm_and_fall_back(kind, activation, c_kernels, monkeypa
 
 
 def test_small_maps_keep_openblas(c_kernels):
-    fn, args, want = _planned("pointwise", 16, 8, (7, 7), (None, None))
-    assert not gemm.takes(16, 8, 49) and fn.keep[-1] is None
+    """Maps under MIN_COLUMNS positions (squeeze-and-excitation's 1x1): OpenBLAS + epilogue, planned."""
+    fn, args, want = _planned("pointwise", 16, 8, (3, 3), (None, None))
+    assert not gemm.takes(16, 8, 9) and fn.keep[-1] is None
     _close(fn(*args), want)
 
 

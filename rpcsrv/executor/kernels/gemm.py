@@ -1,13 +1,14 @@
 """The compiled 1x1-conv GEMM (``gemm.c``) for the run plans: the weights packed once, per plan; the bias, a
 residual and the fused activation applied to each tile as it is stored, a squeeze-and-excitation scale to the
-input as it is packed.  ``plans.py``'s pointwise plans call it where it measured faster than numpy's matmul
-(OpenBLAS) plus the separate epilogue pass (:func:`takes`), and run OpenBLAS + epilogue everywhere else.
+input as it is packed.  ``plans.py``'s pointwise plans call it on the shapes :func:`takes`, and run numpy's
+matmul (OpenBLAS) + the separate epilogue pass everywhere else.
 
-Why: OpenBLAS computes these products near the core's peak, as does ``gemm.c`` (both ~75 GFLOP/s of the
-83 here, 1 thread); what the pair loses is the second pass over an output that no longer fits in cache
-(MobileNetV2's expand 1x1s at 112x112 and 56x56 write 1.8-4.8 MB).  On small maps (14x14, 7x7: q = 196, 49)
-the tile's edge columns waste a part of every micro-kernel call and OpenBLAS's small-matrix paths win, and
-the outputs fit in cache anyway: those keep OpenBLAS.  The kernel is single-threaded: with more than one
+Why: OpenBLAS computes these products near the core's peak, and so does ``gemm.c`` (both ~75 GFLOP/s of the
+83 here, 1 thread: alone, per shape, within 0.93-1.04x of each other); what the pair loses inside a model is
+(a) the second pass over outputs that no longer fit in cache (MobileNetV2's expand 1x1s at 112x112 and
+56x56 write 1.8-4.8 MB), and (b) OpenBLAS packs the weights again at every call, from memory by then: on
+the late 14x14 and 7x7 layers, whose weights are the largest (up to 1.6 MB), the pre-packed panels were
+0.79-0.93x of OpenBLAS's time inside EfficientNet's run.  The kernel is single-threaded: with more than one
 BLAS thread in use (``compute.POLICY``) the plans take OpenBLAS, which uses them.
 """
 
@@ -22,10 +23,11 @@ import numpy as np
 from . import compiled
 from .plan_support import F32, address, block
 
-#: the compiled GEMM runs 1x1 convs whose output rows (H * W) are at least this long.  Measured, 1 thread,
-#: L2 flushed before each call, us, gemm.c / (matmul + epilogue), see docs/executor.md: q = 12544 (112x112)
-#: 0.88-0.93, 3136 (56x56) 0.93-0.96, 784 (28x28) 0.97-1.00; 196 (14x14) 1.04-1.05, 49 (7x7) 1.08-1.17
-MIN_COLUMNS = 512
+#: the compiled GEMM runs 1x1 convs whose output rows (H * W) are at least this long.  Measured inside the
+#: models (``bench/gemm_ab.py --models``, per layer, 1 thread): every map from 7x7 up ran faster (7x7 and
+#: 14x14: 0.79-0.94x, 112x112 0.81-0.95x); the squeeze-and-excitation convs on 1x1 maps (a matrix-vector
+#: product: 1152 -> 48, 672 -> 28) 1.3-1.6x slower than OpenBLAS's.  Sizes between were not measured.
+MIN_COLUMNS = 16
 #: ``SWITCH["on"] = False``: planned convs take OpenBLAS + epilogue at their next call (paired benchmarks)
 SWITCH = {"on": True}
 
