@@ -22,7 +22,8 @@ Planned (float32, 2-D, compiled kernels in use, the activation one the C code ap
   convs with few taps per output (stems: 3 channels, 3x3) by the same rows kernel (``ROWS_MAX_TAPS``);
 * 1x1 stride-1 unpadded convs of one image: the weights as an (M, C) matrix times the input read in place
   as (C, H*W) (grouped: one batched product per group), then the compiled epilogue (bias and activation in
-  one pass);
+  one pass); or, on the shapes ``gemm.takes`` (group 1), ``gemm.c``: the weights packed once, the bias,
+  residual and activation applied in its register tiles (``gemm.py``);
 * the same convs with a squeeze-and-excitation scale folded in (``scale_fold``, planned as
   ``scaled_conv``): the scale multiplies the weights or the input, whichever has fewer values;
 * either with the residual Add after it folded in (``residual_fold``, planned as ``residual_conv`` or
