@@ -135,17 +135,47 @@ static void edge(long kc, const float *a, const float *b, float *y, long q, long
 typedef float vr __attribute__((vector_size(32)));
 typedef float vru __attribute__((vector_size(32), aligned(4), may_alias));
 
-/* the finished column j's MR values, *acc, through the epilogue into y */
-static inline void put_column(const vr *acc, float *y, long q, long i0, long j, int first, const struct epi *e) {
-    for (int i = 0; i < MR; i++) { /* (by address: a 32-byte vector argument's ABI differs without AVX) */
-        float *out = y + (i0 + i) * q + j, v = (*acc)[i] + (first ? 0.f : *out);
-        if (e) {
-            if (e->r) v += e->r[(i0 + i) * e->ldr + j];
-            if (e->bias) v += e->bias[i0 + i];
-            v = act1(v, e->act, e->lo, e->hi);
-        }
-        *out = v;
+/* the fused activation on a column's vector, in place (actv's selects in vr; vectors by address and
+ * macros: a 32-byte vector argument's ABI differs without AVX) */
+typedef int vri __attribute__((vector_size(32)));
+#define SELR(m, u, v) ((vr)(((vri)(u) & (m)) | ((vri)(v) & ~(m))))
+
+static inline void actr(vr *a, int act, float lo, float hi) {
+    const vr zero = {0}, one = -(vr){0} + 1.f;
+    if (act == ACT_RELU) {
+        *a = SELR(*a < zero, zero, *a);
+    } else if (act == ACT_CLIP) {
+        const vr l = -(vr){0} + lo, h = -(vr){0} + hi;
+        *a = SELR(*a < l, l, *a);
+        *a = SELR(*a > h, h, *a);
+    } else if (act == ACT_HARDSWISH) {
+        vr g = *a * (-(vr){0} + 1.f / 6.f) + (-(vr){0} + 0.5f);
+        g = SELR(g < zero, zero, g);
+        g = SELR(g > one, one, g);
+        *a *= g;
     }
+}
+
+/* the finished column j's MR values, *acc, through the epilogue into y (the residual and y gathered, the
+ * activation on the vector: a scalar activation per value had cost as much as the column's products) */
+static inline void put_column(const vr *acc, float *y, long q, long i0, long j, int first, const struct epi *e) {
+    vr v = *acc, t = {0};
+    if (!first) {
+        for (int i = 0; i < MR; i++) t[i] = y[(i0 + i) * q + j];
+        v += t;
+    }
+    if (e) {
+        if (e->r) {
+            for (int i = 0; i < MR; i++) t[i] = e->r[(i0 + i) * e->ldr + j];
+            v += t;
+        }
+        if (e->bias) {
+            for (int i = 0; i < MR; i++) t[i] = e->bias[i0 + i];
+            v += t;
+        }
+        actr(&v, e->act, e->lo, e->hi);
+    }
+    for (int i = 0; i < MR; i++) y[(i0 + i) * q + j] = v[i];
 }
 
 /* 8 columns at a time (8 independent multiply-add chains), then one at a time with k split in 4 */
