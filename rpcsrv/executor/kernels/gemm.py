@@ -3,13 +3,14 @@ residual and the fused activation applied to each tile as it is stored, a squeez
 input as it is packed.  ``plans.py``'s pointwise plans call it on the shapes :func:`takes`, and run numpy's
 matmul (OpenBLAS) + the separate epilogue pass everywhere else.
 
-Why: OpenBLAS computes these products near the core's peak, and so does ``gemm.c`` (both ~75 GFLOP/s of the
-83 here, 1 thread: alone, per shape, within 0.93-1.04x of each other); what the pair loses inside a model is
-(a) the second pass over outputs that no longer fit in cache (MobileNetV2's expand 1x1s at 112x112 and
-56x56 write 1.8-4.8 MB), and (b) OpenBLAS packs the weights again at every call, from memory by then: on
-the late 14x14 and 7x7 layers, whose weights are the largest (up to 1.6 MB), the pre-packed panels were
-0.79-0.93x of OpenBLAS's time inside EfficientNet's run.  The kernel is single-threaded: with more than one
-BLAS thread in use (``compute.POLICY``) the plans take OpenBLAS, which uses them.
+Why: OpenBLAS computes these products near the core's peak, and so does ``gemm.c`` (~75 GFLOP/s of the 83
+here, 1 thread); what the pair loses inside a model is (a) the second pass over outputs that no longer fit in
+cache (MobileNetV2's expand 1x1s at 112x112 and 56x56 write 1.8-4.8 MB), and (b) OpenBLAS packs the weights
+again at every call, from memory by then: the late 14x14 and 7x7 layers have the largest weights (up to
+1.6 MB).  MobileNetV2's convs took 0.92x of their time inside its run, MobileNetV3's 0.90x (docs/executor.md,
+"The 1x1 convs' own GEMM").  The cost: the packed copy of the weights (MobileNetV2's peak RSS 38 -> 48 MB).
+The kernel is single-threaded: with more than one BLAS thread in use (``compute.POLICY``) the plans take
+OpenBLAS, which uses them.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ import numpy as np
 from . import compiled
 from .plan_support import F32, address, block
 
-#: the compiled GEMM runs 1x1 convs whose output rows (H * W) are at least this long.  Measured inside the
-#: models (``bench/gemm_ab.py --models``, per layer, 1 thread): every map from 7x7 up ran faster (7x7 and
-#: 14x14: 0.79-0.94x, 112x112 0.81-0.95x); the squeeze-and-excitation convs on 1x1 maps (a matrix-vector
-#: product: 1152 -> 48, 672 -> 28) 1.3-1.6x slower than OpenBLAS's.  Sizes between were not measured.
+#: the compiled GEMM runs 1x1 convs whose output rows (H * W) are at least this long.  Measured (1 thread,
+#: ``bench/gemm_ab.py``): alone, every MobileNetV2 and ResNet-50 1x1 shape 0.88-1.00x of OpenBLAS +
+#: epilogue, 7x7 maps included; inside the models every map from 7x7 up ran faster (7x7 and 14x14 layers
+#: 0.71-0.94x: OpenBLAS packs the weights again per call, from memory); the squeeze-and-excitation convs on
+#: 1x1 maps (a matrix-vector product: 1152 -> 48, 672 -> 28) 1.3-1.6x slower.  Sizes between not measured.
 MIN_COLUMNS = 16
 #: ``SWITCH["on"] = False``: planned convs take OpenBLAS + epilogue at their next call (paired benchmarks)
 SWITCH = {"on": True}
