@@ -19,6 +19,12 @@ import test_plans
 c_kernels = test_plans.c_kernels  # the fixture: the compiled kernels in use
 
 FUSED = [a for a in ACTIVATIONS if a[0] != "sigmoid"] + [(None, None)]
+
+
+@pytest.fixture(autouse=True)
+def one_blas_thread(monkeypatch):
+    """The BLAS thread count as a job of the compute policy last set it: 1 (other tests leave 2)."""
+    monkeypatch.setattr(compute.POLICY.blas, "current", 1)
 IDS = [f"{a[0]}{len(a[1] or ())}" for a in FUSED]
 
 
