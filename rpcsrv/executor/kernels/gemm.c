@@ -23,7 +23,7 @@
 
 #if defined(__AVX512F__) || defined(__aarch64__)
 #define MR 8 /* 32 vector registers: 8 x 3 accumulators, 3 of x, 1 broadcast (a 7x7 map is one 48-wide tile */
-#define NV 3 /* and a column; 8 x 2: 5-23% slower on the 7x7 layers, the same elsewhere) */
+#define NV 3 /* and a column; 8 x 2: 3-16% slower on the 7x7 layers, the same elsewhere) */
 #else
 #define MR 6 /* 16 registers (AVX2, SSE, armv7 NEON): 6 x 2 accumulators, 2 of x, 1 broadcast */
 #define NV 2

@@ -25,7 +25,7 @@ from . import compiled
 from .plan_support import F32, address, block
 
 #: the compiled GEMM runs 1x1 convs whose output rows (H * W) are at least this long.  Measured (1 thread,
-#: ``bench/gemm_ab.py``): alone, every MobileNetV2 and ResNet-50 1x1 shape 0.88-1.00x of OpenBLAS +
+#: ``bench/gemm_ab.py``): alone, every MobileNetV2 and ResNet-50 1x1 shape 0.74-1.03x of OpenBLAS +
 #: epilogue, 7x7 maps included; inside the models every map from 7x7 up ran faster (7x7 and 14x14 layers
 #: 0.71-0.94x: OpenBLAS packs the weights again per call, from memory); the squeeze-and-excitation convs on
 #: 1x1 maps (a matrix-vector product: 1152 -> 48, 672 -> 28) 1.3-1.6x slower.  Sizes between not measured.
