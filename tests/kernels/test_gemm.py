@@ -6,12 +6,16 @@ epilogue (same values) when it is switched off, when more BLAS threads run, and 
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from rpcsrv.executor import compute
 from rpcsrv.executor.kernels import compiled, gemm, plans
 from rpcsrv.executor.kernels.conv import conv
+from conftest import need_program
 from test_compiled_depthwise import ACTIVATIONS
 from test_depthwise_conv import onnx_conv
 import test_plans
@@ -153,3 +157,24 @@ def test_without_the_library_no_gemm(monkeypatch):
         _close(conv(x4, w4, b)[0].reshape(4, 600), _reference(x, w, b))
     finally:
         compiled.reset()
+
+
+KERNELS = Path(compiled.__file__).parent
+
+
+@pytest.mark.parametrize("target,flags,runner,mr", [
+    ("aarch64-linux-gnu", [], "qemu-aarch64-static", 8),  # 32 NEON registers: 8 x 12 tiles
+    ("arm-linux-gnueabihf", ["-mfpu=neon"], "qemu-arm-static", 6),  # armv7 NEON: 6 x 8
+    ("arm-linux-gnueabihf", [], "qemu-arm-static", 6)])  # no NEON: the vectors lowered to scalars
+def test_cross_builds_warning_free_and_correct(target, flags, runner, mr, tmp_path):
+    """gemm.c for the boards' targets: no warning with -Wall -Wextra, and its results against a naive loop
+    (tests/kernels/gemm_check.c) under qemu-user."""
+    cc = need_program(f"{target}-gcc", "the cross compiler (apt-get install gcc-" + target.replace("_", "-") + ")")
+    qemu = need_program(runner, "qemu-user-static runs the cross-built check")
+    exe = tmp_path / "check"
+    build = subprocess.run([cc, "-O3", *flags, "-static", "-Wall", "-Wextra", "-Werror", "-o", str(exe),
+                            str(Path(__file__).with_name("gemm_check.c")), str(KERNELS / "gemm.c"),
+                            str(KERNELS / "sigmoid.c"), "-lm"], capture_output=True, text=True, timeout=120)
+    assert build.returncode == 0, build.stderr
+    run = subprocess.run([qemu, str(exe)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.split() == ["ok", str(mr)], run.stdout + run.stderr
