@@ -81,12 +81,13 @@ static void pack_x(const float *x, const float *s, float *xp, long q, long p0, l
 /* the tile's epilogue: v + r + bias through the activation (swish: the caller's pass after) */
 struct epi { const float *bias, *r; long ldr; int act; float lo, hi; };
 
-/* c (MR x NR, rows ldc apart) = (first ? 0 : c) + a (kc x MR) @ b (kc x NR), then the epilogue when e */
+/* c (rows <= MR rows of NR, ldc apart) = (first ? 0 : c) + a (kc x MR) @ b (kc x NR), then the epilogue when
+ * e (a panel's last rows past m: computed on the zero padding, not stored) */
 static inline void micro(long kc, const float *restrict a, const float *restrict b, float *restrict c, long ldc,
-                         int first, const struct epi *e, long i0, long j0) {
+                         int first, const struct epi *e, long i0, long j0, long rows) {
     vf acc[MR][NV];
     for (int i = 0; i < MR; i++)
-        for (int v = 0; v < NV; v++) acc[i][v] = first ? (vf){0} : loadv(c + i * ldc + v * VW);
+        for (int v = 0; v < NV; v++) acc[i][v] = first || i >= rows ? (vf){0} : loadv(c + i * ldc + v * VW);
     for (long p = 0; p < kc; p++, a += MR, b += NR) {
         vf bv[NV];
         for (int v = 0; v < NV; v++) bv[v] = loadv(b + v * VW);
@@ -95,7 +96,7 @@ static inline void micro(long kc, const float *restrict a, const float *restrict
             for (int v = 0; v < NV; v++) acc[i][v] += ai * bv[v];
         }
     }
-    for (int i = 0; i < MR; i++) {
+    for (int i = 0; i < MR && i < rows; i++) {
         for (int v = 0; v < NV; v++) {
             vf t = acc[i][v];
             if (e) {
@@ -108,13 +109,13 @@ static inline void micro(long kc, const float *restrict a, const float *restrict
     }
 }
 
-/* an edge tile (rows < MR or cols < NR): through a full tile in a local buffer, the epilogue in scalars */
+/* a corner tile (rows < MR and cols < NR): through a full tile in a local buffer, the epilogue in scalars */
 static void edge(long kc, const float *a, const float *b, float *y, long q, long i0, long j0, long rows,
                  long cols, int first, const struct epi *e) {
     float t[MR * NR];
     for (long i = 0; i < rows; i++)
         if (!first) memcpy(t + i * NR, y + (i0 + i) * q + j0, (size_t)cols * sizeof(float));
-    micro(kc, a, b, t, NR, first, 0, 0, 0);
+    micro(kc, a, b, t, NR, first, 0, 0, 0, MR);
     for (long i = 0; i < rows; i++)
         for (long j = 0; j < cols; j++) {
             float v = t[i * NR + j];
@@ -223,8 +224,8 @@ int rpcsrv_gemm_f32(const float *wp, const float *x, const float *s, const float
                 const long rows = m - i0 < MR ? m - i0 : MR;
                 for (long j = 0; j < nc; j += NR) {
                     const float *b = xp + j * kc;
-                    if (rows == MR && nc - j >= NR)
-                        micro(kc, a, b, y + i0 * q + j0 + j, q, first, e, i0, j0 + j);
+                    if (nc - j >= NR)
+                        micro(kc, a, b, y + i0 * q + j0 + j, q, first, e, i0, j0 + j, rows);
                     else if (rows == MR)
                         columns(kc, a, b, y, q, i0, j0 + j, nc - j, first, e);
                     else
