@@ -2,7 +2,8 @@
 
 (``dwconv.c`` also has the stem convolution and max pooling on its phase planes; ``epilogue.c``: a GEMM
 conv's (or MatMul's) bias and fused activation in one pass; ``sigmoid.c``: sigmoid, SiLU and softmax;
-``winograd.c``: Winograd's input and output transforms; ``vec.h``: their shared vector helpers.)
+``winograd.c``: Winograd's input and output transforms; ``gemm.c``: 1x1 convs' GEMM with that epilogue in
+its tiles (``gemm.py``); ``vec.h``: their shared vector helpers.)
 
 Why: a depthwise conv is ``kernel_size`` multiply-adds per output with no reduction over channels, so
 numpy runs it as whole-array passes at memory speed (about 5 GFLOP/s here; ``depthwise.py``), while
@@ -14,7 +15,7 @@ board (its shim is built the same way).
 Where the library comes from, first found wins:
 
 1. ``RPCSRV_KERNELS_LIB=/path/libkernels.so``: prebuilt (boards without a compiler; build it elsewhere
-   with ``cc -O3 -shared -fPIC -o libkernels.so dwconv.c sigmoid.c epilogue.c winograd.c -lm`` in
+   with ``cc -O3 -shared -fPIC -o libkernels.so dwconv.c sigmoid.c epilogue.c winograd.c gemm.c -lm`` in
    ``rpcsrv/executor/kernels``);
 2. the cache ``$RPCSRV_CACHE_DIR`` (default ``~/.cache/rpcsrv``), keyed by the sources' hash, the
    machine and the CPU's features (a compiler removed after the build leaves the cached library in use);
@@ -40,7 +41,8 @@ from typing import Optional
 
 import numpy as np
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("dwconv.c", "sigmoid.c", "epilogue.c", "winograd.c"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("dwconv.c", "sigmoid.c", "epilogue.c", "winograd.c",
+                                                            "gemm.c"))
 #: included by the sources (hashed with them: a change rebuilds)
 HEADERS = (Path(__file__).with_name("vec.h"),)
 ENV_SWITCH = "RPCSRV_COMPILED_KERNELS"
@@ -154,6 +156,13 @@ def library() -> Optional[ctypes.CDLL]:
                 lib.rpcsrv_gelu_f32.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]
                 lib.rpcsrv_sigmoid_f32.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
                 lib.rpcsrv_bias_act_f32.restype = None
+                lib.rpcsrv_gemm_mr.restype, lib.rpcsrv_gemm_mr.argtypes = ctypes.c_long, []
+                lib.rpcsrv_gemm_pack_w.restype = None
+                lib.rpcsrv_gemm_pack_w.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2
+                lib.rpcsrv_gemm_f32.restype = lib.rpcsrv_gemm_block.restype = ctypes.c_int
+                lib.rpcsrv_gemm_f32.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_long] * 3 + [
+                    ctypes.c_int, ctypes.c_float, ctypes.c_float]
+                lib.rpcsrv_gemm_block.argtypes = [ctypes.c_void_p] * 6
                 lib.rpcsrv_bias_act_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 3 + [
                     ctypes.c_int, ctypes.c_float, ctypes.c_float]
                 _state.update(lib=lib, path=str(path), reason="")

@@ -22,7 +22,8 @@ Planned (float32, 2-D, compiled kernels in use, the activation one the C code ap
   convs with few taps per output (stems: 3 channels, 3x3) by the same rows kernel (``ROWS_MAX_TAPS``);
 * 1x1 stride-1 unpadded convs of one image: the weights as an (M, C) matrix times the input read in place
   as (C, H*W) (grouped: one batched product per group), then the compiled epilogue (bias and activation in
-  one pass);
+  one pass); or, on the shapes ``gemm.takes`` (group 1), ``gemm.c``: the weights packed once, the bias,
+  residual and activation applied in its register tiles (``gemm.py``);
 * the same convs with a squeeze-and-excitation scale folded in (``scale_fold``, planned as
   ``scaled_conv``): the scale multiplies the weights or the input, whichever has fewer values;
 * either with the residual Add after it folded in (``residual_fold``, planned as ``residual_conv`` or
@@ -51,7 +52,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from . import compiled, plans_ops, winograd
+from . import compiled, gemm, plans_ops, winograd
 from .conv import _geometry, _tup, fast_path
 from .plan_support import F32, address, block, computed, in_use
 from .windows import pad_spatial
@@ -182,6 +183,9 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False, res: bool =
         q = h * wd
         xview = (c, q) if group == 1 else (group, c // group, q)
         epilogue = lib.rpcsrv_bias_act_block if (act or bias is not None) else None
+        # -- gemm.c: the product with the bias, residual and activation in its tiles, on the shapes where it
+        # measured faster than matmul + epilogue (gemm.takes); None: OpenBLAS and the epilogue pass below
+        tiled = gemm.planned(lib, wmat, bptr, (m, q), act, lo, hi) if group == 1 else None
         params, pptr = block(ctypes.c_long, (bptr or 0, m, q, act))
         fparams, fptr = block(ctypes.c_float, (lo, hi))
         lib_ready = in_use(lib)
@@ -210,17 +214,21 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False, res: bool =
             def residual_pointwise(x, w_in, b_in, r):
                 if not ready(x, w_in, b_in) or not r_ready(r):
                     return general(x, w_in, b_in, r)
+                y = tiled and tiled(x, None, r)
+                if y is not None:
+                    return y.reshape(shape)
                 return finish_residual(np.matmul(wmat, x.reshape(xview)), r)
 
-            residual_pointwise.keep = (wmat, bias, params, fparams)
+            residual_pointwise.keep = (wmat, bias, params, fparams, tiled)
             return residual_pointwise
         if not scaled:
             def pointwise(x, w_in, b_in=None):
                 if not ready(x, w_in, b_in):
                     return general(x, w_in, b_in)
-                return finish(np.matmul(wmat, x.reshape(xview)))
+                y = tiled and tiled(x)
+                return finish(np.matmul(wmat, x.reshape(xview))) if y is None else y.reshape(shape)
 
-            pointwise.keep = (wmat, bias, params, fparams)
+            pointwise.keep = (wmat, bias, params, fparams, tiled)
             return pointwise
         # the scale goes where it multiplies fewer values: the weights' M*C, or the input's C*H*W (the
         # small late maps of MobileNetV3/EfficientNet: 960 -> 160 at 7x7 scales 47k inputs, not 154k weights)
@@ -230,13 +238,17 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False, res: bool =
             if not ready(x, w_in, b_in) or type(s) is not np.ndarray or s.shape != sshape or s.dtype != F32 \
                     or len(r) != res or (res and not r_ready(r[0])):
                 return kernel(x, s, w_in, b_in, *r, **attrs)
+            # the scale applied as the input is packed
+            y = tiled(x, s, r[0] if res else None) if tiled is not None and s.flags.c_contiguous else None
+            if y is not None:
+                return y.reshape(shape)
             if on_weights:
                 y = np.matmul(wmat * s.reshape(1, c), x.reshape(c, q))
             else:
                 y = np.matmul(wmat, x.reshape(c, q) * s.reshape(c, 1))
             return finish_residual(y, r[0]) if res else finish(y)
 
-        scaled_pointwise.keep = (wmat, bias, params, fparams)
+        scaled_pointwise.keep = (wmat, bias, params, fparams, tiled)
         return scaled_pointwise
     if not (scaled or res) and group == 1 and n == 1 and w.shape[2:] != (1, 1) and min(begin + end) >= 0 \
             and m * w[0].size <= CHUNK_MAX_WEIGHTS and fast_path(_stand_in(xshape), w, strides, dilations, 1) is None:

@@ -4,12 +4,13 @@
 #ifndef RPCSRV_VEC_H
 #define RPCSRV_VEC_H
 
-/* Vectors in GCC/clang's generic vector extension: 8 floats where the target has AVX, else 4 (SSE, NEON);
+/* Vectors in GCC/clang's generic vector extension: 8 floats where the target has AVX, else 4 (SSE, NEON),
+ * unless the source defines VW first (gemm.c: 16 with AVX-512; the shuffles below are for 8 and 4 only);
  * (Plain loops left this to the
  * auto-vectoriser, whose choices varied 3.6x with the flags.) */
-#if defined(__AVX__)
+#if !defined(VW) && defined(__AVX__)
 #define VW 8
-#else
+#elif !defined(VW)
 #define VW 4
 #endif
 typedef float vf __attribute__((vector_size(VW * 4)));

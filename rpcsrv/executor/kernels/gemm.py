@@ -1,0 +1,107 @@
+"""The compiled 1x1-conv GEMM (``gemm.c``) for the run plans: the weights packed once, per plan; the bias, a
+residual and the fused activation applied to each tile as it is stored, a squeeze-and-excitation scale to the
+input as it is packed.  ``plans.py``'s pointwise plans call it on the shapes :func:`takes`, and run numpy's
+matmul (OpenBLAS) + the separate epilogue pass everywhere else.
+
+Why: OpenBLAS computes these products near the core's peak, and so does ``gemm.c`` (~75 GFLOP/s of the 83
+here, 1 thread); what the pair loses inside a model is (a) the second pass over outputs that no longer fit in
+cache (MobileNetV2's expand 1x1s at 112x112 and 56x56 write 1.8-4.8 MB), and (b) OpenBLAS packs the weights
+again at every call, from memory by then: the late 14x14 and 7x7 layers have the largest weights (up to
+1.6 MB).  MobileNetV2's convs took 0.92x of their time inside its run, MobileNetV3's 0.90x (docs/executor.md,
+"The 1x1 convs' own GEMM").  The cost: the packed copy of the weights (MobileNetV2's peak RSS 38 -> 48 MB).
+The kernel is single-threaded: with more than one BLAS thread in use (``compute.POLICY``) the plans take
+OpenBLAS, which uses them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from typing import Callable, Optional
+
+import numpy as np
+
+from . import compiled
+from .plan_support import F32, address, block
+
+#: the compiled GEMM runs 1x1 convs whose output rows (H * W) are at least this long.  Measured (1 thread,
+#: ``bench/gemm_ab.py``): alone, every MobileNetV2 and ResNet-50 1x1 shape 0.74-1.03x of OpenBLAS +
+#: epilogue, 7x7 maps included; inside the models every map from 7x7 up ran faster (7x7 and 14x14 layers
+#: 0.71-0.94x: OpenBLAS packs the weights again per call, from memory); the squeeze-and-excitation convs on
+#: 1x1 maps (a matrix-vector product: 1152 -> 48, 672 -> 28) 1.3-1.6x slower.  Sizes between not measured.
+MIN_COLUMNS = 16
+#: ``SWITCH["on"] = False``: planned convs take OpenBLAS + epilogue at their next call (paired benchmarks)
+SWITCH = {"on": True}
+
+
+def takes(m: int, k: int, q: int) -> bool:
+    """Whether a 1x1 conv of ``k`` input and ``m`` output channels over ``q`` positions runs ``gemm.c``."""
+    return q >= MIN_COLUMNS and m >= 1 and k >= 1
+
+
+def _one_thread() -> Callable[[], bool]:
+    """Whether the BLAS runs one thread now (the compute policy's last setting; unset: the caller's own),
+    and the switch is on."""
+    from ..compute import POLICY
+
+    blas = POLICY.blas
+    return lambda: SWITCH["on"] and (blas.current or 1) <= 1
+
+
+def packed_weights(lib: ctypes.CDLL, wmat: np.ndarray) -> np.ndarray:
+    """(M, K) float32 weights in ``gemm.c``'s panels (MR rows interleaved along K, zero-padded)."""
+    m, k = wmat.shape
+    mr = int(lib.rpcsrv_gemm_mr())
+    wp = np.empty(-(-m // mr) * mr * k + 8, F32)  # (8: read past the last panel, not used)
+    w = np.ascontiguousarray(wmat, F32)
+    lib.rpcsrv_gemm_pack_w(w.ctypes.data, wp.ctypes.data, m, k)
+    return wp
+
+
+def planned(lib: ctypes.CDLL, wmat: np.ndarray, bptr: Optional[int], shape: tuple, act: int, lo: float,
+            hi: float) -> Optional[Callable[..., Optional[np.ndarray]]]:
+    """A function ``(x, s=None, r=None)`` of C-contiguous float32 arrays (the plan checked them) that returns
+    y = act(wmat @ (s * x) + r + bias), of ``shape`` (M rows of Q values), by ``gemm.c``, or None while more
+    than one BLAS thread runs (then OpenBLAS's turn); or None itself when the shape does not take the kernel
+    (:func:`takes`).  Its ``.keep`` holds what its arguments point into (the plan keeps it)."""
+    m, k = wmat.shape
+    q = math.prod(shape) // m
+    if not takes(m, k, q):
+        return None
+    wp = packed_weights(lib, wmat)
+    params, pptr = block(ctypes.c_long, (wp.ctypes.data, bptr or 0, m, k, q, act))
+    fparams, fptr = block(ctypes.c_float, (lo, hi))
+    fn, one_thread = lib.rpcsrv_gemm_block, _one_thread()
+
+    def tiled(x: np.ndarray, s: Optional[np.ndarray] = None, r: Optional[np.ndarray] = None):
+        if not one_thread():
+            return None
+        y = np.empty(shape, F32)
+        if fn(address(x), 0 if s is None else address(s), 0 if r is None else address(r), address(y), pptr, fptr):
+            raise MemoryError("1x1 conv: the compiled GEMM could not allocate its packing buffer")
+        return y
+
+    tiled.keep = (wp, params, fparams)
+    return tiled
+
+
+def gemm(x: np.ndarray, wmat: np.ndarray, bias=None, residual=None, scale=None, activation=None,
+         activation_attrs=None) -> Optional[np.ndarray]:
+    """act(wmat @ (scale * x) + residual + bias) for float32 x (K, Q), wmat (M, K), by ``gemm.c`` (any
+    shape, tests and benchmarks; the plans call :func:`planned`): a fresh (M, Q) array, or None when the
+    compiled kernels are unavailable or do not apply this activation."""
+    lib = compiled.library()
+    act, lo, hi = compiled._activation(activation, activation_attrs)
+    if lib is None or (act == 0 and (activation is not None or activation_attrs)):
+        return None
+    m, k = wmat.shape
+    q = x.shape[1]
+    x = np.ascontiguousarray(x, F32)
+    wp = packed_weights(lib, wmat)
+    args = [None if a is None else np.ascontiguousarray(a, F32) for a in (scale, residual, bias)]
+    y = np.empty((m, q), F32)
+    addr = [None if a is None else a.ctypes.data for a in args]
+    if lib.rpcsrv_gemm_f32(wp.ctypes.data, x.ctypes.data, addr[0], addr[1], addr[2], y.ctypes.data, m, k, q, act,
+                           lo, hi) != 0:
+        raise MemoryError("gemm: the compiled kernel could not allocate its packing buffer")
+    return y

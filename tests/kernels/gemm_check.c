@@ -1,0 +1,57 @@
+/* tests/kernels/test_gemm.py's check of kernels/gemm.c on other targets (cross-compiled, run under qemu):
+ * rpcsrv_gemm_f32 against a naive double loop, every activation, a scale, a residual and a bias, sizes that
+ * are no multiple of the tile (MR x NR of the target) nor of the packing blocks.  Prints "ok MR" or the
+ * first mismatches; exit status 1 on any. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+long rpcsrv_gemm_mr(void);
+void rpcsrv_gemm_pack_w(const float *w, float *wp, long m, long k);
+int rpcsrv_gemm_f32(const float *wp, const float *x, const float *s, const float *r, const float *bias, float *y,
+                    long m, long k, long q, int act, float lo, float hi);
+
+static unsigned state = 12345u;
+static float rnd(void) { /* uniform in [-1, 1) */
+    state = state * 1103515245u + 12345u;
+    return (float)((state >> 8) & 0xffff) / 32768.f - 1.f;
+}
+
+int main(void) {
+    static const long shapes[][3] = {{1, 1, 1}, {3, 7, 17}, {17, 49, 33}, {9, 3, 1031}, {40, 400, 50}, {7, 800, 77}};
+    const long mr = rpcsrv_gemm_mr();
+    int bad = 0;
+    for (int t = 0; t < 6; t++)
+        for (int act = 0; act < 5; act++) {
+            const long m = shapes[t][0], k = shapes[t][1], q = shapes[t][2];
+            float *w = malloc(sizeof(float) * m * k), *x = malloc(sizeof(float) * k * q);
+            float *r = malloc(sizeof(float) * m * q), *b = malloc(sizeof(float) * m), *s = malloc(sizeof(float) * k);
+            float *y = malloc(sizeof(float) * m * q), *wp = malloc(sizeof(float) * (((m + mr - 1) / mr * mr) * k + 8));
+            for (long i = 0; i < m * k; i++) w[i] = rnd();
+            for (long i = 0; i < k * q; i++) x[i] = rnd();
+            for (long i = 0; i < m * q; i++) r[i] = rnd();
+            for (long i = 0; i < m; i++) b[i] = rnd();
+            for (long i = 0; i < k; i++) s[i] = rnd();
+            rpcsrv_gemm_pack_w(w, wp, m, k);
+            if (rpcsrv_gemm_f32(wp, x, s, r, b, y, m, k, q, act, -0.5f, 0.5f) != 0) return 2;
+            for (long i = 0; i < m; i++)
+                for (long j = 0; j < q; j++) {
+                    double v = 0;
+                    for (long p = 0; p < k; p++) v += (double)w[i * k + p] * x[p * q + j] * s[p];
+                    v += r[i * q + j] + b[i];
+                    if (act == 1) v = v < 0 ? 0 : v;
+                    if (act == 2) v = v < -0.5 ? -0.5 : v > 0.5 ? 0.5 : v;
+                    if (act == 3) {
+                        double g = v / 6 + 0.5;
+                        v *= g < 0 ? 0 : g > 1 ? 1 : g;
+                    }
+                    if (act == 4) v = v / (1 + exp(-v));
+                    if (fabs(v - y[i * q + j]) > 1e-4 * (1 + fabs(v)) && bad++ < 5)
+                        printf("m %ld k %ld q %ld act %d at (%ld, %ld): %g, want %g\n", m, k, q, act, i, j, y[i * q + j],
+                               v);
+                }
+            free(w), free(x), free(r), free(b), free(s), free(y), free(wp);
+        }
+    if (!bad) printf("ok %ld\n", mr);
+    return bad != 0;
+}
