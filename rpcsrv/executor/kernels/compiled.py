@@ -2,7 +2,8 @@
 
 (``dwconv.c`` also has the stem convolution and max pooling on its phase planes; ``epilogue.c``: a GEMM
 conv's (or MatMul's) bias and fused activation in one pass; ``sigmoid.c``: sigmoid, SiLU and softmax;
-``winograd.c``: Winograd's input and output transforms; ``vec.h``: their shared vector helpers.)
+``winograd.c``: Winograd's input and output transforms; ``im2col.c``: a dense conv's column matrix;
+``vec.h``: their shared vector helpers.)
 
 Why: a depthwise conv is ``kernel_size`` multiply-adds per output with no reduction over channels, so
 numpy runs it as whole-array passes at memory speed (about 5 GFLOP/s here; ``depthwise.py``), while
@@ -14,7 +15,7 @@ board (its shim is built the same way).
 Where the library comes from, first found wins:
 
 1. ``RPCSRV_KERNELS_LIB=/path/libkernels.so``: prebuilt (boards without a compiler; build it elsewhere
-   with ``cc -O3 -shared -fPIC -o libkernels.so dwconv.c sigmoid.c epilogue.c winograd.c -lm`` in
+   with ``cc -O3 -shared -fPIC -o libkernels.so dwconv.c sigmoid.c epilogue.c winograd.c im2col.c -lm`` in
    ``rpcsrv/executor/kernels``);
 2. the cache ``$RPCSRV_CACHE_DIR`` (default ``~/.cache/rpcsrv``), keyed by the sources' hash, the
    machine and the CPU's features (a compiler removed after the build leaves the cached library in use);
@@ -40,7 +41,8 @@ from typing import Optional
 
 import numpy as np
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("dwconv.c", "sigmoid.c", "epilogue.c", "winograd.c"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("dwconv.c", "sigmoid.c", "epilogue.c", "winograd.c",
+                                                                "im2col.c"))
 #: included by the sources (hashed with them: a change rebuilds)
 HEADERS = (Path(__file__).with_name("vec.h"),)
 ENV_SWITCH = "RPCSRV_COMPILED_KERNELS"
@@ -129,6 +131,8 @@ def library() -> Optional[ctypes.CDLL]:
                 lib.rpcsrv_avgpool2d_f32.restype = ctypes.c_int
                 lib.rpcsrv_avgpool2d_f32.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 14
                 lib.rpcsrv_wino_in_f32.restype = lib.rpcsrv_wino_out_f32.restype = ctypes.c_int
+                lib.rpcsrv_im2col_f32.restype = None
+                lib.rpcsrv_im2col_f32.argtypes = [ctypes.c_void_p] * 3
                 lib.rpcsrv_wino_in_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 8
                 lib.rpcsrv_wino_out_f32.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 6 + [
                     ctypes.c_int, ctypes.c_float, ctypes.c_float]
@@ -170,7 +174,7 @@ def status() -> dict:
     lib = library()
     return {"in_use": lib is not None, "reason": _state.get("reason", "") if lib is None else
             "compiled kernels in use (depthwise convolution, sigmoid, swish, conv epilogue, "
-            "stem convolution, max and average pooling, winograd transforms)",
+            "stem convolution, max and average pooling, winograd transforms, im2col)",
             "library": _state.get("path")}
 
 
