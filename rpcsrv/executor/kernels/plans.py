@@ -27,8 +27,8 @@ Planned (float32, 2-D, compiled kernels in use, the activation one the C code ap
   ``scaled_conv``): the scale multiplies the weights or the input, whichever has fewer values;
 * either with the residual Add after it folded in (``residual_fold``, planned as ``residual_conv`` or
   ``scaled_residual_conv``): the residual, the bias and the activation in the one epilogue pass;
-* 3x3 convs that take Winograd (``conv.fast_path``): the compiled transforms (``winograd.c``), the bias and
-  the activation in the output transform;
+* 3x3 convs that take Winograd (``conv.fast_path``): the compiled transforms (``winograd.c``; F(4x4, 3x3)'s
+  ``winograd4.c`` on larger maps), the bias and the activation in the output transform;
 * other dense convs of one image (7x7 stems, AlexNet's 11x11, stride-2 3x3s, 3x3s on 7x7 maps, 5x5s: those
   no fast path takes): the compiled im2col (``im2col.c``) and the GEMM, a band of output rows at a time for
   small weights, then the compiled epilogue;
@@ -141,14 +141,18 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False, res: bool =
         if group != 1 or math.prod(sshape) != c or sshape[-2:] != (1, 1):
             return None
     elif _takes(winograd, xshape, w, strides, dilations, group) and min(begin + end) >= 0:
-        u = winograd.transformed_weights(w)  # Winograd, the bias and activation in its output transform
+        # Winograd, F(4x4, 3x3) where it pays (``winograd.four_pays``), the bias and activation in its output
+        # transform
+        four = winograd.four_pays(c, m, *out)
+        u = winograd.transformed_weights4(w) if four else winograd.transformed_weights(w)
         code, ready = (act, lo, hi), in_use(lib)
+        run = winograd.compiled_winograd4 if four else winograd.compiled_winograd
 
         def winograd_conv(x, w_in, b_in=None):
             y = None
             if w_in is w and b_in is b and type(x) is np.ndarray and x.shape == xshape and x.dtype == F32 \
                     and ready():
-                y = winograd.compiled_winograd(x, u, bias, begin, end, code, lib)
+                y = run(x, u, bias, begin, end, code, lib)
             return general(x, w_in, b_in) if y is None else y
 
         winograd_conv.keep = (u, bias)
