@@ -108,9 +108,11 @@ def test_winograd4_error_is_bounded_against_direct_convolution(c, m, h, w, c_ker
 
 
 def test_the_plan_picks_f4_by_size(c_kernels):
-    """F(4x4) on large maps (ResNet-50's 64 -> 64 at 56x56), F(2x2) on small ones (14x14)."""
+    """F(4x4) on large maps (ResNet-50's 64 -> 64 at 56x56, SqueezeNet's 16 -> 64 at 55x55), F(2x2) on small
+    ones (14x14)."""
     runs = []
-    for shape, four in (((1, 64, 56, 56), True), ((1, 256, 14, 14), False), ((1, 32, 27, 27), False)):
+    for shape, four in (((1, 64, 56, 56), True), ((1, 256, 14, 14), False), ((1, 32, 27, 27), False),
+                        ((1, 16, 55, 55), True)):
         assert winograd.four_pays(shape[1], 64 if shape[1] != 32 else 128, *shape[2:]) is four
         x = np.zeros(shape, np.float32)
         wt = np.ones((64, shape[1], 3, 3), np.float32)
@@ -118,7 +120,22 @@ def test_the_plan_picks_f4_by_size(c_kernels):
                         np.float32)
         assert fn is not None and fn.__name__ == "winograd_conv"
         runs.append(fn.keep[0].shape[0])  # the transformed weights: 36 or 16 planes
-    assert runs == [36, 16, 16]
+    assert runs == [36, 16, 16, 36]
+
+
+def test_few_input_channels_take_f4_in_the_plan_only(c_kernels, four_everywhere):
+    """16-31 input channels (SqueezeNet's 16 -> 64): no Winograd fast path takes them, the plan's F(4x4) does;
+    fewer (8) stay im2col."""
+    x, wt, b = _data(16, 64, 13, 11, 8)
+    assert not winograd.usable(x, wt, [1, 1], [1, 1], 1)
+    got = _plan(x, wt, b, {"pads": [1, 1, 1, 1]})(x, wt, b)
+    want = onnx_conv(x, wt, b, pads=[1, 1, 1, 1])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=BOUND * np.abs(want).max())
+    assert four_everywhere == [1]
+    x8, w8, b8 = _data(8, 64, 13, 11, 9)
+    fn = plans.plan("conv", conv, {"pads": [1, 1, 1, 1]}, [(x8.shape, x8.dtype), w8, b8], (1, 64, 13, 11),
+                    np.float32)
+    assert fn.__name__ == "im2col_chunks"
 
 
 def test_other_inputs_and_kernels_turned_off_run_the_general_kernel(c_kernels, four_everywhere, monkeypatch):

@@ -140,7 +140,8 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False, res: bool =
     if scaled:
         if group != 1 or math.prod(sshape) != c or sshape[-2:] != (1, 1):
             return None
-    elif _takes(winograd, xshape, w, strides, dilations, group) and min(begin + end) >= 0:
+    elif min(begin + end) >= 0 and (_takes(winograd, xshape, w, strides, dilations, group)
+                                    or winograd.four_takes(_stand_in(xshape), w, strides, dilations, group)):
         # Winograd, F(4x4, 3x3) where it pays (``winograd.four_pays``), the bias and activation in its output
         # transform
         four = winograd.four_pays(c, m, *out)

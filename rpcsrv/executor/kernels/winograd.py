@@ -162,8 +162,11 @@ def compiled_winograd(x: np.ndarray, u: np.ndarray, bias, begin, end, act=(0, 0.
 #: and relu, 1 thread, caches flushed): 0.70-0.76 at 56x56 (32 -> 64, 64 -> 64, 64 -> 192), 0.79-0.93 at
 #: 28x28 with 64 -> 96 up to 256 -> 256, 1.01-1.09 at 28x28 with 64 -> 64 or fewer, 1.00 for SqueezeNet's
 #: 32 -> 128 at 27x27; 0.97-1.41 at 14x14 (16 tiles), 1.57 at 7x7: so from FOUR_MIN_TILES 4x4 tiles, or
-#: FOUR_MIN_TILES_WIDE with more than FOUR_MIN_WEIGHTS channel pairs
-FOUR_MIN_TILES, FOUR_MIN_TILES_WIDE, FOUR_MIN_WEIGHTS = 196, 49, 4096
+#: FOUR_MIN_TILES_WIDE with more than FOUR_MIN_WEIGHTS channel pairs; not with few channel pairs (16 -> 16 at
+#: 56x56: 1.21, 8 -> 32: 1.02; 16 -> 64: 0.85, 32 -> 32 at 112x112: 0.78).  It also takes layers of
+#: FOUR_MIN_IN .. COMPILED_MIN_IN input channels that no Winograd took: SqueezeNet's 16 -> 64 at 55x55, 0.74x
+#: of the planned im2col (0.58 / 0.78 ms), 24 -> 64 at 56x56 0.64x
+FOUR_MIN_TILES, FOUR_MIN_TILES_WIDE, FOUR_MIN_WEIGHTS, FOUR_MIN_PAIRS, FOUR_MIN_IN = 196, 49, 4096, 1024, 16
 FOUR_ENABLED = True
 _G4 = np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6], [1 / 24, 1 / 12, 1 / 6],
                 [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]], np.float64)
@@ -172,7 +175,15 @@ _G4 = np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6]
 def four_pays(c: int, m: int, oh: int, ow: int) -> bool:
     """Whether F(4x4, 3x3) beats F(2x2, 3x3) for C -> M channels and an OH x OW output (measured above)."""
     tiles = ((oh + 3) // 4) * ((ow + 3) // 4)
-    return FOUR_ENABLED and (tiles >= FOUR_MIN_TILES or (tiles >= FOUR_MIN_TILES_WIDE and m * c > FOUR_MIN_WEIGHTS))
+    return FOUR_ENABLED and ((tiles >= FOUR_MIN_TILES and m * c >= FOUR_MIN_PAIRS)
+                             or (tiles >= FOUR_MIN_TILES_WIDE and m * c > FOUR_MIN_WEIGHTS))
+
+
+def four_takes(x: np.ndarray, w: np.ndarray, strides, dilations, group: int) -> bool:
+    """Whether a run plan should take this layer as F(4x4, 3x3) though no Winograd fast path takes it (fewer
+    than ``COMPILED_MIN_IN`` input channels), for an input like ``x`` (a stand-in of its shape will do)."""
+    m, c, h, wd = w.shape[0], *x.shape[1:]
+    return _geometry_fits(x, w, strides, dilations, group) and c >= FOUR_MIN_IN and four_pays(c, m, h, wd)
 
 
 def transformed_weights4(w: np.ndarray) -> np.ndarray:
