@@ -159,13 +159,14 @@ def compiled_winograd(x: np.ndarray, u: np.ndarray, bias, begin, end, act=(0, 0.
 
 #: F(4x4, 3x3) (``winograd4.c``, run plans only): 6x6 input tiles, 4x4 output tiles, 36 GEMMs over a quarter
 #: of the tiles, 1.78x fewer flops than F(2x2).  Measured against F(2x2) with the compiled transforms (bias
-#: and relu, 1 thread, caches flushed): 0.70-0.76 at 56x56 (32 -> 64, 64 -> 64, 64 -> 192), 0.79-0.93 at
-#: 28x28 with 64 -> 96 up to 256 -> 256, 1.01-1.09 at 28x28 with 64 -> 64 or fewer, 1.00 for SqueezeNet's
-#: 32 -> 128 at 27x27; 0.97-1.41 at 14x14 (16 tiles), 1.57 at 7x7: so from FOUR_MIN_TILES 4x4 tiles, or
-#: FOUR_MIN_TILES_WIDE with more than FOUR_MIN_WEIGHTS channel pairs; not with few channel pairs (16 -> 16 at
-#: 56x56: 1.21, 8 -> 32: 1.02; 16 -> 64: 0.85, 32 -> 32 at 112x112: 0.78).  It also takes layers of
-#: FOUR_MIN_IN .. COMPILED_MIN_IN input channels that no Winograd took: SqueezeNet's 16 -> 64 at 55x55, 0.74x
-#: of the planned im2col (0.58 / 0.78 ms), 24 -> 64 at 56x56 0.64x
+#: and relu, 1 thread, caches flushed): 0.70-0.79 at 56x56 (32 -> 64, 64 -> 64, 64 -> 192), 0.77-0.84 at
+#: 28x28 with 96 -> 96 up to 256 -> 256, 0.91-0.95 with 4096 channel pairs (64 -> 64, 128 -> 32, SqueezeNet's
+#: 32 -> 128 at 27x27), 0.96-0.99 with fewer (32 -> 32, 48 -> 48); 0.99-1.33 at 14x14 (16 tiles), 1.57 at
+#: 7x7: so from FOUR_MIN_TILES 4x4 tiles with FOUR_MIN_PAIRS channel pairs, or FOUR_MIN_TILES_WIDE with
+#: FOUR_MIN_WEIGHTS; not with few channel pairs (16 -> 16 at 56x56: 1.11, 8 -> 32: 1.02; 16 -> 64: 0.82,
+#: 32 -> 32 at 112x112: 0.78).  It also takes layers of FOUR_MIN_IN .. COMPILED_MIN_IN input channels that no
+#: Winograd took: SqueezeNet's 16 -> 64 at 55x55, 0.74x of the planned im2col (0.58 / 0.78 ms), 24 -> 64 at
+#: 56x56 0.64x
 FOUR_MIN_TILES, FOUR_MIN_TILES_WIDE, FOUR_MIN_WEIGHTS, FOUR_MIN_PAIRS, FOUR_MIN_IN = 196, 49, 4096, 1024, 16
 FOUR_ENABLED = True
 _G4 = np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6], [1 / 24, 1 / 12, 1 / 6],
@@ -176,7 +177,7 @@ def four_pays(c: int, m: int, oh: int, ow: int) -> bool:
     """Whether F(4x4, 3x3) beats F(2x2, 3x3) for C -> M channels and an OH x OW output (measured above)."""
     tiles = ((oh + 3) // 4) * ((ow + 3) // 4)
     return FOUR_ENABLED and ((tiles >= FOUR_MIN_TILES and m * c >= FOUR_MIN_PAIRS)
-                             or (tiles >= FOUR_MIN_TILES_WIDE and m * c > FOUR_MIN_WEIGHTS))
+                             or (tiles >= FOUR_MIN_TILES_WIDE and m * c >= FOUR_MIN_WEIGHTS))
 
 
 def four_takes(x: np.ndarray, w: np.ndarray, strides, dilations, group: int) -> bool:

@@ -45,9 +45,22 @@ int rpcsrv_wino4_in_f32(const float *x, float *v, long n, long c, long h, long w
             for (long r = 0; r < ph; r++) {  /* the phases of padded row r */
                 memset(row, 0, sizeof(float) * (size_t)pw);
                 if (r >= pt && r - pt < rows) memcpy(row + pl, src + (r - pt) * wd, sizeof(float) * (size_t)cols);
-                for (int s = 0; s < 4; s++) {
-                    float *dst = buf + (s * ph + r) * lp;
-                    for (long j = 0; j < tw + 1; j++) dst[j] = row[4 * j + s];
+                float *f0 = buf + r * lp, *f1 = f0 + ph * lp, *f2 = f1 + ph * lp, *f3 = f2 + ph * lp;
+                long j = 0;
+                for (; j + VW <= tw + 1; j += VW) {  /* four-way deinterleave: two rounds of even/odd */
+                    const float *q = row + 4 * j;
+                    const vf l0 = loadv(q), l1 = loadv(q + VW), l2 = loadv(q + 2 * VW), l3 = loadv(q + 3 * VW);
+                    const vf e0 = EVENS(l0, l1), o0 = ODDS(l0, l1), e1 = EVENS(l2, l3), o1 = ODDS(l2, l3);
+                    storev(f0 + j, EVENS(e0, e1));
+                    storev(f1 + j, EVENS(o0, o1));
+                    storev(f2 + j, ODDS(e0, e1));
+                    storev(f3 + j, ODDS(o0, o1));
+                }
+                for (; j < tw + 1; j++) {
+                    f0[j] = row[4 * j];
+                    f1[j] = row[4 * j + 1];
+                    f2[j] = row[4 * j + 2];
+                    f3[j] = row[4 * j + 3];
                 }
             }
             float *out = v + ci * tiles + b * th * tw;
@@ -55,11 +68,17 @@ int rpcsrv_wino4_in_f32(const float *x, float *v, long n, long c, long h, long w
                 for (int s = 0; s < 4; s++) {  /* B^T d per phase: t[(r * 4 + s) * lp + j] */
                     const float *d = buf + (s * ph + 4 * i) * lp;
                     float *o = t + s * lp;
-                    for (long j = 0; j < tw + 1; j++) {
-                        const float d0 = d[j], d1 = d[lp + j], d2 = d[2 * lp + j], d3 = d[3 * lp + j];
-                        const float d4 = d[4 * lp + j], d5 = d[5 * lp + j];
-                        BT6(d0, d1, d2, d3, d4, d5, o[j], o[4 * lp + j], o[8 * lp + j], o[12 * lp + j],
-                            o[16 * lp + j], o[20 * lp + j]);
+                    for (long j = 0; j < tw + 1; j += VW) {  /* (rows are lp >= tw + 1 + VW long) */
+                        const vf d0 = loadv(d + j), d1 = loadv(d + lp + j), d2 = loadv(d + 2 * lp + j);
+                        const vf d3 = loadv(d + 3 * lp + j), d4 = loadv(d + 4 * lp + j), d5 = loadv(d + 5 * lp + j);
+                        vf r0, r1, r2, r3, r4, r5;
+                        BT6(d0, d1, d2, d3, d4, d5, r0, r1, r2, r3, r4, r5);
+                        storev(o + j, r0);
+                        storev(o + 4 * lp + j, r1);
+                        storev(o + 8 * lp + j, r2);
+                        storev(o + 12 * lp + j, r3);
+                        storev(o + 16 * lp + j, r4);
+                        storev(o + 20 * lp + j, r5);
                     }
                 }
                 for (int r = 0; r < 6; r++) {  /* (B^T d) B over the tiles of the row */
@@ -138,20 +157,20 @@ int rpcsrv_wino4_out_f32(const float *p, float *y, const float *bias, long n, lo
             float *plane = y + (b * m + mo) * oh * ow;
             for (long i = 0; i < th; i++, src += tw) {
                 for (long j = 0; j < tw; j += VW) {
-                    const float *q[36];
-                    if (j + VW <= tw) {
-                        for (int k = 0; k < 36; k++) q[k] = src + k * k36 + j;
-                    } else {  /* the last tiles, through a zero-padded copy */
+                    const float *q = src + j;  /* plane k at q + k * ld */
+                    long ld = k36;
+                    if (j + VW > tw) {  /* the last tiles, through a zero-padded copy */
                         memset(pad, 0, sizeof(float) * 36 * VW);
-                        for (int k = 0; k < 36; k++) {
+                        for (int k = 0; k < 36; k++)
                             memcpy(pad + k * VW, src + k * k36 + j, sizeof(float) * (size_t)(tw - j));
-                            q[k] = pad + k * VW;
-                        }
+                        q = pad;
+                        ld = VW;
                     }
                     vf c[4][6];
                     for (int s = 0; s < 6; s++)
-                        AT4(loadv(q[s]), loadv(q[6 + s]), loadv(q[12 + s]), loadv(q[18 + s]), loadv(q[24 + s]),
-                            loadv(q[30 + s]), c[0][s], c[1][s], c[2][s], c[3][s]);
+                        AT4(loadv(q + s * ld), loadv(q + (6 + s) * ld), loadv(q + (12 + s) * ld),
+                            loadv(q + (18 + s) * ld), loadv(q + (24 + s) * ld), loadv(q + (30 + s) * ld), c[0][s],
+                            c[1][s], c[2][s], c[3][s]);
                     for (int a = 0; a < 4; a++) {
                         vf o[4];
                         AT4(c[a][0], c[a][1], c[a][2], c[a][3], c[a][4], c[a][5], o[0], o[1], o[2], o[3]);
