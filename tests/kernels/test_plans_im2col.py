@@ -27,6 +27,7 @@ CASES = [  # (c, m, spatial, kernel, attrs): m * c * kh * kw > CHUNK_MAX_WEIGHTS
     (36, 80, (9, 9), (5, 5), {"strides": [3, 3], "pads": [2, 2, 2, 2]}),  # stride 3, 5x5
     (384, 300, (7, 7), (3, 3), {"pads": [1, 1, 1, 1]}),  # a 3x3 on a 7x7 map that Winograd leaves (many weights)
     (3, 16, (23, 21), (7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}),  # small weights: a stem, in bands
+    (40, 120, (7, 6), (3, 3), {"strides": [2, 2], "pads": [4, 5, 3, 6]}),  # pads wider than the kernel
 ]
 
 
