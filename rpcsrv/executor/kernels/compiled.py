@@ -3,7 +3,7 @@
 (``dwconv.c`` also has the stem convolution and max pooling on its phase planes; ``epilogue.c``: a GEMM
 conv's (or MatMul's) bias and fused activation in one pass; ``sigmoid.c``: sigmoid, SiLU and softmax;
 ``winograd.c``, ``winograd4.c``: Winograd's input and output transforms (F(2x2, 3x3), F(4x4, 3x3));
-``im2col.c``: a dense conv's column matrix;
+``im2col.c``: a dense conv's column matrix; ``norm.c``: LayerNormalization;
 ``vec.h``: their shared vector helpers.)
 
 Why: a depthwise conv is ``kernel_size`` multiply-adds per output with no reduction over channels, so
@@ -17,7 +17,7 @@ Where the library comes from, first found wins:
 
 1. ``RPCSRV_KERNELS_LIB=/path/libkernels.so``: prebuilt (boards without a compiler; build it elsewhere
    with ``cc -O3 -shared -fPIC -o libkernels.so dwconv.c sigmoid.c epilogue.c winograd.c winograd4.c im2col.c
-   -lm`` in
+   norm.c -lm`` in
    ``rpcsrv/executor/kernels``);
 2. the cache ``$RPCSRV_CACHE_DIR`` (default ``~/.cache/rpcsrv``), keyed by the sources' hash, the
    machine and the CPU's features (a compiler removed after the build leaves the cached library in use);
@@ -44,7 +44,8 @@ from typing import Optional
 import numpy as np
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("dwconv.c", "sigmoid.c", "epilogue.c", "winograd.c",
-                                                                "winograd4.c", "im2col.c"))
+                                                                "winograd4.c", "im2col.c",
+                                                                "norm.c"))
 #: included by the sources (hashed with them: a change rebuilds)
 HEADERS = (Path(__file__).with_name("vec.h"),)
 ENV_SWITCH = "RPCSRV_COMPILED_KERNELS"
@@ -134,6 +135,8 @@ def library() -> Optional[ctypes.CDLL]:
                 lib.rpcsrv_avgpool2d_f32.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 14
                 lib.rpcsrv_wino_in_f32.restype = lib.rpcsrv_wino_out_f32.restype = ctypes.c_int
                 lib.rpcsrv_im2col_f32.restype = None
+                lib.rpcsrv_layernorm_f32.restype = None
+                lib.rpcsrv_layernorm_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 2 + [ctypes.c_float]
                 lib.rpcsrv_im2col_f32.argtypes = [ctypes.c_void_p] * 3
                 lib.rpcsrv_wino_in_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 8
                 lib.rpcsrv_wino_out_f32.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 6 + [

@@ -38,7 +38,8 @@ Planned (float32, 2-D, compiled kernels in use, the activation one the C code ap
   Softmax along the last axis (``sigmoid.c``: each row while in cache);
 * Flatten, and Reshape to a constant shape: a view of the declared shape; a classifier's Gemm (one row);
   MatMul by constant 2-D weights (the bias and activation in one pass after the GEMM);
-* 2-D float32 MaxPools (no indices output) and AveragePools by the same phase planes (padding -inf or 0).
+* 2-D float32 MaxPools (no indices output) and AveragePools by the same phase planes (padding -inf or 0);
+* LayerNormalization over the last axis (``plans_norm``: one C pass per row, ``norm.c``).
 
 Every other step, or any step on a board without the compiled kernels, runs its table kernel as before.
 """
@@ -51,7 +52,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from . import compiled, plans_ops, winograd
+from . import compiled, plans_norm, plans_ops, winograd
 from .conv import _geometry, _tup, fast_path
 from .plan_support import F32, address, block, computed, in_use
 
@@ -307,7 +308,7 @@ PLANNERS: dict[str, Planner] = {"conv": _conv, "add": plans_ops.add_plan, "sum":
                                 "sigmoid": plans_ops.sigmoid_plan, "hard_sigmoid": plans_ops.hard_sigmoid_plan,
                                 "softmax": plans_ops.softmax_plan, "matmul": plans_ops.matmul_plan,
                                 "flatten": plans_ops.view_plan, "reshape": plans_ops.view_plan,
-                                "gemm": plans_ops.gemm_plan,
+                                "gemm": plans_ops.gemm_plan, "layer_normalization": plans_norm.layer_normalization_plan,
                                 "max_pool": lambda *args: plans_ops.pool_plan("max_pool", *args),
                                 "average_pool": lambda *args: plans_ops.pool_plan("average_pool", *args),
                                 "scaled_conv": lambda *args: _conv(*args, scaled=True),
