@@ -1,7 +1,8 @@
 """Winograd F(4x4, 3x3) (``winograd4.c``, planned where ``winograd.four_pays``): against ``onnx.reference``
 and a direct float64 convolution: odd sizes (cropped tiles), asymmetric and SAME padding, each fused
 activation, NaN inputs, its float32 error bound on the channel counts it takes; the plan picks it by size;
-inputs the plan was not made for and the kernels turned off run the general kernel."""
+inputs the plan was not made for and the kernels turned off run the general kernel.  Also the products as
+V^T U^T (``winograd.flip_pays``) for F(2x2) and F(4x4)."""
 
 from __future__ import annotations
 
@@ -121,6 +122,19 @@ def test_the_plan_picks_f4_by_size(c_kernels):
         assert fn is not None and fn.__name__ == "winograd_conv"
         runs.append(fn.keep[0].shape[0])  # the transformed weights: 36 or 16 planes
     assert runs == [36, 16, 16, 36]
+
+
+@pytest.mark.parametrize("four", [False, True], ids=["f2", "f4"])
+@pytest.mark.parametrize("flip", [False, True], ids=["UV", "VtUt"])
+def test_flipped_products_match_onnx_reference(four, flip, c_kernels, monkeypatch):
+    monkeypatch.setattr(winograd, "FOUR_MIN_TILES", 1 if four else 10**9)
+    monkeypatch.setattr(winograd, "FOUR_MIN_TILES_WIDE", 1 if four else 10**9)
+    monkeypatch.setattr(winograd, "FLIP_MAX_TILES", 10**9 if flip else 0)
+    x, wt, b = _data(96, 40, 13, 11, 10)
+    fn = _plan(x, wt, b, {"pads": [1, 2, 0, 1], "activation": "relu"})
+    assert fn.keep[0].shape == ((36 if four else 16),) + ((96, 40) if flip else (40, 96))
+    want = np.maximum(onnx_conv(x, wt, b, pads=[1, 2, 0, 1]), 0)
+    np.testing.assert_allclose(fn(x, wt, b), want, rtol=1e-4, atol=BOUND * np.abs(want).max())
 
 
 def test_few_input_channels_take_f4_in_the_plan_only(c_kernels, four_everywhere):

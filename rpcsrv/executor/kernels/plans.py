@@ -147,6 +147,8 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False, res: bool =
         # transform
         four = winograd.four_pays(c, m, *out)
         u = winograd.transformed_weights4(w) if four else winograd.transformed_weights(w)
+        flip = winograd.flip_pays(c, m, math.prod((o + 1 + 2 * four) // (2 + 2 * four) for o in out))
+        u = np.ascontiguousarray(u.transpose(0, 2, 1)) if flip else u  # (T, C, M): V^T U^T
         code, ready = (act, lo, hi), in_use(lib)
         run = winograd.compiled_winograd4 if four else winograd.compiled_winograd
 
@@ -154,7 +156,7 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False, res: bool =
             y = None
             if w_in is w and b_in is b and type(x) is np.ndarray and x.shape == xshape and x.dtype == F32 \
                     and ready():
-                y = run(x, u, bias, begin, end, code, lib)
+                y = run(x, u, bias, begin, end, code, lib, flip)
             return general(x, w_in, b_in) if y is None else y
 
         winograd_conv.keep = (u, bias)
