@@ -154,7 +154,9 @@ def test_unplanned_layers(c_kernels):
     of 1x1s, large weights and other dtypes get no plan."""
     x = np.zeros((1, 8, 6, 6), np.float32)
     w1, w3 = np.ones((4, 8, 1, 1), np.float32), np.ones((4, 8, 3, 3), np.float32)
-    for w, attrs in ((w1, {"strides": [2, 2]}), (w1, {"pads": [1, 1, 1, 1]}),
+    assert plans.plan("conv", conv, {"strides": [2, 2]}, [(x.shape, x.dtype), w1], (1, 4, 3, 3),
+                      np.float32).__name__ == "im2col_chunks"  # a strided 1x1 (test_plans_im2col.py)
+    for w, attrs in ((w1, {"pads": [1, 1, 1, 1]}),
                      (np.ones((4, 4, 3, 3), np.float32), {"group": 2}), (w1, {"input_shuffle": 2})):
         assert plans.plan("conv", conv, attrs, [(x.shape, x.dtype), w], conv(x, w, **attrs).shape,
                           np.float32) is None, attrs

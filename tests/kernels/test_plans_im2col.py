@@ -1,8 +1,8 @@
-"""The im2col plan (``plans._im2col_chunks`` with ``im2col.c``): dense convs no fast path takes, with weights
-past ``CHUNK_MAX_WEIGHTS`` (one band: ResNet-50's and Inception's stride-2 3x3s, 3x3s on 7x7 maps) or small
-ones (bands of output rows), give ``onnx.reference``'s result for stride 2, dilation, asymmetric and SAME
-padding, odd sizes, each fused activation, NaN inputs; inputs the plan was not made for and the kernels
-turned off run the general kernel; no plan without the compiled kernels."""
+"""The im2col plan (``plans._im2col_chunks`` with ``im2col.c``): dense convs no fast path takes (strided 1x1s
+too), with weights past ``CHUNK_MAX_WEIGHTS`` (one band: ResNet-50's and Inception's stride-2 3x3s, 3x3s on
+7x7 maps) or small ones (bands of output rows), give ``onnx.reference``'s result for stride 2, dilation,
+asymmetric and SAME padding, odd sizes, each fused activation, NaN inputs; inputs the plan was not made for
+and the kernels turned off run the general kernel; no plan without the compiled kernels."""
 
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ CASES = [  # (c, m, spatial, kernel, attrs): m * c * kh * kw > CHUNK_MAX_WEIGHTS
     (384, 300, (7, 7), (3, 3), {"pads": [1, 1, 1, 1]}),  # a 3x3 on a 7x7 map that Winograd leaves (many weights)
     (3, 16, (23, 21), (7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}),  # small weights: a stem, in bands
     (40, 120, (7, 6), (3, 3), {"strides": [2, 2], "pads": [4, 5, 3, 6]}),  # pads wider than the kernel
+    (256, 200, (13, 11), (1, 1), {"strides": [2, 2]}),  # ResNet's strided 1x1 shortcut, odd sizes
+    (24, 40, (15, 16), (1, 1), {"strides": [2, 3]}),  # small weights, in bands
 ]
 
 

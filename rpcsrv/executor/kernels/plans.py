@@ -29,8 +29,8 @@ Planned (float32, 2-D, compiled kernels in use, the activation one the C code ap
   ``scaled_residual_conv``): the residual, the bias and the activation in the one epilogue pass;
 * 3x3 convs that take Winograd (``conv.fast_path``): the compiled transforms (``winograd.c``; F(4x4, 3x3)'s
   ``winograd4.c`` on larger maps), the bias and the activation in the output transform;
-* other dense convs of one image (7x7 stems, AlexNet's 11x11, stride-2 3x3s, 3x3s on 7x7 maps, 5x5s: those
-  no fast path takes): the compiled im2col (``im2col.c``) and the GEMM, a band of output rows at a time for
+* other dense convs of one image (7x7 stems, AlexNet's 11x11, stride-2 3x3s and 1x1s, 3x3s on 7x7 maps,
+  5x5s: those no fast path takes): the compiled im2col (``im2col.c``) and the GEMM, a band of output rows at a time for
   small weights, then the compiled epilogue;
 * Add/Sum of a 4-D tensor and a per-channel constant (a batch norm's shift) or a residual tensor, and the
   fused activation if any: one pass (``epilogue.c``);
@@ -70,7 +70,7 @@ ROWS_MAX_TAPS = 32
 #: take one.  The compiled im2col against numpy's (the table kernel, both with the GEMM, bias and relu; 1
 #: thread, caches flushed, ms): ResNet-50's 3x3 s2 128 at 56 2.80 / 3.16, 256 at 28 2.80 / 3.02, 512 at 14
 #: 3.29 / 3.52, 3x3 512 at 7 3.29 / 3.51; Inception's 128 -> 192 s2 at 14 0.39 / 0.54, 96 s2 at 28 0.48 /
-#: 0.64; the 7x7 stem 3.01 / 3.41 (numpy's banded im2col)
+#: 0.64; the 7x7 stem 3.01 / 3.41 (numpy's banded im2col); ResNet-50's strided 1x1s 0.91-0.96
 CHUNK_MAX_WEIGHTS, CHUNK_ELEMENTS = 40_000, 1 << 18
 
 
@@ -249,7 +249,8 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False, res: bool =
 
         scaled_pointwise.keep = (wmat, bias, params, fparams)
         return scaled_pointwise
-    if not (scaled or res) and group == 1 and n == 1 and w.shape[2:] != (1, 1) and min(begin + end) >= 0 \
+    if not (scaled or res) and group == 1 and n == 1 and (w.shape[2:] != (1, 1) or strides != (1, 1)) \
+            and min(begin + end) >= 0 \
             and fast_path(_stand_in(xshape), w, strides, dilations, 1) is None:
         return _im2col_chunks(general, w, b, bptr, xshape, shape, strides, dilations, begin, end, act, lo, hi, lib)
     return None
