@@ -52,7 +52,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from . import compiled, plans_norm, plans_ops, winograd
+from . import compiled, plans_norm, plans_ops, prepared, winograd
 from .conv import _geometry, _tup, fast_path
 from .plan_support import F32, address, block, computed, in_use
 
@@ -149,6 +149,8 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False, res: bool =
         u = winograd.transformed_weights4(w) if four else winograd.transformed_weights(w)
         flip = winograd.flip_pays(c, m, math.prod((o + 1 + 2 * four) // (2 + 2 * four) for o in out))
         u = np.ascontiguousarray(u.transpose(0, 2, 1)) if flip else u  # (T, C, M): V^T U^T
+        for tag in ("winograd",) * (four or flip) + ("winograd4",) * (four and flip):
+            prepared.forget(w, tag)  # the forms load_time prepared that this plan does not use: memory
         code, ready = (act, lo, hi), in_use(lib)
         run = winograd.compiled_winograd4 if four else winograd.compiled_winograd
 
