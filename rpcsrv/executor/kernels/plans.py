@@ -30,8 +30,8 @@ Planned (float32, 2-D, compiled kernels in use, the activation one the C code ap
 * 3x3 convs that take Winograd (``conv.fast_path``): the compiled transforms (``winograd.c``; F(4x4, 3x3)'s
   ``winograd4.c`` on larger maps), the bias and the activation in the output transform;
 * other dense convs of one image (7x7 stems, AlexNet's 11x11, stride-2 3x3s and 1x1s, 3x3s on 7x7 maps,
-  5x5s: those no fast path takes): the compiled im2col (``im2col.c``) and the GEMM, a band of output rows at a time for
-  small weights, then the compiled epilogue;
+  5x5s: those no fast path takes): the compiled im2col (``im2col.c``) and the GEMM, a band of output rows
+  at a time for small weights, then the compiled epilogue;
 * Add/Sum of a 4-D tensor and a per-channel constant (a batch norm's shift) or a residual tensor, and the
   fused activation if any: one pass (``epilogue.c``);
 * GlobalAveragePool of 4-D float32 tensors (row means in one pass, ``epilogue.c``), Sigmoid, HardSigmoid,
