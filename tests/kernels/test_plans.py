@@ -154,15 +154,18 @@ def test_unplanned_layers(c_kernels):
     of 1x1s, large weights and other dtypes get no plan."""
     x = np.zeros((1, 8, 6, 6), np.float32)
     w1, w3 = np.ones((4, 8, 1, 1), np.float32), np.ones((4, 8, 3, 3), np.float32)
-    for w, attrs in ((w1, {"strides": [2, 2]}), (w1, {"pads": [1, 1, 1, 1]}),
+    assert plans.plan("conv", conv, {"strides": [2, 2]}, [(x.shape, x.dtype), w1], (1, 4, 3, 3),
+                      np.float32).__name__ == "im2col_chunks"  # a strided 1x1 (test_plans_im2col.py)
+    for w, attrs in ((w1, {"pads": [1, 1, 1, 1]}),
                      (np.ones((4, 4, 3, 3), np.float32), {"group": 2}), (w1, {"input_shuffle": 2})):
         assert plans.plan("conv", conv, attrs, [(x.shape, x.dtype), w], conv(x, w, **attrs).shape,
                           np.float32) is None, attrs
     x2 = np.zeros((2, 8, 6, 6), np.float32)
     assert plans.plan("conv", conv, {}, [(x2.shape, x2.dtype), w1], (2, 4, 6, 6), np.float32) is None
     assert plans.plan("conv", conv, {}, [(x2.shape, x2.dtype), w3], (2, 4, 4, 4), np.float32) is None
-    big = np.ones((1024, 8, 3, 3), np.float32)  # weights past CHUNK_MAX_WEIGHTS: one im2col, the table kernel's
-    assert plans.plan("conv", conv, {}, [(x.shape, x.dtype), big], (1, 1024, 4, 4), np.float32) is None
+    big = np.ones((1024, 8, 3, 3), np.float32)  # weights past CHUNK_MAX_WEIGHTS: one band (test_plans_im2col.py)
+    assert plans.plan("conv", conv, {}, [(x.shape, x.dtype), big], (1, 1024, 4, 4), np.float32).__name__ \
+        == "im2col_chunks"
     assert plans.plan("conv", conv, {}, [(x.shape, np.float64), w1.astype(np.float64)], (1, 4, 6, 6),
                       np.float64) is None
     assert plans.plan("relu", conv, {}, [(x.shape, x.dtype)], x.shape, np.float32) is None

@@ -2,8 +2,9 @@
 
 (``dwconv.c`` also has the stem convolution and max pooling on its phase planes; ``epilogue.c``: a GEMM
 conv's (or MatMul's) bias and fused activation in one pass; ``sigmoid.c``: sigmoid, SiLU and softmax;
-``winograd.c``: Winograd's input and output transforms; ``gemm.c``: 1x1 convs' GEMM with that epilogue in
-its tiles (``gemm.py``); ``vec.h``: their shared vector helpers.)
+``winograd.c``, ``winograd4.c``: Winograd's input and output transforms (F(2x2, 3x3), F(4x4, 3x3));
+``im2col.c``: a dense conv's column matrix; ``norm.c``: LayerNormalization; ``gemm.c``: 1x1 convs' GEMM
+with that epilogue in its tiles (``gemm.py``); ``vec.h``: their shared vector helpers.)
 
 Why: a depthwise conv is ``kernel_size`` multiply-adds per output with no reduction over channels, so
 numpy runs it as whole-array passes at memory speed (about 5 GFLOP/s here; ``depthwise.py``), while
@@ -15,7 +16,7 @@ board (its shim is built the same way).
 Where the library comes from, first found wins:
 
 1. ``RPCSRV_KERNELS_LIB=/path/libkernels.so``: prebuilt (boards without a compiler; build it elsewhere
-   with ``cc -O3 -shared -fPIC -o libkernels.so dwconv.c sigmoid.c epilogue.c winograd.c gemm.c -lm`` in
+   with ``cc -O3 -shared -fPIC -o libkernels.so *.c -lm`` in
    ``rpcsrv/executor/kernels``);
 2. the cache ``$RPCSRV_CACHE_DIR`` (default ``~/.cache/rpcsrv``), keyed by the sources' hash, the
    machine and the CPU's features (a compiler removed after the build leaves the cached library in use);
@@ -42,7 +43,7 @@ from typing import Optional
 import numpy as np
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("dwconv.c", "sigmoid.c", "epilogue.c", "winograd.c",
-                                                            "gemm.c"))
+                                                            "winograd4.c", "im2col.c", "norm.c", "gemm.c"))
 #: included by the sources (hashed with them: a change rebuilds)
 HEADERS = (Path(__file__).with_name("vec.h"),)
 ENV_SWITCH = "RPCSRV_COMPILED_KERNELS"
@@ -131,9 +132,16 @@ def library() -> Optional[ctypes.CDLL]:
                 lib.rpcsrv_avgpool2d_f32.restype = ctypes.c_int
                 lib.rpcsrv_avgpool2d_f32.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 14
                 lib.rpcsrv_wino_in_f32.restype = lib.rpcsrv_wino_out_f32.restype = ctypes.c_int
+                lib.rpcsrv_im2col_f32.restype = None
+                lib.rpcsrv_layernorm_f32.restype = None
+                lib.rpcsrv_layernorm_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 2 + [ctypes.c_float]
+                lib.rpcsrv_im2col_f32.argtypes = [ctypes.c_void_p] * 3
                 lib.rpcsrv_wino_in_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 8
                 lib.rpcsrv_wino_out_f32.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 6 + [
                     ctypes.c_int, ctypes.c_float, ctypes.c_float]
+                lib.rpcsrv_wino4_in_f32.restype = lib.rpcsrv_wino4_out_f32.restype = ctypes.c_int
+                lib.rpcsrv_wino4_in_f32.argtypes = lib.rpcsrv_wino_in_f32.argtypes
+                lib.rpcsrv_wino4_out_f32.argtypes = lib.rpcsrv_wino_out_f32.argtypes
                 lib.rpcsrv_add_act_f32.restype = None
                 lib.rpcsrv_add_act_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 2 + [
                     ctypes.c_int, ctypes.c_float, ctypes.c_float]

@@ -28,10 +28,11 @@ Planned (float32, 2-D, compiled kernels in use, the activation one the C code ap
   ``scaled_conv``): the scale multiplies the weights or the input, whichever has fewer values;
 * either with the residual Add after it folded in (``residual_fold``, planned as ``residual_conv`` or
   ``scaled_residual_conv``): the residual, the bias and the activation in the one epilogue pass;
-* 3x3 convs that take Winograd (``conv.fast_path``): the compiled transforms (``winograd.c``), the bias and
-  the activation in the output transform;
-* other dense convs of one image with small weights (7x7 stems, AlexNet's 11x11, small 3x3 and 5x5 ones that
-  no fast path takes): im2col and the GEMM a band of output rows at a time, then the compiled epilogue;
+* 3x3 convs that take Winograd (``conv.fast_path``): the compiled transforms (``winograd.c``; F(4x4, 3x3)'s
+  ``winograd4.c`` on larger maps), the bias and the activation in the output transform;
+* other dense convs of one image (7x7 stems, AlexNet's 11x11, stride-2 3x3s and 1x1s, 3x3s on 7x7 maps,
+  5x5s: those no fast path takes): the compiled im2col (``im2col.c``) and the GEMM, a band of output rows
+  at a time for small weights, then the compiled epilogue;
 * Add/Sum of a 4-D tensor and a per-channel constant (a batch norm's shift) or a residual tensor, and the
   fused activation if any: one pass (``epilogue.c``);
 * GlobalAveragePool of 4-D float32 tensors and ReduceMean over trailing axes (row means in one pass,
@@ -39,7 +40,8 @@ Planned (float32, 2-D, compiled kernels in use, the activation one the C code ap
   row while in cache);
 * Flatten, and Reshape to a constant shape: a view of the declared shape; a classifier's Gemm (one row);
   MatMul by constant 2-D weights (the bias and activation in one pass after the GEMM);
-* 2-D float32 MaxPools (no indices output) and AveragePools by the same phase planes (padding -inf or 0).
+* 2-D float32 MaxPools (no indices output) and AveragePools by the same phase planes (padding -inf or 0);
+* LayerNormalization over the last axis (``plans_norm``: one C pass per row, ``norm.c``).
 
 Every other step, or any step on a board without the compiled kernels, runs its table kernel as before.
 """
@@ -52,10 +54,9 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from . import compiled, gemm, plans_ops, winograd
+from . import compiled, gemm, plans_norm, plans_ops, prepared, winograd
 from .conv import _geometry, _tup, fast_path
 from .plan_support import F32, address, block, computed, in_use
-from .windows import pad_spatial
 
 Planner = Callable[..., Optional[Callable[..., Any]]]
 #: dense convs with at most this many taps per output (C * KH * KW) run the C rows kernel (``dwconv.c``):
@@ -67,7 +68,11 @@ ROWS_MAX_TAPS = 32
 #: rows at a time (``_im2col_chunks``), bands of about ``CHUNK_ELEMENTS`` column values (1 MB).  Measured, 1
 #: thread, caches flushed, against one im2col: 7x7 s2 stems 3 -> 64 0.78-0.87, 3 -> 96 0.92; AlexNet's 11x11
 #: s4 0.92; 64 -> 64 3x3 s2 0.90; 16 -> 64 3x3 at 55 0.96; 5x5 16 -> 32, 32 -> 64 0.86-0.87.  Larger weights
-#: (128 -> 128 3x3 s2: 1.02, 256 -> 256 1.03) do not pay: OpenBLAS packs them again for every band
+#: (128 -> 128 3x3 s2: 1.02, 256 -> 256 1.03) do not pay: OpenBLAS packs them again for every band, so they
+#: take one.  The compiled im2col against numpy's (the table kernel, both with the GEMM, bias and relu; 1
+#: thread, caches flushed, ms): ResNet-50's 3x3 s2 128 at 56 2.80 / 3.16, 256 at 28 2.80 / 3.02, 512 at 14
+#: 3.29 / 3.52, 3x3 512 at 7 3.29 / 3.51; Inception's 128 -> 192 s2 at 14 0.39 / 0.54, 96 s2 at 28 0.48 /
+#: 0.64; the 7x7 stem 3.01 / 3.41 (numpy's banded im2col); ResNet-50's strided 1x1s 0.91-0.96
 CHUNK_MAX_WEIGHTS, CHUNK_ELEMENTS = 40_000, 1 << 18
 
 
@@ -138,15 +143,24 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False, res: bool =
     if scaled:
         if group != 1 or math.prod(sshape) != c or sshape[-2:] != (1, 1):
             return None
-    elif _takes(winograd, xshape, w, strides, dilations, group) and min(begin + end) >= 0:
-        u = winograd.transformed_weights(w)  # Winograd, the bias and activation in its output transform
+    elif min(begin + end) >= 0 and (_takes(winograd, xshape, w, strides, dilations, group)
+                                    or winograd.four_takes(_stand_in(xshape), w, strides, dilations, group)):
+        # Winograd, F(4x4, 3x3) where it pays (``winograd.four_pays``), the bias and activation in its output
+        # transform
+        four = winograd.four_pays(c, m, *out)
+        u = winograd.transformed_weights4(w) if four else winograd.transformed_weights(w)
+        flip = winograd.flip_pays(c, m, math.prod((o + 1 + 2 * four) // (2 + 2 * four) for o in out))
+        u = np.ascontiguousarray(u.transpose(0, 2, 1)) if flip else u  # (T, C, M): V^T U^T
+        for tag in ("winograd",) * (four or flip) + ("winograd4",) * (four and flip):
+            prepared.forget(w, tag)  # the forms load_time prepared that this plan does not use: memory
         code, ready = (act, lo, hi), in_use(lib)
+        run = winograd.compiled_winograd4 if four else winograd.compiled_winograd
 
         def winograd_conv(x, w_in, b_in=None):
             y = None
             if w_in is w and b_in is b and type(x) is np.ndarray and x.shape == xshape and x.dtype == F32 \
                     and ready():
-                y = winograd.compiled_winograd(x, u, bias, begin, end, code, lib)
+                y = run(x, u, bias, begin, end, code, lib, flip)
             return general(x, w_in, b_in) if y is None else y
 
         winograd_conv.keep = (u, bias)
@@ -250,42 +264,47 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False, res: bool =
 
         scaled_pointwise.keep = (wmat, bias, params, fparams, tiled)
         return scaled_pointwise
-    if not (scaled or res) and group == 1 and n == 1 and w.shape[2:] != (1, 1) and min(begin + end) >= 0 \
-            and m * w[0].size <= CHUNK_MAX_WEIGHTS and fast_path(_stand_in(xshape), w, strides, dilations, 1) is None:
+    if not (scaled or res) and group == 1 and n == 1 and (w.shape[2:] != (1, 1) or strides != (1, 1)) \
+            and min(begin + end) >= 0 \
+            and fast_path(_stand_in(xshape), w, strides, dilations, 1) is None:
         return _im2col_chunks(general, w, b, bptr, xshape, shape, strides, dilations, begin, end, act, lo, hi, lib)
     return None
 
 
 def _im2col_chunks(general, w, b, bptr, xshape, shape, strides, dilations, begin, end, act, lo, hi, lib):
-    """im2col + GEMM a band of output rows at a time (``CHUNK_ELEMENTS`` column values), each product written
-    into its columns of the output, then the compiled epilogue: the band's columns stay in cache between
-    their copy and their product, where the whole column matrix (a 7x7 stem's: 7.4 MB) streams through
-    memory twice."""
-    c, (m, k), (oh, ow) = xshape[1], (w.shape[0], w[0].size), shape[2:]
+    """im2col (``im2col.c``: one pass from the input, the padding written as zeros) and the GEMM a band of
+    output rows at a time, each product written into its columns of the output, then the compiled epilogue.
+    Small weights (``CHUNK_MAX_WEIGHTS``) take bands of ``CHUNK_ELEMENTS`` column values: the band's columns
+    stay in cache between their copy and their product, where the whole column matrix (a 7x7 stem's: 7.4 MB)
+    streams through memory twice; larger ones one band (OpenBLAS would pack the weights again per band)."""
+    c, h, wd = xshape[1:]
+    (m, k), (oh, ow) = (w.shape[0], w[0].size), shape[2:]
     wmat = np.ascontiguousarray(w.reshape(m, k))
-    band = max(1, CHUNK_ELEMENTS // (k * ow))
-    kh, kw = w.shape[2:]
+    band = max(1, CHUNK_ELEMENTS // (k * ow)) if m * k <= CHUNK_MAX_WEIGHTS else oh
+    blocks = [block(ctypes.c_long, (c, h, wd, w.shape[2], w.shape[3], strides[0], strides[1], dilations[0],
+                                    dilations[1], begin[0], begin[1], ow, r0, min(oh, r0 + band)))
+              for r0 in range(0, oh, band)]
+    bands = [(p[12] * ow, p[13] * ow, ptr) for p, ptr in blocks]
     params, pptr = block(ctypes.c_long, (bptr or 0, m, oh * ow, act))
     fparams, fptr = block(ctypes.c_float, (lo, hi))
-    epilogue, lib_ready = lib.rpcsrv_bias_act_block if (bptr or act) else None, in_use(lib)
+    epilogue, lib_ready, columns = lib.rpcsrv_bias_act_block if (bptr or act) else None, in_use(lib), \
+        lib.rpcsrv_im2col_f32
 
     def im2col_chunks(x, w_in, b_in=None):
         if w_in is not w or b_in is not b or type(x) is not np.ndarray or x.shape != xshape or x.dtype != F32 \
-                or not lib_ready():
+                or not x.flags.c_contiguous or not lib_ready():
             return general(x, w_in, b_in)
-        xp = pad_spatial(x[0], begin, end, 0.0)
-        s0, s1, s2 = xp.strides
-        win = np.lib.stride_tricks.as_strided(xp, (c, kh, kw, oh, ow), (
-            s0, dilations[0] * s1, dilations[1] * s2, strides[0] * s1, strides[1] * s2), writeable=False)
         y = np.empty((m, oh * ow), F32)
-        for r0 in range(0, oh, band):
-            r1 = min(oh, r0 + band)
-            np.matmul(wmat, win[:, :, :, r0:r1].reshape(k, (r1 - r0) * ow), out=y[:, r0 * ow:r1 * ow])
+        cols = np.empty(k * min(oh, band) * ow, F32)
+        xa, ca = address(x), address(cols)
+        for q0, q1, ptr in bands:
+            columns(xa, ca, ptr)
+            np.matmul(wmat, cols[:k * (q1 - q0)].reshape(k, q1 - q0), out=y[:, q0:q1])
         if epilogue is not None:
             epilogue(address(y), pptr, fptr)
         return y.reshape(shape)
 
-    im2col_chunks.keep = (wmat, params, fparams)
+    im2col_chunks.keep = (wmat, params, fparams, blocks)
     return im2col_chunks
 
 
@@ -309,7 +328,7 @@ PLANNERS: dict[str, Planner] = {"conv": _conv, "add": plans_ops.add_plan, "sum":
                                 "hard_sigmoid": plans_ops.hard_sigmoid_plan,
                                 "softmax": plans_ops.softmax_plan, "matmul": plans_ops.matmul_plan,
                                 "flatten": plans_ops.view_plan, "reshape": plans_ops.view_plan,
-                                "gemm": plans_ops.gemm_plan,
+                                "gemm": plans_ops.gemm_plan, "layer_normalization": plans_norm.layer_normalization_plan,
                                 "max_pool": lambda *args: plans_ops.pool_plan("max_pool", *args),
                                 "average_pool": lambda *args: plans_ops.pool_plan("average_pool", *args),
                                 "scaled_conv": lambda *args: _conv(*args, scaled=True),

@@ -92,3 +92,12 @@ def entries(w: np.ndarray) -> int:
     """How many preparations are cached for ``w`` (for tests)."""
     hit = _cache.get(id(w))
     return len(hit[1]) if hit is not None and hit[0]() is w else 0
+
+
+def forget(w: np.ndarray, tag: Any) -> None:
+    """Drop ``w``'s preparation ``tag`` (a run plan that keeps its own form of it frees this one; built again
+    if a kernel asks for it)."""
+    with _lock:
+        hit = _cache.get(id(w))
+        if hit is not None and hit[0]() is w:
+            hit[1].pop(tag, None)

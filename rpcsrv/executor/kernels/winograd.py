@@ -133,11 +133,13 @@ def winograd_conv(x: np.ndarray, w: np.ndarray, begin, end) -> np.ndarray:
     return y if y is not None else _numpy_winograd(x, w, begin, end)
 
 
-def compiled_winograd(x: np.ndarray, u: np.ndarray, bias, begin, end, act=(0, 0.0, 0.0), lib=None):
+def compiled_winograd(x: np.ndarray, u: np.ndarray, bias, begin, end, act=(0, 0.0, 0.0), lib=None,
+                      flipped: bool = False):
     """The conv with transformed weights ``u`` (16, M, C) by the compiled transforms (``winograd.c``), the
     bias (M,) float32 contiguous or None and the activation (``compiled._activation``'s code, low, high)
     in the output transform: a fresh (N, M, OH, OW) array, or None without the compiled kernels, for other
-    dtypes or layouts, or negative pads (the numpy transforms then run)."""
+    dtypes or layouts, or negative pads (the numpy transforms then run).  ``flipped``: ``u`` is (16, C, M),
+    the products computed as V^T U^T (see :func:`flip_pays`)."""
     lib = lib or compiled.library()
     if lib is None or x.dtype != np.float32 or x.ndim != 4 or min(begin) < 0 or min(end) < 0:
         return None
@@ -145,16 +147,98 @@ def compiled_winograd(x: np.ndarray, u: np.ndarray, bias, begin, end, act=(0, 0.
     n, c, h, wd = x.shape
     oh, ow = h + begin[0] + end[0] - 2, wd + begin[1] + end[1] - 2
     th, tw = (oh + 1) // 2, (ow + 1) // 2
-    m = u.shape[1]
+    m = u.shape[2 if flipped else 1]
     v = np.empty((16, c, n * th * tw), np.float32)
     if lib.rpcsrv_wino_in_f32(x.ctypes.data, v.ctypes.data, n, c, h, wd, begin[0], begin[1], th, tw):
         raise MemoryError("winograd: the compiled input transform could not allocate its plane")
-    prod = np.matmul(u, v)
+    prod = _products(u, v, m, flipped)
     y = np.empty((n, m, oh, ow), np.float32)
     if lib.rpcsrv_wino_out_f32(prod.ctypes.data, y.ctypes.data, None if bias is None else bias.ctypes.data,
                                n, m, th, tw, oh, ow, *act):
         raise MemoryError("winograd: the compiled output transform could not allocate its rows")
     return y
+
+
+#: F(4x4, 3x3) (``winograd4.c``, run plans only): 6x6 input tiles, 4x4 output tiles, 36 GEMMs over a quarter
+#: of the tiles, 1.78x fewer flops than F(2x2).  Measured against F(2x2) with the compiled transforms (bias
+#: and relu, 1 thread, caches flushed): 0.70-0.79 at 56x56 (32 -> 64, 64 -> 64, 64 -> 192), 0.77-0.84 at
+#: 28x28 with 96 -> 96 up to 256 -> 256, 0.91-0.95 with 4096 channel pairs (64 -> 64, 128 -> 32, SqueezeNet's
+#: 32 -> 128 at 27x27), 0.96-0.99 with fewer (32 -> 32, 48 -> 48); 0.99-1.33 at 14x14 (16 tiles), 1.57 at
+#: 7x7: so from FOUR_MIN_TILES 4x4 tiles with FOUR_MIN_PAIRS channel pairs, or FOUR_MIN_TILES_WIDE with
+#: FOUR_MIN_WEIGHTS; not with few channel pairs (16 -> 16 at 56x56: 1.11, 8 -> 32: 1.02; 16 -> 64: 0.82,
+#: 32 -> 32 at 112x112: 0.78).  It also takes layers of FOUR_MIN_IN .. COMPILED_MIN_IN input channels that no
+#: Winograd took: SqueezeNet's 16 -> 64 at 55x55, 0.74x of the planned im2col (0.58 / 0.78 ms), 24 -> 64 at
+#: 56x56 0.64x
+FOUR_MIN_TILES, FOUR_MIN_TILES_WIDE, FOUR_MIN_WEIGHTS, FOUR_MIN_PAIRS, FOUR_MIN_IN = 196, 49, 4096, 1024, 16
+FOUR_ENABLED = True
+_G4 = np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6], [1 / 24, 1 / 12, 1 / 6],
+                [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]], np.float64)
+
+
+def four_pays(c: int, m: int, oh: int, ow: int) -> bool:
+    """Whether F(4x4, 3x3) beats F(2x2, 3x3) for C -> M channels and an OH x OW output (measured above)."""
+    tiles = ((oh + 3) // 4) * ((ow + 3) // 4)
+    return FOUR_ENABLED and ((tiles >= FOUR_MIN_TILES and m * c >= FOUR_MIN_PAIRS)
+                             or (tiles >= FOUR_MIN_TILES_WIDE and m * c >= FOUR_MIN_WEIGHTS))
+
+
+def four_takes(x: np.ndarray, w: np.ndarray, strides, dilations, group: int) -> bool:
+    """Whether a run plan should take this layer as F(4x4, 3x3) though no Winograd fast path takes it (fewer
+    than ``COMPILED_MIN_IN`` input channels), for an input like ``x`` (a stand-in of its shape will do)."""
+    m, c, h, wd = w.shape[0], *x.shape[1:]
+    return _geometry_fits(x, w, strides, dilations, group) and c >= FOUR_MIN_IN and four_pays(c, m, h, wd)
+
+
+def transformed_weights4(w: np.ndarray) -> np.ndarray:
+    """(36, M, C) float32 ``G g G^T`` of (M, C, 3, 3) weights for F(4x4, 3x3), once per weight array."""
+    return prepared(w, "winograd4", None, lambda: np.ascontiguousarray(
+        np.einsum("ij,mcjk,lk->ilmc", _G4, w.astype(np.float64), _G4).reshape(36, *w.shape[:2]), np.float32))
+
+
+def compiled_winograd4(x: np.ndarray, u: np.ndarray, bias, begin, end, act=(0, 0.0, 0.0), lib=None,
+                       flipped: bool = False):
+    """As :func:`compiled_winograd`, by F(4x4, 3x3) with ``u`` from :func:`transformed_weights4`."""
+    lib = lib or compiled.library()
+    if lib is None or x.dtype != np.float32 or x.ndim != 4 or min(begin) < 0 or min(end) < 0:
+        return None
+    x = np.ascontiguousarray(x)
+    n, c, h, wd = x.shape
+    oh, ow = h + begin[0] + end[0] - 2, wd + begin[1] + end[1] - 2
+    th, tw = (oh + 3) // 4, (ow + 3) // 4
+    v = np.empty((36, c, n * th * tw), np.float32)
+    if lib.rpcsrv_wino4_in_f32(x.ctypes.data, v.ctypes.data, n, c, h, wd, begin[0], begin[1], th, tw):
+        raise MemoryError("winograd: the compiled input transform could not allocate its planes")
+    m = u.shape[2 if flipped else 1]
+    prod = _products(u, v, m, flipped)
+    y = np.empty((n, m, oh, ow), np.float32)
+    if lib.rpcsrv_wino4_out_f32(prod.ctypes.data, y.ctypes.data, None if bias is None else bias.ctypes.data,
+                                n, m, th, tw, oh, ow, *act):
+        raise MemoryError("winograd: the compiled output transform could not allocate its rows")
+    return y
+
+
+#: few tiles, few output channels and not few input channels: the batched products as V^T U^T (``u`` stored
+#: (T, C, M), the result written through a transposed view of the (T, M, tiles) array the output transform
+#: reads), which OpenBLAS blocks better there.  Measured per planned layer (bias and relu, 1 thread, caches
+#: flushed) against U V: 0.83-0.90x for DenseNet's 128 -> 32 and 128 -> 64 at 14x14 (49 tiles), 0.84-0.92x
+#: for 96 -> 128, 96 -> 96 and 128 -> 128 there, 0.88x and 0.93x for F(4x4)'s 128 -> 128 and 96 -> 96 at 28x28
+#: (49 tiles); not with 64 input channels (64 -> 64 and 64 -> 96 at 28x28: 1.02-1.06x), nor on more tiles
+#: (0.98-1.06x at 196) or more output channels (0.93-1.0x for 160 and 256, 1.07x for 512)
+FLIP_MAX_TILES, FLIP_MAX_OUT, FLIP_MIN_IN = 49, 128, 96
+
+
+def flip_pays(c: int, m: int, tiles: int) -> bool:
+    """Whether the products should be computed as V^T U^T (``FLIP_*``) for C -> M channels and ``tiles``."""
+    return tiles <= FLIP_MAX_TILES and m <= FLIP_MAX_OUT and c >= FLIP_MIN_IN
+
+
+def _products(u: np.ndarray, v: np.ndarray, m: int, flipped: bool) -> np.ndarray:
+    """(T, M, tiles) = U V for u (T, M, C), or (V^T U^T)^T for ``flipped`` u (T, C, M)."""
+    if not flipped:
+        return np.matmul(u, v)
+    prod = np.empty((v.shape[0], m, v.shape[2]), np.float32)
+    np.matmul(v.transpose(0, 2, 1), u, out=prod.transpose(0, 2, 1))
+    return prod
 
 
 def _numpy_winograd(x: np.ndarray, w: np.ndarray, begin, end) -> np.ndarray:
