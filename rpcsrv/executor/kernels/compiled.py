@@ -3,7 +3,7 @@
 (``dwconv.c`` also has the stem convolution and max pooling on its phase planes; ``epilogue.c``: a GEMM
 conv's (or MatMul's) bias and fused activation in one pass; ``sigmoid.c``: sigmoid, SiLU and softmax;
 ``winograd.c``: Winograd's input and output transforms; ``gemm.c``: 1x1 convs' GEMM with that epilogue in
-its tiles (``gemm.py``); ``vec.h``: their shared vector helpers.)
+its tiles, and MatMuls by constant weights (``gemm.py``); ``vec.h``: their shared vector helpers.)
 
 Why: a depthwise conv is ``kernel_size`` multiply-adds per output with no reduction over channels, so
 numpy runs it as whole-array passes at memory speed (about 5 GFLOP/s here; ``depthwise.py``), while
@@ -163,6 +163,13 @@ def library() -> Optional[ctypes.CDLL]:
                 lib.rpcsrv_gemm_f32.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_long] * 3 + [
                     ctypes.c_int, ctypes.c_float, ctypes.c_float]
                 lib.rpcsrv_gemm_block.argtypes = [ctypes.c_void_p] * 6
+                lib.rpcsrv_gemm_nr.restype, lib.rpcsrv_gemm_nr.argtypes = ctypes.c_long, []
+                lib.rpcsrv_gemm_pack_b.restype = None
+                lib.rpcsrv_gemm_pack_b.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2
+                lib.rpcsrv_matmul_f32.restype = lib.rpcsrv_matmul_block.restype = ctypes.c_int
+                lib.rpcsrv_matmul_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [
+                    ctypes.c_int, ctypes.c_float, ctypes.c_float]
+                lib.rpcsrv_matmul_block.argtypes = [ctypes.c_void_p] * 4
                 lib.rpcsrv_bias_act_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 3 + [
                     ctypes.c_int, ctypes.c_float, ctypes.c_float]
                 _state.update(lib=lib, path=str(path), reason="")
