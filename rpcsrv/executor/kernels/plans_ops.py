@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from . import compiled, pool
+from . import compiled, gemm, pool
 from .plan_support import F32, address, block, computed, in_use
 from .windows import resolve_pads, spatial_attr
 
@@ -193,17 +193,23 @@ def matmul_plan(kernel, attrs, inputs, shape, dtype):
     bias = None if c is None else np.ascontiguousarray(c)
     cptr = None if bias is None else bias.ctypes.data
     fn, ready = lib.rpcsrv_col_bias_act_f32 if (act or bias is not None) else None, in_use(lib)
+    # gemm.c on the shapes where it measured faster (gemm.takes_matmul): the product, bias and activation in
+    # its tiles; None (or None from it: more BLAS threads): OpenBLAS and the epilogue pass below
+    tiled = gemm.planned_matmul(lib, b, bias, rows, act, lo, hi)
 
     def matmul(a, b_in, c_in=None):
         if b_in is not b or c_in is not c or type(a) is not np.ndarray or a.shape != ashape or a.dtype != F32 \
                 or not a.flags.c_contiguous or not ready():
             return kernel(a, b_in, c_in, **attrs)
+        y = None if tiled is None else tiled(a)
+        if y is not None:
+            return y.reshape(shape)
         y = np.matmul(a.reshape(rows, k), b)
         if fn is not None:
             fn(address(y), cptr, rows, n, act, lo, hi)
         return y.reshape(shape)
 
-    matmul.keep = bias
+    matmul.keep = (bias, tiled)
     return matmul
 
 
