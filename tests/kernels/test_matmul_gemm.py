@@ -146,3 +146,32 @@ def test_without_the_library_no_gemm(monkeypatch):
         _close(np.ascontiguousarray(KERNELS["matmul"](x, w, b), np.float32), _reference(x, w, b))
     finally:
         compiled.reset()
+
+
+@pytest.mark.parametrize("activation", [(None, None), ("relu", None), ("swish", None)], ids=lambda a: str(a[0]))
+@pytest.mark.parametrize("trans_b,bias_shape", [(1, (1, 36)), (0, (36,)), (1, None)], ids=["transB-c2d", "c1d",
+                                                                                           "transB-noc"])
+def test_gemm_of_many_rows_takes_it(trans_b, bias_shape, activation, c_kernels, monkeypatch):
+    """A Gemm of many rows by constant weights (PyTorch's attention output projection) plans gemm.c's MatMul:
+    onnx.reference's Gemm values, and the table kernel's with 2 BLAS threads or a non-contiguous input."""
+    rng = np.random.default_rng(trans_b)
+    a = rng.standard_normal((33, 40)).astype(np.float32)
+    w = rng.standard_normal((36, 40) if trans_b else (40, 36)).astype(np.float32)
+    c = None if bias_shape is None else rng.standard_normal(bias_shape).astype(np.float32)
+    node = helper.make_node("Gemm", ["a", "w"] + ([] if c is None else ["c"]), ["y"], transB=trans_b)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, a.shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [onnx.numpy_helper.from_array(w, "w")] +
+                              ([] if c is None else [onnx.numpy_helper.from_array(c, "c")]))
+    want = ReferenceEvaluator(helper.make_model(graph)).run(None, {"a": a})[0].astype(np.float64)
+    want = ACTIVATIONS[activation](want) if activation[0] else want
+    attrs = {"transB": trans_b, **({"activation": activation[0]} if activation[0] else {})}
+    fn = plans.plan("gemm", KERNELS["gemm"], attrs, [(a.shape, a.dtype), w] + ([] if c is None else [c]), (33, 36),
+                    np.float32)
+    assert fn is not None and fn.keep[-1] is not None
+    args = (w,) if c is None else (w, c)
+    _close(fn(a, *args), want)
+    np.testing.assert_allclose(fn(np.asfortranarray(a), *args), want, rtol=1e-5, atol=1e-4)
+    monkeypatch.setattr(compute.POLICY.blas, "current", 2)
+    assert fn.keep[-1](a) is None
+    np.testing.assert_allclose(fn(a, *args), want, rtol=1e-5, atol=1e-4)

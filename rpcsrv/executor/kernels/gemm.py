@@ -135,8 +135,8 @@ def packed_strips(lib: ctypes.CDLL, w: np.ndarray) -> np.ndarray:
     """(K, N) float32 weights in ``gemm.c``'s column strips (KC-row blocks of NR columns, zero-padded)."""
     k, n = w.shape
     nr = int(lib.rpcsrv_gemm_nr())
-    bp = np.empty(-(-n // nr) * nr * k, F32)
-    lib.rpcsrv_gemm_pack_b(np.ascontiguousarray(w, F32).ctypes.data, bp.ctypes.data, k, n)
+    bp, wc = np.empty(-(-n // nr) * nr * k, F32), np.ascontiguousarray(w, F32)  # (wc: alive through the call)
+    lib.rpcsrv_gemm_pack_b(wc.ctypes.data, bp.ctypes.data, k, n)
     return bp
 
 
