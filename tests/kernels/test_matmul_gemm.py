@@ -7,6 +7,8 @@ BLAS threads run, on too few rows, and without the library."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -175,3 +177,50 @@ def test_gemm_of_many_rows_takes_it(trans_b, bias_shape, activation, c_kernels, 
     monkeypatch.setattr(compute.POLICY.blas, "current", 2)
     assert fn.keep[-1](a) is None
     np.testing.assert_allclose(fn(a, *args), want, rtol=1e-5, atol=1e-4)
+
+
+def test_encoder_runs_its_linear_layers_on_the_gemm(c_kernels, monkeypatch, tmp_path):
+    """The zoo's transformer encoder (bench/bench_models.build_encoder: Q/K/V, output and feed-forward
+    MatMuls with bias and Relu), compiled and loaded as the board does: its MatMuls by constants call gemm.c
+    (counted) and its output matches onnxruntime's; switched off, or with 2 BLAS threads, OpenBLAS runs them,
+    the same values."""
+    import importlib.util
+
+    from rpcsrv.client import compile_onnx
+    from rpcsrv.executor import load_module
+    from rpcsrv.protocol.dtypes import Device
+    from conftest import need_module
+
+    ort = need_module("onnxruntime")
+    spec = importlib.util.spec_from_file_location(
+        "bench_models", Path(__file__).resolve().parents[2] / "bench" / "bench_models.py")
+    bench_models = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_models)
+    calls = []  # per call of a planned MatMul: whether gemm.c computed it
+    one_thread = gemm._one_thread
+
+    def counted():
+        inner = one_thread()
+
+        def check():
+            calls.append(inner())
+            return calls[-1]
+        return check
+
+    monkeypatch.setattr(gemm, "_one_thread", counted)
+    model = bench_models.build_encoder(seq=24, width=64, heads=4, ffn=160, layers=2)
+    lib = tmp_path / "encoder.blob"
+    compile_onnx(model).export_library(str(lib), fmt="blob")
+    x = np.random.default_rng(0).standard_normal((1, 24, 64)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None,
+                                                                                                   {"tokens": x})[0]
+    ex = load_module(str(lib)).get_function("default")(Device(1, 0))
+    ex.get_function("set_input")("tokens", x)
+    for on, threads in ((True, 1), (False, 1), (True, 2)):  # 2 BLAS threads: OpenBLAS's turn
+        monkeypatch.setitem(gemm.SWITCH, "on", on)
+        calls.clear()
+        with compute.fixed_threads(threads):
+            ex.get_function("run")()
+        got = ex.get_function("get_output")(0)
+        assert calls == [on and threads == 1] * 12  # 2 layers x (Q, K, V, output, 2 feed-forward)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
