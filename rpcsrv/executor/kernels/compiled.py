@@ -3,7 +3,7 @@
 (``dwconv.c`` also has the stem convolution and max pooling on its phase planes; ``epilogue.c``: a GEMM
 conv's (or MatMul's) bias and fused activation in one pass; ``sigmoid.c``: sigmoid, SiLU and softmax;
 ``winograd.c``: Winograd's input and output transforms; ``gemm.c``: 1x1 convs' GEMM with that epilogue in
-its tiles, and MatMuls by constant weights (``gemm.py``); ``vec.h``: their shared vector helpers.)
+its tiles (``gemm.py``); ``vec.h``: their shared vector helpers.)
 
 Why: a depthwise conv is ``kernel_size`` multiply-adds per output with no reduction over channels, so
 numpy runs it as whole-array passes at memory speed (about 5 GFLOP/s here; ``depthwise.py``), while
