@@ -98,8 +98,8 @@ def models(names: list[str], rounds: int) -> None:
         gemm.SWITCH["on"] = True
 
 
-def layers(name: str, rounds: int) -> None:
-    """Per conv step of one model (the executor's step hook), medians with the GEMM off and on, alternating."""
+def layers(name: str, rounds: int, op: str = "conv") -> None:
+    """Per ``op`` step of one model (the executor's step hook), medians with the GEMM off and on, alternating."""
     import collections
 
     from threadpoolctl import threadpool_limits
@@ -111,11 +111,11 @@ def layers(name: str, rounds: int) -> None:
     shapes: dict = {}
 
     def hook(graph, node, value, seconds):
-        if "conv" in str(node.op):
+        if op in str(node.op):
             times[gemm.SWITCH["on"]][(graph, node.id)].append(seconds)
             shapes[(graph, node.id)] = getattr(value, "shape", None)
 
-    print(f"| {name} conv step (output) | BLAS + epilogue us | gemm.c us | ratio |\n|---|---|---|---|")
+    print(f"| {name} {op} step (output) | BLAS + epilogue us | gemm.c us | ratio |\n|---|---|---|---|")
     try:
         with tempfile.TemporaryDirectory() as tmp, compute.fixed_threads(1), threadpool_limits(1, "blas"):
             eng = zoo_bench.Engines(name, Path(tmp))
@@ -134,7 +134,7 @@ def layers(name: str, rounds: int) -> None:
         off, on = (float(np.median(times[arm][key])) * 1e6 for arm in (False, True))
         total[0], total[1] = total[0] + off, total[1] + on
         print(f"| {shapes[key]} | {off:.1f} | {on:.1f} | {on / off:.2f} |")
-    print(f"| **all convs** | **{total[0] / 1e3:.3f} ms** | **{total[1] / 1e3:.3f} ms** | "
+    print(f"| **all {op} steps** | **{total[0] / 1e3:.3f} ms** | **{total[1] / 1e3:.3f} ms** | "
           f"**{total[1] / total[0]:.3f}** |")
 
 

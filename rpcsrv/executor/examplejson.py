@@ -90,7 +90,8 @@ class SubgraphFunction:
         ops = self.graph.ops  # as declared (a folded conv's weights are scaled at each call: nothing to prepare)
         prepare_constants(ops, self.graph.nodes, self.constants,
                           [{k: v for k, v in node.attrs.items() if k not in RUNTIME_ATTRS} for node in ops])
-        self.steps = [self._planned(step) for step in self._table_steps]
+        self.steps = self._table_steps  # the previous plans (and their packed weights) freed before the new
+        self.steps = [self._planned(step) for step in self._table_steps]  # ones are made: not both at the peak
 
     def _planned(self, step: tuple) -> tuple:
         """``step`` with its kernel bound to its node's shapes and constants when ``kernels.plans`` has a

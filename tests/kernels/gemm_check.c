@@ -1,7 +1,7 @@
 /* tests/kernels/test_gemm.py's check of kernels/gemm.c on other targets (cross-compiled, run under qemu):
  * rpcsrv_gemm_f32 against a naive double loop, every activation, a scale, a residual and a bias, sizes that
- * are no multiple of the tile (MR x NR of the target) nor of the packing blocks.  Prints "ok MR" or the
- * first mismatches; exit status 1 on any. */
+ * are no multiple of the tile (MR x NR of the target) nor of the packing blocks; then rpcsrv_matmul_f32
+ * (x @ w + a bias per column) the same way.  Prints "ok MR" or the first mismatches; exit status 1 on any. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,8 +10,23 @@ long rpcsrv_gemm_mr(void);
 void rpcsrv_gemm_pack_w(const float *w, float *wp, long m, long k);
 int rpcsrv_gemm_f32(const float *wp, const float *x, const float *s, const float *r, const float *bias, float *y,
                     long m, long k, long q, int act, float lo, float hi);
+long rpcsrv_gemm_nr(void);
+void rpcsrv_gemm_pack_b(const float *w, float *bp, long k, long n);
+int rpcsrv_matmul_f32(const float *x, const float *bp, const float *bias, float *y, long rows, long k, long n,
+                      int act, float lo, float hi);
 
 static unsigned state = 12345u;
+static double act_ref(double v, int act) {
+    if (act == 1) v = v < 0 ? 0 : v;
+    if (act == 2) v = v < -0.5 ? -0.5 : v > 0.5 ? 0.5 : v;
+    if (act == 3) {
+        double g = v / 6 + 0.5;
+        v *= g < 0 ? 0 : g > 1 ? 1 : g;
+    }
+    if (act == 4) v = v / (1 + exp(-v));
+    return v;
+}
+
 static float rnd(void) { /* uniform in [-1, 1) */
     state = state * 1103515245u + 12345u;
     return (float)((state >> 8) & 0xffff) / 32768.f - 1.f;
@@ -38,19 +53,34 @@ int main(void) {
                 for (long j = 0; j < q; j++) {
                     double v = 0;
                     for (long p = 0; p < k; p++) v += (double)w[i * k + p] * x[p * q + j] * s[p];
-                    v += r[i * q + j] + b[i];
-                    if (act == 1) v = v < 0 ? 0 : v;
-                    if (act == 2) v = v < -0.5 ? -0.5 : v > 0.5 ? 0.5 : v;
-                    if (act == 3) {
-                        double g = v / 6 + 0.5;
-                        v *= g < 0 ? 0 : g > 1 ? 1 : g;
-                    }
-                    if (act == 4) v = v / (1 + exp(-v));
+                    v = act_ref(v + r[i * q + j] + b[i], act);
                     if (fabs(v - y[i * q + j]) > 1e-4 * (1 + fabs(v)) && bad++ < 5)
                         printf("m %ld k %ld q %ld act %d at (%ld, %ld): %g, want %g\n", m, k, q, act, i, j, y[i * q + j],
                                v);
                 }
             free(w), free(x), free(r), free(b), free(s), free(y), free(wp);
+        }
+    for (int t = 0; t < 6; t++) /* the MatMul: rows = m, n = q, x (m x k) @ w (k x n) + b[n] */
+        for (int act = 0; act < 5; act++) {
+            const long m = shapes[t][0], k = shapes[t][1], n = shapes[t][2], np = (n + rpcsrv_gemm_nr() - 1) /
+                                                                                 rpcsrv_gemm_nr() * rpcsrv_gemm_nr();
+            float *x = malloc(sizeof(float) * m * k), *w = malloc(sizeof(float) * k * n), *b = malloc(sizeof(float) * n);
+            float *y = malloc(sizeof(float) * m * n), *bp = malloc(sizeof(float) * np * k);
+            for (long i = 0; i < m * k; i++) x[i] = rnd();
+            for (long i = 0; i < k * n; i++) w[i] = rnd();
+            for (long i = 0; i < n; i++) b[i] = rnd();
+            rpcsrv_gemm_pack_b(w, bp, k, n);
+            if (rpcsrv_matmul_f32(x, bp, b, y, m, k, n, act, -0.5f, 0.5f) != 0) return 2;
+            for (long i = 0; i < m; i++)
+                for (long j = 0; j < n; j++) {
+                    double v = 0;
+                    for (long p = 0; p < k; p++) v += (double)x[i * k + p] * w[p * n + j];
+                    v = act_ref(v + b[j], act);
+                    if (fabs(v - y[i * n + j]) > 1e-4 * (1 + fabs(v)) && bad++ < 5)
+                        printf("matmul rows %ld k %ld n %ld act %d at (%ld, %ld): %g, want %g\n", m, k, n, act, i, j,
+                               y[i * n + j], v);
+                }
+            free(x), free(w), free(b), free(y), free(bp);
         }
     if (!bad) printf("ok %ld\n", mr);
     return bad != 0;

@@ -171,6 +171,13 @@ def library() -> Optional[ctypes.CDLL]:
                 lib.rpcsrv_gemm_f32.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_long] * 3 + [
                     ctypes.c_int, ctypes.c_float, ctypes.c_float]
                 lib.rpcsrv_gemm_block.argtypes = [ctypes.c_void_p] * 6
+                lib.rpcsrv_gemm_nr.restype, lib.rpcsrv_gemm_nr.argtypes = ctypes.c_long, []
+                lib.rpcsrv_gemm_pack_b.restype = None
+                lib.rpcsrv_gemm_pack_b.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2
+                lib.rpcsrv_matmul_f32.restype = lib.rpcsrv_matmul_block.restype = ctypes.c_int
+                lib.rpcsrv_matmul_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [
+                    ctypes.c_int, ctypes.c_float, ctypes.c_float]
+                lib.rpcsrv_matmul_block.argtypes = [ctypes.c_void_p] * 4
                 lib.rpcsrv_bias_act_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 3 + [
                     ctypes.c_int, ctypes.c_float, ctypes.c_float]
                 _state.update(lib=lib, path=str(path), reason="")

@@ -79,7 +79,8 @@ static void pack_x(const float *x, const float *s, float *xp, long q, long p0, l
 }
 
 /* the tile's epilogue: v + r + bias through the activation (swish: the caller's pass after) */
-struct epi { const float *bias, *r; long ldr; int act; float lo, hi; };
+struct epi { const float *bias, *r; long ldr; int act; float lo, hi; const float *cbias; };
+/* (cbias: per column, the MatMul's bias: y = x @ w + cbias, below) */
 
 /* c (rows <= MR rows of NR, ldc apart) = (first ? 0 : c) + a (kc x MR) @ b (kc x NR), then the epilogue when
  * e (a panel's last rows past m: computed on the zero padding, not stored) */
@@ -102,6 +103,7 @@ static inline void micro(long kc, const float *restrict a, const float *restrict
             if (e) {
                 if (e->r) t += loadv(e->r + (i0 + i) * e->ldr + j0 + v * VW);
                 if (e->bias) t += splat(e->bias[i0 + i]);
+                if (e->cbias) t += loadv(e->cbias + j0 + v * VW);
                 t = actv(t, e->act, e->lo, e->hi);
             }
             storev(c + i * ldc + v * VW, t);
@@ -122,6 +124,7 @@ static void edge(long kc, const float *a, const float *b, float *y, long q, long
             if (e) {
                 if (e->r) v += e->r[(i0 + i) * e->ldr + j0 + j];
                 if (e->bias) v += e->bias[i0 + i];
+                if (e->cbias) v += e->cbias[j0 + j];
                 v = act1(v, e->act, e->lo, e->hi);
             }
             y[(i0 + i) * q + j0 + j] = v;
@@ -173,6 +176,7 @@ static inline void put_column(const vr *acc, float *y, long q, long i0, long j, 
             for (int i = 0; i < MR; i++) t[i] = e->bias[i0 + i];
             v += t;
         }
+        if (e->cbias) v += -(vr){0} + e->cbias[j];
         actr(&v, e->act, e->lo, e->hi);
     }
     for (int i = 0; i < MR; i++) y[(i0 + i) * q + j] = v[i];
@@ -201,40 +205,50 @@ static void columns(long kc, const float *restrict a, const float *restrict b, f
     }
 }
 
+/* the column block j0 .. j0+nc, k block p0 .. p0+kc of y (m x q) += a @ b: a packed by rpcsrv_gemm_pack_w (all
+ * of its k), b the block's strips (kc x NR each, kc * NR apart); the epilogue with the last k block */
+static void block(const float *ap, const float *b, float *y, long m, long k, long q, long p0, long kc, long j0,
+                  long nc, const struct epi *full, int swish) {
+    const int first = p0 == 0, last = p0 + kc >= k;
+    const struct epi *e = last ? full : 0;
+    for (long i0 = 0; i0 < m; i0 += MR) {
+        const float *a = ap + i0 * k + p0 * MR;
+        const long rows = m - i0 < MR ? m - i0 : MR;
+        for (long j = 0; j < nc; j += NR) {
+            const float *bj = b + j * kc;
+            if (nc - j >= NR)
+                micro(kc, a, bj, y + i0 * q + j0 + j, q, first, e, i0, j0 + j, rows);
+            else if (rows == MR)
+                columns(kc, a, bj, y, q, i0, j0 + j, nc - j, first, e);
+            else
+                edge(kc, a, bj, y, q, i0, j0 + j, rows, nc - j < NR ? nc - j : NR, first, e);
+        }
+        if (last && swish) /* SiLU over the band's rows while they are in cache */
+            for (float *row = y + i0 * q + j0; row < y + (i0 + rows) * q; row += q) rpcsrv_sigmoid_f32(row, row, nc, 1);
+    }
+}
+
+/* the columns of a block, as wide as the L2 budget allows: y is written in long row runs (narrow blocks, all
+ * rows of one then all rows of the next, left it in an order the next layer read 7% slower) */
+static long block_columns(long k) {
+    const long kcap = k < KC ? k : KC, nb = XBLOCK / (long)sizeof(float) / kcap / NR * NR;
+    return nb > NR ? nb : NR;
+}
+
 /* y = act(wp @ (s * x) + r + bias), wp packed by rpcsrv_gemm_pack_w; s, r, bias optional (0); y may not
  * alias x or r.  0, or -1 when the packing buffer could not be allocated. */
 int rpcsrv_gemm_f32(const float *wp, const float *x, const float *s, const float *r, const float *bias, float *y,
                     long m, long k, long q, int act, float lo, float hi) {
-    /* column blocks as wide as the L2 budget allows: y is written in long row runs (narrow blocks, all rows
-     * of one then all rows of the next, left it in an order the next layer read 7% slower) */
-    const long kcap = k < KC ? k : KC, nb = XBLOCK / (long)sizeof(float) / kcap / NR * NR, NC = nb > NR ? nb : NR;
-    const long ncap = q < NC ? (q + NR - 1) / NR * NR : NC;
+    const long kcap = k < KC ? k : KC, NC = block_columns(k), ncap = q < NC ? (q + NR - 1) / NR * NR : NC;
     float *xp = 0; /* on a cache line: its vector loads never straddle two */
     if (posix_memalign((void **)&xp, 64, (size_t)(kcap * ncap) * sizeof(float))) return -1;
-    const struct epi full = {bias, r, q, act == ACT_SWISH ? ACT_NONE : act, lo, hi};
+    const struct epi full = {bias, r, q, act == ACT_SWISH ? ACT_NONE : act, lo, hi, 0};
     for (long j0 = 0; j0 < q; j0 += NC) {
         const long nc = q - j0 < NC ? q - j0 : NC;
         for (long p0 = 0; p0 < k; p0 += KC) {
             const long kc = k - p0 < KC ? k - p0 : KC;
-            const int first = p0 == 0, last = p0 + kc >= k;
-            const struct epi *e = last ? &full : 0;
             pack_x(x, s, xp, q, p0, kc, j0, nc);
-            for (long i0 = 0; i0 < m; i0 += MR) {
-                const float *a = wp + i0 * k + p0 * MR;
-                const long rows = m - i0 < MR ? m - i0 : MR;
-                for (long j = 0; j < nc; j += NR) {
-                    const float *b = xp + j * kc;
-                    if (nc - j >= NR)
-                        micro(kc, a, b, y + i0 * q + j0 + j, q, first, e, i0, j0 + j, rows);
-                    else if (rows == MR)
-                        columns(kc, a, b, y, q, i0, j0 + j, nc - j, first, e);
-                    else
-                        edge(kc, a, b, y, q, i0, j0 + j, rows, nc - j < NR ? nc - j : NR, first, e);
-                }
-                if (last && act == ACT_SWISH) /* SiLU over the band's rows while they are in cache */
-                    for (float *row = y + i0 * q + j0; row < y + (i0 + rows) * q; row += q)
-                        rpcsrv_sigmoid_f32(row, row, nc, 1);
-            }
+            block(wp, xp, y, m, k, q, p0, kc, j0, nc, &full, act == ACT_SWISH);
         }
     }
     free(xp);
@@ -246,4 +260,42 @@ int rpcsrv_gemm_f32(const float *wp, const float *x, const float *s, const float
 int rpcsrv_gemm_block(const float *x, const float *s, const float *r, float *y, const long *p, const float *f) {
     return rpcsrv_gemm_f32((const float *)p[0], x, s, r, (const float *)p[1], y, p[2], p[3], p[4], (int)p[5], f[0],
                            f[1]);
+}
+
+/* A MatMul by constant weights, y (rows x n) = act(x (rows x k) @ w (k x n) + bias[n]): the same blocks with
+ * the roles swapped, the constant w as the strips (packed once, rpcsrv_gemm_pack_b) and x's rows as the
+ * panels (packed per call, rpcsrv_gemm_pack_w), the bias per column; y row-major as numpy's.  (Computing
+ * y^T = w^T @ x^T with w^T as the panels would need a transposing pack of x and a transposed store.) */
+long rpcsrv_gemm_nr(void) { return NR; }
+
+/* w (k x n) into bp: KC-row blocks of NR-column strips (kc x NR, the last zero-padded), block p0 at
+ * p0 * ceil(n / NR) * NR, strip j at j * kc in it: bp holds ceil(n / NR) * NR * k floats */
+void rpcsrv_gemm_pack_b(const float *w, float *bp, long k, long n) {
+    const long np = (n + NR - 1) / NR * NR;
+    for (long p0 = 0; p0 < k; p0 += KC) pack_x(w, 0, bp + p0 * np, n, p0, k - p0 < KC ? k - p0 : KC, 0, n);
+}
+
+/* y = act(x @ w + bias) with bp = rpcsrv_gemm_pack_b(w); bias optional (0).  0, or -1 when x's packed copy
+ * could not be allocated. */
+int rpcsrv_matmul_f32(const float *x, const float *bp, const float *bias, float *y, long rows, long k, long n,
+                      int act, float lo, float hi) {
+    const long NC = block_columns(k), np = (n + NR - 1) / NR * NR;
+    float *xp = 0;
+    if (posix_memalign((void **)&xp, 64, (size_t)((rows + MR - 1) / MR * MR * k + 8) * sizeof(float))) return -1;
+    rpcsrv_gemm_pack_w(x, xp, rows, k);
+    const struct epi full = {0, 0, 0, act == ACT_SWISH ? ACT_NONE : act, lo, hi, bias};
+    for (long j0 = 0; j0 < n; j0 += NC)
+        for (long p0 = 0; p0 < k; p0 += KC) {
+            const long kc = k - p0 < KC ? k - p0 : KC;
+            block(xp, bp + p0 * np + j0 * kc, y, rows, k, n, p0, kc, j0, n - j0 < NC ? n - j0 : NC, &full,
+                  act == ACT_SWISH);
+        }
+    free(xp);
+    return 0;
+}
+
+/* the above with a block made once per plan (kernels/gemm.py): p = bp, bias (0: none), rows, k, n, act;
+ * f = lo, hi */
+int rpcsrv_matmul_block(const float *x, float *y, const long *p, const float *f) {
+    return rpcsrv_matmul_f32(x, (const float *)p[0], (const float *)p[1], y, p[2], p[3], p[4], (int)p[5], f[0], f[1]);
 }

@@ -1,7 +1,10 @@
 """The compiled 1x1-conv GEMM (``gemm.c``) for the run plans: the weights packed once, per plan; the bias, a
 residual and the fused activation applied to each tile as it is stored, a squeeze-and-excitation scale to the
 input as it is packed.  ``plans.py``'s pointwise plans call it on the shapes :func:`takes`, and run numpy's
-matmul (OpenBLAS) + the separate epilogue pass everywhere else.
+matmul (OpenBLAS) + the separate epilogue pass everywhere else.  ``plans_ops.matmul_plan`` runs MatMuls by
+constant weights (transformer encoders' Linear layers) on it the same way (:func:`planned_matmul`,
+:func:`takes_matmul`): the weights packed once into its column strips, the input's rows per call into its
+row panels, the bias per column.
 
 Why: OpenBLAS computes these products near the core's peak, and so does ``gemm.c`` (~75 GFLOP/s of the 83
 here, 1 thread); what the pair loses inside a model is (a) the second pass over outputs that no longer fit in
@@ -104,4 +107,78 @@ def gemm(x: np.ndarray, wmat: np.ndarray, bias=None, residual=None, scale=None, 
     if lib.rpcsrv_gemm_f32(wp.ctypes.data, x.ctypes.data, addr[0], addr[1], addr[2], y.ctypes.data, m, k, q, act,
                            lo, hi) != 0:
         raise MemoryError("gemm: the compiled kernel could not allocate its packing buffer")
+    return y
+
+
+# -- MatMul by constant weights (a Linear layer: transformer encoders' Q/K/V, output and feed-forward
+# products): y (rows, N) = act(x (rows, K) @ w (K, N) + bias[N]), ``rpcsrv_matmul_f32``: the same blocks and
+# micro-kernel with the roles swapped, w packed once per plan into the column strips and x's rows packed per
+# call into the row panels, the bias per column in the tile epilogue.
+
+#: the compiled MatMul runs products of at least this many rows (tokens), or of 2 and more by weights of
+#: at least BIG_WEIGHTS values.  Measured (1 thread, warm, ``bench/matmul_ab.py``): 128 and 384 rows by every
+#: K, N in {256, 384, 768, 1024, 1536, 3072}: 0.80-0.93x and 0.88-0.99x of OpenBLAS + epilogue (~108 against
+#: ~97 GFLOP/s); 8-64 rows by 384x384, 384x1536, 1536x384: 0.43-0.89x.  Under 8 rows OpenBLAS's small-matrix
+#: path wins while the weights stay in L2 (2-5 rows by 384x384: 1.1-1.8x slower here; 2-3 rows by 256x1024
+#: or 1024x256 1.4-2.1x) and loses on larger ones (2-7 rows by 768x768, 384x1536, 1536x384: 0.37-0.73x);
+#: a single row is BLAS's matrix-vector product (ours 2.2-2.4x slower).
+MIN_ROWS = 8
+BIG_WEIGHTS = 1 << 19
+
+
+def takes_matmul(rows: int, k: int, n: int) -> bool:
+    """Whether a (rows, k) @ (k, n) MatMul by constant weights runs ``gemm.c``."""
+    return k >= 1 and n >= 1 and (rows >= MIN_ROWS or rows >= 2 and k * n >= BIG_WEIGHTS)
+
+
+def packed_strips(lib: ctypes.CDLL, w: np.ndarray) -> np.ndarray:
+    """(K, N) float32 weights in ``gemm.c``'s column strips (KC-row blocks of NR columns, zero-padded)."""
+    k, n = w.shape
+    nr = int(lib.rpcsrv_gemm_nr())
+    bp, wc = np.empty(-(-n // nr) * nr * k, F32), np.ascontiguousarray(w, F32)  # (wc: alive through the call)
+    lib.rpcsrv_gemm_pack_b(wc.ctypes.data, bp.ctypes.data, k, n)
+    return bp
+
+
+def planned_matmul(lib: ctypes.CDLL, w: np.ndarray, bias: Optional[np.ndarray], rows: int, act: int, lo: float,
+                   hi: float) -> Optional[Callable[[np.ndarray], Optional[np.ndarray]]]:
+    """A function ``(x)`` of a C-contiguous float32 array of ``rows`` rows of K values (the plan checked it)
+    that returns y = act(x @ w + bias), (rows, N), by ``gemm.c``, or None while more than one BLAS thread
+    runs; or None itself when the shape does not take the kernel (:func:`takes_matmul`).  Its ``.keep``
+    holds what its block points into."""
+    k, n = w.shape
+    if not takes_matmul(rows, k, n):
+        return None
+    bp = packed_strips(lib, w)
+    params, pptr = block(ctypes.c_long, (bp.ctypes.data, 0 if bias is None else bias.ctypes.data, rows, k, n, act))
+    fparams, fptr = block(ctypes.c_float, (lo, hi))
+    fn, one_thread = lib.rpcsrv_matmul_block, _one_thread()
+
+    def tiled(x: np.ndarray) -> Optional[np.ndarray]:
+        if not one_thread():
+            return None
+        y = np.empty((rows, n), F32)
+        if fn(address(x), address(y), pptr, fptr):
+            raise MemoryError("MatMul: the compiled GEMM could not allocate its packing buffer")
+        return y
+
+    tiled.keep = (bp, bias, params, fparams)
+    return tiled
+
+
+def matmul(x: np.ndarray, w: np.ndarray, bias=None, activation=None, activation_attrs=None) -> Optional[np.ndarray]:
+    """act(x @ w + bias) for float32 x (rows, K), w (K, N) by ``gemm.c`` (any shape; tests and benchmarks):
+    a fresh (rows, N) array, or None when the compiled kernels are unavailable or do not apply this
+    activation."""
+    lib = compiled.library()
+    act, lo, hi = compiled._activation(activation, activation_attrs)
+    if lib is None or (act == 0 and (activation is not None or activation_attrs)):
+        return None
+    (rows, k), n = x.shape, w.shape[1]
+    x, bp = np.ascontiguousarray(x, F32), packed_strips(lib, w)
+    b = None if bias is None else np.ascontiguousarray(bias, F32)
+    y = np.empty((rows, n), F32)
+    if lib.rpcsrv_matmul_f32(x.ctypes.data, bp.ctypes.data, None if b is None else b.ctypes.data, y.ctypes.data,
+                             rows, k, n, act, lo, hi) != 0:
+        raise MemoryError("matmul: the compiled kernel could not allocate its packing buffer")
     return y

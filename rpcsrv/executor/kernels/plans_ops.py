@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from . import compiled, pool
+from .gemm import planned_matmul
 from .plan_support import F32, address, block, computed, in_use
 from .windows import resolve_pads, spatial_attr
 
@@ -193,17 +194,23 @@ def matmul_plan(kernel, attrs, inputs, shape, dtype):
     bias = None if c is None else np.ascontiguousarray(c)
     cptr = None if bias is None else bias.ctypes.data
     fn, ready = lib.rpcsrv_col_bias_act_f32 if (act or bias is not None) else None, in_use(lib)
+    # gemm.c on the shapes where it measured faster (gemm.takes_matmul): the product, bias and activation in
+    # its tiles; None (or None from it: more BLAS threads): OpenBLAS and the epilogue pass below
+    tiled = planned_matmul(lib, b, bias, rows, act, lo, hi)
 
     def matmul(a, b_in, c_in=None):
         if b_in is not b or c_in is not c or type(a) is not np.ndarray or a.shape != ashape or a.dtype != F32 \
                 or not a.flags.c_contiguous or not ready():
             return kernel(a, b_in, c_in, **attrs)
+        y = None if tiled is None else tiled(a)
+        if y is not None:
+            return y.reshape(shape)
         y = np.matmul(a.reshape(rows, k), b)
         if fn is not None:
             fn(address(y), cptr, rows, n, act, lo, hi)
         return y.reshape(shape)
 
-    matmul.keep = bias
+    matmul.keep = (bias, tiled)
     return matmul
 
 
@@ -321,17 +328,19 @@ def view_plan(kernel, attrs, inputs, shape, dtype):
 
 def gemm_plan(kernel, attrs, inputs, shape, dtype):
     """A plan for a float32 Gemm of one computed row with constant weights (a classifier): the product, then
-    the bias and the fused activation in one compiled pass (``epilogue.c``), or None."""
+    the bias and the fused activation in one compiled pass (``epilogue.c``); of more rows, ``gemm.c``'s MatMul
+    where it takes them; or None."""
     if len(inputs) not in (2, 3) or dtype != F32 or attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0 \
             or attrs.get("beta", 1.0) != 1.0 or set(attrs) - {"alpha", "beta", "transA", "transB", "activation",
                                                                "activation_attrs"}:
         return None
     a_spec, w, c = computed(inputs[0]), inputs[1], inputs[2] if len(inputs) == 3 else None
-    if a_spec is None or a_spec[1] != F32 or len(a_spec[0]) != 2 or a_spec[0][0] != 1 \
+    if a_spec is None or a_spec[1] != F32 or len(a_spec[0]) != 2 or a_spec[0][0] < 1 \
             or not isinstance(w, np.ndarray) or w.dtype != F32 or w.ndim != 2:
         return None
-    n = shape[1] if len(shape) == 2 else -1
-    if c is not None and (not isinstance(c, np.ndarray) or c.dtype != F32 or c.size != n or c.ndim > 2):
+    n, rows = shape[1] if len(shape) == 2 else -1, a_spec[0][0]
+    if c is not None and (not isinstance(c, np.ndarray) or c.dtype != F32 or c.size != n or c.ndim > 2
+                          or c.shape[-1] != n):
         return None
     lib = compiled.library()
     if lib is None:
@@ -341,7 +350,13 @@ def gemm_plan(kernel, attrs, inputs, shape, dtype):
         return None
     trans = bool(attrs.get("transB", 0))
     wmat = w.T if trans else w
-    if wmat.shape != (a_spec[0][1], n) or shape != (1, n):
+    if wmat.shape != (a_spec[0][1], n) or shape != (rows, n):
+        return None
+    # many rows (a Linear layer exported as Gemm: PyTorch's attention output projection): gemm.c's MatMul on
+    # the shapes it takes (gemm.takes_matmul), else (and with more BLAS threads) the table kernel as before
+    tiled = planned_matmul(lib, wmat, None if c is None else np.ascontiguousarray(c.reshape(n)), rows, act, lo,
+                           hi) if rows > 1 else None
+    if rows > 1 and tiled is None:
         return None
     # transB (an (N, K) classifier, as exported): the matrix times the row as a vector (BLAS's gemv over the
     # weights' contiguous rows), not the row times the transposed view, which numpy hands to a one-row GEMM:
@@ -357,11 +372,14 @@ def gemm_plan(kernel, attrs, inputs, shape, dtype):
         if w_in is not w or c_in is not c or type(a) is not np.ndarray or a.shape != ashape or a.dtype != F32 \
                 or not ready():
             return kernel(a, w_in, c_in, **attrs)
+        if rows > 1:
+            y = tiled(a) if a.flags.c_contiguous else None
+            return kernel(a, w_in, c_in, **attrs) if y is None else y
         y = np.matmul(w, a.reshape(k)).reshape(1, n) if trans else np.matmul(a, wmat)
         if bias is not None or act:  # y + bias (a row of n), then the activation, in place
             ya = address(y)
             fn(ya, 0 if bias is None else bias.ctypes.data, ya, pptr, fptr)
         return y
 
-    gemm.keep = (bias, params, fparams)
+    gemm.keep = (bias, params, fparams, tiled)
     return gemm
