@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import test_compiled_depthwise
 import test_plans
 from rpcsrv.executor.kernels import compiled, depthwise, plans, pool
 from rpcsrv.executor.kernels.conv import conv
@@ -20,6 +21,7 @@ from test_compiled_depthwise import ACTIVATIONS
 from test_depthwise_conv import onnx_conv
 
 c_kernels = test_plans.c_kernels  # the fixture: the compiled kernels in use
+generic_library = test_compiled_depthwise.generic_library  # the fixture: a build without -march=native
 
 LAYERS = [  # (c, mult, (h, w), kernel, strides, dilations, pads or auto_pad)
     (20, 1, (14, 14), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),  # 20 channels: 2 blocks of 8 and a partial one
@@ -31,6 +33,9 @@ LAYERS = [  # (c, mult, (h, w), kernel, strides, dilations, pads or auto_pad)
     (5, 3, (12, 11), (3, 3), (2, 1), (1, 1), (1, 0, 1, 2)),  # multiplier 3, a stride on one axis
     (3, 1, (4, 4), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),  # 16 inputs, 16 outputs: runs overlap
     (10, 1, (3, 3), (1, 1), (1, 1), (1, 1), (0, 0, 0, 0)),  # 9 inputs (one more than a vector)
+    (12, 1, (16, 16), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),  # 16 wide, 3x3 stride 1: runs within rows
+    (10, 1, (9, 50), (3, 3), (1, 1), (1, 1), (1, 0, 1, 2)),  # 50 wide: each row's last run overlaps
+    (5, 2, (10, 16), (3, 3), (2, 1), (2, 1), (2, 1, 2, 1)),  # the same with a stride and dilation in H
 ]
 
 
@@ -45,9 +50,15 @@ def _layer(case, seed):
     return x, w, b, attrs
 
 
-@pytest.fixture
-def spy(c_kernels, monkeypatch):
-    """Which parameter-block kernel each planned conv calls: ``calls`` lists "chan" or "rows"."""
+@pytest.fixture(params=["native", "generic"])
+def spy(request, c_kernels, monkeypatch, generic_library):
+    """Which parameter-block kernel each planned conv calls: ``calls`` lists "chan" or "rows"; with the
+    library built for this CPU, or without ``-march=native`` (4-float vectors on x86_64)."""
+    if request.param == "generic":
+        monkeypatch.setenv("RPCSRV_KERNELS_LIB", generic_library)
+        compiled.reset()
+        request.addfinalizer(compiled.reset)
+        assert compiled.status()["library"] == generic_library
     lib, calls = compiled.library(), []
     for name in ("chan", "rows"):
         real = getattr(lib, f"rpcsrv_{name}_block")
