@@ -196,8 +196,8 @@ def reset() -> None:
 #: kernel (``dwchan.c``, VW channels interleaved in a scratch of that many vectors), others dwconv.c's
 #: per-channel rows kernel.  Measured (bench/dwchan_bench.py, 1 thread, us, rows / chan, ReLU6): it wins on
 #: every MobileNetV2/V3, EfficientNet-B0 and ShuffleNet layer, most at small maps and stride 2: 14x14x576 s1
-#: 91 / 61, s2 97 / 34, 7x7x960 63 / 34, 7x7x1152 5x5 129 / 81, 28x28x192 s2 81 / 33; 56x56x144 251 / 221,
-#: 112x112x32 209 / 207 (MobileNetV2's depthwise convs in all: 1878 / 1352).  Larger planes (a scratch
+#: 90 / 58, s2 96 / 26, 7x7x960 63 / 27, 7x7x1152 5x5 129 / 63, 28x28x192 s2 79 / 36; 56x56x144 249 / 192,
+#: 112x112x32 213 / 156 (MobileNetV2's depthwise convs in all: 1908 / 1238).  Larger planes (a scratch
 #: past the L2 cache) were not measured: rows.  0 turns it off (tests run both).
 CHAN_MAX_PLANE = 130 * 130
 
@@ -209,6 +209,7 @@ def takes_chan(h, wd, kernel, strides, dilations, begin, out) -> bool:
     ph = (out[0] - 1) * strides[0] + (kernel[0] - 1) * dilations[0] + 1
     pw = (out[1] - 1) * strides[1] + (kernel[1] - 1) * dilations[1] + 1
     return ph * pw <= CHAN_MAX_PLANE and h * wd >= 8 and out[0] * out[1] >= 8 and min(begin) >= 0
+
 
 #: fused activations the C kernel applies itself (others run after it, from the kernel table)
 ACTIVATIONS = {"relu": 1, "clip": 2, "hard_swish": 3, "swish": 4}
