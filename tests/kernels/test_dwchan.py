@@ -1,11 +1,12 @@
-"""The channels-side-by-side depthwise kernel (``dwchan.c``) and the max pool by rows (``maxpool.c``).
+"""The channels-side-by-side depthwise kernel (``dwchan.c``) and the pools by rows (``pools.c``).
 
 The depthwise kernel on MobileNet/EfficientNet-style layers (14x14 and 7x7 maps, stride 2, 5x5, SAME and
 asymmetric pads, channel multipliers, dilation, channel counts no multiple of the vector width, every fused
 activation) against ``onnx.reference``; on random geometries against dwconv.c's rows kernel; NaN inputs;
-which kernel a plan calls (small maps and negative-free pads only: the rows kernel otherwise).  The max pool
-on random geometries (widths below and above the vector width, strides 1-3, dilation, pads, ceil mode)
-and NaN placements against the numpy table kernel, exactly.
+which kernel a plan calls (small maps and negative-free pads only: the rows kernel otherwise).  The max and
+average pools (by rows, or the phase planes where those measured faster) on random geometries (widths
+below and above the vector width, strides 1-3, dilation, pads, ceil mode, count_include_pad) against the
+numpy table kernel, and NaN placements for the max (exactly).
 """
 
 from __future__ import annotations
@@ -175,6 +176,18 @@ def _pool_cases():
         cases.append(((1, int(rng.integers(1, 5)), *hw), dict(kernel_shape=k, strides=s, dilations=d, pads=p,
                                                               ceil_mode=int(rng.integers(0, 2)))))
     return cases
+
+
+def test_average_pool_by_rows_matches_the_table_kernel(c_kernels):
+    rng = np.random.default_rng(4)
+    for shape, attrs in _pool_cases():
+        attrs = dict(attrs, count_include_pad=int(rng.integers(0, 2)))
+        x = rng.standard_normal(shape).astype(np.float32)
+        want = pool.average_pool(x, **attrs)
+        fn = plans.plan("average_pool", pool.average_pool, attrs, [(x.shape, x.dtype)], want.shape, np.float32)
+        if fn is None:
+            continue
+        np.testing.assert_allclose(fn(x), want, rtol=1e-5, atol=1e-6, err_msg=str((shape, attrs)))
 
 
 def test_max_pool_by_rows_matches_the_table_kernel(c_kernels):

@@ -1,8 +1,8 @@
 """Compiled kernels: ``dwconv.c`` built with the board's C compiler at first use, cached, loaded by ctypes.
 
-(``dwconv.c`` also has the stem convolution and average pooling on its phase planes; ``dwchan.c``: depthwise
-convs VW channels side by side, for small maps; ``maxpool.c``: max pooling by rows; ``epilogue.c``: a GEMM
-conv's (or MatMul's) bias and fused activation in one pass; ``sigmoid.c``: sigmoid, SiLU and softmax;
+(``dwconv.c`` also has the stem convolution and the pools on its phase planes; ``dwchan.c``: depthwise convs
+VW channels side by side; ``pools.c``: max and average pools by rows; ``epilogue.c``: a GEMM conv's (or
+MatMul's) bias and fused activation in one pass; ``sigmoid.c``: sigmoid, SiLU and softmax;
 ``winograd.c``: Winograd's input and output transforms; ``vec.h``: their shared vector helpers.)
 
 Why: a depthwise conv is ``kernel_size`` multiply-adds per output with no reduction over channels, so
@@ -15,7 +15,7 @@ board (its shim is built the same way).
 Where the library comes from, first found wins:
 
 1. ``RPCSRV_KERNELS_LIB=/path/libkernels.so``: prebuilt (boards without a compiler; build it elsewhere
-   with ``cc -O3 -shared -fPIC -o libkernels.so dwconv.c dwchan.c maxpool.c sigmoid.c epilogue.c winograd.c -lm`` in
+   with ``cc -O3 -shared -fPIC -o libkernels.so dwconv.c dwchan.c pools.c sigmoid.c epilogue.c winograd.c -lm`` in
    ``rpcsrv/executor/kernels``);
 2. the cache ``$RPCSRV_CACHE_DIR`` (default ``~/.cache/rpcsrv``), keyed by the sources' hash, the
    machine and the CPU's features (a compiler removed after the build leaves the cached library in use);
@@ -41,7 +41,7 @@ from typing import Optional
 
 import numpy as np
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("dwconv.c", "dwchan.c", "maxpool.c", "sigmoid.c",
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("dwconv.c", "dwchan.c", "pools.c", "sigmoid.c",
                                                                   "epilogue.c", "winograd.c"))
 #: included by the sources (hashed with them: a change rebuilds)
 HEADERS = (Path(__file__).with_name("vec.h"),)
@@ -127,10 +127,12 @@ def library() -> Optional[ctypes.CDLL]:
                                                                                    ctypes.c_float]
                 lib.rpcsrv_dwconv2d_f32.argtypes += [ctypes.c_long]  # the input shuffle (1: none)
                 lib.rpcsrv_dwconv2d_chan_f32.argtypes += [ctypes.c_long]
-                lib.rpcsrv_maxpool_rows_f32.restype = ctypes.c_int
-                lib.rpcsrv_maxpool_rows_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 14
-                lib.rpcsrv_avgpool2d_f32.restype = ctypes.c_int
-                lib.rpcsrv_avgpool2d_f32.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 14
+                for fn in (lib.rpcsrv_maxpool2d_f32, lib.rpcsrv_maxpool_rows_f32):
+                    fn.restype = ctypes.c_int
+                    fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 14
+                for fn in (lib.rpcsrv_avgpool2d_f32, lib.rpcsrv_avgpool_rows_f32):
+                    fn.restype = ctypes.c_int
+                    fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 14
                 lib.rpcsrv_wino_in_f32.restype = lib.rpcsrv_wino_out_f32.restype = ctypes.c_int
                 lib.rpcsrv_wino_in_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 8
                 lib.rpcsrv_wino_out_f32.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 6 + [

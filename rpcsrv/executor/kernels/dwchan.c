@@ -11,8 +11,8 @@
  * stored as eight consecutive outputs of each channel's plane.  The last run of a plane overlaps the one
  * before when the plane is no whole number of runs (recomputed, stored twice: the same values).
  * Lanes past the last channel read a real channel with zero weights, and are not stored.  Channel
- * multiplier m: output channel o reads input channel o / m (ShuffleNet's channel shuffle: read in place).  Needs H*W >= VW and OH*OW >= 8
- * (kernels/plans.py sends smaller maps to the rows kernel).
+ * multiplier m: output channel o reads input channel o / m (ShuffleNet's channel shuffle: read in place).
+ * Needs H*W >= VW and OH*OW >= 8 (kernels/plans.py sends smaller maps to the rows kernel).
  */
 #include <stdlib.h>
 

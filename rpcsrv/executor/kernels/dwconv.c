@@ -207,6 +207,24 @@ static int conv_rows(const float *x, const float *w, const float *bias, float *y
     return 0;
 }
 
+/* acc[j0 ..] = the maximum over the taps of nv vectors from flat position j0 (NaN wins, as numpy's) */
+static inline __attribute__((always_inline)) void max_run(float *acc, const float *buf, const long *off,
+                                                          long taps, long j0, const int nv) {
+    vf a[8];
+#pragma GCC unroll 8
+    for (int v = 0; v < nv; v++) a[v] = loadv(buf + off[0] + j0 + v * VW);
+    for (long t = 1; t < taps; t++) {
+        const float *s = buf + off[t] + j0;
+#pragma GCC unroll 8
+        for (int v = 0; v < nv; v++) {
+            vf u = loadv(s + v * VW);
+            a[v] = vselect((u > a[v]) | (u != u), u, a[v]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int v = 0; v < nv; v++) storev(acc + j0 + v * VW, a[v]);
+}
+
 /* acc[j0 ..] = the sum over the taps of nv vectors from flat position j0 */
 static inline __attribute__((always_inline)) void sum_run(float *acc, const float *buf, const long *off,
                                                           long taps, long j0, const int nv) {
@@ -248,6 +266,30 @@ int rpcsrv_avgpool2d_f32(const float *x, float *y, const float *counts, long n, 
     return 0;
 }
 
+/* MaxPool of x (N, C, H, W), float32, by the same phase planes (padding: -inf, which never wins). */
+int rpcsrv_maxpool2d_f32(const float *x, float *y, long n, long c, long h, long wd, long kh, long kw,
+                         long sh, long sw, long dh, long dw, long pt, long pl, long oh, long ow) {
+    geom gm;
+    if (geom_init(&gm, 1, h, wd, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow)) return -1;
+    float *buf = malloc(sizeof(float) * (size_t)(gm.chplanes + BLOCK + gm.padded));
+    if (!buf) { free(gm.off); return -1; }
+    for (long i = 0; i < gm.chplanes + BLOCK; i++) buf[i] = -__builtin_inff();
+    float *acc = buf + gm.chplanes + BLOCK;
+    long taps = kh * kw, nvec = (gm.len + VW - 1) / VW;
+    for (long p = 0; p < n * c; p++) {
+        fill_phases(&gm, buf, x + p * h * wd, h, wd, sw);
+        long v0 = 0;
+        for (; v0 + 8 <= nvec; v0 += 8) max_run(acc, buf, gm.off, taps, v0 * VW, 8);
+        if (nvec - v0 >= 4) { max_run(acc, buf, gm.off, taps, v0 * VW, 4); v0 += 4; }
+        if (nvec - v0 >= 2) { max_run(acc, buf, gm.off, taps, v0 * VW, 2); v0 += 2; }
+        if (nvec - v0 >= 1) max_run(acc, buf, gm.off, taps, v0 * VW, 1);
+        store(y + p * oh * ow, acc, oh, ow, gm.qw);
+    }
+    free(buf);
+    free(gm.off);
+    return 0;
+}
+
 int rpcsrv_dwconv2d_f32(const float *x, const float *w, const float *bias, float *y,
                         long n, long c, long h, long wd, long mult, long kh, long kw,
                         long sh, long sw, long dh, long dw, long pt, long pl,
@@ -278,15 +320,28 @@ int rpcsrv_rows_block(const float *x, float *y, const long *p, const float *f) {
                      p[13], p[14], p[15], p[16], (int)p[17], f[0], f[1], p[18]);
 }
 
-/* maxpool.c: MaxPool by rows (separable: KH + KW maxima per output, where phase planes cost KH * KW) */
+/* pools.c: the pools by rows (separable: KH + KW operations per output, where phase planes cost KH * KW) */
 int rpcsrv_maxpool_rows_f32(const float *x, float *y, long n, long c, long h, long wd, long kh, long kw,
                             long sh, long sw, long dh, long dw, long pt, long pl, long oh, long ow);
+int rpcsrv_avgpool_rows_f32(const float *x, float *y, const float *counts, long n, long c, long h, long wd,
+                            long kh, long kw, long sh, long sw, long dh, long dw, long pt, long pl, long oh,
+                            long ow);
 
 /* p: counts (0: a max pool, else an average pool's divisors), n, c, h, wd, kh, kw, sh, sw, dh, dw, pt, pl,
  * oh, ow */
 int rpcsrv_pool_block(const float *x, float *y, const long *p) {
+    /* by rows where measured faster (bench/maxpool_bench.py, 1 thread, rows / phases): max pools more than
+     * VW outputs wide (0.58-0.9x; narrower rows run scalar: 1.25-4.2x), average pools at stride 2
+     * (0.64-0.79x) or 3 VW outputs wide (0.82x at 28; 1.1-2.3x at 16 and less); at strides up to 2 */
+    long sw = p[8], ow = p[14];
+    if (p[0] && sw <= 2 && (sw == 2 || ow >= 3 * VW))
+        return rpcsrv_avgpool_rows_f32(x, y, (const float *)p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8],
+                                       p[9], p[10], p[11], p[12], p[13], p[14]);
     if (p[0]) return rpcsrv_avgpool2d_f32(x, y, (const float *)p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7],
                                           p[8], p[9], p[10], p[11], p[12], p[13], p[14]);
-    return rpcsrv_maxpool_rows_f32(x, y, p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11],
-                                   p[12], p[13], p[14]);
+    if (sw <= 2 && ow > VW)
+        return rpcsrv_maxpool_rows_f32(x, y, p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11],
+                                       p[12], p[13], p[14]);
+    return rpcsrv_maxpool2d_f32(x, y, p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11], p[12],
+                                p[13], p[14]);
 }
