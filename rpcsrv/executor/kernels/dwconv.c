@@ -330,7 +330,7 @@ int rpcsrv_avgpool_rows_f32(const float *x, float *y, const float *counts, long 
 /* p: counts (0: a max pool, else an average pool's divisors), n, c, h, wd, kh, kw, sh, sw, dh, dw, pt, pl,
  * oh, ow */
 int rpcsrv_pool_block(const float *x, float *y, const long *p) {
-    /* by rows where measured faster (bench/maxpool_bench.py, 1 thread, rows / phases): max pools more than
+    /* by rows where measured faster (bench/pools_bench.py, 1 thread, rows / phases): max pools more than
      * VW outputs wide (0.58-0.9x; narrower rows run scalar: 1.25-4.2x), average pools at stride 2
      * (0.64-0.79x) or 3 VW outputs wide (0.82x at 28; 1.1-2.3x at 16 and less); at strides up to 2 */
     long sw = p[8], ow = p[14];

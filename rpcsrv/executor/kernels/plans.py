@@ -37,8 +37,8 @@ Planned (float32, 2-D, compiled kernels in use, the activation one the C code ap
   Softmax along the last axis (``sigmoid.c``: each row while in cache);
 * Flatten, and Reshape to a constant shape: a view of the declared shape; a classifier's Gemm (one row);
   MatMul by constant 2-D weights (the bias and activation in one pass after the GEMM);
-* 2-D float32 MaxPools (no indices output) by rows (``maxpool.c``: separable, KH + KW maxima per output) and
-  AveragePools by the same phase planes (padding 0).
+* 2-D float32 MaxPools (no indices output) and AveragePools: by rows (``pools.c``: separable, KH + KW
+  operations per output) or on phase planes (``dwconv.c``: padding -inf or 0), as measured per shape.
 
 Every other step, or any step on a board without the compiled kernels, runs its table kernel as before.
 """
