@@ -10,7 +10,9 @@ Measured (1 thread, us, the kernels alone, phase planes / rows): max 111x111x64 
 97, 27x27x256 116 / 68, 112x112x64 pad 1 317 / 163, 28x28x320 s1 268 / 186, 14x14x576 s1 145 / 132,
 13x13x512 s1 118 / 110, but 7x7x1024 s1 95 / 400 and 14x14x576 s2 (7 wide) 111 / 156: rows narrower than
 a vector run scalar; average 28x28x192 s1 124 / 101, 56x56x128 2x2 s2 129 / 75, 14x14x576 s1 125 / 135,
-7x7x1024 s1 87 / 200.  So the rows where they win (see dwconv.c's rpcsrv_pool_block).  (Before the scalar
+7x7x1024 s1 87 / 200.  VW channels side by side (dwchan.c) on small maps: max 7x7x1024 s1 55, 14x14x576 s1
+112, s2 41; average 7x7x1024 34, 14x14x576 s1 63, 28x28x320 s1 119.  So each where it wins (dwconv.c's
+rpcsrv_pool_block); against onnxruntime's op alone then: 0.49-1.33x on these shapes.  (Before the scalar
 maxima were made branch-free, random inputs made them 2-8x slower: mispredicted NaN-aware compares.)
 
     python bench/pools_bench.py [--repeat 200]

@@ -1,12 +1,13 @@
-"""The channels-side-by-side depthwise kernel (``dwchan.c``) and the pools by rows (``pools.c``).
+"""The channels-side-by-side depthwise kernel and pools (``dwchan.c``) and the pools by rows (``pools.c``).
 
 The depthwise kernel on MobileNet/EfficientNet-style layers (14x14 and 7x7 maps, stride 2, 5x5, SAME and
 asymmetric pads, channel multipliers, dilation, channel counts no multiple of the vector width, every fused
 activation) against ``onnx.reference``; on random geometries against dwconv.c's rows kernel; NaN inputs;
 which kernel a plan calls (small maps and negative-free pads only: the rows kernel otherwise).  The max and
-average pools (by rows, or the phase planes where those measured faster) on random geometries (widths
-below and above the vector width, strides 1-3, dilation, pads, ceil mode, count_include_pad) against the
-numpy table kernel, and NaN placements for the max (exactly).
+average pools (channels side by side, by rows or on phase planes, as dwconv.c's rpcsrv_pool_block picks
+by shape: each taken here) on random geometries (widths below and above the vector width, strides 1-3,
+dilation, pads, ceil mode, count_include_pad) against the numpy table kernel, and NaN placements for the
+max (exactly); both with the library built for this CPU and without ``-march=native``.
 """
 
 from __future__ import annotations
@@ -52,15 +53,20 @@ def _layer(case, seed):
 
 
 @pytest.fixture(params=["native", "generic"])
-def spy(request, c_kernels, monkeypatch, generic_library):
-    """Which parameter-block kernel each planned conv calls: ``calls`` lists "chan" or "rows"; with the
-    library built for this CPU, or without ``-march=native`` (4-float vectors on x86_64)."""
+def both_builds(request, c_kernels, monkeypatch, generic_library):
+    """The library built for this CPU, or without ``-march=native`` (4-float vectors on x86_64)."""
     if request.param == "generic":
         monkeypatch.setenv("RPCSRV_KERNELS_LIB", generic_library)
         compiled.reset()
         request.addfinalizer(compiled.reset)
         assert compiled.status()["library"] == generic_library
-    lib, calls = compiled.library(), []
+    return compiled.library()
+
+
+@pytest.fixture
+def spy(both_builds, monkeypatch):
+    """Which parameter-block kernel each planned conv calls: ``calls`` lists "chan" or "rows" (either build)."""
+    lib, calls = both_builds, []
     for name in ("chan", "rows"):
         real = getattr(lib, f"rpcsrv_{name}_block")
         monkeypatch.setattr(lib, f"rpcsrv_{name}_block", lambda *a, _r=real, _n=name: calls.append(_n) or _r(*a))
@@ -178,7 +184,7 @@ def _pool_cases():
     return cases
 
 
-def test_average_pool_by_rows_matches_the_table_kernel(c_kernels):
+def test_average_pool_matches_the_table_kernel(both_builds):
     rng = np.random.default_rng(4)
     for shape, attrs in _pool_cases():
         attrs = dict(attrs, count_include_pad=int(rng.integers(0, 2)))
@@ -190,7 +196,7 @@ def test_average_pool_by_rows_matches_the_table_kernel(c_kernels):
         np.testing.assert_allclose(fn(x), want, rtol=1e-5, atol=1e-6, err_msg=str((shape, attrs)))
 
 
-def test_max_pool_by_rows_matches_the_table_kernel(c_kernels):
+def test_max_pool_matches_the_table_kernel(both_builds):
     rng = np.random.default_rng(3)
     for shape, attrs in _pool_cases():
         x = rng.standard_normal(shape).astype(np.float32)

@@ -130,7 +130,7 @@ def library() -> Optional[ctypes.CDLL]:
                 for fn in (lib.rpcsrv_maxpool2d_f32, lib.rpcsrv_maxpool_rows_f32):
                     fn.restype = ctypes.c_int
                     fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 14
-                for fn in (lib.rpcsrv_avgpool2d_f32, lib.rpcsrv_avgpool_rows_f32):
+                for fn in (lib.rpcsrv_avgpool2d_f32, lib.rpcsrv_avgpool_rows_f32, lib.rpcsrv_pool_chan_f32):
                     fn.restype = ctypes.c_int
                     fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 14
                 lib.rpcsrv_wino_in_f32.restype = lib.rpcsrv_wino_out_f32.restype = ctypes.c_int

@@ -125,6 +125,39 @@ static inline __attribute__((always_inline)) void block_taps(float *y, long plan
     }
 }
 
+/* the tables of a call: off[taps], each tap's offset in the scratch; then dst[h * wd], each input position's
+ * slot (past the padded extent: the spare slot, never read); then pix[oh * ow], each output pixel's first
+ * tap */
+static void tables(long *off, long h, long wd, long kh, long kw, long sh, long sw, long dh, long dw, long pt,
+                   long pl, long oh, long ow) {
+    long ph = (oh - 1) * sh + (kh - 1) * dh + 1, pw = (ow - 1) * sw + (kw - 1) * dw + 1;
+    long *dst = off + kh * kw, *pix = dst + h * wd;
+    for (long i = 0; i < kh; i++)
+        for (long j = 0; j < kw; j++) off[i * kw + j] = (i * dh * pw + j * dw) * VW;
+    for (long r = 0; r < h; r++)
+        for (long col = 0; col < wd; col++) {
+            long pr = r + pt, pc = col + pl;
+            dst[r * wd + col] = (pr < ph && pc < pw ? pr * pw + pc : ph * pw) * VW;
+        }
+    for (long r = 0; r < oh; r++)
+        for (long col = 0; col < ow; col++) pix[r * ow + col] = (r * sh * pw + col * sw) * VW;
+}
+
+/* the VW planes src[] (hw values each) into the scratch, VW values of each at a time: one transpose, each
+ * vector stored at its position's slot (the last group overlaps the one before) */
+static void interleave(float *buf, const float *const *src, const long *dst, long hw) {
+    for (long i = 0;; i += VW) {
+        if (i + VW > hw) i = hw - VW;
+        vf v[VW];
+#pragma GCC unroll 8
+        for (int l = 0; l < VW; l++) v[l] = loadv(src[l] + i);
+        transpose(v);
+#pragma GCC unroll 8
+        for (int k = 0; k < VW; k++) storev(buf + dst[i + k], v[k]);
+        if (i + VW >= hw) break;
+    }
+}
+
 int rpcsrv_dwconv2d_chan_f32(const float *x, const float *w, const float *bias, float *y,
                              long n, long c, long h, long wd, long mult, long kh, long kw,
                              long sh, long sw, long dh, long dw, long pt, long pl,
@@ -141,16 +174,8 @@ int rpcsrv_dwconv2d_chan_f32(const float *x, const float *w, const float *bias, 
     long *off = malloc(sizeof(long) * (size_t)(taps + hw + plane));
     if (!buf || !off) { free(buf); free(off); return -1; }
     float *wv = buf + (ph * pw + 1) * VW, *bv = wv + taps * VW;
-    long *dst = off + taps, *pix = dst + hw;
-    for (long i = 0; i < kh; i++)
-        for (long j = 0; j < kw; j++) off[i * kw + j] = (i * dh * pw + j * dw) * VW;
-    for (long r = 0; r < h; r++)
-        for (long col = 0; col < wd; col++) {
-            long pr = r + pt, pc = col + pl;
-            dst[r * wd + col] = (pr < ph && pc < pw ? pr * pw + pc : ph * pw) * VW;
-        }
-    for (long r = 0; r < oh; r++)
-        for (long col = 0; col < ow; col++) pix[r * ow + col] = (r * sh * pw + col * sw) * VW;
+    const long *dst = off + taps, *pix = dst + hw;
+    tables(off, h, wd, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow);
     for (long b = 0; b < n; b++)
         for (long o0 = 0; o0 < m; o0 += VW) {
             long lanes = m - o0 < VW ? m - o0 : VW;
@@ -164,16 +189,7 @@ int rpcsrv_dwconv2d_chan_f32(const float *x, const float *w, const float *bias, 
                 for (long t = 0; t < taps; t++) wv[t * VW + l] = l < lanes ? w[o * taps + t] : 0.f;
                 bv[l] = l < lanes && bias ? bias[o] : 0.f;
             }
-            for (long i = 0;; i += VW) {  /* the input planes, VW values of each at a time, interleaved */
-                if (i + VW > hw) i = hw - VW;
-                vf v[VW];
-#pragma GCC unroll 8
-                for (int l = 0; l < VW; l++) v[l] = loadv(src[l] + i);
-                transpose(v);
-#pragma GCC unroll 8
-                for (int k = 0; k < VW; k++) storev(buf + dst[i + k], v[k]);
-                if (i + VW >= hw) break;
-            }
+            interleave(buf, src, dst, hw);
             float *out = y + (b * m + o0) * plane;
             if (taps == 9)  /* 3x3: the taps' loop unrolled */
                 block_taps(out, plane, lanes, buf, pix, off, wv, bv, 9, act, lo, hi, rows3, oh, ow, dh * pw * VW);
@@ -195,4 +211,51 @@ int rpcsrv_chan_block(const float *x, float *y, const long *p, const float *f) {
     return rpcsrv_dwconv2d_chan_f32(x, (const float *)p[0], (const float *)p[1], y, p[2], p[3], p[4], p[5], p[6],
                                     p[7], p[8], p[9], p[10], p[11], p[12], p[13], p[14], p[15], p[16], (int)p[17],
                                     f[0], f[1], p[18]);
+}
+
+/* MaxPool (counts NULL: the scratch's padding -inf, NaN wins) or AveragePool (the scratch's padding 0, each
+ * window's sum divided by counts[oh * OW + ow], as pool.py works them out) of VW planes at a time, as the
+ * conv above: for small maps (7x7, 14x14), whose rows pools.c's row loops run scalar or nearly */
+int rpcsrv_pool_chan_f32(const float *x, float *y, const float *counts, long n, long c, long h, long wd,
+                         long kh, long kw, long sh, long sw, long dh, long dw, long pt, long pl, long oh, long ow) {
+    long ph = (oh - 1) * sh + (kh - 1) * dh + 1, pw = (ow - 1) * sw + (kw - 1) * dw + 1;
+    long taps = kh * kw, hw = h * wd, plane = oh * ow, planes = n * c;
+    if (hw < VW || plane < RUN || pt < 0 || pl < 0) return -2;
+    float *buf = malloc(sizeof(float) * (size_t)((ph * pw + 1) * VW));
+    long *off = malloc(sizeof(long) * (size_t)(taps + hw + plane));
+    if (!buf || !off) { free(buf); free(off); return -1; }
+    const float pad = counts ? 0.f : -__builtin_inff();
+    for (long i = 0; i < (ph * pw + 1) * VW; i++) buf[i] = pad;
+    const long *dst = off + taps, *pix = dst + hw;
+    tables(off, h, wd, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow);
+    for (long p0 = 0; p0 < planes; p0 += VW) {
+        long lanes = planes - p0 < VW ? planes - p0 : VW;
+        const float *src[VW];
+        for (long l = 0; l < VW; l++) src[l] = x + (p0 + (l < lanes ? l : lanes - 1)) * hw;
+        interleave(buf, src, dst, hw);
+        float *out = y + p0 * plane;
+        for (long j = 0;; j += RUN) {
+            if (j + RUN > plane) j = plane - RUN;
+            vf a[RUN];
+#pragma GCC unroll 8
+            for (int k = 0; k < RUN; k++) a[k] = loadv(buf + pix[j + k]);
+            for (long t = 1; t < taps; t++) {
+                long o = off[t];
+#pragma GCC unroll 8
+                for (int k = 0; k < RUN; k++) {
+                    vf u = loadv(buf + pix[j + k] + o);
+                    a[k] = counts ? a[k] + u : vmaxnan(a[k], u);
+                }
+            }
+            if (counts) {
+#pragma GCC unroll 8
+                for (int k = 0; k < RUN; k++) a[k] = a[k] / splat(counts[j + k]);
+            }
+            finish(out, plane, j, lanes, a, ACT_NONE, 0.f, 0.f);
+            if (j + RUN >= plane) break;
+        }
+    }
+    free(buf);
+    free(off);
+    return 0;
 }

@@ -326,22 +326,35 @@ int rpcsrv_maxpool_rows_f32(const float *x, float *y, long n, long c, long h, lo
 int rpcsrv_avgpool_rows_f32(const float *x, float *y, const float *counts, long n, long c, long h, long wd,
                             long kh, long kw, long sh, long sw, long dh, long dw, long pt, long pl, long oh,
                             long ow);
+/* dwchan.c: the pools VW channels side by side (small maps); -2 when it does not take the shape */
+int rpcsrv_pool_chan_f32(const float *x, float *y, const float *counts, long n, long c, long h, long wd,
+                         long kh, long kw, long sh, long sw, long dh, long dw, long pt, long pl, long oh, long ow);
 
 /* p: counts (0: a max pool, else an average pool's divisors), n, c, h, wd, kh, kw, sh, sw, dh, dw, pt, pl,
  * oh, ow */
 int rpcsrv_pool_block(const float *x, float *y, const long *p) {
-    /* by rows where measured faster (bench/pools_bench.py, 1 thread, rows / phases): max pools more than
-     * VW outputs wide (0.58-0.9x; narrower rows run scalar: 1.25-4.2x), average pools at stride 2
-     * (0.64-0.79x) or 3 VW outputs wide (0.82x at 28; 1.1-2.3x at 16 and less); at strides up to 2 */
-    long sw = p[8], ow = p[14];
-    if (p[0] && sw <= 2 && (sw == 2 || ow >= 3 * VW))
-        return rpcsrv_avgpool_rows_f32(x, y, (const float *)p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8],
-                                       p[9], p[10], p[11], p[12], p[13], p[14]);
-    if (p[0]) return rpcsrv_avgpool2d_f32(x, y, (const float *)p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7],
-                                          p[8], p[9], p[10], p[11], p[12], p[13], p[14]);
-    if (sw <= 2 && ow > VW)
+    /* as measured (bench/pools_bench.py, 1 thread; chan / rows / phase planes, us): VW channels side by side
+     * (dwchan.c) for max pools under 2 VW outputs wide (7x7x1024 s1 55 / 403 / 96, 14x14x576 s1 112 / 130
+     * / 154, s2 41 / 156 / 142) and average pools on padded planes up to 30x30 (28x28x320 s1 119 / 165 /
+     * 201, 7x7x1024 34 / 206 / 87); else by rows (pools.c) at strides up to 2 (max 111x111x64 s2 257 / 164 /
+     * 313, 28x28x320 s1 224 / 183 / 269; average 56x56x192 s2 146 / 125 / 221), where rows more than VW
+     * wide keep them out of scalar loops; else the phase planes */
+    long sw = p[8], oh = p[13], ow = p[14];
+    long ph = (oh - 1) * p[7] + (p[5] - 1) * p[9] + 1, pw = (ow - 1) * sw + (p[6] - 1) * p[10] + 1;
+    const float *counts = (const float *)p[0];
+    if (counts ? ph * pw <= 30 * 30 : ow < 2 * VW) {
+        int rc = rpcsrv_pool_chan_f32(x, y, counts, p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10],
+                                      p[11], p[12], p[13], p[14]);
+        if (rc != -2) return rc;  /* -2: a plane too small for it */
+    }
+    if (counts && sw <= 2)
+        return rpcsrv_avgpool_rows_f32(x, y, counts, p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10],
+                                       p[11], p[12], p[13], p[14]);
+    if (!counts && sw <= 2 && ow > VW)
         return rpcsrv_maxpool_rows_f32(x, y, p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11],
                                        p[12], p[13], p[14]);
+    if (counts) return rpcsrv_avgpool2d_f32(x, y, counts, p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9],
+                                            p[10], p[11], p[12], p[13], p[14]);
     return rpcsrv_maxpool2d_f32(x, y, p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11], p[12],
                                 p[13], p[14]);
 }

@@ -13,8 +13,6 @@
 
 enum { POOL_MAX = 0, POOL_SUM = 1 };
 
-/* max(a, u), u where u is NaN (and a NaN in a stays: u > a is false) */
-static inline vf vmaxnan(vf a, vf u) { return vselect((u > a) | (u != u), u, a); }
 static inline float maxnan(float a, float u) {  /* no branch (random data mispredicts: 3-8x the time) */
     union { float f; unsigned i; } x = {a}, y = {u};
     unsigned take = 0u - (unsigned)((u > a) | (u != u));
