@@ -1,4 +1,4 @@
-/* A check of dwchan.c against naive loops, built for other targets by test_dwchan_cross.py and run under
+/* A check of dwchan.c (and pools.c's pools by rows) against naive loops, built for other targets by test_dwchan_cross.py and run under
  * qemu-user: its register-held 3x3 weights (aarch64's 32 vector registers), 4-float vectors (NEON, and
  * armv7 without NEON: scalar code from the generic vectors), runs within rows.  Random geometries of the
  * depthwise conv (every fused activation but swish, multipliers, strides, dilation, pads) and of the max
@@ -12,6 +12,10 @@ int rpcsrv_dwconv2d_chan_f32(const float *x, const float *w, const float *bias, 
                              long pl, long oh, long ow, int act, float lo, float hi, long shuffle);
 int rpcsrv_pool_chan_f32(const float *x, float *y, const float *counts, long n, long c, long h, long wd, long kh,
                          long kw, long sh, long sw, long dh, long dw, long pt, long pl, long oh, long ow);
+int rpcsrv_maxpool_rows_f32(const float *x, float *y, long n, long c, long h, long wd, long kh, long kw, long sh,
+                            long sw, long dh, long dw, long pt, long pl, long oh, long ow);
+int rpcsrv_avgpool_rows_f32(const float *x, float *y, const float *counts, long n, long c, long h, long wd, long kh,
+                            long kw, long sh, long sw, long dh, long dw, long pt, long pl, long oh, long ow);
 
 static unsigned long long state = 88172645463325252ull;
 static long rnd(long lo, long hi) {  /* lo .. hi inclusive */
@@ -64,9 +68,16 @@ int main(void) {
                         return 1;
                     }
                 }
-        for (int avg = 0; avg < 2; avg++) {
+        for (int kind = 0; kind < 4; kind++) {  /* max, average; channels side by side, by rows */
+            int avg = kind & 1, rc;
             for (long i = 0; i < oh * ow; i++) counts[i] = (float)rnd(1, 9);
-            if (rpcsrv_pool_chan_f32(x, y, avg ? counts : 0, 1, c, h, wd, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow)) {
+            if (kind < 2)
+                rc = rpcsrv_pool_chan_f32(x, y, avg ? counts : 0, 1, c, h, wd, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow);
+            else if (avg)
+                rc = rpcsrv_avgpool_rows_f32(x, y, counts, 1, c, h, wd, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow);
+            else
+                rc = rpcsrv_maxpool_rows_f32(x, y, 1, c, h, wd, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow);
+            if (rc) {
                 printf("pool refused case %d\n", it);
                 return 1;
             }
@@ -84,8 +95,8 @@ int main(void) {
                             }
                         double want = avg ? s / counts[r * ow + q] : s, got = y[(o * oh + r) * ow + q];
                         if (!(fabs(got - want) <= 1e-5 * (1 + fabs(want))) && !(isinf(want) && got == want)) {
-                            printf("%s pool case %d at %ld,%ld,%ld: %g, want %g\n", avg ? "average" : "max", it, o,
-                                   r, q, got, want);
+                            printf("%s pool (%s) case %d at %ld,%ld,%ld: %g, want %g\n", avg ? "average" : "max",
+                                   kind < 2 ? "channels" : "rows", it, o, r, q, got, want);
                             return 1;
                         }
                     }

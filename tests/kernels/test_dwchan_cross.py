@@ -1,5 +1,5 @@
-"""``dwchan.c`` on the boards' targets: ``dwchan_check.c`` (random depthwise convs and pools against naive
-loops) built for this CPU, for generic x86_64 (SSE: 4-float vectors), and with the Debian cross compilers
+"""``dwchan.c`` and ``pools.c`` on the boards' targets: ``dwchan_check.c`` (random depthwise convs and pools
+against naive loops) built for this CPU, for generic x86_64 (SSE: 4-float vectors), and with the Debian cross compilers
 for aarch64 (its 32 vector registers hold a 3x3 block's weights, a path x86_64 without AVX-512 never takes)
 and armv7 with and without NEON, run under qemu-user."""
 
@@ -14,8 +14,8 @@ from conftest import need_program
 from rpcsrv.executor.kernels import compiled
 
 HERE = Path(__file__).resolve().parent
-SOURCES = [str(HERE / "dwchan_check.c"), str(compiled.SOURCES[0].with_name("dwchan.c")),
-           str(compiled.SOURCES[0].with_name("sigmoid.c"))]
+SOURCES = [str(HERE / "dwchan_check.c")] + [str(compiled.SOURCES[0].with_name(name))
+                                            for name in ("dwchan.c", "pools.c", "sigmoid.c")]
 TARGETS = {  # name: (compiler, flags, runner or None)
     "native": ("cc", ["-march=native"], None),
     "x86_64-generic": ("cc", [], None),
