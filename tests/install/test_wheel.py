@@ -34,6 +34,7 @@ def test_the_wheel_holds_rpcsrv_only_with_the_shim_source_and_prebuilt_shims(bui
     sources = {str(p.relative_to(root)) for ext in ("*.c", "*.h")  # built on the board if need be
                for p in (root / "rpcsrv").rglob(ext)}
     assert {"rpcsrv/native/shim.c", "rpcsrv/native/check_kernel.c", "rpcsrv/executor/kernels/dwconv.c",
+            "rpcsrv/executor/kernels/dwchan.c", "rpcsrv/executor/kernels/pools.c",
             "rpcsrv/executor/kernels/vec.h"} <= sources
     assert sources | {"rpcsrv/native/shimbuild.py"} <= set(names), sorted(sources - set(names))
     assert "rpcsrv/native/prebuilt/x86_64-linux-gnu/libshim.so" in names or not _x86_64()

@@ -1,8 +1,8 @@
-"""The compiled depthwise convolution (``kernels/compiled.py``, ``dwconv.c``) against ``onnx.reference``
-on the numpy kernel's cases (stride 2, channel multipliers, dilation, asymmetric pads, ...) plus the
-fused bias, relu, clip, hard_swish and swish, in both of its loop forms (rows, packed); and the fallback: turned
-off by ``RPCSRV_COMPILED_KERNELS=0``, or no compiler on the board, the numpy kernel runs and ``status()``
-says why."""
+"""The compiled depthwise convolution (``kernels/compiled.py``, ``dwconv.c``, ``dwchan.c``) against
+``onnx.reference`` on the numpy kernel's cases (stride 2, channel multipliers, dilation, asymmetric pads, ...)
+plus the fused bias, relu, clip, hard_swish and swish, by both kernels (rows, channels side by side); and the
+fallback: turned off by ``RPCSRV_COMPILED_KERNELS=0``, or no compiler on the board, the numpy kernel runs and
+``status()`` says why."""
 
 from __future__ import annotations
 
@@ -34,20 +34,21 @@ def generic_library(tmp_path_factory):
     return str(out)
 
 
-@pytest.fixture(params=["rows", "packed", "rows-generic"])
+@pytest.fixture(params=["rows", "chan", "rows-generic", "chan-generic"])
 def c_kernels(request, monkeypatch, generic_library):
     """The compiled kernel, in use (skips without a C compiler, fails under RPCSRV_REQUIRE_ALL=1), with
-    its per-channel rows loops or its channels-side-by-side (packed) loops for every width; rows-generic:
-    the rows loops of a build without ``-march=native`` (4-float vectors on x86_64)."""
-    monkeypatch.setattr(compiled, "PACKED_MAX_WIDTH", 10**9 if request.param == "packed" else 0)
+    its per-channel rows loops (``dwconv.c``) or the channels-side-by-side kernel (``dwchan.c``) for every
+    plane it takes (smaller ones: rows); -generic: a build without ``-march=native`` (4-float vectors on
+    x86_64)."""
+    monkeypatch.setattr(compiled, "CHAN_MAX_PLANE", 10**9 if request.param.startswith("chan") else 0)
     need_program("cc", "the compiled depthwise kernel is built with the board's C compiler")
     monkeypatch.delenv("RPCSRV_COMPILED_KERNELS", raising=False)
-    if request.param == "rows-generic":
+    if request.param.endswith("-generic"):
         monkeypatch.setenv("RPCSRV_KERNELS_LIB", generic_library)
         request.addfinalizer(compiled.reset)  # the next test loads its own library again
     compiled.reset()
     assert compiled.status()["in_use"], compiled.status()
-    if request.param == "rows-generic":
+    if request.param.endswith("-generic"):
         assert compiled.status()["library"] == generic_library
 
     def numpy_path(*args, **kwargs):

@@ -1,10 +1,12 @@
 """Compiled kernels: ``dwconv.c`` built with the board's C compiler at first use, cached, loaded by ctypes.
 
-(``dwconv.c`` also has the stem convolution and max pooling on its phase planes; ``epilogue.c``: a GEMM
-conv's (or MatMul's) bias and fused activation in one pass; ``sigmoid.c``: sigmoid, SiLU and softmax;
+(``dwconv.c`` also has the stem convolution and the pools on its phase planes; ``dwchan.c``: depthwise convs
+VW channels side by side; ``pools.c``: max and average pools by rows; ``epilogue.c``: a GEMM conv's (or
+MatMul's) bias and fused activation in one pass; ``sigmoid.c``: sigmoid, SiLU, GELU and softmax;
 ``winograd.c``, ``winograd4.c``: Winograd's input and output transforms (F(2x2, 3x3), F(4x4, 3x3));
-``im2col.c``: a dense conv's column matrix; ``norm.c``: LayerNormalization; ``gemm.c``: 1x1 convs' GEMM
-with that epilogue in its tiles (``gemm.py``); ``vec.h``: their shared vector helpers.)
+``im2col.c``: a dense conv's column matrix; ``norm.c``: LayerNormalization; ``gemm.c``: the GEMM of 1x1 convs
+and MatMuls by constant weights with that epilogue in its tiles (``gemm.py``); ``vec.h``: their shared
+vector helpers.)
 
 Why: a depthwise conv is ``kernel_size`` multiply-adds per output with no reduction over channels, so
 numpy runs it as whole-array passes at memory speed (about 5 GFLOP/s here; ``depthwise.py``), while
@@ -42,8 +44,9 @@ from typing import Optional
 
 import numpy as np
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("dwconv.c", "sigmoid.c", "epilogue.c", "winograd.c",
-                                                            "winograd4.c", "im2col.c", "norm.c", "gemm.c"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("dwconv.c", "dwchan.c", "pools.c", "sigmoid.c",
+                                                            "epilogue.c", "winograd.c", "winograd4.c", "im2col.c",
+                                                            "norm.c", "gemm.c"))
 #: included by the sources (hashed with them: a change rebuilds)
 HEADERS = (Path(__file__).with_name("vec.h"),)
 ENV_SWITCH = "RPCSRV_COMPILED_KERNELS"
@@ -122,15 +125,18 @@ def library() -> Optional[ctypes.CDLL]:
             try:
                 path = _build()
                 lib = ctypes.CDLL(str(path))
-                for fn in (lib.rpcsrv_dwconv2d_f32, lib.rpcsrv_dwconv2d_packed_f32, lib.rpcsrv_conv2d_rows_f32):
+                for fn in (lib.rpcsrv_dwconv2d_f32, lib.rpcsrv_conv2d_rows_f32, lib.rpcsrv_dwconv2d_chan_f32):
                     fn.restype = ctypes.c_int
                     fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 15 + [ctypes.c_int, ctypes.c_float,
                                                                                    ctypes.c_float]
                 lib.rpcsrv_dwconv2d_f32.argtypes += [ctypes.c_long]  # the input shuffle (1: none)
-                lib.rpcsrv_maxpool2d_f32.restype = ctypes.c_int
-                lib.rpcsrv_maxpool2d_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 14
-                lib.rpcsrv_avgpool2d_f32.restype = ctypes.c_int
-                lib.rpcsrv_avgpool2d_f32.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 14
+                lib.rpcsrv_dwconv2d_chan_f32.argtypes += [ctypes.c_long]
+                for fn in (lib.rpcsrv_maxpool2d_f32, lib.rpcsrv_maxpool_rows_f32):
+                    fn.restype = ctypes.c_int
+                    fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 14
+                for fn in (lib.rpcsrv_avgpool2d_f32, lib.rpcsrv_avgpool_rows_f32, lib.rpcsrv_pool_chan_f32):
+                    fn.restype = ctypes.c_int
+                    fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 14
                 lib.rpcsrv_wino_in_f32.restype = lib.rpcsrv_wino_out_f32.restype = ctypes.c_int
                 lib.rpcsrv_im2col_f32.restype = None
                 lib.rpcsrv_layernorm_f32.restype = None
@@ -145,9 +151,9 @@ def library() -> Optional[ctypes.CDLL]:
                 lib.rpcsrv_add_act_f32.restype = None
                 lib.rpcsrv_add_act_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 2 + [
                     ctypes.c_int, ctypes.c_float, ctypes.c_float]
-                for fn in (lib.rpcsrv_rows_block, lib.rpcsrv_pool_block):
+                for fn in (lib.rpcsrv_rows_block, lib.rpcsrv_chan_block, lib.rpcsrv_pool_block):
                     fn.restype = ctypes.c_int
-                    fn.argtypes = [ctypes.c_void_p] * (4 if fn is lib.rpcsrv_rows_block else 3)
+                    fn.argtypes = [ctypes.c_void_p] * (3 if fn is lib.rpcsrv_pool_block else 4)
                 lib.rpcsrv_bias_act_block.restype = lib.rpcsrv_add_act_block.restype = None
                 lib.rpcsrv_bias_act_block.argtypes = [ctypes.c_void_p] * 3
                 lib.rpcsrv_add_act_block.argtypes = [ctypes.c_void_p] * 5
@@ -214,14 +220,24 @@ def reset() -> None:
         _state.clear()
 
 
-#: outputs at most this wide run the channels-side-by-side kernel (``rpcsrv_dwconv2d_packed_f32``), wider
-#: ones the per-channel rows kernel.  Packed won on every layer 16 wide or less while the rows kernel worked
-#: out its copy offsets per channel and row (integer divisions: a quarter of its time); with them worked out
-#: once per call, rows wins on nearly every MobileNetV2/V3 and EfficientNet layer (1 thread, us, rows /
-#: packed: 14x14x576 s1 108 / 171, 14x14x384 76 / 116, 7x7x960 77 / 90, 14x14x480 5x5 160 / 256, 7x7x1152
-#: 5x5 157 / 181, 28x28x192 s2 90 / 104, 672x14 5x5 s2 136 / 143; packed only at 14x14x576 s2, 88 / 97).
-#: So 0: rows everywhere; the packed form stays, tested, for boards where it measures better.
-PACKED_MAX_WIDTH = 0
+#: depthwise convs whose padded input plane has at most this many positions run the channels-side-by-side
+#: kernel (``dwchan.c``, VW channels interleaved in a scratch of that many vectors), others dwconv.c's
+#: per-channel rows kernel.  Measured (bench/dwchan_bench.py, 1 thread, us, rows / chan, ReLU6): it wins on
+#: every MobileNetV2/V3, EfficientNet-B0 and ShuffleNet layer, most at small maps and stride 2: 14x14x576 s1
+#: 90 / 58, s2 96 / 26, 7x7x960 63 / 27, 7x7x1152 5x5 129 / 63, 28x28x192 s2 79 / 36; 56x56x144 249 / 192,
+#: 112x112x32 213 / 156 (MobileNetV2's depthwise convs in all: 1908 / 1238).  Larger planes (a scratch
+#: past the L2 cache) were not measured: rows.  0 turns it off (tests run both).
+CHAN_MAX_PLANE = 130 * 130
+
+
+def takes_chan(h, wd, kernel, strides, dilations, begin, out) -> bool:
+    """Whether a 2-D depthwise conv of this geometry runs the channels-side-by-side kernel (``dwchan.c``:
+    padded planes up to ``CHAN_MAX_PLANE`` positions, at least 8 inputs and 8 outputs per plane, no
+    negative pads)."""
+    ph = (out[0] - 1) * strides[0] + (kernel[0] - 1) * dilations[0] + 1
+    pw = (out[1] - 1) * strides[1] + (kernel[1] - 1) * dilations[1] + 1
+    return ph * pw <= CHAN_MAX_PLANE and h * wd >= 8 and out[0] * out[1] >= 8 and min(begin) >= 0
+
 
 #: fused activations the C kernel applies itself (others run after it, from the kernel table)
 ACTIVATIONS = {"relu": 1, "clip": 2, "hard_swish": 3, "swish": 4}
@@ -265,11 +281,11 @@ def depthwise_conv2d(x, w, bias, strides, dilations, begin, out, activation=None
     y = np.empty((n, m) + tuple(out), np.float32)
     if y.size == 0:
         return y
-    fn = lib.rpcsrv_dwconv2d_packed_f32 if out[1] <= PACKED_MAX_WIDTH else lib.rpcsrv_dwconv2d_f32
+    chan = takes_chan(h, wd, w.shape[2:], strides, dilations, begin, out)
+    fn = lib.rpcsrv_dwconv2d_chan_f32 if chan else lib.rpcsrv_dwconv2d_f32
     rc = fn(x.ctypes.data, w.ctypes.data, None if b is None else b.ctypes.data, y.ctypes.data,
             n, c, h, wd, m // c, w.shape[2], w.shape[3], strides[0], strides[1],
-            dilations[0], dilations[1], begin[0], begin[1], out[0], out[1], act, lo, hi,
-            *(() if fn is lib.rpcsrv_dwconv2d_packed_f32 else (1,)))
+            dilations[0], dilations[1], begin[0], begin[1], out[0], out[1], act, lo, hi, 1)
     if rc != 0:
         raise MemoryError("depthwise conv: the compiled kernel could not allocate its scratch plane")
     return y

@@ -320,64 +320,41 @@ int rpcsrv_rows_block(const float *x, float *y, const long *p, const float *f) {
                      p[13], p[14], p[15], p[16], (int)p[17], f[0], f[1], p[18]);
 }
 
+/* pools.c: the pools by rows (separable: KH + KW operations per output, where phase planes cost KH * KW) */
+int rpcsrv_maxpool_rows_f32(const float *x, float *y, long n, long c, long h, long wd, long kh, long kw,
+                            long sh, long sw, long dh, long dw, long pt, long pl, long oh, long ow);
+int rpcsrv_avgpool_rows_f32(const float *x, float *y, const float *counts, long n, long c, long h, long wd,
+                            long kh, long kw, long sh, long sw, long dh, long dw, long pt, long pl, long oh,
+                            long ow);
+/* dwchan.c: the pools VW channels side by side (small maps); -2 when it does not take the shape */
+int rpcsrv_pool_chan_f32(const float *x, float *y, const float *counts, long n, long c, long h, long wd,
+                         long kh, long kw, long sh, long sw, long dh, long dw, long pt, long pl, long oh, long ow);
+
 /* p: counts (0: a max pool, else an average pool's divisors), n, c, h, wd, kh, kw, sh, sw, dh, dw, pt, pl,
  * oh, ow */
 int rpcsrv_pool_block(const float *x, float *y, const long *p) {
-    if (p[0]) return rpcsrv_avgpool2d_f32(x, y, (const float *)p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7],
-                                          p[8], p[9], p[10], p[11], p[12], p[13], p[14]);
+    /* as measured (bench/pools_bench.py, 1 thread; chan / rows / phase planes, us): VW channels side by side
+     * (dwchan.c) for max pools under 2 VW outputs wide (7x7x1024 s1 55 / 403 / 96, 14x14x576 s1 112 / 130
+     * / 154, s2 41 / 156 / 142) and average pools on padded planes up to 30x30 (28x28x320 s1 119 / 165 /
+     * 201, 7x7x1024 34 / 206 / 87); else by rows (pools.c) at strides up to 2 (max 111x111x64 s2 257 / 164 /
+     * 313, 28x28x320 s1 224 / 183 / 269; average 56x56x192 s2 146 / 125 / 221), where rows more than VW
+     * wide keep them out of scalar loops; else the phase planes */
+    long sw = p[8], oh = p[13], ow = p[14];
+    long ph = (oh - 1) * p[7] + (p[5] - 1) * p[9] + 1, pw = (ow - 1) * sw + (p[6] - 1) * p[10] + 1;
+    const float *counts = (const float *)p[0];
+    if (counts ? ph * pw <= 30 * 30 : ow < 2 * VW) {
+        int rc = rpcsrv_pool_chan_f32(x, y, counts, p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10],
+                                      p[11], p[12], p[13], p[14]);
+        if (rc != -2) return rc;  /* -2: a plane too small for it */
+    }
+    if (counts && sw <= 2)
+        return rpcsrv_avgpool_rows_f32(x, y, counts, p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10],
+                                       p[11], p[12], p[13], p[14]);
+    if (!counts && sw <= 2 && ow > VW)
+        return rpcsrv_maxpool_rows_f32(x, y, p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11],
+                                       p[12], p[13], p[14]);
+    if (counts) return rpcsrv_avgpool2d_f32(x, y, counts, p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9],
+                                            p[10], p[11], p[12], p[13], p[14]);
     return rpcsrv_maxpool2d_f32(x, y, p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11], p[12],
                                 p[13], p[14]);
-}
-
-/* The same convolution with VW output channels side by side (small planes, where a plane's rows are too
- * short for the per-channel loops above): the padded input of VW channels is interleaved once, (PH, PW,
- * VW), so each tap of an output pixel is one vector load and one multiply-add for VW channels, at any
- * stride or dilation, with no computed-and-dropped columns.  Outputs are scattered back to NCHW with the
- * activation.  Lanes past the last channel compute zeros and are not stored. */
-int rpcsrv_dwconv2d_packed_f32(const float *x, const float *w, const float *bias, float *y,
-                               long n, long c, long h, long wd, long mult, long kh, long kw,
-                               long sh, long sw, long dh, long dw, long pt, long pl,
-                               long oh, long ow, int act, float lo, float hi) {
-    long ph = (oh - 1) * sh + (kh - 1) * dh + 1, pw = (ow - 1) * sw + (kw - 1) * dw + 1;
-    long taps = kh * kw, m = c * mult, groups = (m + VW - 1) / VW;
-    float *buf = calloc((size_t)(ph * pw * VW + taps * VW + VW), sizeof(float));
-    long *off = malloc(sizeof(long) * (size_t)taps);
-    if (!buf || !off) { free(buf); free(off); return -1; }
-    float *wv = buf + ph * pw * VW, *bv = wv + taps * VW;
-    for (long i = 0; i < kh; i++)
-        for (long j = 0; j < kw; j++) off[i * kw + j] = ((i * dh) * pw + j * dw) * VW;
-    long r0 = pt > 0 ? 0 : -pt, r1 = h < ph - pt ? h : ph - pt;   /* input rows inside the padded extent */
-    long c0 = pl > 0 ? 0 : -pl, c1 = wd < pw - pl ? wd : pw - pl;
-    for (long b = 0; b < n; b++)
-        for (long g = 0; g < groups; g++) {
-            long o0 = g * VW, lanes = m - o0 < VW ? m - o0 : VW;
-            for (long l = 0; l < lanes; l++) {
-                const float *src = x + (b * c + (o0 + l) / mult) * h * wd;
-                for (long r = r0; r < r1; r++) {
-                    float *dst = buf + ((r + pt) * pw + pl) * VW + l;
-                    for (long col = c0; col < c1; col++) dst[col * VW] = src[r * wd + col];
-                }
-                for (long t = 0; t < taps; t++) wv[t * VW + l] = w[(o0 + l) * taps + t];
-                bv[l] = bias ? bias[o0 + l] : 0.f;
-            }
-            for (long l = lanes; l < VW; l++) {  /* unused lanes: zero weights (their inputs are stale) */
-                for (long t = 0; t < taps; t++) wv[t * VW + l] = 0.f;
-                bv[l] = 0.f;
-            }
-            float *dst = y + (b * m + o0) * oh * ow;
-            for (long r = 0; r < oh; r++)
-                for (long col = 0; col < ow; col++) {
-                    const float *p = buf + ((r * sh) * pw + col * sw) * VW;
-                    vf a = loadv(bv);
-                    for (long t = 0; t < taps; t++) a += loadv(wv + t * VW) * loadv(p + off[t]);
-                    float out[VW];
-                    storev(out, a);
-                    long k = r * ow + col;
-                    for (long l = 0; l < lanes; l++) dst[l * oh * ow + k] = act1(out[l], act, lo, hi);
-                }
-            if (act == ACT_SWISH) rpcsrv_sigmoid_f32(dst, dst, lanes * oh * ow, 1);
-        }
-    free(buf);
-    free(off);
-    return 0;
 }

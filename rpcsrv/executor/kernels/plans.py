@@ -40,7 +40,8 @@ Planned (float32, 2-D, compiled kernels in use, the activation one the C code ap
   row while in cache);
 * Flatten, and Reshape to a constant shape: a view of the declared shape; a classifier's Gemm (one row);
   MatMul by constant 2-D weights (the bias and activation in one pass after the GEMM);
-* 2-D float32 MaxPools (no indices output) and AveragePools by the same phase planes (padding -inf or 0);
+* 2-D float32 MaxPools (no indices output) and AveragePools: by rows (``pools.c``: separable, KH + KW
+  operations per output) or on phase planes (``dwconv.c``: padding -inf or 0), as measured per shape;
 * LayerNormalization over the last axis (``plans_norm``: one C pass per row, ``norm.c``).
 
 Every other step, or any step on a board without the compiled kernels, runs its table kernel as before.
@@ -136,8 +137,8 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False, res: bool =
         return kernel(x, w_in, b_in, *r, **attrs)
 
     depthwise = w.shape[1] == 1 and group == c and group > 1
-    if shuffle != 1 and not (depthwise and m == c and out[1] > compiled.PACKED_MAX_WIDTH):
-        return None  # ShuffleNet's shuffle: only the depthwise rows kernel reads it in place
+    if shuffle != 1 and not (depthwise and m == c):
+        return None  # ShuffleNet's shuffle: only the depthwise kernels read it in place
     if res and not (group == 1 and w.shape[2:] == (1, 1)):
         return None  # the residual: only the 1x1 plan adds it in its epilogue
     if scaled:
@@ -169,20 +170,19 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False, res: bool =
         # depthwise (any channel multiplier), or a dense conv of few input channels (a stem): the C rows kernel
         wc = np.ascontiguousarray(w)
         dense = group == 1
-        packed = not dense and out[1] <= compiled.PACKED_MAX_WIDTH
+        # depthwise: dwchan.c's channels-side-by-side kernel where it takes the shape (measured faster on
+        # every MobileNet/EfficientNet/ShuffleNet layer, compiled.CHAN_MAX_PLANE), else the rows kernel
+        chan = not dense and compiled.takes_chan(h, wd, w.shape[2:], strides, dilations, begin, out)
         params, pptr = block(ctypes.c_long, (
             wc.ctypes.data, bptr or 0, n, c, h, wd, m if dense else m // c, w.shape[2], w.shape[3], strides[0],
             strides[1], dilations[0], dilations[1], begin[0], begin[1], out[0], out[1], act, shuffle, int(dense)))
         fparams, fptr = block(ctypes.c_float, (lo, hi))
-        fn, ready = lib.rpcsrv_rows_block, in_use(lib)
+        fn, ready = lib.rpcsrv_chan_block if chan else lib.rpcsrv_rows_block, in_use(lib)
 
         def rows(x, w_in, b_in=None):
             if w_in is not w or b_in is not b or type(x) is not np.ndarray or x.shape != xshape \
                     or x.dtype != F32 or not x.flags.c_contiguous or not ready():
                 return general(x, w_in, b_in)
-            if packed:  # the channels-side-by-side form (boards where it measures better): its own call
-                return compiled.depthwise_conv2d(x, w, bias, strides, dilations, begin, out, activation, act_attrs,
-                                                 lib)
             y = np.empty(shape, F32)
             if fn(address(x), address(y), pptr, fptr) != 0:
                 raise MemoryError("depthwise conv: the compiled kernel could not allocate its scratch plane")

@@ -17,8 +17,9 @@ from .windows import resolve_pads, spatial_attr
 
 
 def pool_plan(op, kernel, attrs, inputs, shape, dtype):
-    """A plan for a float32 2-D MaxPool (without its indices output) or AveragePool (``dwconv.c``'s phase
-    planes; the average's divisors from ``pool.average_counts``), or None."""
+    """A plan for a float32 2-D MaxPool (without its indices output) or AveragePool (``pools.c``'s rows or
+    ``dwconv.c``'s phase planes, ``rpcsrv_pool_block`` picks; the average's divisors from
+    ``pool.average_counts``), or None."""
     x_spec = computed(inputs[0]) if len(inputs) == 1 else None
     if x_spec is None or x_spec[1] != F32 or len(x_spec[0]) != 4 or dtype != F32 or attrs.get("return_indices"):
         return None
