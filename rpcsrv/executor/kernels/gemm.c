@@ -53,7 +53,7 @@ void rpcsrv_gemm_pack_w(const float *w, float *wp, long m, long k) {
     for (int i = 0; i < 8; i++) *wp++ = 0.f;
 }
 
-/* x[p0 .. p0+kc, j0 .. j0+nc] (rows q apart, times s[p] when s) into strips of NR columns, kc x NR each,
+/* x[p0 .. p0+kc, j0 .. j0+nc] (rows q apart (x's pitch), times s[p] when s) into strips of NR columns, kc x NR each,
  * the last zero-padded */
 static void pack_x(const float *x, const float *s, float *xp, long q, long p0, long kc, long j0, long nc) {
     for (long j = 0; j < nc; j += NR, xp += kc * NR) {
@@ -110,7 +110,7 @@ static inline void micro(long kc, const float *restrict a, const float *restrict
 }
 
 /* a corner tile (rows < MR and cols < NR): through a full tile in a local buffer, the epilogue in scalars */
-static void edge(long kc, const float *a, const float *b, float *y, long q, long i0, long j0, long rows,
+static void edge(long kc, const float *a, const float *b, float *y, long q /* y's pitch */, long i0, long j0, long rows,
                  long cols, int first, const struct epi *e) {
     float t[MR * NR];
     for (long i = 0; i < rows; i++)
@@ -201,38 +201,39 @@ static void columns(long kc, const float *restrict a, const float *restrict b, f
     }
 }
 
-/* y = act(wp @ (s * x) + r + bias), wp packed by rpcsrv_gemm_pack_w; s, r, bias optional (0); y may not
- * alias x or r.  0, or -1 when the packing buffer could not be allocated. */
-int rpcsrv_gemm_f32(const float *wp, const float *x, const float *s, const float *r, const float *bias, float *y,
-                    long m, long k, long q, int act, float lo, float hi) {
+/* y = act(wp @ (s * x) + r + bias) for q columns, wp packed by rpcsrv_gemm_pack_w; s, r, bias optional (0); x's
+ * rows ldx apart, y's and r's ldy apart (a band of a wider output: the im2col plan); y may not alias x or r.
+ * 0, or -1 when the packing buffer could not be allocated. */
+static int gemm_ld(const float *wp, const float *x, long ldx, const float *s, const float *r, const float *bias,
+                   float *y, long ldy, long m, long k, long q, int act, float lo, float hi) {
     /* column blocks as wide as the L2 budget allows: y is written in long row runs (narrow blocks, all rows
      * of one then all rows of the next, left it in an order the next layer read 7% slower) */
     const long kcap = k < KC ? k : KC, nb = XBLOCK / (long)sizeof(float) / kcap / NR * NR, NC = nb > NR ? nb : NR;
     const long ncap = q < NC ? (q + NR - 1) / NR * NR : NC;
     float *xp = 0; /* on a cache line: its vector loads never straddle two */
     if (posix_memalign((void **)&xp, 64, (size_t)(kcap * ncap) * sizeof(float))) return -1;
-    const struct epi full = {bias, r, q, act == ACT_SWISH ? ACT_NONE : act, lo, hi};
+    const struct epi full = {bias, r, ldy, act == ACT_SWISH ? ACT_NONE : act, lo, hi};
     for (long j0 = 0; j0 < q; j0 += NC) {
         const long nc = q - j0 < NC ? q - j0 : NC;
         for (long p0 = 0; p0 < k; p0 += KC) {
             const long kc = k - p0 < KC ? k - p0 : KC;
             const int first = p0 == 0, last = p0 + kc >= k;
             const struct epi *e = last ? &full : 0;
-            pack_x(x, s, xp, q, p0, kc, j0, nc);
+            pack_x(x, s, xp, ldx, p0, kc, j0, nc);
             for (long i0 = 0; i0 < m; i0 += MR) {
                 const float *a = wp + i0 * k + p0 * MR;
                 const long rows = m - i0 < MR ? m - i0 : MR;
                 for (long j = 0; j < nc; j += NR) {
                     const float *b = xp + j * kc;
                     if (nc - j >= NR)
-                        micro(kc, a, b, y + i0 * q + j0 + j, q, first, e, i0, j0 + j, rows);
+                        micro(kc, a, b, y + i0 * ldy + j0 + j, ldy, first, e, i0, j0 + j, rows);
                     else if (rows == MR)
-                        columns(kc, a, b, y, q, i0, j0 + j, nc - j, first, e);
+                        columns(kc, a, b, y, ldy, i0, j0 + j, nc - j, first, e);
                     else
-                        edge(kc, a, b, y, q, i0, j0 + j, rows, nc - j < NR ? nc - j : NR, first, e);
+                        edge(kc, a, b, y, ldy, i0, j0 + j, rows, nc - j < NR ? nc - j : NR, first, e);
                 }
                 if (last && act == ACT_SWISH) /* SiLU over the band's rows while they are in cache */
-                    for (float *row = y + i0 * q + j0; row < y + (i0 + rows) * q; row += q)
+                    for (float *row = y + i0 * ldy + j0; row < y + (i0 + rows) * ldy; row += ldy)
                         rpcsrv_sigmoid_f32(row, row, nc, 1);
             }
         }
@@ -241,9 +242,23 @@ int rpcsrv_gemm_f32(const float *wp, const float *x, const float *s, const float
     return 0;
 }
 
+/* y = act(wp @ (s * x) + r + bias), x, r and y (m or k rows of q): see gemm_ld */
+int rpcsrv_gemm_f32(const float *wp, const float *x, const float *s, const float *r, const float *bias, float *y,
+                    long m, long k, long q, int act, float lo, float hi) {
+    return gemm_ld(wp, x, q, s, r, bias, y, q, m, k, q, act, lo, hi);
+}
+
 /* the above with its arguments in a block made once per plan (kernels/plans.py): p = wp, bias (0: none),
  * m, k, q, act; f = lo, hi; x, s (0: none), r (0: none) and y per call */
 int rpcsrv_gemm_block(const float *x, const float *s, const float *r, float *y, const long *p, const float *f) {
     return rpcsrv_gemm_f32((const float *)p[0], x, s, r, (const float *)p[1], y, p[2], p[3], p[4], (int)p[5], f[0],
                            f[1]);
+}
+
+/* a band of n columns of an im2col conv's output (kernels/plans.py's _im2col_chunks): y (the band's first
+ * column, rows p[6] apart) = act(wp @ cols + bias), cols (k rows of n, contiguous); p = wp, bias (0: none),
+ * m, k, (unused), act, the output's row pitch, per plan; f = lo, hi */
+int rpcsrv_gemm_band(const float *cols, float *y, long n, const long *p, const float *f) {
+    return gemm_ld((const float *)p[0], cols, n, 0, 0, (const float *)p[1], y, p[6], p[2], p[3], n, (int)p[5], f[0],
+                   f[1]);
 }

@@ -289,6 +289,9 @@ def _im2col_chunks(general, w, b, bptr, xshape, shape, strides, dilations, begin
     fparams, fptr = block(ctypes.c_float, (lo, hi))
     epilogue, lib_ready, columns = lib.rpcsrv_bias_act_block if (bptr or act) else None, in_use(lib), \
         lib.rpcsrv_im2col_f32
+    # -- gemm.c: each band's product with the bias and activation in its tiles, the weights packed once
+    # (gemm.im2col_takes); None, or False at a call (2 BLAS threads, switched off): OpenBLAS + epilogue below
+    tiled = gemm.banded(lib, wmat, bptr, oh * ow, act, lo, hi)
 
     def im2col_chunks(x, w_in, b_in=None):
         if w_in is not w or b_in is not b or type(x) is not np.ndarray or x.shape != xshape or x.dtype != F32 \
@@ -297,6 +300,12 @@ def _im2col_chunks(general, w, b, bptr, xshape, shape, strides, dilations, begin
         y = np.empty((m, oh * ow), F32)
         cols = np.empty(k * min(oh, band) * ow, F32)
         xa, ca = address(x), address(cols)
+        if tiled is not None and tiled.on():
+            ya = address(y)
+            for q0, q1, ptr in bands:
+                columns(xa, ca, ptr)
+                tiled(ca, ya + 4 * q0, q1 - q0)
+            return y.reshape(shape)
         for q0, q1, ptr in bands:
             columns(xa, ca, ptr)
             np.matmul(wmat, cols[:k * (q1 - q0)].reshape(k, q1 - q0), out=y[:, q0:q1])
@@ -304,7 +313,7 @@ def _im2col_chunks(general, w, b, bptr, xshape, shape, strides, dilations, begin
             epilogue(address(y), pptr, fptr)
         return y.reshape(shape)
 
-    im2col_chunks.keep = (wmat, params, fparams, blocks)
+    im2col_chunks.keep = (wmat, params, fparams, blocks, tiled)
     return im2col_chunks
 
 
