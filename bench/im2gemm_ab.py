@@ -36,6 +36,9 @@ SHAPES = [("resnet50 3x3 s2 @56", 128, 128, 56, 3, 2, 1), ("resnet50 3x3 s2 @28"
           ("inception 3x3 s2 @14", 128, 192, 14, 3, 2, 1), ("5x5 16->32 @28", 16, 32, 28, 5, 1, 2)]
 
 
+KEY = ["im2col"]  # the gemm.SWITCH entry the arms flip
+
+
 def shapes(reps_flops: float = 4e8) -> None:
     from rpcsrv.executor.kernels import gemm, plans
     from rpcsrv.executor.kernels.conv import conv
@@ -54,12 +57,12 @@ def shapes(reps_flops: float = 4e8) -> None:
         times: dict = {True: [], False: []}
         for r in range(max(8, min(100, int(reps_flops / (m * c * kk * kk * out * out))))):
             for arm in (True, False) if r % 2 else (False, True):
-                gemm.SWITCH["im2col"] = arm
+                gemm.SWITCH[KEY[0]] = arm
                 np.add(flush, 1, out=flush)
                 start = time.perf_counter()
                 fn(x, w, b)
                 times[arm].append(time.perf_counter() - start)
-        gemm.SWITCH["im2col"] = True
+        gemm.SWITCH[KEY[0]] = True
         a, o = (float(np.median(times[f])) * 1e6 for f in (False, True))
         print(f"| {name} ({c}->{m}) | {a:.0f} | {o:.0f} | {o / a:.2f} |", flush=True)
 
@@ -80,7 +83,7 @@ def models(names: list[str], rounds: int) -> None:
                 times: dict = {True: [], False: [], "ort": []}
                 for r in range(rounds):
                     for arm in (True, False) if r % 2 else (False, True):
-                        gemm.SWITCH["im2col"] = arm
+                        gemm.SWITCH[KEY[0]] = arm
                         start = time.perf_counter()
                         eng._run()
                         times[arm].append(time.perf_counter() - start)
@@ -91,7 +94,7 @@ def models(names: list[str], rounds: int) -> None:
                 print(f"| {name} | {t['ort']:.2f} | {t[False]:.2f} | {t[True]:.2f} | {t[False] / t['ort']:.2f}x | "
                       f"{t[True] / t['ort']:.2f}x | {t[False] / t[True]:.3f}x |", flush=True)
     finally:
-        gemm.SWITCH["im2col"] = True
+        gemm.SWITCH[KEY[0]] = True
 
 
 def layers(name: str, rounds: int) -> None:
@@ -106,7 +109,7 @@ def layers(name: str, rounds: int) -> None:
     def hook(graph, node, value, seconds):
         if "conv" in str(node.op) and (tuple(node.attrs.get("kernel_shape", (1, 1))) != (1, 1)
                                        or tuple(node.attrs.get("strides", (1, 1))) != (1, 1)):
-            times[gemm.SWITCH["im2col"]][(graph, node.id)].append(seconds)
+            times[gemm.SWITCH[KEY[0]]][(graph, node.id)].append(seconds)
             shapes[(graph, node.id)] = (tuple(node.attrs.get("kernel_shape", ())), tuple(node.attrs.get("strides", ())),
                                         getattr(value, "shape", None))
 
@@ -118,12 +121,12 @@ def layers(name: str, rounds: int) -> None:
             try:
                 for r in range(rounds):
                     for arm in (True, False) if r % 2 else (False, True):
-                        gemm.SWITCH["im2col"] = arm
+                        gemm.SWITCH[KEY[0]] = arm
                         eng._run()
             finally:
                 examplejson.STEP_HOOK.reset(token)
     finally:
-        gemm.SWITCH["im2col"] = True
+        gemm.SWITCH[KEY[0]] = True
     total = [0.0, 0.0]
     for key in times[True]:
         off, on = (float(np.median(times[arm][key])) * 1e6 for arm in (False, True))
@@ -139,7 +142,10 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default="", help="comma-separated zoo models")
     ap.add_argument("--layers", default="", help="a zoo model: its non-1x1 conv steps, gemm.c off and on")
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--switch", default="im2col", help="the arms: gemm.c or OpenBLAS (im2col); gemm.c packing "
+                    "from the input or from the banded column matrix (fused)")
     args = ap.parse_args(argv)
+    KEY[0] = args.switch
     from threadpoolctl import threadpool_limits
 
     from rpcsrv.executor import compute

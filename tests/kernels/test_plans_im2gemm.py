@@ -1,8 +1,9 @@
-"""The im2col plan's GEMM by ``gemm.c`` (``gemm.banded``, ``rpcsrv_gemm_band``): with one BLAS thread the dense
-convs no fast path takes compute each band's product in ``gemm.c`` (no numpy matmul called), the bias and
-every fused activation in its tiles, and give ``onnx.reference``'s result for stride 2, dilation, asymmetric
-and SAME padding, odd sizes, one band or many, NaN inputs; switched off (``gemm.SWITCH["im2col"]``), with 2
-BLAS threads, or without the library, the same plan runs OpenBLAS + the epilogue (same values)."""
+"""The im2col plan's GEMM by ``gemm.c`` (``gemm.banded``: ``rpcsrv_gemm_conv`` packing from the input, or
+``rpcsrv_gemm_band`` from the bands' columns): with one BLAS thread the dense convs no fast path takes
+compute their products in ``gemm.c`` (no numpy matmul called), the bias and every fused activation in its
+tiles, and give ``onnx.reference``'s result for stride 2, dilation, asymmetric and SAME padding, odd sizes,
+one band or many, NaN inputs; switched off (``gemm.SWITCH["im2col"]``), with 2 BLAS threads, or without the
+library, the same plan runs OpenBLAS + the epilogue (same values)."""
 
 from __future__ import annotations
 
@@ -39,11 +40,15 @@ TAKEN = [i for i in range(len(CASES)) if i != 5]  # (5: a 3x3 output, under gemm
 
 @pytest.mark.parametrize("case", TAKEN, ids=str)
 @pytest.mark.parametrize("bias", [False, True])
-def test_gemm_c_bands_match_onnx_reference(case, bias, c_kernels, monkeypatch):
+@pytest.mark.parametrize("fused", [True, False], ids=["from-input", "from-columns"])
+def test_gemm_c_bands_match_onnx_reference(case, bias, fused, c_kernels, monkeypatch):
+    """Packed straight from the input (``rpcsrv_gemm_conv``: kernels of more than one tap) or from the bands'
+    column matrix (strided 1x1s; any kernel with ``SWITCH["fused"]`` off)."""
     x, w, b, attrs = _case(CASES[case], bias, case)
     want = onnx_conv(x, w, b, **attrs)
     fn = _planned(x, w, b, attrs)
     _tiled(fn)
+    monkeypatch.setitem(gemm.SWITCH, "fused", fused)
     monkeypatch.setattr(np, "matmul", None)  # (a call would fail: gemm.c computes)
     _close(fn(x, w, b), want)
 

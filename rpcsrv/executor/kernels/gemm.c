@@ -78,6 +78,27 @@ static void pack_x(const float *x, const float *s, float *xp, long q, long p0, l
     }
 }
 
+void rpcsrv_im2col_row(const float *x, const long *p, long tap, long q0, long n, float *dst); /* im2col.c */
+
+/* the same block of a conv's column matrix, straight from the input x (geometry g: im2col.c's), each of its
+ * kc rows gathered into tmp (nc values, in L1) then dealt into the strips: the column matrix never written
+ * out (rpcsrv_gemm_conv) */
+static void pack_conv(const float *x, const long *g, float *xp, float *tmp, long p0, long kc, long j0, long nc) {
+    for (long p = 0; p < kc; p++) {
+        rpcsrv_im2col_row(x, g, p0 + p, j0, nc, tmp);
+        for (long j = 0; j < nc; j += NR) {
+            float *dst = xp + j * kc + p * NR;
+            if (nc - j >= NR) {
+                for (int v = 0; v < NV; v++) storev(dst + v * VW, loadv(tmp + j + v * VW));
+            } else {
+                long c = 0;
+                for (; c < nc - j; c++) dst[c] = tmp[j + c];
+                for (; c < NR; c++) dst[c] = 0.f;
+            }
+        }
+    }
+}
+
 /* the tile's epilogue: v + r + bias through the activation (swish: the caller's pass after) */
 struct epi { const float *bias, *r; long ldr; int act; float lo, hi; };
 
@@ -205,13 +226,13 @@ static void columns(long kc, const float *restrict a, const float *restrict b, f
  * rows ldx apart, y's and r's ldy apart (a band of a wider output: the im2col plan); y may not alias x or r.
  * 0, or -1 when the packing buffer could not be allocated. */
 static int gemm_ld(const float *wp, const float *x, long ldx, const float *s, const float *r, const float *bias,
-                   float *y, long ldy, long m, long k, long q, int act, float lo, float hi) {
+                   float *y, long ldy, long m, long k, long q, int act, float lo, float hi, const long *conv) {
     /* column blocks as wide as the L2 budget allows: y is written in long row runs (narrow blocks, all rows
      * of one then all rows of the next, left it in an order the next layer read 7% slower) */
     const long kcap = k < KC ? k : KC, nb = XBLOCK / (long)sizeof(float) / kcap / NR * NR, NC = nb > NR ? nb : NR;
     const long ncap = q < NC ? (q + NR - 1) / NR * NR : NC;
     float *xp = 0; /* on a cache line: its vector loads never straddle two */
-    if (posix_memalign((void **)&xp, 64, (size_t)(kcap * ncap) * sizeof(float))) return -1;
+    if (posix_memalign((void **)&xp, 64, (size_t)((kcap + 1) * ncap) * sizeof(float))) return -1; /* +1: tmp */
     const struct epi full = {bias, r, ldy, act == ACT_SWISH ? ACT_NONE : act, lo, hi};
     for (long j0 = 0; j0 < q; j0 += NC) {
         const long nc = q - j0 < NC ? q - j0 : NC;
@@ -219,7 +240,10 @@ static int gemm_ld(const float *wp, const float *x, long ldx, const float *s, co
             const long kc = k - p0 < KC ? k - p0 : KC;
             const int first = p0 == 0, last = p0 + kc >= k;
             const struct epi *e = last ? &full : 0;
-            pack_x(x, s, xp, ldx, p0, kc, j0, nc);
+            if (conv)
+                pack_conv(x, conv, xp, xp + kcap * ncap, p0, kc, j0, nc);
+            else
+                pack_x(x, s, xp, ldx, p0, kc, j0, nc);
             for (long i0 = 0; i0 < m; i0 += MR) {
                 const float *a = wp + i0 * k + p0 * MR;
                 const long rows = m - i0 < MR ? m - i0 : MR;
@@ -245,7 +269,7 @@ static int gemm_ld(const float *wp, const float *x, long ldx, const float *s, co
 /* y = act(wp @ (s * x) + r + bias), x, r and y (m or k rows of q): see gemm_ld */
 int rpcsrv_gemm_f32(const float *wp, const float *x, const float *s, const float *r, const float *bias, float *y,
                     long m, long k, long q, int act, float lo, float hi) {
-    return gemm_ld(wp, x, q, s, r, bias, y, q, m, k, q, act, lo, hi);
+    return gemm_ld(wp, x, q, s, r, bias, y, q, m, k, q, act, lo, hi, 0);
 }
 
 /* the above with its arguments in a block made once per plan (kernels/plans.py): p = wp, bias (0: none),
@@ -260,5 +284,12 @@ int rpcsrv_gemm_block(const float *x, const float *s, const float *r, float *y, 
  * m, k, (unused), act, the output's row pitch, per plan; f = lo, hi */
 int rpcsrv_gemm_band(const float *cols, float *y, long n, const long *p, const float *f) {
     return gemm_ld((const float *)p[0], cols, n, 0, 0, (const float *)p[1], y, p[6], p[2], p[3], n, (int)p[5], f[0],
-                   f[1]);
+                   f[1], 0);
+}
+
+/* a whole conv of one image, its column matrix packed straight from x (pack_conv): y (m rows of q = p[6]) =
+ * act(wp @ columns(x) + bias); p as rpcsrv_gemm_band's, g im2col.c's geometry; f = lo, hi */
+int rpcsrv_gemm_conv(const float *x, float *y, const long *p, const long *g, const float *f) {
+    return gemm_ld((const float *)p[0], x, 0, 0, 0, (const float *)p[1], y, p[6], p[2], p[3], p[6], (int)p[5], f[0],
+                   f[1], g);
 }

@@ -32,7 +32,7 @@ from .plan_support import F32, address, block
 MIN_COLUMNS = 16
 #: ``SWITCH["on"] = False``: planned 1x1 convs take OpenBLAS + epilogue at their next call (paired benchmarks);
 #: ``SWITCH["im2col"]``: the same for the im2col plan's convs (:func:`banded`)
-SWITCH = {"on": True, "im2col": True}
+SWITCH = {"on": True, "im2col": True, "fused": True}
 
 
 def takes(m: int, k: int, q: int) -> bool:
@@ -111,7 +111,13 @@ def banded(lib: ctypes.CDLL, wmat: np.ndarray, bptr: Optional[int], q: int, act:
         if fn(cols, y, n, pptr, fptr):
             raise MemoryError("conv: the compiled GEMM could not allocate its packing buffer")
 
-    band.on, band.keep = one_thread, (wp, params, fparams)
+    conv_fn = lib.rpcsrv_gemm_conv
+
+    def whole(x: int, y: int, geometry: int) -> None:
+        if conv_fn(x, y, pptr, geometry, fptr):
+            raise MemoryError("conv: the compiled GEMM could not allocate its packing buffer")
+
+    band.on, band.whole, band.keep = one_thread, whole, (wp, params, fparams)
     return band
 
 
