@@ -10,7 +10,10 @@
  * scaled) into strips of NR columns that stay in L2 while every w panel passes over them; the micro-kernel
  * keeps an MR x NR tile of y in MR * NR / VW vector accumulators, one broadcast of w and NR / VW loads of
  * x per k step.  MR and NR come from the vector width and the register count of the target (no spills on
- * AVX2, AVX-512, NEON).  Built with the other kernels by kernels/compiled.py; kernels/gemm.py calls it. */
+ * AVX2, AVX-512, NEON).  Built with the other kernels by kernels/compiled.py; kernels/gemm.py calls it.
+ * The im2col convs (kernels/plans.py's _im2col_chunks) run here too: rpcsrv_gemm_band from a band of the
+ * column matrix into a band of y (gemm_ld: x's and y's rows at their own pitches), rpcsrv_gemm_conv with
+ * the x blocks packed straight from the input (pack_conv: no column matrix written). */
 
 #define _POSIX_C_SOURCE 200112L /* posix_memalign */
 #include <stdlib.h>

@@ -11,6 +11,12 @@ again at every call, from memory by then: the late 14x14 and 7x7 layers have the
 "The 1x1 convs' own GEMM").  The cost: the packed copy of the weights (MobileNetV2's peak RSS 38 -> 48 MB).
 The kernel is single-threaded: with more than one BLAS thread in use (``compute.POLICY``) the plans take
 OpenBLAS, which uses them.
+
+The im2col plan (``plans._im2col_chunks``: stride-2 3x3s and 1x1s, 3x3s on 7x7 maps, stems, 5x5s, 11x11s)
+runs its product here too (:func:`banded`): the column matrix packed straight from the input
+(``rpcsrv_gemm_conv``) or from im2col.c's bands (``rpcsrv_gemm_band``).  Per layer inside ResNet-50 0.79-0.97x
+of OpenBLAS + epilogue (its 512 -> 512 3x3s at 7x7: 0.79-0.83x, 9.4 MB of weights OpenBLAS packs again per
+call); the cost, the packed copy: ResNet-50's peak RSS 276 -> 314 MB (docs/executor.md).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 /* im2col of one float32 image for a band of output rows, in one pass, for rpcsrv's numpy executor (plans.py's
- * im2col plan does the rest: the GEMM through numpy's BLAS, then the bias and activation in epilogue.c).
+ * im2col plan does the rest: the GEMM through numpy's BLAS, then the bias and activation in epilogue.c; or
+ * gemm.c with them in its tiles, from these bands, or from rpcsrv_im2col_row's rows as it packs).
  *
  * numpy builds the column matrix as a copy of a 5-D strided window view of a padded copy of the input: two
  * passes, and one inner loop per output row (7-28 values for ResNet-50's and Inception's stride-2 and late

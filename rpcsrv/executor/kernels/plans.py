@@ -32,7 +32,8 @@ Planned (float32, 2-D, compiled kernels in use, the activation one the C code ap
   ``winograd4.c`` on larger maps), the bias and the activation in the output transform;
 * other dense convs of one image (7x7 stems, AlexNet's 11x11, stride-2 3x3s and 1x1s, 3x3s on 7x7 maps,
   5x5s: those no fast path takes): the compiled im2col (``im2col.c``) and the GEMM, a band of output rows
-  at a time for small weights, then the compiled epilogue;
+  at a time for small weights, then the compiled epilogue; or, with one BLAS thread, ``gemm.c`` (the
+  weights packed once, the bias and activation in its tiles, the columns packed straight from the input);
 * Add/Sum of a 4-D tensor and a per-channel constant (a batch norm's shift) or a residual tensor, and the
   fused activation if any: one pass (``epilogue.c``);
 * GlobalAveragePool of 4-D float32 tensors and ReduceMean over trailing axes (row means in one pass,
