@@ -90,8 +90,8 @@ class SubgraphFunction:
         ops = self.graph.ops  # as declared (a folded conv's weights are scaled at each call: nothing to prepare)
         prepare_constants(ops, self.graph.nodes, self.constants,
                           [{k: v for k, v in node.attrs.items() if k not in RUNTIME_ATTRS} for node in ops])
-        self.steps = self._table_steps  # the previous plans (and their packed weights) freed before the new
-        self.steps = [self._planned(step) for step in self._table_steps]  # ones are made: not both at the peak
+        self.steps = self._table_steps  # the old plans (and what they keep) freed before the new are made
+        self.steps = [self._planned(step) for step in self._table_steps]
 
     def _planned(self, step: tuple) -> tuple:
         """``step`` with its kernel bound to its node's shapes and constants when ``kernels.plans`` has a
@@ -200,7 +200,10 @@ class ExampleJSONRuntime(RuntimeModule):
         return [n.name for n in self.graphs[symbol].consts if n.id not in self.constants[symbol]]
 
     def bind(self, symbol: str, arrays: Mapping[str, Any], source: str, only_missing: bool = False) -> None:
-        """Bind the constants of ``symbol`` found in ``arrays`` (by name); ``source`` is for errors."""
+        """Bind the constants of ``symbol`` found in ``arrays`` (by name); ``source`` is for errors.  The steps
+        are planned again only when a constant was bound (the plans keep packed weights: a second planning,
+        e.g. from the graph params after a const loader bound every constant, held two copies at once)."""
+        bound_any = False
         for node in self.graphs[symbol].consts:
             if node.name not in arrays or (only_missing and node.id in self.constants[symbol]):
                 continue
@@ -214,7 +217,9 @@ class ExampleJSONRuntime(RuntimeModule):
             if bound is not arr:  # our own copy: read-only, so kernels may trust what they derive from it
                 bound.flags.writeable = False
             self.constants[symbol][node.id] = bound
-        self.functions[symbol].prepare()
+            bound_any = True
+        if bound_any:
+            self.functions[symbol].prepare()
 
     def bind_constants(self, symbol: str, arrays: Mapping[str, Any], source: str) -> bool:
         if symbol not in self.graphs:

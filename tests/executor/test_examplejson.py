@@ -213,3 +213,24 @@ def test_concurrent_calls_do_not_share_intermediates():
     for t in threads:
         t.join()
     assert not errors
+
+
+def test_steps_planned_again_only_when_a_constant_is_bound(monkeypatch):
+    """Binding the graph params after every constant is bound (``bind_params``, only_missing) plans nothing
+    again: plans keep packed weights, and a second planning held two copies at once."""
+    text = "f\n input 0 2\n const 1 2 name: a\n add 2 inputs: 0 1 shape: 2\n"
+    mod = ExampleJSONRuntime(text)
+    fn, calls = mod.functions["f"], []
+    real = type(fn).prepare
+    monkeypatch.setattr(type(fn), "prepare", lambda self: (calls.append(1), real(self))[1])
+    a = np.ones(2, np.float32)
+    mod.bind("f", {"a": a}, "test")
+    assert len(calls) == 1
+    mod.bind_params({"a": a * 2}, "params")  # a is bound: nothing to bind, nothing to plan
+    mod.bind("f", {"other": a}, "test")
+    assert len(calls) == 1
+    mod.bind("f", {"a": a * 3}, "test")  # bound again: planned again
+    assert len(calls) == 2
+    out = np.zeros(2, np.float32)
+    mod.get_function("f")(np.ones(2, np.float32), out)
+    assert out.tolist() == [4, 4]

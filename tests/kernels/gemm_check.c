@@ -1,13 +1,15 @@
 /* tests/kernels/test_gemm.py's check of kernels/gemm.c on other targets (cross-compiled, run under qemu):
  * rpcsrv_gemm_f32 against a naive double loop, every activation, a scale, a residual and a bias, sizes that
  * are no multiple of the tile (MR x NR of the target) nor of the packing blocks; then rpcsrv_matmul_f32
- * (x @ w + a bias per column) the same way.  Prints "ok MR" or the first mismatches; exit status 1 on any. */
+ * (x @ w + a bias per column) the same way, and rpcsrv_gemm_conv (with im2col.c) against a naive conv.  Prints
+ * "ok MR" or the first mismatches; exit status 1 on any. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 long rpcsrv_gemm_mr(void);
 void rpcsrv_gemm_pack_w(const float *w, float *wp, long m, long k);
+int rpcsrv_gemm_conv(const float *x, float *y, const long *p, const long *g, const float *f);
 int rpcsrv_gemm_f32(const float *wp, const float *x, const float *s, const float *r, const float *bias, float *y,
                     long m, long k, long q, int act, float lo, float hi);
 long rpcsrv_gemm_nr(void);
@@ -30,6 +32,47 @@ static double act_ref(double v, int act) {
 static float rnd(void) { /* uniform in [-1, 1) */
     state = state * 1103515245u + 12345u;
     return (float)((state >> 8) & 0xffff) / 32768.f - 1.f;
+}
+
+/* rpcsrv_gemm_conv (the column matrix packed straight from the input) against a naive conv: stride 2 and 1,
+ * dilation, asymmetric pads, outputs that are no multiple of the tile, relu */
+static int conv_check(long mr) {
+    static const long geos[][9] = {/* c, m, h, w, kh, kw, stride, dilation, pad top (left = top + 1) */
+                                   {5, 11, 11, 9, 3, 3, 2, 1, 1}, {3, 7, 13, 17, 5, 5, 1, 2, 2}, {9, 13, 8, 7, 3, 3, 1, 1, 0}};
+    int bad = 0;
+    for (int t = 0; t < 3; t++) {
+        const long c = geos[t][0], m = geos[t][1], h = geos[t][2], w = geos[t][3], kh = geos[t][4], kw = geos[t][5];
+        const long st = geos[t][6], dl = geos[t][7], pt = geos[t][8], pl = pt + 1, k = c * kh * kw;
+        const long oh = (h + 2 * pt - dl * (kh - 1) - 1) / st + 1, ow = (w + pt + pl - dl * (kw - 1) - 1) / st + 1;
+        float *x = malloc(sizeof(float) * c * h * w), *wt = malloc(sizeof(float) * m * k), *b = malloc(sizeof(float) * m);
+        float *y = malloc(sizeof(float) * m * oh * ow), *wp = malloc(sizeof(float) * (((m + mr - 1) / mr * mr) * k + 8));
+        for (long i = 0; i < c * h * w; i++) x[i] = rnd();
+        for (long i = 0; i < m * k; i++) wt[i] = rnd();
+        for (long i = 0; i < m; i++) b[i] = rnd();
+        rpcsrv_gemm_pack_w(wt, wp, m, k);
+        const long geo[14] = {c, h, w, kh, kw, st, st, dl, dl, pt, pl, ow, 0, oh};
+        const long p[7] = {(long)wp, (long)b, m, k, 0, 1, oh * ow};
+        const float f[2] = {0.f, 0.f};
+        if (rpcsrv_gemm_conv(x, y, p, geo, f) != 0) return 1;
+        for (long o = 0; o < m; o++)
+            for (long r = 0; r < oh; r++)
+                for (long q = 0; q < ow; q++) {
+                    double v = b[o];
+                    for (long ci = 0; ci < c; ci++)
+                        for (long i = 0; i < kh; i++)
+                            for (long j = 0; j < kw; j++) {
+                                const long yy = r * st + i * dl - pt, xx = q * st + j * dl - pl;
+                                if (yy >= 0 && yy < h && xx >= 0 && xx < w)
+                                    v += (double)wt[((o * c + ci) * kh + i) * kw + j] * x[(ci * h + yy) * w + xx];
+                            }
+                    v = v < 0 ? 0 : v;
+                    const float got = y[(o * oh + r) * ow + q];
+                    if (fabs(v - got) > 1e-4 * (1 + fabs(v)) && bad++ < 5)
+                        printf("conv %d at (%ld, %ld, %ld): %g, want %g\n", t, o, r, q, got, v);
+                }
+        free(x), free(wt), free(b), free(y), free(wp);
+    }
+    return bad;
 }
 
 int main(void) {
@@ -82,6 +125,7 @@ int main(void) {
                 }
             free(x), free(w), free(b), free(y), free(bp);
         }
+    bad += conv_check(mr);
     if (!bad) printf("ok %ld\n", mr);
     return bad != 0;
 }

@@ -184,6 +184,10 @@ def library() -> Optional[ctypes.CDLL]:
                 lib.rpcsrv_matmul_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [
                     ctypes.c_int, ctypes.c_float, ctypes.c_float]
                 lib.rpcsrv_matmul_block.argtypes = [ctypes.c_void_p] * 4
+                lib.rpcsrv_gemm_band.restype = ctypes.c_int  # (the im2col plan's bands)
+                lib.rpcsrv_gemm_band.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] + [ctypes.c_void_p] * 2
+                lib.rpcsrv_gemm_conv.restype = ctypes.c_int
+                lib.rpcsrv_gemm_conv.argtypes = [ctypes.c_void_p] * 5
                 lib.rpcsrv_bias_act_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 3 + [
                     ctypes.c_int, ctypes.c_float, ctypes.c_float]
                 _state.update(lib=lib, path=str(path), reason="")

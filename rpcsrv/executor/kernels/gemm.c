@@ -10,7 +10,10 @@
  * scaled) into strips of NR columns that stay in L2 while every w panel passes over them; the micro-kernel
  * keeps an MR x NR tile of y in MR * NR / VW vector accumulators, one broadcast of w and NR / VW loads of
  * x per k step.  MR and NR come from the vector width and the register count of the target (no spills on
- * AVX2, AVX-512, NEON).  Built with the other kernels by kernels/compiled.py; kernels/gemm.py calls it. */
+ * AVX2, AVX-512, NEON).  Built with the other kernels by kernels/compiled.py; kernels/gemm.py calls it.
+ * The im2col convs (kernels/plans.py's _im2col_chunks) run here too: rpcsrv_gemm_band from a band of the
+ * column matrix into a band of y (gemm_ld: x's and y's rows at their own pitches), rpcsrv_gemm_conv with
+ * the x blocks packed straight from the input (pack_conv: no column matrix written). */
 
 #define _POSIX_C_SOURCE 200112L /* posix_memalign */
 #include <stdlib.h>
@@ -53,7 +56,7 @@ void rpcsrv_gemm_pack_w(const float *w, float *wp, long m, long k) {
     for (int i = 0; i < 8; i++) *wp++ = 0.f;
 }
 
-/* x[p0 .. p0+kc, j0 .. j0+nc] (rows q apart, times s[p] when s) into strips of NR columns, kc x NR each,
+/* x[p0 .. p0+kc, j0 .. j0+nc] (rows q apart (x's pitch), times s[p] when s) into strips of NR columns, kc x NR each,
  * the last zero-padded */
 static void pack_x(const float *x, const float *s, float *xp, long q, long p0, long kc, long j0, long nc) {
     for (long j = 0; j < nc; j += NR, xp += kc * NR) {
@@ -72,6 +75,27 @@ static void pack_x(const float *x, const float *s, float *xp, long q, long p0, l
                 const float g = s ? s[p0 + p] : 1.f;
                 long c = 0;
                 for (; c < cols; c++) dst[c] = s ? src[c] * g : src[c];
+                for (; c < NR; c++) dst[c] = 0.f;
+            }
+        }
+    }
+}
+
+void rpcsrv_im2col_row(const float *x, const long *p, long tap, long q0, long n, float *dst); /* im2col.c */
+
+/* the same block of a conv's column matrix, straight from the input x (geometry g: im2col.c's), each of its
+ * kc rows gathered into tmp (nc values, in L1) then dealt into the strips: the column matrix never written
+ * out (rpcsrv_gemm_conv) */
+static void pack_conv(const float *x, const long *g, float *xp, float *tmp, long p0, long kc, long j0, long nc) {
+    for (long p = 0; p < kc; p++) {
+        rpcsrv_im2col_row(x, g, p0 + p, j0, nc, tmp);
+        for (long j = 0; j < nc; j += NR) {
+            float *dst = xp + j * kc + p * NR;
+            if (nc - j >= NR) {
+                for (int v = 0; v < NV; v++) storev(dst + v * VW, loadv(tmp + j + v * VW));
+            } else {
+                long c = 0;
+                for (; c < nc - j; c++) dst[c] = tmp[j + c];
                 for (; c < NR; c++) dst[c] = 0.f;
             }
         }
@@ -112,7 +136,7 @@ static inline void micro(long kc, const float *restrict a, const float *restrict
 }
 
 /* a corner tile (rows < MR and cols < NR): through a full tile in a local buffer, the epilogue in scalars */
-static void edge(long kc, const float *a, const float *b, float *y, long q, long i0, long j0, long rows,
+static void edge(long kc, const float *a, const float *b, float *y, long q /* y's pitch */, long i0, long j0, long rows,
                  long cols, int first, const struct epi *e) {
     float t[MR * NR];
     for (long i = 0; i < rows; i++)
@@ -205,9 +229,10 @@ static void columns(long kc, const float *restrict a, const float *restrict b, f
     }
 }
 
-/* the column block j0 .. j0+nc, k block p0 .. p0+kc of y (m x q) += a @ b: a packed by rpcsrv_gemm_pack_w (all
- * of its k), b the block's strips (kc x NR each, kc * NR apart); the epilogue with the last k block */
-static void block(const float *ap, const float *b, float *y, long m, long k, long q, long p0, long kc, long j0,
+/* the column block j0 .. j0+nc, k block p0 .. p0+kc of y (m rows, ldy apart) += a @ b: a packed by
+ * rpcsrv_gemm_pack_w (all of its k), b the block's strips (kc x NR each, kc * NR apart); the epilogue with the
+ * last k block */
+static void block(const float *ap, const float *b, float *y, long m, long k, long ldy, long p0, long kc, long j0,
                   long nc, const struct epi *full, int swish) {
     const int first = p0 == 0, last = p0 + kc >= k;
     const struct epi *e = last ? full : 0;
@@ -217,14 +242,15 @@ static void block(const float *ap, const float *b, float *y, long m, long k, lon
         for (long j = 0; j < nc; j += NR) {
             const float *bj = b + j * kc;
             if (nc - j >= NR)
-                micro(kc, a, bj, y + i0 * q + j0 + j, q, first, e, i0, j0 + j, rows);
+                micro(kc, a, bj, y + i0 * ldy + j0 + j, ldy, first, e, i0, j0 + j, rows);
             else if (rows == MR)
-                columns(kc, a, bj, y, q, i0, j0 + j, nc - j, first, e);
+                columns(kc, a, bj, y, ldy, i0, j0 + j, nc - j, first, e);
             else
-                edge(kc, a, bj, y, q, i0, j0 + j, rows, nc - j < NR ? nc - j : NR, first, e);
+                edge(kc, a, bj, y, ldy, i0, j0 + j, rows, nc - j < NR ? nc - j : NR, first, e);
         }
         if (last && swish) /* SiLU over the band's rows while they are in cache */
-            for (float *row = y + i0 * q + j0; row < y + (i0 + rows) * q; row += q) rpcsrv_sigmoid_f32(row, row, nc, 1);
+            for (float *row = y + i0 * ldy + j0; row < y + (i0 + rows) * ldy; row += ldy)
+                rpcsrv_sigmoid_f32(row, row, nc, 1);
     }
 }
 
@@ -235,24 +261,35 @@ static long block_columns(long k) {
     return nb > NR ? nb : NR;
 }
 
-/* y = act(wp @ (s * x) + r + bias), wp packed by rpcsrv_gemm_pack_w; s, r, bias optional (0); y may not
- * alias x or r.  0, or -1 when the packing buffer could not be allocated. */
-int rpcsrv_gemm_f32(const float *wp, const float *x, const float *s, const float *r, const float *bias, float *y,
-                    long m, long k, long q, int act, float lo, float hi) {
+/* y = act(wp @ (s * x) + r + bias) for q columns, wp packed by rpcsrv_gemm_pack_w; s, r, bias optional (0); x's
+ * rows ldx apart, y's and r's ldy apart (a band of a wider output: the im2col plan); conv (im2col.c's geometry,
+ * or 0): x is a conv's input, its column matrix packed from it; y may not alias x or r.  0, or -1 when the
+ * packing buffer could not be allocated. */
+static int gemm_ld(const float *wp, const float *x, long ldx, const float *s, const float *r, const float *bias,
+                   float *y, long ldy, long m, long k, long q, int act, float lo, float hi, const long *conv) {
     const long kcap = k < KC ? k : KC, NC = block_columns(k), ncap = q < NC ? (q + NR - 1) / NR * NR : NC;
     float *xp = 0; /* on a cache line: its vector loads never straddle two */
-    if (posix_memalign((void **)&xp, 64, (size_t)(kcap * ncap) * sizeof(float))) return -1;
-    const struct epi full = {bias, r, q, act == ACT_SWISH ? ACT_NONE : act, lo, hi, 0};
+    if (posix_memalign((void **)&xp, 64, (size_t)((kcap + 1) * ncap) * sizeof(float))) return -1; /* +1: tmp */
+    const struct epi full = {bias, r, ldy, act == ACT_SWISH ? ACT_NONE : act, lo, hi, 0};
     for (long j0 = 0; j0 < q; j0 += NC) {
         const long nc = q - j0 < NC ? q - j0 : NC;
         for (long p0 = 0; p0 < k; p0 += KC) {
             const long kc = k - p0 < KC ? k - p0 : KC;
-            pack_x(x, s, xp, q, p0, kc, j0, nc);
-            block(wp, xp, y, m, k, q, p0, kc, j0, nc, &full, act == ACT_SWISH);
+            if (conv)
+                pack_conv(x, conv, xp, xp + kcap * ncap, p0, kc, j0, nc);
+            else
+                pack_x(x, s, xp, ldx, p0, kc, j0, nc);
+            block(wp, xp, y, m, k, ldy, p0, kc, j0, nc, &full, act == ACT_SWISH);
         }
     }
     free(xp);
     return 0;
+}
+
+/* y = act(wp @ (s * x) + r + bias), x, r and y (m or k rows of q): see gemm_ld */
+int rpcsrv_gemm_f32(const float *wp, const float *x, const float *s, const float *r, const float *bias, float *y,
+                    long m, long k, long q, int act, float lo, float hi) {
+    return gemm_ld(wp, x, q, s, r, bias, y, q, m, k, q, act, lo, hi, 0);
 }
 
 /* the above with its arguments in a block made once per plan (kernels/plans.py): p = wp, bias (0: none),
@@ -298,4 +335,19 @@ int rpcsrv_matmul_f32(const float *x, const float *bp, const float *bias, float 
  * f = lo, hi */
 int rpcsrv_matmul_block(const float *x, float *y, const long *p, const float *f) {
     return rpcsrv_matmul_f32(x, (const float *)p[0], (const float *)p[1], y, p[2], p[3], p[4], (int)p[5], f[0], f[1]);
+}
+
+/* a band of n columns of an im2col conv's output (kernels/plans.py's _im2col_chunks): y (the band's first
+ * column, rows p[6] apart) = act(wp @ cols + bias), cols (k rows of n, contiguous); p = wp, bias (0: none),
+ * m, k, (unused), act, the output's row pitch, per plan; f = lo, hi */
+int rpcsrv_gemm_band(const float *cols, float *y, long n, const long *p, const float *f) {
+    return gemm_ld((const float *)p[0], cols, n, 0, 0, (const float *)p[1], y, p[6], p[2], p[3], n, (int)p[5], f[0],
+                   f[1], 0);
+}
+
+/* a whole conv of one image, its column matrix packed straight from x (pack_conv): y (m rows of q = p[6]) =
+ * act(wp @ columns(x) + bias); p as rpcsrv_gemm_band's, g im2col.c's geometry; f = lo, hi */
+int rpcsrv_gemm_conv(const float *x, float *y, const long *p, const long *g, const float *f) {
+    return gemm_ld((const float *)p[0], x, 0, 0, 0, (const float *)p[1], y, p[6], p[2], p[3], p[6], (int)p[5], f[0],
+                   f[1], g);
 }

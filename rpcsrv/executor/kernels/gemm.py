@@ -14,6 +14,12 @@ again at every call, from memory by then: the late 14x14 and 7x7 layers have the
 "The 1x1 convs' own GEMM").  The cost: the packed copy of the weights (MobileNetV2's peak RSS 38 -> 48 MB).
 The kernel is single-threaded: with more than one BLAS thread in use (``compute.POLICY``) the plans take
 OpenBLAS, which uses them.
+
+The im2col plan (``plans._im2col_chunks``: stride-2 3x3s and 1x1s, 3x3s on 7x7 maps, stems, 5x5s, 11x11s)
+runs its product here too (:func:`banded`): the column matrix packed straight from the input
+(``rpcsrv_gemm_conv``) or from im2col.c's bands (``rpcsrv_gemm_band``).  Per layer inside ResNet-50 0.79-0.97x
+of OpenBLAS + epilogue (its 512 -> 512 3x3s at 7x7: 0.79-0.83x, 9.4 MB of weights OpenBLAS packs again per
+call); the cost, the packed copy: ResNet-50's peak RSS 276 -> 314 MB (docs/executor.md).
 """
 
 from __future__ import annotations
@@ -33,8 +39,9 @@ from .plan_support import F32, address, block
 #: 0.71-0.94x: OpenBLAS packs the weights again per call, from memory); the squeeze-and-excitation convs on
 #: 1x1 maps (a matrix-vector product: 1152 -> 48, 672 -> 28) 1.3-1.6x slower.  Sizes between not measured.
 MIN_COLUMNS = 16
-#: ``SWITCH["on"] = False``: planned convs take OpenBLAS + epilogue at their next call (paired benchmarks)
-SWITCH = {"on": True}
+#: ``SWITCH["on"] = False``: planned 1x1 convs take OpenBLAS + epilogue at their next call (paired benchmarks);
+#: ``SWITCH["im2col"]``: the same for the im2col plan's convs (:func:`banded`)
+SWITCH = {"on": True, "im2col": True, "fused": True}
 
 
 def takes(m: int, k: int, q: int) -> bool:
@@ -42,13 +49,19 @@ def takes(m: int, k: int, q: int) -> bool:
     return q >= MIN_COLUMNS and m >= 1 and k >= 1
 
 
-def _one_thread() -> Callable[[], bool]:
+def im2col_takes(m: int, k: int, q: int) -> bool:
+    """Whether a dense conv planned by im2col (M output channels, K = C * KH * KW, Q output positions) runs its
+    GEMM by ``gemm.c``."""
+    return q >= MIN_COLUMNS and m >= 1 and k >= 1
+
+
+def _one_thread(key: str = "on") -> Callable[[], bool]:
     """Whether the BLAS runs one thread now (the compute policy's last setting; unset: the caller's own),
-    and the switch is on."""
+    and the switch ``SWITCH[key]`` is on."""
     from ..compute import POLICY
 
     blas = POLICY.blas
-    return lambda: SWITCH["on"] and (blas.current or 1) <= 1
+    return lambda: SWITCH[key] and (blas.current or 1) <= 1
 
 
 def packed_weights(lib: ctypes.CDLL, wmat: np.ndarray) -> np.ndarray:
@@ -86,6 +99,35 @@ def planned(lib: ctypes.CDLL, wmat: np.ndarray, bptr: Optional[int], shape: tupl
 
     tiled.keep = (wp, params, fparams)
     return tiled
+
+
+def banded(lib: ctypes.CDLL, wmat: np.ndarray, bptr: Optional[int], q: int, act: int, lo: float,
+           hi: float) -> Optional[Callable[[int, int, int], None]]:
+    """For the im2col plan (``plans._im2col_chunks``): a function ``(cols, y, n)`` of addresses that writes
+    act(wmat @ cols + bias) for a band of ``n`` columns (cols: K rows of n, contiguous) into ``y``, the band's
+    first column of the (M, ``q``) output, by ``gemm.c``; its ``.on()`` says whether to call it now (False
+    while more than one BLAS thread runs or the switch is off: OpenBLAS's turn).  None when the shape does not
+    take it (:func:`im2col_takes`).  Its ``.keep`` holds what its arguments point into."""
+    m, k = wmat.shape
+    if not im2col_takes(m, k, q):
+        return None
+    wp = packed_weights(lib, wmat)
+    params, pptr = block(ctypes.c_long, (wp.ctypes.data, bptr or 0, m, k, 0, act, q))
+    fparams, fptr = block(ctypes.c_float, (lo, hi))
+    fn, one_thread = lib.rpcsrv_gemm_band, _one_thread("im2col")
+
+    def band(cols: int, y: int, n: int) -> None:
+        if fn(cols, y, n, pptr, fptr):
+            raise MemoryError("conv: the compiled GEMM could not allocate its packing buffer")
+
+    conv_fn = lib.rpcsrv_gemm_conv
+
+    def whole(x: int, y: int, geometry: int) -> None:
+        if conv_fn(x, y, pptr, geometry, fptr):
+            raise MemoryError("conv: the compiled GEMM could not allocate its packing buffer")
+
+    band.on, band.whole, band.keep = one_thread, whole, (wp, params, fparams)
+    return band
 
 
 def gemm(x: np.ndarray, wmat: np.ndarray, bias=None, residual=None, scale=None, activation=None,

@@ -32,7 +32,8 @@ Planned (float32, 2-D, compiled kernels in use, the activation one the C code ap
   ``winograd4.c`` on larger maps), the bias and the activation in the output transform;
 * other dense convs of one image (7x7 stems, AlexNet's 11x11, stride-2 3x3s and 1x1s, 3x3s on 7x7 maps,
   5x5s: those no fast path takes): the compiled im2col (``im2col.c``) and the GEMM, a band of output rows
-  at a time for small weights, then the compiled epilogue;
+  at a time for small weights, then the compiled epilogue; or, with one BLAS thread, ``gemm.c`` (the
+  weights packed once, the bias and activation in its tiles, the columns packed straight from the input);
 * Add/Sum of a 4-D tensor and a per-channel constant (a batch norm's shift) or a residual tensor, and the
   fused activation if any: one pass (``epilogue.c``);
 * GlobalAveragePool of 4-D float32 tensors and ReduceMean over trailing axes (row means in one pass,
@@ -75,6 +76,14 @@ ROWS_MAX_TAPS = 32
 #: 3.29 / 3.52, 3x3 512 at 7 3.29 / 3.51; Inception's 128 -> 192 s2 at 14 0.39 / 0.54, 96 s2 at 28 0.48 /
 #: 0.64; the 7x7 stem 3.01 / 3.41 (numpy's banded im2col); ResNet-50's strided 1x1s 0.91-0.96
 CHUNK_MAX_WEIGHTS, CHUNK_ELEMENTS = 40_000, 1 << 18
+
+
+def fused_pays(taps: int) -> bool:
+    """Whether ``gemm.c`` packs a conv of ``taps`` (KH * KW) taps straight from the input, or from the bands'
+    column matrix (``im2col.c``).  Measured in ResNet-50 (1 thread, paired, us): the same within 1-4% either
+    way (3x3 s2 2506 / 2624, stem 2825 / 2866, 1x1 s2 at 56 2145 / 2103); alone, 5x5, 7x7 and 11x11 kernels
+    of few channels 0.89-0.92x (ZFNet 1.02x faster whole), strided 1x1s 1.02-1.05x slower."""
+    return taps > 1
 
 
 def plan(op: str, kernel: Callable[..., Any], attrs: Mapping[str, Any], inputs: Sequence[Any],
@@ -276,7 +285,11 @@ def _im2col_chunks(general, w, b, bptr, xshape, shape, strides, dilations, begin
     output rows at a time, each product written into its columns of the output, then the compiled epilogue.
     Small weights (``CHUNK_MAX_WEIGHTS``) take bands of ``CHUNK_ELEMENTS`` column values: the band's columns
     stay in cache between their copy and their product, where the whole column matrix (a 7x7 stem's: 7.4 MB)
-    streams through memory twice; larger ones one band (OpenBLAS would pack the weights again per band)."""
+    streams through memory twice; larger ones one band (OpenBLAS would pack the weights again per band).
+    With one BLAS thread, on the shapes ``gemm.im2col_takes``: ``gemm.c`` instead (``gemm.banded``), the
+    weights packed once, the bias and activation in its tiles; kernels of more than one tap packed straight
+    from the input (``rpcsrv_gemm_conv``: no column matrix), strided 1x1s from the bands' columns
+    (``fused_pays``)."""
     c, h, wd = xshape[1:]
     (m, k), (oh, ow) = (w.shape[0], w[0].size), shape[2:]
     wmat = np.ascontiguousarray(w.reshape(m, k))
@@ -289,22 +302,32 @@ def _im2col_chunks(general, w, b, bptr, xshape, shape, strides, dilations, begin
     fparams, fptr = block(ctypes.c_float, (lo, hi))
     epilogue, lib_ready, columns = lib.rpcsrv_bias_act_block if (bptr or act) else None, in_use(lib), \
         lib.rpcsrv_im2col_f32
+    # -- gemm.c (gemm.im2col_takes); None, or .on() False at a call (2 BLAS threads, switched off): OpenBLAS
+    tiled = gemm.banded(lib, wmat, bptr, oh * ow, act, lo, hi)
+    fused, geometry = fused_pays(w.shape[2] * w.shape[3]), bands[0][2]  # (the rows kernel ignores r0, r1)
 
     def im2col_chunks(x, w_in, b_in=None):
         if w_in is not w or b_in is not b or type(x) is not np.ndarray or x.shape != xshape or x.dtype != F32 \
                 or not x.flags.c_contiguous or not lib_ready():
             return general(x, w_in, b_in)
         y = np.empty((m, oh * ow), F32)
+        xa, ya, on = address(x), address(y), tiled is not None and tiled.on()
+        if on and fused and gemm.SWITCH["fused"]:
+            tiled.whole(xa, ya, geometry)
+            return y.reshape(shape)
         cols = np.empty(k * min(oh, band) * ow, F32)
-        xa, ca = address(x), address(cols)
+        ca = address(cols)
         for q0, q1, ptr in bands:
             columns(xa, ca, ptr)
-            np.matmul(wmat, cols[:k * (q1 - q0)].reshape(k, q1 - q0), out=y[:, q0:q1])
-        if epilogue is not None:
-            epilogue(address(y), pptr, fptr)
+            if on:
+                tiled(ca, ya + 4 * q0, q1 - q0)
+            else:
+                np.matmul(wmat, cols[:k * (q1 - q0)].reshape(k, q1 - q0), out=y[:, q0:q1])
+        if epilogue is not None and not on:
+            epilogue(ya, pptr, fptr)
         return y.reshape(shape)
 
-    im2col_chunks.keep = (wmat, params, fparams, blocks)
+    im2col_chunks.keep = (wmat, params, fparams, blocks, tiled)
     return im2col_chunks
 
 
