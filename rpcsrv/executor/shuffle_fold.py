@@ -17,6 +17,12 @@ intermediate read by the next node alone and no subgraph output.  The folded nod
 Reshape's ID and place and reads ``(inputs..., shape1, shape2)``; the first time it sees a pair of
 bound shape constants it checks them with the table's reshape kernel on zero-stride stand-ins (no
 memory), so a constant that does not give the declared shapes fails as the unfolded nodes would.
+
+Where the compiler already merged a shuffle into the conv that reads it (``input_shuffle``: the last unit's
+1x1 conv), a Concat read by that conv alone is made the shuffled concat (the same one-pass kernel) and the
+conv a plain one: for a conv that is not depthwise, the conv kernel's first step is that same shuffle (a
+copy, ``depthwise.channel_shuffle``), and without it the conv gets its plan.  Depthwise convs read the
+shuffle in place (no copy) and are left as they are.
 """
 
 from __future__ import annotations
@@ -33,47 +39,50 @@ from .examplejson_text import Node, Subgraph
 _SLICE_PARAMS = 4
 
 
-def _shuffle(graph: Subgraph, r2: Node, by_id: dict[int, Node], readers: dict[int, int],
-             outputs: set[int]) -> tuple[Node, Node, Node, int] | None:
-    """(concat, reshape 1, transpose, g) when ``r2`` ends a foldable Concat → channel shuffle, else None."""
-    def single(nid: int, op: str) -> Node | None:
-        node = by_id.get(nid)
-        ok = node is not None and node.op == op and readers.get(nid) == 1 and nid not in outputs
-        return node if ok else None
+def _concat_inputs(graph: Subgraph, cat: Node) -> list[int] | None:
+    """The channel counts of ``cat``'s inputs when it is a concat along axis 1 of computed or bound tensors of
+    its dtype and shape but for the channels, else None."""
+    shape, rank = cat.shape, len(cat.shape)
+    axis = cat.attrs.get("axis")
+    if cat.op != "concat" or rank < 2 or set(cat.attrs) != {"axis"} or not isinstance(axis, int) \
+            or not -rank <= axis < rank or axis % rank != 1 or not cat.inputs \
+            or any(i < 0 or i not in graph.nodes for i in cat.inputs):
+        return None
+    ins = [graph.nodes[i] for i in cat.inputs]
+    if any(x.dtype != cat.dtype or len(x.shape) != rank or x.shape[0] != shape[0] or x.shape[2:] != shape[2:]
+           for x in ins) or sum(x.shape[1] for x in ins) != shape[1]:
+        return None
+    return [x.shape[1] for x in ins]
 
+
+def _shuffle(graph: Subgraph, r2: Node, single: Callable) -> tuple[Node, Node, Node, int] | None:
+    """(concat, reshape 1, transpose, g) when ``r2`` ends a foldable Concat → channel shuffle, else None;
+    ``single(id, op)``: the node of that ID when it is such an op read once and no subgraph output."""
     def const(nid: int) -> bool:
         return nid in graph.nodes and graph.nodes[nid].kind == "const"
 
-    if r2.op != "reshape" or len(r2.inputs) != 2 or not const(r2.inputs[1]):
+    if len(r2.inputs) != 2 or not const(r2.inputs[1]):
         return None
     t = single(r2.inputs[0], "transpose")
     r1 = single(t.inputs[0], "reshape") if t is not None and len(t.inputs) == 1 else None
     cat = single(r1.inputs[0], "concat") if r1 is not None and len(r1.inputs) == 2 and const(r1.inputs[1]) \
         else None
-    if cat is None or not cat.inputs or any(i < 0 or i not in graph.nodes for i in cat.inputs):
+    if cat is None or _concat_inputs(graph, cat) is None or set(t.attrs) != {"perm"} \
+            or set(r1.attrs) - {"allowzero"} or set(r2.attrs) - {"allowzero"}:
         return None
-    shape, rank = cat.shape, len(cat.shape)
-    axis = cat.attrs.get("axis")
-    if rank < 2 or set(cat.attrs) != {"axis"} or not isinstance(axis, int) or not -rank <= axis < rank \
-            or axis % rank != 1 or set(t.attrs) != {"perm"} or set(r1.attrs) - {"allowzero"} \
-            or set(r2.attrs) - {"allowzero"}:
-        return None
-    n, c, rest = shape[0], shape[1], shape[2:]
+    (n, c), rest, rank = cat.shape[:2], cat.shape[2:], len(cat.shape)
     g = r1.shape[1] if len(r1.shape) == rank + 1 else 0
     if not g or c % g or r1.shape != (n, g, c // g) + rest or list(t.attrs["perm"]) != [0, 2, 1] + list(
-            range(3, rank + 1)) or t.shape != (n, c // g, g) + rest or r2.shape != shape:
-        return None
-    ins = [graph.nodes[i] for i in cat.inputs]
-    if any(x.dtype != cat.dtype or len(x.shape) != rank or x.shape[0] != n or x.shape[2:] != rest for x in ins) \
-            or sum(x.shape[1] for x in ins) != c or not all(v.dtype == cat.dtype for v in (r1, t, r2)):
+            range(3, rank + 1)) or t.shape != (n, c // g, g) + rest or r2.shape != cat.shape \
+            or not all(v.dtype == cat.dtype for v in (r1, t, r2)):
         return None
     return cat, r1, t, g
 
 
-def shuffle_concat(sizes: list[int], shape: tuple, dtype: np.dtype, g: int, r1: Node, t: Node, table) -> Callable:
-    """The folded node's kernel: ``kernel(*inputs, shape1, shape2)`` for the Concat of ``inputs`` (``sizes``
-    channels each) along axis 1 shuffled in ``g`` groups; ``table``: the kernel table (its reshape checks
-    the shape constants)."""
+def shuffle_concat(sizes: list[int], shape: tuple, dtype: np.dtype, g: int,
+                   check: Callable | None = None) -> Callable:
+    """The folded node's kernel for the Concat of its inputs (``sizes`` channels each) along axis 1 shuffled in
+    ``g`` groups; ``check``: the folded Reshapes' check of their shape constants, read as two last inputs."""
     n, c, hw = shape[0], shape[1], math.prod(shape[2:])
     cg = c // g
     pieces = []  # (input, its first and end channel, group, first and end channel within the group)
@@ -87,27 +96,38 @@ def shuffle_concat(sizes: list[int], shape: tuple, dtype: np.dtype, g: int, r1: 
             start = end
         offset += size
     flat = [(n, size, hw) for size in sizes]
-    checked: list = [None, None]  # the shape constants last checked (the same objects while bound)
-    reshape, r1_attrs, t_shape = table["reshape"], dict(r1.attrs), t.shape
 
-    def check(s1, s2) -> None:
-        for src, const, attrs, want in ((shape, s1, r1_attrs, r1.shape), (t_shape, s2, {}, shape)):
-            got = reshape(np.broadcast_to(np.zeros((), dtype), src), const, **attrs).shape
-            if got != want:
-                raise ValueError(f"the channel shuffle's reshape gives {list(got)}, the node declares {list(want)}")
-        checked[:] = [s1, s2]
-
-    def kernel(*args):
-        inputs, s1, s2 = args[:-2], args[-2], args[-1]
-        if s1 is not checked[0] or s2 is not checked[1]:
-            check(s1, s2)
+    def write(inputs) -> np.ndarray:
         out = np.empty(shape, dtype)
         view = out.reshape(n, cg, g, hw)
         for k, a0, a1, group, i0, i1 in pieces:
             np.copyto(view[:, i0:i1, group], inputs[k].reshape(flat[k])[:, a0:a1], casting="no")
         return out
 
+    if check is None:
+        return lambda *inputs: write(inputs)
+    checked: list = [None, None]  # the shape constants last checked (the same objects while bound)
+
+    def kernel(*args):
+        s1, s2 = args[-2], args[-1]
+        if s1 is not checked[0] or s2 is not checked[1]:
+            check(s1, s2)
+            checked[:] = [s1, s2]
+        return write(args[:-2])
+
     return kernel
+
+
+def reshape_check(reshape: Callable, cat: Node, r1: Node, t: Node, r2: Node) -> Callable:
+    """``check(s1, s2)``: an error unless the table's ``reshape`` gives the declared shapes with the bound
+    shape constants (run on zero-stride stand-ins: no memory)."""
+    def check(s1, s2) -> None:
+        for src, const, attrs, want in ((cat.shape, s1, r1.attrs, r1.shape), (t.shape, s2, r2.attrs, cat.shape)):
+            got = reshape(np.broadcast_to(np.zeros((), cat.dtype), src), const, **attrs).shape
+            if got != want:
+                raise ValueError(f"the channel shuffle's reshape gives {list(got)}, the node declares {list(want)}")
+
+    return check
 
 
 def cached_slice(table_slice: Callable) -> Callable:
@@ -132,8 +152,10 @@ def cached_slice(table_slice: Callable) -> Callable:
 
 
 def fold_shuffles(graph: Subgraph, ops: list[Node], kernels) -> tuple[list[Node], dict[int, Callable]]:
-    """``ops`` with each foldable Concat → channel shuffle made one node at the last Reshape's place (with
-    its ID), and the kernels by node ID of those nodes and of the constant-index Slices reading them."""
+    """``ops`` with each foldable Concat → channel shuffle made one node at the last Reshape's place (with its
+    ID), each Concat read by a conv alone that shuffles its input (the compiler's ``input_shuffle``, on a conv
+    that is not depthwise) made a shuffled concat and a plain conv; and the kernels by node ID of those
+    nodes and of the constant-index Slices reading them."""
     if not {"concat", "reshape", "transpose", "slice"} <= set(kernels):
         return ops, {}
     readers: dict[int, int] = {}
@@ -141,19 +163,31 @@ def fold_shuffles(graph: Subgraph, ops: list[Node], kernels) -> tuple[list[Node]
         for i in node.inputs:
             readers[i] = readers.get(i, 0) + 1
     outputs, by_id = set(graph.outputs), {node.id: node for node in ops}
+
+    def single(nid: int, op: str) -> Node | None:
+        node = by_id.get(nid)
+        return node if node is not None and node.op == op and readers.get(nid) == 1 and nid not in outputs else None
+
     dropped: set[int] = set()
     replaced: dict[int, Node] = {}
     override: dict[int, Callable] = {}
-    for r2 in ops:
-        found = _shuffle(graph, r2, by_id, readers, outputs) if r2.op == "reshape" else None
-        if found is None:
-            continue
-        cat, r1, t, g = found
-        dropped.update((cat.id, r1.id, t.id))
-        replaced[r2.id] = dataclasses.replace(r2, inputs=tuple(cat.inputs) + (r1.inputs[1], r2.inputs[1]),
-                                              attrs={})
-        sizes = [graph.nodes[i].shape[1] for i in cat.inputs]
-        override[r2.id] = shuffle_concat(sizes, r2.shape, r2.dtype, g, r1, t, kernels)
+    for node in ops:
+        found = _shuffle(graph, node, single) if node.op == "reshape" else None
+        if found is not None:
+            cat, r1, t, g = found
+            dropped.update((cat.id, r1.id, t.id))
+            replaced[node.id] = dataclasses.replace(node, inputs=tuple(cat.inputs) + (r1.inputs[1], node.inputs[1]),
+                                                    attrs={})
+            override[node.id] = shuffle_concat(_concat_inputs(graph, cat), cat.shape, cat.dtype, g,
+                                               reshape_check(kernels["reshape"], cat, r1, t, node))
+        g = node.attrs.get("input_shuffle", 1) if node.op == "conv" and node.inputs else 1
+        cat = single(node.inputs[0], "concat") if type(g) is int and g > 1 else None
+        if cat is not None and len(cat.shape) == 4 and cat.shape[1] % g == 0 \
+                and node.attrs.get("group", 1) != cat.shape[1] and _concat_inputs(graph, cat) is not None:
+            replaced[cat.id] = dataclasses.replace(cat, attrs={})
+            replaced[node.id] = dataclasses.replace(node, attrs={k: v for k, v in node.attrs.items()
+                                                                 if k != "input_shuffle"})
+            override[cat.id] = shuffle_concat(_concat_inputs(graph, cat), cat.shape, cat.dtype, g)
     for node in ops:
         if node.op == "slice" and node.inputs and node.inputs[0] in override and not node.attrs \
                 and len(node.inputs) <= 1 + _SLICE_PARAMS and node.inputs[0] not in node.inputs[1:] and all(

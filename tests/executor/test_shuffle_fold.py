@@ -211,3 +211,24 @@ def test_the_slices_of_a_folded_shuffle_follow_rebound_constants():
         mod.get_function("sub")(a, b, out)
         np.testing.assert_array_equal(out, shuffled[:, lo:lo + 3])
     assert [s[0].op for s in mod.functions["sub"].steps] == ["reshape", "slice"]
+
+
+@pytest.mark.parametrize("conv_group,folded", [(1, True), (2, True), (12, False)])
+def test_a_concat_read_by_a_shuffling_conv(tmp_path, conv_group, folded):
+    """The compiler merges a shuffle read by one conv into it (``input_shuffle``, the last unit's 1x1 conv):
+    the Concat before it becomes the shuffled concat and the conv a plain one, except a depthwise conv,
+    which reads the shuffle in place."""
+    need_module("onnxruntime")
+    m = model(units=1, tail=False)
+    w = RNG.standard_normal((12, 12 // conv_group, 3, 3)).astype("float32")
+    m.graph.initializer.append(helper.make_tensor("w2", 1, w.shape, w.ravel()))
+    m.graph.node.append(helper.make_node("Conv", ["u0_out", "w2"], ["y"], group=conv_group, pads=[1, 1, 1, 1]))
+    del m.graph.output[:]
+    m.graph.output.append(helper.make_tensor_value_info("y", 1, [1, 12, 5, 5]))
+    assert '"input_shuffle": 2' in compile_onnx(m).subgraphs[0].code
+    got, want, ops = run(m, tmp_path)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
+    path = compile_onnx(m).export_library(str(tmp_path / "m2.blob"), fmt="blob")
+    fn = next(iter(load_module(path).get_function("default")(Device(1, 0))._functions.values()))
+    convs = [step[0] for step in fn.steps if step[0].op == "conv"]
+    assert ("input_shuffle" not in convs[-1].attrs) is folded
