@@ -43,7 +43,8 @@ def main(argv=None) -> int:
             runs = {"folded": eng._run, "plain": plain.get_function("run")}
             runs["plain"]()
             out = plain.get_function("get_output")(0)
-            assert np.array_equal(out, eng.ex.get_function("get_output")(0)), "the fold changed the result"
+            # the data moves exactly; a conv whose input_shuffle was folded away takes its plan (float32 rounding)
+            np.testing.assert_allclose(out, eng.ex.get_function("get_output")(0), rtol=1e-4, atol=1e-5)
             steps = [sum(len(getattr(f, "steps", ())) for f in ex._functions.values()) for ex in (plain, eng.ex)]
             sess = eng.session(1)
             times = {"folded": [], "plain": [], "ort": []}
