@@ -18,11 +18,7 @@ Reshape's ID and place and reads ``(inputs..., shape1, shape2)``; the first time
 bound shape constants it checks them with the table's reshape kernel on zero-stride stand-ins (no
 memory), so a constant that does not give the declared shapes fails as the unfolded nodes would.
 
-Where the compiler already merged a shuffle into the conv that reads it (``input_shuffle``: the last unit's
-1x1 conv), a Concat read by that conv alone is made the shuffled concat (the same one-pass kernel) and the
-conv a plain one: for a conv that is not depthwise, the conv kernel's first step is that same shuffle (a
-copy, ``depthwise.channel_shuffle``), and without it the conv gets its plan.  Depthwise convs read the
-shuffle in place (no copy) and are left as they are.
+Every node that remains keeps its value (``byoc compare`` pairs each step's ID with its ONNX tensor).
 """
 
 from __future__ import annotations
@@ -79,8 +75,7 @@ def _shuffle(graph: Subgraph, r2: Node, single: Callable) -> tuple[Node, Node, N
     return cat, r1, t, g
 
 
-def shuffle_concat(sizes: list[int], shape: tuple, dtype: np.dtype, g: int,
-                   check: Callable | None = None) -> Callable:
+def shuffle_concat(sizes: list[int], shape: tuple, dtype: np.dtype, g: int, check: Callable) -> Callable:
     """The folded node's kernel for the Concat of its inputs (``sizes`` channels each) along axis 1 shuffled in
     ``g`` groups; ``check``: the folded Reshapes' check of their shape constants, read as two last inputs."""
     n, c, hw = shape[0], shape[1], math.prod(shape[2:])
@@ -104,8 +99,6 @@ def shuffle_concat(sizes: list[int], shape: tuple, dtype: np.dtype, g: int,
             np.copyto(view[:, i0:i1, group], inputs[k].reshape(flat[k])[:, a0:a1], casting="no")
         return out
 
-    if check is None:
-        return lambda *inputs: write(inputs)
     checked: list = [None, None]  # the shape constants last checked (the same objects while bound)
 
     def kernel(*args):
@@ -153,9 +146,7 @@ def cached_slice(table_slice: Callable) -> Callable:
 
 def fold_shuffles(graph: Subgraph, ops: list[Node], kernels) -> tuple[list[Node], dict[int, Callable]]:
     """``ops`` with each foldable Concat → channel shuffle made one node at the last Reshape's place (with its
-    ID), each Concat read by a conv alone that shuffles its input (the compiler's ``input_shuffle``, on a conv
-    that is not depthwise) made a shuffled concat and a plain conv; and the kernels by node ID of those
-    nodes and of the constant-index Slices reading them."""
+    ID), and the kernels by node ID of those nodes and of the constant-index Slices reading them."""
     if not {"concat", "reshape", "transpose", "slice"} <= set(kernels):
         return ops, {}
     readers: dict[int, int] = {}
@@ -173,21 +164,14 @@ def fold_shuffles(graph: Subgraph, ops: list[Node], kernels) -> tuple[list[Node]
     override: dict[int, Callable] = {}
     for node in ops:
         found = _shuffle(graph, node, single) if node.op == "reshape" else None
-        if found is not None:
-            cat, r1, t, g = found
-            dropped.update((cat.id, r1.id, t.id))
-            replaced[node.id] = dataclasses.replace(node, inputs=tuple(cat.inputs) + (r1.inputs[1], node.inputs[1]),
-                                                    attrs={})
-            override[node.id] = shuffle_concat(_concat_inputs(graph, cat), cat.shape, cat.dtype, g,
-                                               reshape_check(kernels["reshape"], cat, r1, t, node))
-        g = node.attrs.get("input_shuffle", 1) if node.op == "conv" and node.inputs else 1
-        cat = single(node.inputs[0], "concat") if type(g) is int and g > 1 else None
-        if cat is not None and len(cat.shape) == 4 and cat.shape[1] % g == 0 \
-                and node.attrs.get("group", 1) != cat.shape[1] and _concat_inputs(graph, cat) is not None:
-            replaced[cat.id] = dataclasses.replace(cat, attrs={})
-            replaced[node.id] = dataclasses.replace(node, attrs={k: v for k, v in node.attrs.items()
-                                                                 if k != "input_shuffle"})
-            override[cat.id] = shuffle_concat(_concat_inputs(graph, cat), cat.shape, cat.dtype, g)
+        if found is None:
+            continue
+        cat, r1, t, g = found
+        dropped.update((cat.id, r1.id, t.id))
+        replaced[node.id] = dataclasses.replace(node, inputs=tuple(cat.inputs) + (r1.inputs[1], node.inputs[1]),
+                                                attrs={})
+        override[node.id] = shuffle_concat(_concat_inputs(graph, cat), cat.shape, cat.dtype, g,
+                                           reshape_check(kernels["reshape"], cat, r1, t, node))
     for node in ops:
         if node.op == "slice" and node.inputs and node.inputs[0] in override and not node.attrs \
                 and len(node.inputs) <= 1 + _SLICE_PARAMS and node.inputs[0] not in node.inputs[1:] and all(

@@ -17,7 +17,7 @@ from onnx import helper
 from rpcsrv.client import compile_onnx
 from rpcsrv.executor import ExampleJSONRuntime, load_module
 from rpcsrv.protocol.dtypes import Device
-from conftest import need_module
+from conftest import need_module, need_program
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "compiler"))
 from compiler_helpers import make_model, reference  # noqa: E402
@@ -213,22 +213,69 @@ def test_the_slices_of_a_folded_shuffle_follow_rebound_constants():
     assert [s[0].op for s in mod.functions["sub"].steps] == ["reshape", "slice"]
 
 
-@pytest.mark.parametrize("conv_group,folded", [(1, True), (2, True), (12, False)])
-def test_a_concat_read_by_a_shuffling_conv(tmp_path, conv_group, folded):
-    """The compiler merges a shuffle read by one conv into it (``input_shuffle``, the last unit's 1x1 conv):
-    the Concat before it becomes the shuffled concat and the conv a plain one, except a depthwise conv,
-    which reads the shuffle in place."""
+@pytest.mark.parametrize("conv_group,planned", [(1, True), (2, False), (12, False)])
+def test_a_concat_read_by_a_shuffling_conv(tmp_path, conv_group, planned):
+    """The compiler merges a shuffle read by one conv into it (``input_shuffle``: ShuffleNetV2's last 1x1 conv).
+    The Concat before it stays (its step keeps the ONNX Concat's value, for ``byoc compare``); a conv that
+    is not depthwise gets its plan where the plain conv has one (not grouped 3x3s), with the shuffled copy the
+    table kernel makes (``plans._shuffled_conv``);
+    a depthwise one reads the shuffle in place as before."""
     need_module("onnxruntime")
+    need_program("cc", "the conv plans call the compiled kernels, built with the board's C compiler")
     m = model(units=1, tail=False)
     w = RNG.standard_normal((12, 12 // conv_group, 3, 3)).astype("float32")
     m.graph.initializer.append(helper.make_tensor("w2", 1, w.shape, w.ravel()))
     m.graph.node.append(helper.make_node("Conv", ["u0_out", "w2"], ["y"], group=conv_group, pads=[1, 1, 1, 1]))
     del m.graph.output[:]
     m.graph.output.append(helper.make_tensor_value_info("y", 1, [1, 12, 5, 5]))
-    assert '"input_shuffle": 2' in compile_onnx(m).subgraphs[0].code
+    compiled = compile_onnx(m)
+    assert '"input_shuffle": 2' in compiled.subgraphs[0].code
     got, want, ops = run(m, tmp_path)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
-    path = compile_onnx(m).export_library(str(tmp_path / "m2.blob"), fmt="blob")
+    assert ops == ["slice", "slice", "conv", "concat", "conv"]
+    path = compiled.export_library(str(tmp_path / "m2.blob"), fmt="blob")
     fn = next(iter(load_module(path).get_function("default")(Device(1, 0))._functions.values()))
-    convs = [step[0] for step in fn.steps if step[0].op == "conv"]
-    assert ("input_shuffle" not in convs[-1].attrs) is folded
+    kernel = fn.steps[-1][1]
+    assert ("_shuffled_conv" in kernel.__qualname__) is planned
+
+
+@pytest.mark.parametrize("group,kernel_side", [(1, 1), (1, 3), (3, 1), (2, 3)])
+def test_the_shuffled_conv_plan_against_the_table_kernel(group, kernel_side):
+    need_program("cc", "the conv plans call the compiled kernels, built with the board's C compiler")
+    from rpcsrv.executor.kernels import KERNELS
+    from rpcsrv.executor.kernels.plans import plan
+
+    x = RNG.standard_normal((1, 12, 6, 7)).astype("float32")
+    w = RNG.standard_normal((6, 12 // group, kernel_side, kernel_side)).astype("float32")
+    b = RNG.standard_normal(6).astype("float32")
+    pad = kernel_side // 2
+    attrs = {"group": group, "kernel_shape": [kernel_side] * 2, "pads": [pad] * 4, "activation": "relu",
+             "input_shuffle": 3}
+    plain = {k: v for k, v in attrs.items() if k != "input_shuffle"}
+    specs = [(x.shape, x.dtype), w, b], (1, 6, 6, 7), np.dtype("float32")
+    fn = plan("conv", KERNELS["conv"], attrs, *specs)
+    # planned exactly where the same conv without the shuffle is (grouped 3x3s are not)
+    assert (fn is None) is (plan("conv", KERNELS["conv"], plain, *specs) is None) is (group == 2)
+    if fn is None:
+        return
+    np.testing.assert_allclose(fn(x, w, b), KERNELS["conv"](x, w, b, **attrs), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(fn(x, w, b), KERNELS["conv"](
+        x.reshape(1, 3, 4, 6, 7).swapaxes(1, 2).reshape(x.shape), w, b,
+        **plain), rtol=1e-5, atol=1e-5)
+
+
+def test_folded_on_the_numpy_fallback_too(tmp_path, monkeypatch):
+    """The fold is numpy alone: a board without the compiled kernels runs it the same."""
+    from rpcsrv.executor.kernels import compiled
+
+    need_module("onnxruntime")
+    monkeypatch.setenv("RPCSRV_COMPILED_KERNELS", "0")
+    compiled.reset()
+    try:
+        got, want, ops = run(model("split", 2, 13, units=3), tmp_path)
+    finally:
+        monkeypatch.undo()
+        compiled.reset()
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    assert "concat" not in ops and "transpose" not in ops
