@@ -19,7 +19,8 @@ Planned (float32, 2-D, compiled kernels in use, the activation one the C code ap
 
 * depthwise convs (``compiled.depthwise_conv2d``'s C kernel, called with its arguments ready; ShuffleNet's
   channel shuffle composite read in place, no shuffled copy; any other conv reading one: the shuffled copy,
-  then its own plan, ``_shuffled_conv``), and dense convs with few taps per output (stems: 3 channels, 3x3) by the same rows kernel (``ROWS_MAX_TAPS``);
+  then its own plan, ``_shuffled_conv``), and dense convs with few taps per output (stems: 3 channels, 3x3)
+  by the same rows kernel (``ROWS_MAX_TAPS``);
 * 1x1 stride-1 unpadded convs of one image: the weights as an (M, C) matrix times the input read in place
   as (C, H*W) (grouped: one batched product per group), then the compiled epilogue (bias and activation in
   one pass); or, on the shapes ``gemm.takes`` (group 1), ``gemm.c``: the weights packed once, the bias,
