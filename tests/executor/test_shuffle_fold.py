@@ -279,3 +279,33 @@ def test_folded_on_the_numpy_fallback_too(tmp_path, monkeypatch):
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
     assert "concat" not in ops and "transpose" not in ops
+
+
+def test_every_step_keeps_its_onnx_tensor_value(tmp_path):
+    """What ``byoc compare`` checks: each step that runs (the folded one under the last Reshape's ID, the
+    slices of it) holds the value of the ONNX tensor its ID names (``client.compare``'s pairing)."""
+    import onnx
+
+    from rpcsrv.client.compare import onnx_intermediates, pair_subgraphs
+    from rpcsrv.executor import examplejson
+
+    need_module("onnxruntime")
+    m = model("slice", 2, units=2)
+    onnx_path = str(tmp_path / "m.onnx")
+    onnx.save(m, onnx_path)
+    feed = {"x": RNG.standard_normal((1, 12, 5, 5)).astype("float32")}
+    path = compile_onnx(m).export_library(str(tmp_path / "m.blob"), fmt="blob")
+    _, pairs, _ = pair_subgraphs(path, onnx_path, {"x": (1, 12, 5, 5)})
+    gmod = load_module(path).get_function("default")(Device(1, 0))
+    gmod.get_function("set_input")("x", feed["x"])
+    seen = []
+    token = examplejson.STEP_HOOK.set(lambda symbol, node, value, s: seen.append((symbol, node, value.copy())))
+    try:
+        gmod.get_function("run")()
+    finally:
+        examplejson.STEP_HOOK.reset(token)
+    names = {(symbol, node.id): pairs[symbol][node.id] for symbol, node, _ in seen}
+    ref = onnx_intermediates(onnx_path, feed, sorted(set(names.values())))
+    assert [node.op for _, node, _ in seen].count("reshape") == 2 and "u0_out" in names.values()
+    for symbol, node, value in seen:
+        np.testing.assert_allclose(value, ref[names[(symbol, node.id)]], rtol=1e-5, atol=1e-5)
