@@ -20,6 +20,7 @@ from .examplejson_text import RUNTIME_ATTRS, ExampleJSONError, Kernel, Node, Sub
 from .runtime import STEP_HOOK, ExecutorError, RuntimeModule  # (STEP_HOOK: re-exported for the benches)
 from .residual_fold import fold_residuals
 from .scale_fold import fold_scales
+from .shuffle_fold import fold_shuffles
 
 __all__ = ["STEP_HOOK", "ExampleJSONError", "ExampleJSONRuntime", "Node", "Subgraph", "SubgraphFunction",
            "examplejson_runtime", "parse_examplejson"]
@@ -53,6 +54,8 @@ class SubgraphFunction:
         # a residual Add goes into the 1x1 conv whose output it adds (see residual_fold)
         ops, residuals = fold_residuals(graph, ops, kernels, folded)
         folded.update(residuals)
+        # ShuffleNetV2's Concat + channel shuffle: one step writing the shuffled tensor (see shuffle_fold)
+        ops, shuffles = fold_shuffles(graph, ops, kernels)
         # ops that share op, inputs and attrs (the outputs of one multi-output op) run once per call
         kernel_attrs = [{k: v for k, v in node.attrs.items() if k not in RUNTIME_ATTRS} for node in ops]
         keys = [(node.op, node.inputs, json.dumps(kattrs, sort_keys=True))
@@ -72,6 +75,7 @@ class SubgraphFunction:
         # DenseNet's growing concats write into one buffer per chain (see concat_chain)
         in_place = chain_kernels(graph, kernels["concat"]) if "concat" in kernels else {}
         in_place.update(folded)
+        in_place.update(shuffles)
         self.steps = []
         for k, (node, key, kattrs) in enumerate(zip(ops, keys, kernel_attrs)):
             shared = keys.count(key) > 1

@@ -150,14 +150,14 @@ def test_planned_pointwise_matches_onnx_reference(case, bias, c_kernels):
 
 
 def test_unplanned_layers(c_kernels):
-    """Strided or padded 1x1s, grouped convs, a shuffle on anything but a depthwise conv, batches
-    of 1x1s, large weights and other dtypes get no plan."""
+    """Strided or padded 1x1s, grouped convs, batches of 1x1s, large weights and other dtypes get no plan (a
+    shuffle on a conv that is not depthwise: the plain conv's plan after the shuffled copy, test_shuffle_fold)."""
     x = np.zeros((1, 8, 6, 6), np.float32)
     w1, w3 = np.ones((4, 8, 1, 1), np.float32), np.ones((4, 8, 3, 3), np.float32)
     assert plans.plan("conv", conv, {"strides": [2, 2]}, [(x.shape, x.dtype), w1], (1, 4, 3, 3),
                       np.float32).__name__ == "im2col_chunks"  # a strided 1x1 (test_plans_im2col.py)
     for w, attrs in ((w1, {"pads": [1, 1, 1, 1]}),
-                     (np.ones((4, 4, 3, 3), np.float32), {"group": 2}), (w1, {"input_shuffle": 2})):
+                     (np.ones((4, 4, 3, 3), np.float32), {"group": 2})):
         assert plans.plan("conv", conv, attrs, [(x.shape, x.dtype), w], conv(x, w, **attrs).shape,
                           np.float32) is None, attrs
     x2 = np.zeros((2, 8, 6, 6), np.float32)

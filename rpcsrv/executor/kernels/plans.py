@@ -18,8 +18,9 @@ runs the general kernel, so a plan changes no result and never refuses a call th
 Planned (float32, 2-D, compiled kernels in use, the activation one the C code applies):
 
 * depthwise convs (``compiled.depthwise_conv2d``'s C kernel, called with its arguments ready; ShuffleNet's
-  channel shuffle composite read in place, no shuffled copy), and dense
-  convs with few taps per output (stems: 3 channels, 3x3) by the same rows kernel (``ROWS_MAX_TAPS``);
+  channel shuffle composite read in place, no shuffled copy; any other conv reading one: the shuffled copy,
+  then its own plan, ``_shuffled_conv``), and dense convs with few taps per output (stems: 3 channels, 3x3)
+  by the same rows kernel (``ROWS_MAX_TAPS``);
 * 1x1 stride-1 unpadded convs of one image: the weights as an (M, C) matrix times the input read in place
   as (C, H*W) (grouped: one batched product per group), then the compiled epilogue (bias and activation in
   one pass); or, on the shapes ``gemm.takes`` (group 1), ``gemm.c``: the weights packed once, the bias,
@@ -58,6 +59,7 @@ import numpy as np
 
 from . import compiled, gemm, plans_norm, plans_ops, prepared, winograd
 from .conv import _geometry, _tup, fast_path
+from .depthwise import channel_shuffle
 from .plan_support import F32, address, block, computed, in_use
 
 Planner = Callable[..., Optional[Callable[..., Any]]]
@@ -100,10 +102,28 @@ def plan(op: str, kernel: Callable[..., Any], attrs: Mapping[str, Any], inputs: 
         return None  # table kernel reports a bad one at the run) leaves the step to the table kernel
 
 
+def _shuffled_conv(kernel, attrs, inputs, shape, dtype):
+    """A plan for a conv that is not depthwise reading ShuffleNet's shuffle (``input_shuffle``, ShuffleNetV2's
+    last 1x1 conv): the shuffled copy the table kernel makes first (``channel_shuffle``), then the plain
+    conv's plan; or None (a depthwise conv reads the shuffle in place: ``_conv``)."""
+    g, x_spec = attrs["input_shuffle"], computed(inputs[0]) if inputs else None
+    if type(g) is not int or g < 2 or x_spec is None or len(x_spec[0]) != 4 or x_spec[0][1] % g:
+        return None
+    group = attrs.get("group", 1)
+    if x_spec[0][1] // group <= 1 and group != 1:
+        return None
+    inner = _conv(kernel, {k: v for k, v in attrs.items() if k != "input_shuffle"}, inputs, shape, dtype)
+    return None if inner is None else lambda x, *rest: inner(channel_shuffle(x, g), *rest)
+
+
 def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False, res: bool = False):
     """A plan for a float32 2-D conv with constant weights (and bias), or None.  ``scaled``: the conv of
     ``scale_fold`` reading (x, s, w[, b]) for conv(x * s, w[, b]), s (1, C, 1, 1) computed.  ``res``: the 1x1
     conv of ``residual_fold`` reading (x, w, b, r) for act(conv(x, w, b) + r), r computed."""
+    shuffled = _shuffled_conv(kernel, attrs, inputs, shape, dtype) \
+        if attrs.get("input_shuffle", 1) != 1 and not (scaled or res) else None
+    if shuffled is not None:
+        return shuffled
     sshape = None
     if res:  # the residual last, after the bias (None when absent)
         if len(inputs) != 4 + scaled or computed(inputs[-1]) != (shape, F32):

@@ -82,6 +82,13 @@ def slice_(data, starts_input=None, ends_input=None, axes_input=None, steps=None
            axes=None):
     """ONNX Slice; opset-1 attributes ``starts``/``ends``/``axes`` are accepted too (no steps)."""
     x = np.asarray(data)
+    return x[slice_index(x.shape, starts_input, ends_input, axes_input, steps, starts=starts, ends=ends, axes=axes)]
+
+
+def slice_index(xshape, starts_input=None, ends_input=None, axes_input=None, steps=None, *, starts=None,
+                ends=None, axes=None) -> tuple:
+    """The numpy index of ONNX Slice (``slice_``'s arguments) on an input of shape ``xshape``."""
+    ndim = len(xshape)
     st = ints(_one_way("slice", "starts", starts_input, starts), "slice", "starts")
     en = ints(_one_way("slice", "ends", ends_input, ends), "slice", "ends")
     ax_raw = _one_way("slice", "axes", axes_input, axes)
@@ -89,15 +96,15 @@ def slice_(data, starts_input=None, ends_input=None, axes_input=None, steps=None
     sp = [1] * len(st) if steps is None else ints(steps, "slice", "steps")
     if not len(st) == len(en) == len(ax) == len(sp):
         raise bad("slice", "starts, ends, axes and steps must have the same length")
-    index = [slice(None)] * x.ndim
+    index = [slice(None)] * ndim
     for s, e, a, p in zip(st, en, ax, sp):
         if p == 0:
             raise bad("slice", "steps must not be 0")
-        a = norm_axis(a, x.ndim, "slice")
-        dim = x.shape[a]
+        a = norm_axis(a, ndim, "slice")
+        dim = xshape[a]
         # python slicing clamps like ONNX, except that huge negative ends with negative steps mean "to the front"
         index[a] = slice(s, None if (p < 0 and e < -dim) else e, p)
-    return x[tuple(index)]
+    return tuple(index)
 
 
 @register("gather")
