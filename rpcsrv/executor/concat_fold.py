@@ -69,6 +69,7 @@ class Into:
             def owner_into(*args, **kattrs):
                 return write(np.empty(final, dtype)[index], args, kattrs)
 
+            owner_into.inner = fn
             return owner_into
 
         def into_concat(*args, **kattrs):
@@ -77,6 +78,7 @@ class Into:
                 return fn(*args[:-1], **kattrs)  # not the owner's view (it returned its own result): no fold
             return write(buf[index], args[:-1], kattrs)
 
+        into_concat.inner = fn
         return into_concat
 
 
