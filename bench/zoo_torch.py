@@ -157,13 +157,13 @@ def _nets():
 
 
 def export(name: str) -> Path:
-    """The ONNX file of model ``name`` (exported once, then cached)."""
-    import torch
-
+    """The ONNX file of model ``name`` (exported once, then cached: a cached file needs no torch)."""
     folder = Path(os.environ.get("RPCSRV_TORCH_ZOO") or Path(tempfile.gettempdir()) / "rpcsrv-torch-zoo")
     path = folder / f"{name}.onnx"
     if path.exists():
         return path
+    import torch
+
     folder.mkdir(parents=True, exist_ok=True)
     cls, shape = _nets()[name]
     torch.manual_seed(0)
