@@ -187,3 +187,65 @@ def test_two_threads_at_once(tmp_path):
     for t in threads:
         t.join()
     assert not bad
+
+
+TEXT = """block
+  input 0 1 2 3 3
+  relu 1 inputs: 0 shape: 1 2 3 3
+  sigmoid 2 inputs: 0 shape: 1 2 3 3
+  tanh 3 inputs: 0 shape: 1 2 3 3
+  concat 4 inputs: 1 0 2 1 3 shape: 1 10 3 3 attrs: {"axis": 1}
+  output 4
+"""
+
+
+def _text_run(kernels=None):
+    from rpcsrv.executor import ExampleJSONRuntime
+    from rpcsrv.executor.examplejson import STEP_HOOK
+
+    mod = ExampleJSONRuntime(TEXT, kernels)
+    x = RNG.standard_normal((1, 2, 3, 3)).astype("float32")
+    out = np.full((1, 10, 3, 3), np.nan, np.float32)
+    seen = {}
+    token = STEP_HOOK.set(lambda g, node, value, s: seen.__setitem__(node.id, value))
+    try:
+        mod.get_function("block")(x, out)
+    finally:
+        STEP_HOOK.reset(token)
+    return mod, x, out, seen
+
+
+def test_inputs_read_twice_and_graph_inputs_are_copied_in():
+    mod, x, out, seen = _text_run()
+    r = np.maximum(x, 0)
+    np.testing.assert_allclose(out, np.concatenate([r, x, 1 / (1 + np.exp(-x)), r, np.tanh(x)], axis=1),
+                               rtol=1e-6, atol=1e-6)
+    assert sorted(mod.functions["block"]._into) == [2, 3]  # the relu is read twice: copied in, as the input
+    assert seen[2].base is seen[4] and seen[3].base is seen[4] and seen[1].base is not seen[4]
+
+
+def test_a_producer_that_breaks_its_declaration_is_still_reported():
+    from rpcsrv.executor import ExecutorError
+    from rpcsrv.executor.kernels import KERNELS
+
+    bad = dict(KERNELS, tanh=lambda x: np.tanh(x)[:, :1])
+    with pytest.raises(ExecutorError, match="kernel produced float32 \\[1, 1, 3, 3\\]"):
+        _text_run(bad)
+
+
+def test_without_the_compiled_kernels_every_producer_copies_into_its_slice(tmp_path, monkeypatch):
+    from rpcsrv.executor.kernels import compiled
+
+    monkeypatch.setenv("RPCSRV_COMPILED_KERNELS", "0")
+    compiled.reset()
+    PLANS.clear()
+    try:
+        model, branches = block_model(s=32)
+        on, off, want, seen = _run_both(model, tmp_path)
+    finally:
+        monkeypatch.delenv("RPCSRV_COMPILED_KERNELS")
+        compiled.reset()
+    np.testing.assert_allclose(on[0], want[0], rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(on[0], off[0])
+    assert _views_of_the_concat(seen) == branches
+    assert PLANS and not any(into for _, into in PLANS)  # the table kernels: no out=
