@@ -1,11 +1,11 @@
 """Paired A/B of ``concat_fold`` (producers written into their Concat's buffer) on whole model runs.
 
 Each model is compiled once and loaded twice in one process, with the fold on and off
-(``concat_fold.SWITCH``); the two run alternately, one BLAS thread, and the medians are compared (other
-processes load the CPU: interleaving keeps them out of the ratio).  Also checks that both give the same
-outputs (bit for bit, both run with one thread).
+(``concat_fold.SWITCH``); the two run alternately, one BLAS thread (``--threads``), and the medians are
+compared (other processes load the CPU: interleaving keeps them out of the ratio).  Also checks that both
+give the same outputs (bit for bit, both run with the same threads: one is deterministic).
 
-    python bench/concat_fold_ab.py [--models squeezenet,inception_v1,/tmp/x/model.onnx] [--repeat 40]
+    python bench/concat_fold_ab.py [--models squeezenet,inception_v1,/tmp/x/model.onnx] [--repeat 40] [--threads 1]
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="squeezenet,torch_squeezenet11,inception_v1,inception_v2,densenet121")
     ap.add_argument("--repeat", type=int, default=40)
+    ap.add_argument("--threads", type=int, default=1, help="BLAS threads per run")
     args = ap.parse_args(argv)
     print("| model | fold off ms | fold on ms | on / off | outputs equal |\n|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
@@ -60,7 +61,7 @@ def main(argv=None) -> int:
             concat_fold.SWITCH["on"] = True
             on, ex_on = engine(lib, feeds)
             times = {off: [], on: []}
-            with compute.fixed_threads(1), threadpool_limits(limits=1, user_api="blas"):
+            with compute.fixed_threads(args.threads), threadpool_limits(limits=args.threads, user_api="blas"):
                 off()
                 on()
                 same = all(np.array_equal(g, w) for g, w in zip(outputs(ex_on), outputs(ex_off)))
