@@ -87,11 +87,11 @@ def _key(node: Node) -> tuple:
                                             sort_keys=True)
 
 
-def fold_concats(graph: Subgraph, ops: list[Node], concat: Callable) -> tuple[list[Node], dict[int, Into],
-                                                                               dict[int, Callable]]:
+def fold_concats(graph: Subgraph, ops: list[Node], concat: Callable, claimed=frozenset()) -> \
+        tuple[list[Node], dict[int, Into], dict[int, Callable]]:
     """``ops`` with the later producers of each foldable Concat reading the owner's output as one more input;
     the producers' :class:`Into` by node ID; the Concats' kernels by node ID (``concat``: the table's kernel,
-    the fallback)."""
+    the fallback).  ``claimed``: IDs of Concats another rewrite gives its own kernel (left alone)."""
     if not SWITCH["on"]:
         return ops, {}, {}
     readers: dict[int, int] = {}
@@ -106,7 +106,7 @@ def fold_concats(graph: Subgraph, ops: list[Node], concat: Callable) -> tuple[li
     intos: dict[int, Into] = {}
     kernels: dict[int, Callable] = {}
     for cat in ops:
-        if cat.op != "concat" or cat.id in in_chain or set(cat.attrs) - {"axis"} or cat.id not in place:
+        if cat.op != "concat" or cat.id in in_chain or cat.id in claimed or set(cat.attrs) - {"axis"}:
             continue
         ax = _axis(cat)
         if ax is None:

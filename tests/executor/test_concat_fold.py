@@ -89,7 +89,7 @@ def _run_both(model, tmp_path):
     """(fold on, fold off) outputs of the compiled model, onnxruntime's, and the Concat's views seen by the hook.
     Also checks each folded producer's kernel: ``Into.wrap``'s around a plan or the table kernel."""
     from rpcsrv.client import compile_onnx
-    from rpcsrv.executor import concat_fold
+    from rpcsrv.executor import compute, concat_fold
     from rpcsrv.executor.examplejson import STEP_HOOK
 
     need_module("onnxruntime")
@@ -103,16 +103,19 @@ def _run_both(model, tmp_path):
             if node.id in fn._into:
                 PLANS.add((kernel.inner.__name__, getattr(kernel.inner, "into", False)))
     seen = {}
-    token = STEP_HOOK.set(lambda g, node, value, s: seen.__setitem__(node.id, (node.op, value)))
-    try:
-        on = run_compiled(compiled, feed, tmp_path, "on.blob")
-    finally:
-        STEP_HOOK.reset(token)
-    concat_fold.SWITCH["on"] = False
-    try:
-        off = run_compiled(compiled, feed, tmp_path, "off.blob")
-    finally:
-        concat_fold.SWITCH["on"] = True
+    # one BLAS thread for both, as the policy may pick otherwise per run: gemm.c's and OpenBLAS's products
+    # differ in the last bit, and the two runs are compared bit for bit
+    with compute.fixed_threads(1):
+        token = STEP_HOOK.set(lambda g, node, value, s: seen.__setitem__(node.id, (node.op, value)))
+        try:
+            on = run_compiled(compiled, feed, tmp_path, "on.blob")
+        finally:
+            STEP_HOOK.reset(token)
+        concat_fold.SWITCH["on"] = False
+        try:
+            off = run_compiled(compiled, feed, tmp_path, "off.blob")
+        finally:
+            concat_fold.SWITCH["on"] = True
     return on, off, reference(model, feed), seen
 
 
