@@ -16,6 +16,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from .concat_chain import chain_kernels
+from .concat_fold import fold_concats
 from .examplejson_text import RUNTIME_ATTRS, ExampleJSONError, Kernel, Node, Subgraph, parse_examplejson
 from .runtime import STEP_HOOK, ExecutorError, RuntimeModule  # (STEP_HOOK: re-exported for the benches)
 from .residual_fold import fold_residuals
@@ -56,6 +57,12 @@ class SubgraphFunction:
         folded.update(residuals)
         # ShuffleNetV2's Concat + channel shuffle: one step writing the shuffled tensor (see shuffle_fold)
         ops, shuffles = fold_shuffles(graph, ops, kernels)
+        # a Concat's producers write into its buffer (see concat_fold); the later ones read the owner's view
+        into_kernels: dict = {}
+        if "concat" in kernels:
+            ops, self._into, into_kernels = fold_concats(graph, ops, kernels["concat"])
+        else:
+            self._into = {}
         # ops that share op, inputs and attrs (the outputs of one multi-output op) run once per call
         kernel_attrs = [{k: v for k, v in node.attrs.items() if k not in RUNTIME_ATTRS} for node in ops]
         keys = [(node.op, node.inputs, json.dumps(kattrs, sort_keys=True))
@@ -76,15 +83,21 @@ class SubgraphFunction:
         in_place = chain_kernels(graph, kernels["concat"]) if "concat" in kernels else {}
         in_place.update(folded)
         in_place.update(shuffles)
+        in_place.update(into_kernels)
+        self._raw: dict[int, Kernel] = {}  # folded producers' kernels before ``Into.wrap``
         self.steps = []
         for k, (node, key, kattrs) in enumerate(zip(ops, keys, kernel_attrs)):
             shared = keys.count(key) > 1
-            self.steps.append((node, in_place.get(node.id, kernels[node.op]), kattrs, key if shared else None,
+            kernel = in_place.get(node.id, kernels[node.op])
+            if node.id in self._into:
+                self._raw[node.id], kernel = kernel, self._into[node.id].wrap(kernel)
+            self.steps.append((node, kernel, kattrs, key if shared else None,
                                last_of_key[key] == k, node.attrs.get("output_index", 0),
                                tuple(drops.get(k, ()))))
         self._table_steps = list(self.steps)  # the kernels of the table, before any plan (``prepare``)
         # kernels of the table, and the folded convs (planned as ``scaled_conv``); not the concat chains
         self._plannable = {node.id for node in ops if node.id not in in_place or node.id in folded}
+        self._plannable -= set(into_kernels)
 
     def prepare(self) -> None:
         """Derive what kernels cache from the constants bound so far (``kernels.load_time``), so the
@@ -105,11 +118,15 @@ class SubgraphFunction:
         node, kernel, kattrs, key, last_of_key, index, drops = step
         if key is not None or index != 0 or node.id not in self._plannable:
             return step
+        into = self._into.get(node.id)
+        kernel, declared = (self._raw[node.id], into.node) if into is not None else (kernel, node)
         nodes = self.graph.nodes
         inputs = [self.constants[i] if i in self.constants else (nodes[i].shape, nodes[i].dtype) if i in nodes
-                  else None for i in node.inputs]
+                  else None for i in declared.inputs]
         fn = plan(getattr(kernel, "plan_as", node.op), kernel, kattrs, inputs, node.shape, node.dtype)
-        return step if fn is None else (node, fn, {}, key, last_of_key, index, drops)
+        if fn is None:
+            return step
+        return (node, fn if into is None else into.wrap(fn), {}, key, last_of_key, index, drops)
 
     def __call__(self, *args: Any) -> None:
         g, n_in, n_out = self.graph, len(self.inputs), len(self.outputs)

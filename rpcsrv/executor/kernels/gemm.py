@@ -89,10 +89,10 @@ def planned(lib: ctypes.CDLL, wmat: np.ndarray, bptr: Optional[int], shape: tupl
     fparams, fptr = block(ctypes.c_float, (lo, hi))
     fn, one_thread = lib.rpcsrv_gemm_block, _one_thread()
 
-    def tiled(x: np.ndarray, s: Optional[np.ndarray] = None, r: Optional[np.ndarray] = None):
+    def tiled(x: np.ndarray, s: Optional[np.ndarray] = None, r: Optional[np.ndarray] = None, out=None):
         if not one_thread():
             return None
-        y = np.empty(shape, F32)
+        y = np.empty(shape, F32) if out is None else out  # out: C-contiguous, ``shape``'s size (concat_fold)
         if fn(address(x), 0 if s is None else address(s), 0 if r is None else address(r), address(y), pptr, fptr):
             raise MemoryError("1x1 conv: the compiled GEMM could not allocate its packing buffer")
         return y

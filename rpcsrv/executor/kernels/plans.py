@@ -47,6 +47,8 @@ Planned (float32, 2-D, compiled kernels in use, the activation one the C code ap
 * LayerNormalization over the last axis (``plans_norm``: one C pass per row, ``norm.c``).
 
 Every other step, or any step on a board without the compiled kernels, runs its table kernel as before.
+Plans marked ``fn.into`` (pointwise, Winograd, rows, im2col, pools) take ``out=``, a C-contiguous array of the node's
+shape to write into and return (``concat_fold``: a slice of a Concat's buffer); their fallbacks ignore it.
 """
 
 from __future__ import annotations
@@ -186,14 +188,14 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False, res: bool =
         code, ready = (act, lo, hi), in_use(lib)
         run = winograd.compiled_winograd4 if four else winograd.compiled_winograd
 
-        def winograd_conv(x, w_in, b_in=None):
+        def winograd_conv(x, w_in, b_in=None, out=None):
             y = None
             if w_in is w and b_in is b and type(x) is np.ndarray and x.shape == xshape and x.dtype == F32 \
                     and ready():
-                y = run(x, u, bias, begin, end, code, lib, flip)
+                y = run(x, u, bias, begin, end, code, lib, flip, out)
             return general(x, w_in, b_in) if y is None else y
 
-        winograd_conv.keep = (u, bias)
+        winograd_conv.keep, winograd_conv.into = (u, bias), True
         return winograd_conv
     elif depthwise or (group == 1 and w.shape[2:] != (1, 1) and c * w.shape[2] * w.shape[3] <= ROWS_MAX_TAPS):
         # depthwise (any channel multiplier), or a dense conv of few input channels (a stem): the C rows kernel
@@ -208,16 +210,17 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False, res: bool =
         fparams, fptr = block(ctypes.c_float, (lo, hi))
         fn, ready = lib.rpcsrv_chan_block if chan else lib.rpcsrv_rows_block, in_use(lib)
 
-        def rows(x, w_in, b_in=None):
+        def rows(x, w_in, b_in=None, out=None):
             if w_in is not w or b_in is not b or type(x) is not np.ndarray or x.shape != xshape \
                     or x.dtype != F32 or not x.flags.c_contiguous or not ready():
                 return general(x, w_in, b_in)
-            y = np.empty(shape, F32)
+            y = np.empty(shape, F32) if out is None else out
             if fn(address(x), address(y), pptr, fptr) != 0:
                 raise MemoryError("depthwise conv: the compiled kernel could not allocate its scratch plane")
             return y
 
         rows.keep = (wc, bias, params, fparams)  # what the pointers point into lives as long as the plan
+        rows.into = True
         return rows
     if (group == 1 or not scaled) and n == 1 and w.shape[2:] == (1, 1) and strides == (1, 1) \
             and begin == (0, 0) and out == (h, wd):
@@ -265,13 +268,17 @@ def _conv(kernel, attrs, inputs, shape, dtype, scaled: bool = False, res: bool =
             residual_pointwise.keep = (wmat, bias, params, fparams, tiled)
             return residual_pointwise
         if not scaled:
-            def pointwise(x, w_in, b_in=None):
+            yview = (m, q) if group == 1 else (group, m // group, q)
+
+            def pointwise(x, w_in, b_in=None, out=None):
                 if not ready(x, w_in, b_in):
                     return general(x, w_in, b_in)
-                y = tiled and tiled(x)
-                return finish(np.matmul(wmat, x.reshape(xview))) if y is None else y.reshape(shape)
+                y = tiled and tiled(x, out=out)
+                if y is None:
+                    y = finish(np.matmul(wmat, x.reshape(xview), out=None if out is None else out.reshape(yview)))
+                return y.reshape(shape) if out is None else out
 
-            pointwise.keep = (wmat, bias, params, fparams, tiled)
+            pointwise.keep, pointwise.into = (wmat, bias, params, fparams, tiled), True
             return pointwise
         # the scale goes where it multiplies fewer values: the weights' M*C, or the input's C*H*W (the
         # small late maps of MobileNetV3/EfficientNet: 960 -> 160 at 7x7 scales 47k inputs, not 154k weights)
@@ -326,15 +333,15 @@ def _im2col_chunks(general, w, b, bptr, xshape, shape, strides, dilations, begin
     tiled = gemm.banded(lib, wmat, bptr, oh * ow, act, lo, hi)
     fused, geometry = fused_pays(w.shape[2] * w.shape[3]), bands[0][2]  # (the rows kernel ignores r0, r1)
 
-    def im2col_chunks(x, w_in, b_in=None):
+    def im2col_chunks(x, w_in, b_in=None, out=None):
         if w_in is not w or b_in is not b or type(x) is not np.ndarray or x.shape != xshape or x.dtype != F32 \
                 or not x.flags.c_contiguous or not lib_ready():
             return general(x, w_in, b_in)
-        y = np.empty((m, oh * ow), F32)
+        y = np.empty((m, oh * ow), F32) if out is None else out.reshape(m, oh * ow)
         xa, ya, on = address(x), address(y), tiled is not None and tiled.on()
         if on and fused and gemm.SWITCH["fused"]:
             tiled.whole(xa, ya, geometry)
-            return y.reshape(shape)
+            return y.reshape(shape) if out is None else out
         cols = np.empty(k * min(oh, band) * ow, F32)
         ca = address(cols)
         for q0, q1, ptr in bands:
@@ -345,9 +352,9 @@ def _im2col_chunks(general, w, b, bptr, xshape, shape, strides, dilations, begin
                 np.matmul(wmat, cols[:k * (q1 - q0)].reshape(k, q1 - q0), out=y[:, q0:q1])
         if epilogue is not None and not on:
             epilogue(ya, pptr, fptr)
-        return y.reshape(shape)
+        return y.reshape(shape) if out is None else out
 
-    im2col_chunks.keep = (wmat, params, fparams, blocks, tiled)
+    im2col_chunks.keep, im2col_chunks.into = (wmat, params, fparams, blocks, tiled), True
     return im2col_chunks
 
 

@@ -48,17 +48,18 @@ def pool_plan(op, kernel, attrs, inputs, shape, dtype):
                                           *strides, *dilations, begin[0], begin[1], out[0], out[1]))
     fn, ready = lib.rpcsrv_pool_block, in_use(lib)
 
-    def pooled(x):
+    def pooled(x, out=None):
         if type(x) is not np.ndarray or x.shape != xshape or x.dtype != F32 or not x.flags.c_contiguous \
                 or not ready():
             return kernel(x, **attrs)
-        y = np.empty(shape, F32)
+        y = np.empty(shape, F32) if out is None else out
         if fn(address(x), address(y), pptr) != 0:
             raise MemoryError(f"{op}: the compiled kernel could not allocate its scratch plane")
         return y
 
     pooled.__name__ = op
     pooled.keep = (divisors, params)  # what the block points into lives as long as the plan
+    pooled.into = True  # ``out=``: a C-contiguous array of the output's shape to write into (concat_fold)
     return pooled
 
 

@@ -134,12 +134,13 @@ def winograd_conv(x: np.ndarray, w: np.ndarray, begin, end) -> np.ndarray:
 
 
 def compiled_winograd(x: np.ndarray, u: np.ndarray, bias, begin, end, act=(0, 0.0, 0.0), lib=None,
-                      flipped: bool = False):
+                      flipped: bool = False, out=None):
     """The conv with transformed weights ``u`` (16, M, C) by the compiled transforms (``winograd.c``), the
     bias (M,) float32 contiguous or None and the activation (``compiled._activation``'s code, low, high)
     in the output transform: a fresh (N, M, OH, OW) array, or None without the compiled kernels, for other
     dtypes or layouts, or negative pads (the numpy transforms then run).  ``flipped``: ``u`` is (16, C, M),
-    the products computed as V^T U^T (see :func:`flip_pays`)."""
+    the products computed as V^T U^T (see :func:`flip_pays`).  ``out``: a C-contiguous float32 array of the
+    output's shape to write into (then returned) instead of a fresh one."""
     lib = lib or compiled.library()
     if lib is None or x.dtype != np.float32 or x.ndim != 4 or min(begin) < 0 or min(end) < 0:
         return None
@@ -152,7 +153,7 @@ def compiled_winograd(x: np.ndarray, u: np.ndarray, bias, begin, end, act=(0, 0.
     if lib.rpcsrv_wino_in_f32(x.ctypes.data, v.ctypes.data, n, c, h, wd, begin[0], begin[1], th, tw):
         raise MemoryError("winograd: the compiled input transform could not allocate its plane")
     prod = _products(u, v, m, flipped)
-    y = np.empty((n, m, oh, ow), np.float32)
+    y = np.empty((n, m, oh, ow), np.float32) if out is None else out  # out: C-contiguous (concat_fold)
     if lib.rpcsrv_wino_out_f32(prod.ctypes.data, y.ctypes.data, None if bias is None else bias.ctypes.data,
                                n, m, th, tw, oh, ow, *act):
         raise MemoryError("winograd: the compiled output transform could not allocate its rows")
@@ -196,7 +197,7 @@ def transformed_weights4(w: np.ndarray) -> np.ndarray:
 
 
 def compiled_winograd4(x: np.ndarray, u: np.ndarray, bias, begin, end, act=(0, 0.0, 0.0), lib=None,
-                       flipped: bool = False):
+                       flipped: bool = False, out=None):
     """As :func:`compiled_winograd`, by F(4x4, 3x3) with ``u`` from :func:`transformed_weights4`."""
     lib = lib or compiled.library()
     if lib is None or x.dtype != np.float32 or x.ndim != 4 or min(begin) < 0 or min(end) < 0:
@@ -210,7 +211,7 @@ def compiled_winograd4(x: np.ndarray, u: np.ndarray, bias, begin, end, act=(0, 0
         raise MemoryError("winograd: the compiled input transform could not allocate its planes")
     m = u.shape[2 if flipped else 1]
     prod = _products(u, v, m, flipped)
-    y = np.empty((n, m, oh, ow), np.float32)
+    y = np.empty((n, m, oh, ow), np.float32) if out is None else out  # out: C-contiguous (concat_fold)
     if lib.rpcsrv_wino4_out_f32(prod.ctypes.data, y.ctypes.data, None if bias is None else bias.ctypes.data,
                                 n, m, th, tw, oh, ow, *act):
         raise MemoryError("winograd: the compiled output transform could not allocate its rows")
