@@ -73,15 +73,35 @@ def _sigmoid_runs(lib) -> None:
     np.testing.assert_allclose(y, 1 / (1 + np.exp(-x.astype(np.float64))), rtol=1e-5, atol=1e-6)
 
 
+def _variant() -> tuple[str, str]:
+    """(variant, file) the prebuilt of this machine should be: x86-64-v3 where the CPU has its features."""
+    for name, _, needs in kbuild.VARIANTS.get(_host_target(), ()):
+        if needs <= set(compiled._cpu_features().decode().partition(":")[2].split()):
+            return name, kbuild.variant_name(name)
+    return "generic -O3", kbuild.LIBRARY
+
+
 def test_without_a_compiler_the_prebuilt_for_this_machine_is_used_and_reported(board):
-    target = _host_target()
+    target, (variant, file) = _host_target(), _variant()
     report = compiled.report()
     assert report["in_use"], report
-    assert report["origin"] == f"prebuilt for {target}, generic -O3"
-    assert report["library"] == str(board / target / "libkernels.so")
-    assert report["summary"].startswith(f"compiled kernels in use (prebuilt for {target}, generic -O3: ")
+    assert report["origin"] == f"prebuilt for {target}, {variant}"
+    assert report["library"] == str(board / target / file)
+    assert report["summary"].startswith(f"compiled kernels in use (prebuilt for {target}, {variant}: ")
     _sigmoid_runs(compiled.library())
     assert not compiled.cache_dir().exists(), "nothing was built or cached"
+
+
+def test_a_cpu_without_the_variants_features_takes_the_generic_prebuilt(board, monkeypatch):
+    target = _host_target()
+    if not kbuild.VARIANTS.get(target):
+        pytest.skip(f"no variant for {target}")
+    monkeypatch.setattr(compiled, "_cpu_features", lambda: b"flags\t\t: fpu sse sse2 ssse3 sse4_1 sse4_2 avx\n")
+    report = compiled.report()
+    assert report["origin"] == f"prebuilt for {target}, generic -O3", report
+    assert report["library"] == str(board / target / kbuild.LIBRARY)
+    _sigmoid_runs(compiled.library())
+    assert any("the CPU lacks avx2 bmi1 bmi2 f16c fma movbe" in why for _, _, why in compiled.prebuilt())
 
 
 def test_a_stale_or_foreign_prebuilt_is_passed_over_for_numpy(board, tmp_path, monkeypatch):
@@ -96,8 +116,8 @@ def test_a_stale_or_foreign_prebuilt_is_passed_over_for_numpy(board, tmp_path, m
     monkeypatch.setattr(compiled, "PREBUILT", stale)
     report = compiled.report()
     assert not report["in_use"] and report["summary"].startswith("numpy fallback (no compiled kernels: no C compiler")
-    assert f"{target}: built from other sources (stale)" in report["reason"], report["reason"]
-    assert "arm-linux-gnueabihf: other machine" in report["reason"], report["reason"]
+    assert f"{target}, generic -O3: built from other sources (stale)" in report["reason"], report["reason"]
+    assert "arm-linux-gnueabihf, generic -O3: other machine" in report["reason"], report["reason"]
 
 
 def test_the_boards_compiler_and_the_explicit_library_come_before_the_prebuilt(board, monkeypatch):

@@ -82,10 +82,12 @@ def _cpu_features() -> bytes:
 
 # --- where the library comes from (issue 27: prebuilt in the wheel) -------------------------------------
 def prebuilt() -> list[tuple[str, Path, str]]:
-    """The wheel's prebuilt libraries: (target, path, why not usable here or "" when it is)."""
+    """The wheel's prebuilt libraries: ("<target>, <variant>", path, why not usable here or "" when it is),
+    a target's variants (``kbuild.VARIANTS``) before its generic library."""
     from ...loader.machine import board, machine_of
 
     found, digest = [], None
+    cpu = set(_cpu_features().decode(errors="replace").partition(":")[2].split())
     for path in sorted(PREBUILT.glob(f"*/{kbuild.LIBRARY}")):
         target = path.parent.name
         try:
@@ -96,8 +98,13 @@ def prebuilt() -> list[tuple[str, Path, str]]:
             found.append((target, path, f"unreadable ({exc})"))
             continue
         digest = digest or kbuild.source_hash()
-        found.append((target, path, "" if fits and stamp == digest else
-                      "other machine" if not fits else "built from other sources (stale)"))
+        why = "other machine" if not fits else "built from other sources (stale)" if stamp != digest else ""
+        for name, _, needs in kbuild.VARIANTS.get(target, ()):
+            variant = path.with_name(kbuild.variant_name(name))
+            if variant.is_file():
+                found.append((f"{target}, {name}", variant, why or (
+                    f"the CPU lacks {' '.join(sorted(needs - cpu))}" if needs - cpu else "")))
+        found.append((f"{target}, generic {' '.join(kbuild.GENERIC[0])}", path, why))
     return found
 
 
@@ -129,7 +136,7 @@ def _build() -> Path:
     found = prebuilt()
     for name, path, why in found:
         if not why:
-            _state["origin"] = f"prebuilt for {name}, generic {' '.join(kbuild.GENERIC[0])}"
+            _state["origin"] = f"prebuilt for {name}"
             return path
     tried.append("prebuilt in the package: " + (", ".join(f"{n}: {w}" for n, _, w in found) or "none"))
     raise OSError("; ".join(tried))

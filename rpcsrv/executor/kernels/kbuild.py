@@ -8,6 +8,7 @@ One place for the sources and the compile command, used three ways:
 * at wheel-build time by ``setup.py``, for every compiler ``rpcsrv/native/shimbuild.py`` found (the build
   machine's cc and the cross compilers): portable flags only (:data:`GENERIC`, the compiler's defaults for
   its target: armv7 hard-float without NEON), into ``prebuilt/<target>/libkernels.so`` beside this file,
+  (and :data:`VARIANTS`: x86_64's x86-64-v3 beside it, taken on CPUs that have its features)
   with ``libkernels.sha256``, the hash of the sources it was built from (:func:`source_hash`; ``compiled.py``
   passes over a prebuilt of other sources, e.g. a stale one in a checkout);
 * by hand, for a board nothing fits: ``python rpcsrv/executor/kernels/kbuild.py OUT --cc <cross gcc>``, then on
@@ -37,6 +38,17 @@ LIBRARY, STAMP = "libkernels.so", "libkernels.sha256"
 NATIVE = (("-O3", "-march=native"), ("-O3", "-mcpu=native"), ("-O3",))
 #: a prebuilt for every board of the compiler's target: no CPU tuning beyond the target's defaults
 GENERIC = (("-O3",),)
+#: target -> (name, flags, CPU flags of /proc/cpuinfo it needs): a second prebuilt beside the generic one,
+#: taken where the CPU has those features.  x86_64's baseline is SSE2 (4 floats, no FMA): there gemm.c's 1x1
+#: convs ran 2x slower than OpenBLAS (mobilenetv2: 17.6 against 8.5 ms) while x86-64-v3 (AVX2, FMA; Haswell
+#: and later) matched -march=native (7.1 against 6.6 ms); docs/executor.md, "Compiled kernels".
+VARIANTS = {"x86_64-linux-gnu": (("x86-64-v3", ("-O3", "-march=x86-64-v3"),
+                                  frozenset({"avx", "avx2", "fma", "bmi1", "bmi2", "f16c", "movbe"})),)}
+
+
+def variant_name(name: str) -> str:
+    """The file of a variant: ``libkernels-<name>.so``."""
+    return f"{LIBRARY[:-3]}-{name}.so"
 
 
 class BuildError(OSError):
@@ -79,8 +91,11 @@ def build_prebuilt(dest: Path, compilers: dict[str, str], log=print) -> dict[str
     digest = source_hash()
     for target, cc in compilers.items():
         flags = compile_kernels(cc, dest / target / LIBRARY, GENERIC)
+        for name, variant, _ in VARIANTS.get(target, ()):
+            compile_kernels(cc, dest / target / variant_name(name), (variant,))
         (dest / target / STAMP).write_text(digest + "\n")
-        log(f"rpcsrv kbuild: built {LIBRARY} for {target} with {cc} {' '.join(flags)}")
+        also = "".join(f", {variant_name(n)} ({' '.join(f)})" for n, f, _ in VARIANTS.get(target, ()))
+        log(f"rpcsrv kbuild: built {LIBRARY} ({' '.join(flags)}){also} for {target} with {cc}")
     return compilers
 
 
