@@ -26,6 +26,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -86,16 +87,19 @@ def compile_kernels(cc: str, out: Path, ladder=NATIVE) -> tuple[str, ...]:
 
 
 def build_prebuilt(dest: Path, compilers: dict[str, str], log=print) -> dict[str, str]:
-    """The generic library for each ``{target: compiler}`` (shimbuild's ``build_prebuilt`` result, or
-    ``target_of`` per compiler), into ``dest/<target>/`` with its stamp.  Returns the same dict."""
+    """The generic library (and the target's :data:`VARIANTS`) for each ``{target: compiler}`` (shimbuild's
+    ``build_prebuilt`` result), into ``dest/<target>/`` with its stamp; the compilers run side by side (one
+    per core: they are most of the wheel build's time).  Returns ``compilers``."""
     digest = source_hash()
+    jobs = [(cc, dest / target / LIBRARY, GENERIC) for target, cc in compilers.items()]
+    jobs += [(cc, dest / target / variant_name(name), (flags,)) for target, cc in compilers.items()
+             for name, flags, _ in VARIANTS.get(target, ())]
+    with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
+        list(pool.map(lambda job: compile_kernels(*job), jobs))  # (the first BuildError is raised here)
     for target, cc in compilers.items():
-        flags = compile_kernels(cc, dest / target / LIBRARY, GENERIC)
-        for name, variant, _ in VARIANTS.get(target, ()):
-            compile_kernels(cc, dest / target / variant_name(name), (variant,))
         (dest / target / STAMP).write_text(digest + "\n")
         also = "".join(f", {variant_name(n)} ({' '.join(f)})" for n, f, _ in VARIANTS.get(target, ()))
-        log(f"rpcsrv kbuild: built {LIBRARY} ({' '.join(flags)}){also} for {target} with {cc}")
+        log(f"rpcsrv kbuild: built {LIBRARY} ({' '.join(GENERIC[0])}){also} for {target} with {cc}")
     return compilers
 
 
