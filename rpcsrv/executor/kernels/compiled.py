@@ -1,4 +1,5 @@
-"""Compiled kernels: ``dwconv.c`` built with the board's C compiler at first use, cached, loaded by ctypes.
+"""Compiled kernels: this folder's C files built with the board's C compiler at first use (cached), or
+prebuilt in the wheel for boards without one, loaded by ctypes.
 
 (``dwconv.c`` also has the stem convolution and the pools on its phase planes; ``dwchan.c``: depthwise convs
 VW channels side by side; ``pools.c``: max and average pools by rows; ``epilogue.c``: a GEMM conv's (or
