@@ -80,7 +80,7 @@ def test_the_wheel_holds_a_kernels_library_per_compiler_built_from_its_sources(b
         assert kernels == shims and shims, (sorted(kernels), sorted(shims))
         sources = sorted(n for n in names if n.startswith(kdir) and n.count("/") == 3 and n.endswith(".c"))
         headers = sorted(n for n in names if n.startswith(kdir) and n.count("/") == 3 and n.endswith(".h"))
-        assert len(sources) >= 10 and f"{kdir}gemm.c" in sources and headers == [f"{kdir}vec.h"], sources + headers
+        assert len(sources) >= 10 and f"{kdir}gemm.c" in sources and f"{kdir}vec.h" in headers, sources + headers
         digest = hashlib.sha256(b"".join(z.read(n) for n in sources + headers)).hexdigest()
         for target in kernels:
             assert z.read(f"{kdir}prebuilt/{target}/libkernels.sha256").decode().strip() == digest, target
