@@ -13,6 +13,12 @@ A missing cross compiler only leaves its machine out (the board then compiles at
 what to do); ``RPCSRV_PREBUILT_REQUIRE=1`` makes it an error (release and CI builds).  Editable
 installs build nothing: the shim is compiled at first use there.  The C sources ship in the wheel and
 the sdist (package data).
+
+Executor kernels (docs/executor.md, "Compiled kernels"): the same compilers also build
+``rpcsrv/executor/kernels/kbuild.py``'s library, generic -O3 (no CPU tuning: it must run on every board of
+its target), into ``rpcsrv/executor/kernels/prebuilt/<target>/`` with the hash of its sources; boards
+without a compiler take it instead of the numpy kernels.  ``RPCSRV_PREBUILT_REQUIRE=1`` covers them too
+(they are built for exactly the targets the shims are).
 """
 
 import importlib.util
@@ -27,17 +33,28 @@ from setuptools.command.build_py import build_py
 HERE = Path(__file__).resolve().parent
 
 
+def _load(name: str, path: str):
+    """A standard-library-only build module of the package, by path (the build has nothing else)."""
+    spec = importlib.util.spec_from_file_location(name, HERE / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 class BuildWithShims(build_py):
     def run(self):
         super().run()
         if getattr(self, "editable_mode", False):
             return
-        spec = importlib.util.spec_from_file_location("_rpcsrv_shimbuild", HERE / "rpcsrv/native/shimbuild.py")
-        shimbuild = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(shimbuild)
+        shimbuild = _load("_rpcsrv_shimbuild", "rpcsrv/native/shimbuild.py")
+        kbuild = _load("_rpcsrv_kbuild", "rpcsrv/executor/kernels/kbuild.py")
         dest = Path(self.build_lib) / "rpcsrv" / "native" / "prebuilt"
-        shutil.rmtree(dest, ignore_errors=True)  # an earlier build's shims may be stale (pip builds in-tree)
-        built = shimbuild.build_prebuilt(dest, log=lambda m: print(m, file=sys.stderr))
+        kernels = Path(self.build_lib) / "rpcsrv" / "executor" / "kernels" / "prebuilt"
+        for old in (dest, kernels):  # an earlier build's libraries may be stale (pip builds in-tree)
+            shutil.rmtree(old, ignore_errors=True)
+        log = lambda m: print(m, file=sys.stderr)  # noqa: E731
+        built = shimbuild.build_prebuilt(dest, log=log)
+        kbuild.build_prebuilt(kernels, built, log=log)  # the same compilers and targets
         if os.environ.get("RPCSRV_PREBUILT_REQUIRE") == "1" and len(built) < len(shimbuild.COMPILERS):
             raise SystemExit(f"RPCSRV_PREBUILT_REQUIRE=1: prebuilt shims for {sorted(built)} only; "
                              f"needs {', '.join(shimbuild.COMPILERS)} on PATH")

@@ -65,6 +65,39 @@ def test_the_prebuilt_shims_load_on_old_glibc_boards(built_wheel, tmp_path):
             assert versions and max(versions) <= (2, 17), f"{name} needs {sorted(needed)}"
 
 
+def test_the_wheel_holds_a_kernels_library_per_compiler_built_from_its_sources(built_wheel, tmp_path):
+    """Issue 27: the executor kernels prebuilt (generic, plus x86_64's x86-64-v3) for exactly the targets the
+    shims are, each the machine of that target's shim, with the hash of the wheel's own kernel sources."""
+    import hashlib
+
+    from rpcsrv.loader.machine import machine_of
+
+    with zipfile.ZipFile(built_wheel) as z:
+        names = z.namelist()
+        kdir, ndir = "rpcsrv/executor/kernels/", "rpcsrv/native/prebuilt/"
+        shims = {n.split("/")[3] for n in names if n.startswith(ndir) and n.endswith("/libshim.so")}
+        kernels = {n.split("/")[4] for n in names if n.startswith(kdir + "prebuilt/") and n.endswith("/libkernels.so")}
+        assert kernels == shims and shims, (sorted(kernels), sorted(shims))
+        sources = sorted(n for n in names if n.startswith(kdir) and n.count("/") == 3 and n.endswith(".c"))
+        headers = sorted(n for n in names if n.startswith(kdir) and n.count("/") == 3 and n.endswith(".h"))
+        assert len(sources) >= 10 and f"{kdir}gemm.c" in sources and f"{kdir}vec.h" in headers, sources + headers
+        digest = hashlib.sha256(b"".join(z.read(n) for n in sources + headers)).hexdigest()
+        for target in kernels:
+            assert z.read(f"{kdir}prebuilt/{target}/libkernels.sha256").decode().strip() == digest, target
+            files = [f"{kdir}prebuilt/{target}/libkernels.so", f"rpcsrv/native/prebuilt/{target}/libshim.so"]
+            if target == "x86_64-linux-gnu":
+                files.append(f"{kdir}prebuilt/{target}/libkernels-x86-64-v3.so")
+            for name in files:
+                (tmp_path / name.replace("/", "_")).write_bytes(z.read(name))
+            machines = set()
+            for name in files:
+                with open(tmp_path / name.replace("/", "_"), "rb") as f:
+                    machines.add(str(machine_of(f)))
+            assert len(machines) == 1, (target, machines)
+    if os.environ.get("RPCSRV_PREBUILT_REQUIRE") == "1":
+        assert kernels == {"x86_64-linux-gnu", "aarch64-linux-gnu", "arm-linux-gnueabihf"} or not _x86_64()
+
+
 def _x86_64() -> bool:
     import platform
 
@@ -138,7 +171,8 @@ def test_a_relax_vm_executable_runs_on_the_installed_board(installed_server, tmp
     np.testing.assert_allclose(out, reference(x), rtol=1e-4, atol=1e-4)
 
 
-def test_rpcsrv_check_on_the_installed_board_finds_the_prebuilt_shim(board_venv):
+def test_rpcsrv_check_on_the_installed_board_finds_the_prebuilt_shim_and_kernels(board_venv):
+    """No compiler, an empty cache: the shim and the executor kernels (issue 27) come prebuilt from the wheel."""
     done = board_venv.run(board_venv.bin("rpcsrv"), "check", "--json", timeout=180)
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(done.stdout)
@@ -146,3 +180,10 @@ def test_rpcsrv_check_on_the_installed_board_finds_the_prebuilt_shim(board_venv)
     assert native["compiler"] is None
     assert "prebuilt for" in native["shim"], native
     assert report["smoke"]["native"]["ok"] and report["smoke"]["examplejson"]["ok"], report["smoke"]
+    kernels = report["sections"]["kernels"]
+    assert kernels["in_use"] and kernels["origin"].startswith("prebuilt for "), kernels
+    assert kernels["summary"].startswith("compiled kernels in use (prebuilt for "), kernels
+    assert "/site-packages/rpcsrv/executor/kernels/prebuilt/" in kernels["library"], kernels
+    if _x86_64():
+        assert kernels["origin"].startswith("prebuilt for x86_64-linux-gnu, "), kernels
+    assert not (board_venv.home / "cache").exists() or not any((board_venv.home / "cache").glob("libkernels*"))

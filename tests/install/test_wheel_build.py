@@ -1,5 +1,5 @@
 """Building the distribution where only the host's compiler exists (issue 24): ``pip install .`` on a
-machine with gcc but no cross compilers still works and prebuilds only the host's shim (the other
+machine with gcc but no cross compilers still works and prebuilds only the host's shim and executor kernels (the other
 machines compile at first use); ``RPCSRV_PREBUILT_REQUIRE=1`` turns the missing ones into an error;
 and the sdist carries the C sources."""
 
@@ -48,7 +48,10 @@ def test_pip_wheel_with_the_host_compiler_only_prebuilds_the_host_shim(source, h
     (wheel,) = tmp_path.glob("*.whl")
     prebuilt = sorted(n for n in zipfile.ZipFile(wheel).namelist() if "/prebuilt/" in n)
     host = subprocess.run(["gcc", "-dumpmachine"], capture_output=True, text=True).stdout.strip()
-    assert prebuilt == [f"rpcsrv/native/prebuilt/{host}/libcheck.so", f"rpcsrv/native/prebuilt/{host}/libshim.so"]
+    kernels = [f"rpcsrv/executor/kernels/prebuilt/{host}/{name}" for name in ("libkernels-x86-64-v3.so",
+               "libkernels.sha256", "libkernels.so") if host == "x86_64-linux-gnu" or "v3" not in name]
+    shims = [f"rpcsrv/native/prebuilt/{host}/libcheck.so", f"rpcsrv/native/prebuilt/{host}/libshim.so"]
+    assert prebuilt == kernels + shims
 
 
 def test_prebuilt_require_fails_the_build_without_the_cross_compilers(source, host_only_path, tmp_path):

@@ -112,7 +112,7 @@ def test_compiled_reads_views_and_shuffles(c_kernels):
 def test_turned_off_by_the_environment(monkeypatch):
     monkeypatch.setenv("RPCSRV_COMPILED_KERNELS", "0")
     assert compiled.status() == {"in_use": False, "reason": "turned off by RPCSRV_COMPILED_KERNELS=0",
-                                 "library": None}
+                                 "library": None, "origin": None}
     calls = []
     real = depthwise.depthwise_conv
     monkeypatch.setattr("rpcsrv.executor.kernels.conv.depthwise_conv",
@@ -155,7 +155,9 @@ def test_built_once_and_cached(monkeypatch, tmp_path):
         assert first["in_use"] and first["library"].startswith(str(tmp_path)), first
         compiled.reset()
         monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no compiler now: the cached build serves
-        assert compiled.status() == first
+        again = compiled.status()
+        assert first.pop("origin").startswith("built with ") and again.pop("origin").startswith("built for this CPU")
+        assert again == first
     finally:
         compiled.reset()
 
@@ -173,7 +175,7 @@ def test_prebuilt_library(monkeypatch, tmp_path):
         monkeypatch.setenv("RPCSRV_CACHE_DIR", str(tmp_path / "empty-cache"))
         monkeypatch.setenv("RPCSRV_KERNELS_LIB", built)
         compiled.reset()
-        assert compiled.status() == {"in_use": True, "library": built,
+        assert compiled.status() == {"in_use": True, "library": built, "origin": "RPCSRV_KERNELS_LIB",
                                      "reason": "compiled kernels in use (depthwise convolution, sigmoid, swish, "
                                                "conv epilogue, stem convolution, max and average pooling, "
                                                "winograd transforms)"}

@@ -1,4 +1,5 @@
-"""Compiled kernels: ``dwconv.c`` built with the board's C compiler at first use, cached, loaded by ctypes.
+"""Compiled kernels: this folder's C files built with the board's C compiler at first use (cached), or
+prebuilt in the wheel for boards without one, loaded by ctypes.
 
 (``dwconv.c`` also has the stem convolution and the pools on its phase planes; ``dwchan.c``: depthwise convs
 VW channels side by side; ``pools.c``: max and average pools by rows; ``epilogue.c``: a GEMM conv's (or
@@ -15,15 +16,17 @@ against ~1.5 ms; a plain C loop the compiler vectorises closes most of it (see d
 Depthwise networks are what boards run, and a C compiler is what the native layer already asks of a
 board (its shim is built the same way).
 
-Where the library comes from, first found wins:
+Where the library comes from, first found wins (``kbuild.py`` builds it; docs/executor.md, "Compiled kernels"):
 
-1. ``RPCSRV_KERNELS_LIB=/path/libkernels.so``: prebuilt (boards without a compiler; build it elsewhere
-   with ``cc -O3 -shared -fPIC -o libkernels.so *.c -lm`` in
-   ``rpcsrv/executor/kernels``);
+1. ``RPCSRV_KERNELS_LIB=/path/libkernels.so``: this one (built elsewhere, e.g. with
+   ``python rpcsrv/executor/kernels/kbuild.py OUT --cc <cross gcc>``);
 2. the cache ``$RPCSRV_CACHE_DIR`` (default ``~/.cache/rpcsrv``), keyed by the sources' hash, the
    machine and the CPU's features (a compiler removed after the build leaves the cached library in use);
 3. built now with ``$RPCSRV_CC``, ``$CC``, ``cc``, ``gcc`` or ``clang`` (-O3 with ``-march=native``
-   where the compiler takes it, else plain -O3): about 0.3 s, once per board.
+   where the compiler takes it, else plain -O3): about 0.3 s, once per board;
+4. prebuilt in the wheel, ``prebuilt/<target>/libkernels.so`` (x86_64, aarch64, armv7 hard-float: generic
+   -O3, for boards without a compiler), if its ELF machine is this board's (``rpcsrv.loader.machine``, as
+   the native shim is chosen) and its stamp matches the sources' hash (a stale one is passed over).
 
 ``RPCSRV_COMPILED_KERNELS=0`` turns them off (the numpy kernels run).  Without a library every kernel
 runs on numpy, as before; :func:`status` says which and why (``rpcsrv check`` reports it).
@@ -37,18 +40,16 @@ import os
 import platform
 import shutil
 import subprocess
-import tempfile
 import threading
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("dwconv.c", "dwchan.c", "pools.c", "sigmoid.c",
-                                                            "epilogue.c", "winograd.c", "winograd4.c", "im2col.c",
-                                                            "norm.c", "gemm.c"))
-#: included by the sources (hashed with them: a change rebuilds)
-HEADERS = (Path(__file__).with_name("vec.h"),)
+from . import kbuild
+
+SOURCES, HEADERS = kbuild.SOURCES, kbuild.HEADERS  # every C file of this folder; vec.h (hashed with them)
+PREBUILT = Path(__file__).with_name("prebuilt")
 ENV_SWITCH = "RPCSRV_COMPILED_KERNELS"
 _lock = threading.Lock()
 _state: dict = {}  # "lib": the loaded library or None, "reason": why not, "path": where from
@@ -80,38 +81,67 @@ def _cpu_features() -> bytes:
         return b""
 
 
+# --- where the library comes from (issue 27: prebuilt in the wheel) -------------------------------------
+def prebuilt() -> list[tuple[str, Path, str]]:
+    """The wheel's prebuilt libraries: ("<target>, <variant>", path, why not usable here or "" when it is),
+    a target's variants (``kbuild.VARIANTS``) before its generic library."""
+    from ...loader.machine import board, machine_of
+
+    found, digest = [], None
+    cpu = set(_cpu_features().decode(errors="replace").partition(":")[2].split())
+    for path in sorted(PREBUILT.glob(f"*/{kbuild.LIBRARY}")):
+        target = path.parent.name
+        try:
+            with open(path, "rb") as f:
+                fits = board().runs(machine_of(f))
+            stamp = (path.parent / kbuild.STAMP).read_text().strip()
+        except (OSError, ValueError, RuntimeError) as exc:
+            found.append((target, path, f"unreadable ({exc})"))
+            continue
+        digest = digest or kbuild.source_hash()
+        why = "other machine" if not fits else "built from other sources (stale)" if stamp != digest else ""
+        for name, _, needs in kbuild.VARIANTS.get(target, ()):
+            variant = path.with_name(kbuild.variant_name(name))
+            if variant.is_file():
+                found.append((f"{target}, {name}", variant, why or (
+                    f"the CPU lacks {' '.join(sorted(needs - cpu))}" if needs - cpu else "")))
+        found.append((f"{target}, generic {' '.join(kbuild.GENERIC[0])}", path, why))
+    return found
+
+
 def _build() -> Path:
-    prebuilt = os.environ.get("RPCSRV_KERNELS_LIB")
-    if prebuilt:
-        if not os.path.isfile(prebuilt):
-            raise OSError(f"RPCSRV_KERNELS_LIB={prebuilt} does not exist")
-        return Path(prebuilt)
-    cc = compiler()
-    source = b"".join(path.read_bytes() for path in SOURCES + HEADERS)
+    """The library's path, first found of the four (the module docstring); sets ``_state["origin"]``."""
+    explicit = os.environ.get("RPCSRV_KERNELS_LIB")
+    if explicit:
+        if not os.path.isfile(explicit):
+            raise OSError(f"RPCSRV_KERNELS_LIB={explicit} does not exist")
+        _state["origin"] = "RPCSRV_KERNELS_LIB"
+        return Path(explicit)
     # not the compiler (a cached build serves without one); the CPU's features, since -march=native builds
     # for them (a cache dir shared by boards of one architecture but other CPUs)
-    key = hashlib.sha256(source + platform.machine().encode() + _cpu_features()).hexdigest()[:16]
+    key = hashlib.sha256(kbuild.source_bytes() + platform.machine().encode() + _cpu_features()).hexdigest()[:16]
     target = cache_dir() / f"libkernels-{key}.so"
     if target.is_file():
+        _state["origin"] = f"built for this CPU, cached in {target.parent}"
         return target
+    cc, tried = compiler(), []
     if cc is None:
-        raise OSError("no C compiler (set RPCSRV_CC or CC, or RPCSRV_KERNELS_LIB to a prebuilt library)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    try:
-        err = ""
-        for flags in (["-O3", "-march=native"], ["-O3", "-mcpu=native"], ["-O3"]):  # -mcpu: older ARM gcc
-            proc = subprocess.run([cc, *flags, "-shared", "-fPIC", "-o", tmp, *map(str, SOURCES), "-lm"],
-                                  capture_output=True, text=True, timeout=120)
-            if proc.returncode == 0:
-                os.replace(tmp, target)
-                return target
-            err = proc.stderr.strip()[-300:]
-        raise OSError(f"building {', '.join(p.name for p in SOURCES)} with {cc} failed: {err}")
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        tried.append("no C compiler (set RPCSRV_CC or CC, or RPCSRV_KERNELS_LIB to a prebuilt library)")
+    else:
+        try:
+            flags = kbuild.compile_kernels(cc, target)
+            _state["origin"] = f"built with {cc} {' '.join(flags)}, cached in {target.parent}"
+            return target
+        except OSError as exc:  # the compiler failed, or no cache to build into (a read-only home)
+            tried.append(str(exc))
+    found = prebuilt()
+    for name, path, why in found:
+        if not why:
+            _state["origin"] = f"prebuilt for {name}"
+            return path
+    tried.append("prebuilt in the package: " + (", ".join(f"{n}: {w}" for n, _, w in found) or "none"))
+    raise OSError("; ".join(tried))
+# --- end of where the library comes from ------------------------------------------------------------------
 
 
 def library() -> Optional[ctypes.CDLL]:
@@ -198,22 +228,23 @@ def library() -> Optional[ctypes.CDLL]:
 
 def status() -> dict:
     """Whether the compiled kernels are in use, and why not: ``{"in_use": bool, "reason": str,
-    "library": path or None}`` (builds them if need be, as the first depthwise conv would)."""
+    "library": path or None, "origin": how it was found (RPCSRV_KERNELS_LIB, cached or built for this CPU,
+    prebuilt for a target) or None}`` (builds them if need be, as the first depthwise conv would)."""
     if not enabled():
         return {"in_use": False, "reason": f"turned off by {ENV_SWITCH}={os.environ.get(ENV_SWITCH)}",
-                "library": None}
+                "library": None, "origin": None}
     lib = library()
     return {"in_use": lib is not None, "reason": _state.get("reason", "") if lib is None else
             "compiled kernels in use (depthwise convolution, sigmoid, swish, conv epilogue, "
             "stem convolution, max and average pooling, winograd transforms)",
-            "library": _state.get("path")}
+            "library": _state.get("path"), "origin": _state.get("origin") if lib is not None else None}
 
 
 def report() -> dict:
     """The ``kernels`` section of ``rpcsrv check``: never a failure (numpy is the fallback every board
     has), but it says which path the board takes and why."""
     s = status()
-    summary = (f"compiled kernels in use ({s['library']})" if s["in_use"]
+    summary = (f"compiled kernels in use ({s['origin']}: {s['library']})" if s["in_use"]
                else f"numpy fallback (no compiled kernels: {s['reason']})")
     return {"ok": True, "required": False, "summary": summary, **s}
 
