@@ -23,9 +23,9 @@ Where the library comes from, first found wins (``kbuild.py`` builds it; docs/ex
 2. the cache ``$RPCSRV_CACHE_DIR`` (default ``~/.cache/rpcsrv``), keyed by the sources' hash, the
    machine and the CPU's features (a compiler removed after the build leaves the cached library in use);
 3. built now with ``$RPCSRV_CC``, ``$CC``, ``cc``, ``gcc`` or ``clang`` (-O3 with ``-march=native``
-   where the compiler takes it, else plain -O3): about 0.3 s, once per board;
-4. prebuilt in the wheel, ``prebuilt/<target>/libkernels.so`` (x86_64, aarch64, armv7 hard-float: generic
-   -O3, for boards without a compiler), if its ELF machine is this board's (``rpcsrv.loader.machine``, as
+   where the compiler takes it, else plain -O3): 3-5 s on this 2-core x86_64, once per board and sources;
+4. prebuilt in the wheel, ``prebuilt/<target>/libkernels.so`` (x86_64 generic and x86-64-v3, aarch64, armv7
+   hard-float: -O3, for boards without a compiler), if its ELF machine is this board's (``rpcsrv.loader.machine``, as
    the native shim is chosen) and its stamp matches the sources' hash (a stale one is passed over).
 
 ``RPCSRV_COMPILED_KERNELS=0`` turns them off (the numpy kernels run).  Without a library every kernel
