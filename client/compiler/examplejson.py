@@ -76,7 +76,7 @@ def _fusable(first: Node, second: Node, uses: dict) -> bool:
 def _fused_activation(kernel: str, act: Node, ops: frozenset, graph: Graph) -> tuple | None:
     """(kernel name, attrs or None) of ``act`` fused into ``kernel``: Relu; Clip with constant scalar bounds
     (ReLU6 of mobile networks, as ``clip`` with ``min``/``max``); HardSwish; Swish (SiLU, from
-    ``simplify.fuse_swish``).  None: not fusable."""
+    ``fuse.fuse_swish``).  None: not fusable."""
     if kernel not in OPS or "activation" not in OPS[kernel].attrs:
         return None
     name = {"Relu": "relu", "Clip": "clip", "HardSwish": "hard_swish", "Swish": "swish"}.get(act.op_type)
