@@ -55,6 +55,48 @@ _lock = threading.Lock()
 _state: dict = {}  # "lib": the loaded library or None, "reason": why not, "path": where from
 
 
+# the C functions' signatures, declared once: name -> (return type, argument types).  _P a pointer, _L a long,
+# _I an int, _F a float; _ACT the fused activation's code and bounds
+_P, _L, _I, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
+_ACT = [_I, _F, _F]
+_CONV = [_P] * 4 + [_L] * 15 + _ACT  # x, w, bias, y; n, c, h, w, ..., oh, ow; act, lo, hi
+SIGNATURES: dict = {
+    "rpcsrv_dwconv2d_f32": (_I, _CONV + [_L]),  # + the input shuffle (1: none)
+    "rpcsrv_conv2d_rows_f32": (_I, _CONV),
+    "rpcsrv_dwconv2d_chan_f32": (_I, _CONV + [_L]),
+    **{name: (_I, [_P] * 2 + [_L] * 14) for name in ("rpcsrv_maxpool2d_f32", "rpcsrv_maxpool_rows_f32")},
+    **{name: (_I, [_P] * 3 + [_L] * 14)
+       for name in ("rpcsrv_avgpool2d_f32", "rpcsrv_avgpool_rows_f32", "rpcsrv_pool_chan_f32")},
+    **{name: (_I, [_P] * 2 + [_L] * 8) for name in ("rpcsrv_wino_in_f32", "rpcsrv_wino4_in_f32")},
+    **{name: (_I, [_P] * 3 + [_L] * 6 + _ACT) for name in ("rpcsrv_wino_out_f32", "rpcsrv_wino4_out_f32")},
+    "rpcsrv_im2col_f32": (None, [_P] * 3),
+    "rpcsrv_layernorm_f32": (None, [_P] * 4 + [_L] * 2 + [_F]),
+    "rpcsrv_add_act_f32": (None, [_P] * 4 + [_L] * 2 + _ACT),
+    "rpcsrv_rows_block": (_I, [_P] * 4),
+    "rpcsrv_chan_block": (_I, [_P] * 4),
+    "rpcsrv_pool_block": (_I, [_P] * 3),
+    "rpcsrv_bias_act_block": (None, [_P] * 3),
+    "rpcsrv_add_act_block": (None, [_P] * 5),
+    "rpcsrv_row_mean_f32": (None, [_P] * 2 + [_L] * 2),
+    "rpcsrv_softmax_f32": (None, [_P] * 2 + [_L] * 2),
+    "rpcsrv_col_bias_act_f32": (None, [_P] * 2 + [_L] * 2 + _ACT),
+    "rpcsrv_affine_clip_f32": (None, [_P] * 2 + [_L] + [_F] * 4),
+    "rpcsrv_sigmoid_f32": (None, [_P, _P, _L, _I]),
+    "rpcsrv_gelu_f32": (None, [_P, _P, _L]),
+    "rpcsrv_bias_act_f32": (None, [_P] * 2 + [_L] * 3 + _ACT),
+    "rpcsrv_gemm_mr": (_L, []),
+    "rpcsrv_gemm_nr": (_L, []),
+    "rpcsrv_gemm_pack_w": (None, [_P] * 2 + [_L] * 2),
+    "rpcsrv_gemm_pack_b": (None, [_P] * 2 + [_L] * 2),
+    "rpcsrv_gemm_f32": (_I, [_P] * 6 + [_L] * 3 + _ACT),
+    "rpcsrv_gemm_block": (_I, [_P] * 6),
+    "rpcsrv_matmul_f32": (_I, [_P] * 4 + [_L] * 3 + _ACT),
+    "rpcsrv_matmul_block": (_I, [_P] * 4),
+    "rpcsrv_gemm_band": (_I, [_P] * 2 + [_L] + [_P] * 2),  # (the im2col plan's bands)
+    "rpcsrv_gemm_conv": (_I, [_P] * 5),
+}
+
+
 def enabled() -> bool:
     """Whether the environment allows compiled kernels (``RPCSRV_COMPILED_KERNELS`` not 0/off/no/false)."""
     return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "off", "no", "false")
@@ -155,71 +197,9 @@ def library() -> Optional[ctypes.CDLL]:
             try:
                 path = _build()
                 lib = ctypes.CDLL(str(path))
-                for fn in (lib.rpcsrv_dwconv2d_f32, lib.rpcsrv_conv2d_rows_f32, lib.rpcsrv_dwconv2d_chan_f32):
-                    fn.restype = ctypes.c_int
-                    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 15 + [ctypes.c_int, ctypes.c_float,
-                                                                                   ctypes.c_float]
-                lib.rpcsrv_dwconv2d_f32.argtypes += [ctypes.c_long]  # the input shuffle (1: none)
-                lib.rpcsrv_dwconv2d_chan_f32.argtypes += [ctypes.c_long]
-                for fn in (lib.rpcsrv_maxpool2d_f32, lib.rpcsrv_maxpool_rows_f32):
-                    fn.restype = ctypes.c_int
-                    fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 14
-                for fn in (lib.rpcsrv_avgpool2d_f32, lib.rpcsrv_avgpool_rows_f32, lib.rpcsrv_pool_chan_f32):
-                    fn.restype = ctypes.c_int
-                    fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 14
-                lib.rpcsrv_wino_in_f32.restype = lib.rpcsrv_wino_out_f32.restype = ctypes.c_int
-                lib.rpcsrv_im2col_f32.restype = None
-                lib.rpcsrv_layernorm_f32.restype = None
-                lib.rpcsrv_layernorm_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 2 + [ctypes.c_float]
-                lib.rpcsrv_im2col_f32.argtypes = [ctypes.c_void_p] * 3
-                lib.rpcsrv_wino_in_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 8
-                lib.rpcsrv_wino_out_f32.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 6 + [
-                    ctypes.c_int, ctypes.c_float, ctypes.c_float]
-                lib.rpcsrv_wino4_in_f32.restype = lib.rpcsrv_wino4_out_f32.restype = ctypes.c_int
-                lib.rpcsrv_wino4_in_f32.argtypes = lib.rpcsrv_wino_in_f32.argtypes
-                lib.rpcsrv_wino4_out_f32.argtypes = lib.rpcsrv_wino_out_f32.argtypes
-                lib.rpcsrv_add_act_f32.restype = None
-                lib.rpcsrv_add_act_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 2 + [
-                    ctypes.c_int, ctypes.c_float, ctypes.c_float]
-                for fn in (lib.rpcsrv_rows_block, lib.rpcsrv_chan_block, lib.rpcsrv_pool_block):
-                    fn.restype = ctypes.c_int
-                    fn.argtypes = [ctypes.c_void_p] * (3 if fn is lib.rpcsrv_pool_block else 4)
-                lib.rpcsrv_bias_act_block.restype = lib.rpcsrv_add_act_block.restype = None
-                lib.rpcsrv_bias_act_block.argtypes = [ctypes.c_void_p] * 3
-                lib.rpcsrv_add_act_block.argtypes = [ctypes.c_void_p] * 5
-                lib.rpcsrv_row_mean_f32.restype = None
-                lib.rpcsrv_row_mean_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2
-                lib.rpcsrv_softmax_f32.restype = None
-                lib.rpcsrv_softmax_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2
-                lib.rpcsrv_col_bias_act_f32.restype = None
-                lib.rpcsrv_col_bias_act_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2 + [
-                    ctypes.c_int, ctypes.c_float, ctypes.c_float]
-                lib.rpcsrv_affine_clip_f32.restype = None
-                lib.rpcsrv_affine_clip_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] + [ctypes.c_float] * 4
-                lib.rpcsrv_sigmoid_f32.restype = lib.rpcsrv_gelu_f32.restype = None
-                lib.rpcsrv_gelu_f32.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]
-                lib.rpcsrv_sigmoid_f32.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
-                lib.rpcsrv_bias_act_f32.restype = None
-                lib.rpcsrv_gemm_mr.restype, lib.rpcsrv_gemm_mr.argtypes = ctypes.c_long, []
-                lib.rpcsrv_gemm_pack_w.restype = None
-                lib.rpcsrv_gemm_pack_w.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2
-                lib.rpcsrv_gemm_f32.restype = lib.rpcsrv_gemm_block.restype = ctypes.c_int
-                lib.rpcsrv_gemm_f32.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_long] * 3 + [
-                    ctypes.c_int, ctypes.c_float, ctypes.c_float]
-                lib.rpcsrv_gemm_block.argtypes = [ctypes.c_void_p] * 6
-                lib.rpcsrv_gemm_nr.restype, lib.rpcsrv_gemm_nr.argtypes = ctypes.c_long, []
-                lib.rpcsrv_gemm_pack_b.restype = None
-                lib.rpcsrv_gemm_pack_b.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2
-                lib.rpcsrv_matmul_f32.restype = lib.rpcsrv_matmul_block.restype = ctypes.c_int
-                lib.rpcsrv_matmul_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [
-                    ctypes.c_int, ctypes.c_float, ctypes.c_float]
-                lib.rpcsrv_matmul_block.argtypes = [ctypes.c_void_p] * 4
-                lib.rpcsrv_gemm_band.restype = ctypes.c_int  # (the im2col plan's bands)
-                lib.rpcsrv_gemm_band.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] + [ctypes.c_void_p] * 2
-                lib.rpcsrv_gemm_conv.restype = ctypes.c_int
-                lib.rpcsrv_gemm_conv.argtypes = [ctypes.c_void_p] * 5
-                lib.rpcsrv_bias_act_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 3 + [
-                    ctypes.c_int, ctypes.c_float, ctypes.c_float]
+                for name, (restype, argtypes) in SIGNATURES.items():
+                    fn = getattr(lib, name)
+                    fn.restype, fn.argtypes = restype, argtypes
                 _state.update(lib=lib, path=str(path), reason="")
             except (OSError, subprocess.SubprocessError, AttributeError) as exc:
                 _state.update(lib=None, path=None, reason=str(exc))
