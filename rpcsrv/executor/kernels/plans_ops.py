@@ -16,6 +16,25 @@ from .plan_support import F32, address, block, computed, in_use
 from .windows import resolve_pads, spatial_attr
 
 
+def one_pass(name, kernel, attrs, xshape, shape, lib, c_name, *args):
+    """The planned function of a float32 op of one computed input of ``xshape`` whose compiled kernel
+    ``lib.<c_name>`` writes a new array of ``shape`` in one call, ``(x, y, *args)`` (GlobalAveragePool,
+    Softmax, Sigmoid, Gelu, HardSigmoid): any other input, or a library no longer in use, runs the table
+    ``kernel``."""
+    fn, ready = getattr(lib, c_name), in_use(lib)
+
+    def planned(x):
+        if type(x) is not np.ndarray or x.shape != xshape or x.dtype != F32 or not x.flags.c_contiguous \
+                or not ready():
+            return kernel(x, **attrs)
+        y = np.empty(shape, F32)
+        fn(address(x), address(y), *args)
+        return y
+
+    planned.__name__ = planned.__qualname__ = name
+    return planned
+
+
 def pool_plan(op, kernel, attrs, inputs, shape, dtype):
     """A plan for a float32 2-D MaxPool (without its indices output) or AveragePool (``pools.c``'s rows or
     ``dwconv.c``'s phase planes, ``rpcsrv_pool_block`` picks; the average's divisors from
@@ -127,17 +146,7 @@ def global_average_pool_plan(kernel, attrs, inputs, shape, dtype):
         return None
     xshape = x_spec[0]
     rows, q = xshape[0] * xshape[1], xshape[2] * xshape[3]
-    fn, ready = lib.rpcsrv_row_mean_f32, in_use(lib)
-
-    def global_average_pool(x):
-        if type(x) is not np.ndarray or x.shape != xshape or x.dtype != F32 or not x.flags.c_contiguous \
-                or not ready():
-            return kernel(x)
-        y = np.empty(shape, F32)
-        fn(address(x), address(y), rows, q)
-        return y
-
-    return global_average_pool
+    return one_pass("global_average_pool", kernel, attrs, xshape, shape, lib, "rpcsrv_row_mean_f32", rows, q)
 
 
 def reduce_mean_plan(kernel, attrs, inputs, shape, dtype):
@@ -230,17 +239,7 @@ def softmax_plan(kernel, attrs, inputs, shape, dtype):
         return None
     n = shape[-1]
     rows = math.prod(shape) // n
-    fn, ready = lib.rpcsrv_softmax_f32, in_use(lib)
-
-    def softmax(x):
-        if type(x) is not np.ndarray or x.shape != shape or x.dtype != F32 or not x.flags.c_contiguous \
-                or not ready():
-            return kernel(x, **attrs)
-        y = np.empty(shape, F32)
-        fn(address(x), address(y), rows, n)
-        return y
-
-    return softmax
+    return one_pass("softmax", kernel, attrs, shape, shape, lib, "rpcsrv_softmax_f32", rows, n)
 
 
 def sigmoid_plan(kernel, attrs, inputs, shape, dtype):
@@ -252,18 +251,7 @@ def sigmoid_plan(kernel, attrs, inputs, shape, dtype):
     lib = compiled.library()
     if lib is None:
         return None
-    count = math.prod(shape)
-    fn, ready = lib.rpcsrv_sigmoid_f32, in_use(lib)
-
-    def sigmoid(x):
-        if type(x) is not np.ndarray or x.shape != shape or x.dtype != F32 or not x.flags.c_contiguous \
-                or not ready():
-            return kernel(x)
-        y = np.empty(shape, F32)
-        fn(address(x), address(y), count, 0)
-        return y
-
-    return sigmoid
+    return one_pass("sigmoid", kernel, attrs, shape, shape, lib, "rpcsrv_sigmoid_f32", math.prod(shape), 0)
 
 
 def gelu_plan(kernel, attrs, inputs, shape, dtype):
@@ -275,18 +263,7 @@ def gelu_plan(kernel, attrs, inputs, shape, dtype):
     lib = compiled.library()
     if lib is None:
         return None
-    count = math.prod(shape)
-    fn, ready = lib.rpcsrv_gelu_f32, in_use(lib)
-
-    def gelu(x):
-        if type(x) is not np.ndarray or x.shape != shape or x.dtype != F32 or not x.flags.c_contiguous \
-                or not ready():
-            return kernel(x, **attrs)
-        y = np.empty(shape, F32)
-        fn(address(x), address(y), count)
-        return y
-
-    return gelu
+    return one_pass("gelu", kernel, attrs, shape, shape, lib, "rpcsrv_gelu_f32", math.prod(shape))
 
 
 def hard_sigmoid_plan(kernel, attrs, inputs, shape, dtype):
@@ -297,18 +274,9 @@ def hard_sigmoid_plan(kernel, attrs, inputs, shape, dtype):
     lib = compiled.library()
     if lib is None:
         return None
-    count, alpha, beta = math.prod(shape), float(attrs.get("alpha", 0.2)), float(attrs.get("beta", 0.5))
-    fn, ready = lib.rpcsrv_affine_clip_f32, in_use(lib)
-
-    def hard_sigmoid(x):
-        if type(x) is not np.ndarray or x.shape != shape or x.dtype != F32 or not x.flags.c_contiguous \
-                or not ready():
-            return kernel(x, **attrs)
-        y = np.empty(shape, F32)
-        fn(address(x), address(y), count, alpha, beta, 0.0, 1.0)
-        return y
-
-    return hard_sigmoid
+    alpha, beta = float(attrs.get("alpha", 0.2)), float(attrs.get("beta", 0.5))
+    return one_pass("hard_sigmoid", kernel, attrs, shape, shape, lib, "rpcsrv_affine_clip_f32", math.prod(shape),
+                    alpha, beta, 0.0, 1.0)
 
 
 def view_plan(kernel, attrs, inputs, shape, dtype):
