@@ -141,21 +141,33 @@ def compiled_winograd(x: np.ndarray, u: np.ndarray, bias, begin, end, act=(0, 0.
     dtypes or layouts, or negative pads (the numpy transforms then run).  ``flipped``: ``u`` is (16, C, M),
     the products computed as V^T U^T (see :func:`flip_pays`).  ``out``: a C-contiguous float32 array of the
     output's shape to write into (then returned) instead of a fresh one."""
+    return _compiled(2, x, u, bias, begin, end, act, lib, flipped, out)
+
+
+#: per output tile size: the points of the transformed tile, the compiled input and output transforms
+_TRANSFORMS = {2: (16, "rpcsrv_wino_in_f32", "rpcsrv_wino_out_f32", "plane"),
+               4: (36, "rpcsrv_wino4_in_f32", "rpcsrv_wino4_out_f32", "planes")}
+
+
+def _compiled(size: int, x, u, bias, begin, end, act, lib, flipped: bool, out):
+    """F(size x size, 3x3) by the compiled transforms (``winograd.c``, ``winograd4.c``): see
+    :func:`compiled_winograd`."""
     lib = lib or compiled.library()
     if lib is None or x.dtype != np.float32 or x.ndim != 4 or min(begin) < 0 or min(end) < 0:
         return None
+    points, transform_in, transform_out, planes = _TRANSFORMS[size]
     x = np.ascontiguousarray(x)
     n, c, h, wd = x.shape
     oh, ow = h + begin[0] + end[0] - 2, wd + begin[1] + end[1] - 2
-    th, tw = (oh + 1) // 2, (ow + 1) // 2
+    th, tw = (oh + size - 1) // size, (ow + size - 1) // size
+    v = np.empty((points, c, n * th * tw), np.float32)
+    if getattr(lib, transform_in)(x.ctypes.data, v.ctypes.data, n, c, h, wd, begin[0], begin[1], th, tw):
+        raise MemoryError(f"winograd: the compiled input transform could not allocate its {planes}")
     m = u.shape[2 if flipped else 1]
-    v = np.empty((16, c, n * th * tw), np.float32)
-    if lib.rpcsrv_wino_in_f32(x.ctypes.data, v.ctypes.data, n, c, h, wd, begin[0], begin[1], th, tw):
-        raise MemoryError("winograd: the compiled input transform could not allocate its plane")
     prod = _products(u, v, m, flipped)
     y = np.empty((n, m, oh, ow), np.float32) if out is None else out  # out: C-contiguous (concat_fold)
-    if lib.rpcsrv_wino_out_f32(prod.ctypes.data, y.ctypes.data, None if bias is None else bias.ctypes.data,
-                               n, m, th, tw, oh, ow, *act):
+    if getattr(lib, transform_out)(prod.ctypes.data, y.ctypes.data, None if bias is None else bias.ctypes.data,
+                                   n, m, th, tw, oh, ow, *act):
         raise MemoryError("winograd: the compiled output transform could not allocate its rows")
     return y
 
@@ -199,23 +211,7 @@ def transformed_weights4(w: np.ndarray) -> np.ndarray:
 def compiled_winograd4(x: np.ndarray, u: np.ndarray, bias, begin, end, act=(0, 0.0, 0.0), lib=None,
                        flipped: bool = False, out=None):
     """As :func:`compiled_winograd`, by F(4x4, 3x3) with ``u`` from :func:`transformed_weights4`."""
-    lib = lib or compiled.library()
-    if lib is None or x.dtype != np.float32 or x.ndim != 4 or min(begin) < 0 or min(end) < 0:
-        return None
-    x = np.ascontiguousarray(x)
-    n, c, h, wd = x.shape
-    oh, ow = h + begin[0] + end[0] - 2, wd + begin[1] + end[1] - 2
-    th, tw = (oh + 3) // 4, (ow + 3) // 4
-    v = np.empty((36, c, n * th * tw), np.float32)
-    if lib.rpcsrv_wino4_in_f32(x.ctypes.data, v.ctypes.data, n, c, h, wd, begin[0], begin[1], th, tw):
-        raise MemoryError("winograd: the compiled input transform could not allocate its planes")
-    m = u.shape[2 if flipped else 1]
-    prod = _products(u, v, m, flipped)
-    y = np.empty((n, m, oh, ow), np.float32) if out is None else out  # out: C-contiguous (concat_fold)
-    if lib.rpcsrv_wino4_out_f32(prod.ctypes.data, y.ctypes.data, None if bias is None else bias.ctypes.data,
-                                n, m, th, tw, oh, ow, *act):
-        raise MemoryError("winograd: the compiled output transform could not allocate its rows")
-    return y
+    return _compiled(4, x, u, bias, begin, end, act, lib, flipped, out)
 
 
 #: few tiles, few output channels and not few input channels: the batched products as V^T U^T (``u`` stored
