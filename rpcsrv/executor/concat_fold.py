@@ -30,7 +30,7 @@ from typing import Callable
 import numpy as np
 
 from .concat_chain import _axis, chains
-from .examplejson_text import RUNTIME_ATTRS, Node, Subgraph
+from .examplejson_text import Node, RUNTIME_ATTRS, Subgraph, input_counts
 
 #: ``SWITCH["on"] = False``: subgraph functions made after it keep their Concats as they are (paired benchmarks)
 SWITCH = {"on": True}
@@ -94,10 +94,7 @@ def fold_concats(graph: Subgraph, ops: list[Node], concat: Callable, claimed=fro
     the fallback).  ``claimed``: IDs of Concats another rewrite gives its own kernel (left alone)."""
     if not SWITCH["on"]:
         return ops, {}, {}
-    readers: dict[int, int] = {}
-    for node in ops:
-        for i in node.inputs:
-            readers[i] = readers.get(i, 0) + 1
+    readers = input_counts(ops)
     keys: dict[tuple, int] = {}
     for node in ops:
         keys[_key(node)] = keys.get(_key(node), 0) + 1

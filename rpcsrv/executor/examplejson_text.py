@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
@@ -80,6 +81,17 @@ class Subgraph:
     @property
     def ops(self) -> list[Node]:
         return [n for n in self.nodes.values() if n.kind == "op"]
+
+
+# -- what the rewrites before a run share (scale_fold, residual_fold, shuffle_fold, concat_fold)
+def input_counts(ops: list[Node]) -> Counter:
+    """Node ID -> how many inputs of ``ops`` read it (once per input position)."""
+    return Counter(i for node in ops for i in node.inputs)
+
+
+def rewritten(ops: list[Node], replaced: dict[int, Node], dropped: set[int]) -> list[Node]:
+    """``ops`` in order with the nodes of ``replaced`` swapped in by ID and those of ``dropped`` left out."""
+    return [replaced.get(n.id, n) for n in ops if n.id not in dropped]
 
 
 def _int(token: str, what: str, line: int, minimum: int = 0) -> int:

@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from .examplejson_text import Node, Subgraph
+from .examplejson_text import Node, Subgraph, input_counts, rewritten
 
 F32 = np.dtype(np.float32)
 _FUSED = ("activation", "activation_attrs")
@@ -60,10 +60,7 @@ def fold_residuals(graph: Subgraph, ops: list[Node], kernels, folded) -> tuple[l
 
     if "conv" not in kernels or compiled.library() is None:
         return ops, {}
-    readers: dict[int, int] = {}
-    for node in ops:
-        for i in node.inputs:
-            readers[i] = readers.get(i, 0) + 1
+    readers = input_counts(ops)
     outputs, by_id = set(graph.outputs), {node.id: node for node in ops}
     dropped, replaced, override = set(), {}, {}
     for node in ops:
@@ -86,4 +83,4 @@ def fold_residuals(graph: Subgraph, ops: list[Node], kernels, folded) -> tuple[l
                                                     attrs={**conv.attrs, **node.attrs})
             override[node.id] = residual(folded[ci] if scaled else kernels["conv"], apply_activation, scaled)
             break
-    return [replaced.get(n.id, n) for n in ops if n.id not in dropped], override
+    return rewritten(ops, replaced, dropped), override

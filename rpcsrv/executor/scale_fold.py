@@ -21,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-from .examplejson_text import Node, Subgraph
+from .examplejson_text import Node, Subgraph, input_counts, rewritten
 
 F32 = np.dtype(np.float32)
 
@@ -62,10 +62,7 @@ def fold_scales(graph: Subgraph, kernels) -> tuple[list[Node], dict[int, Callabl
     ops = list(graph.ops)
     if "conv" not in kernels:
         return ops, {}
-    readers: dict[int, int] = {}
-    for node in ops:
-        for i in node.inputs:
-            readers[i] = readers.get(i, 0) + 1
+    readers = input_counts(ops)
     outputs = set(graph.outputs)
     dropped, replaced, override = set(), {}, {}
     for node in ops:
@@ -78,4 +75,4 @@ def fold_scales(graph: Subgraph, kernels) -> tuple[list[Node], dict[int, Callabl
         dropped.add(src.id)
         replaced[node.id] = dataclasses.replace(node, inputs=operands + tuple(node.inputs[1:]))
         override[node.id] = scaled(kernels["conv"])
-    return [replaced.get(n.id, n) for n in ops if n.id not in dropped], override
+    return rewritten(ops, replaced, dropped), override

@@ -29,7 +29,7 @@ from typing import Callable
 
 import numpy as np
 
-from .examplejson_text import Node, Subgraph
+from .examplejson_text import Node, Subgraph, input_counts, rewritten
 
 #: the Slice inputs after the data: starts, ends, axes, steps
 _SLICE_PARAMS = 4
@@ -149,10 +149,7 @@ def fold_shuffles(graph: Subgraph, ops: list[Node], kernels) -> tuple[list[Node]
     ID), and the kernels by node ID of those nodes and of the constant-index Slices reading them."""
     if not {"concat", "reshape", "transpose", "slice"} <= set(kernels):
         return ops, {}
-    readers: dict[int, int] = {}
-    for node in ops:
-        for i in node.inputs:
-            readers[i] = readers.get(i, 0) + 1
+    readers = input_counts(ops)
     outputs, by_id = set(graph.outputs), {node.id: node for node in ops}
 
     def single(nid: int, op: str) -> Node | None:
@@ -177,4 +174,4 @@ def fold_shuffles(graph: Subgraph, ops: list[Node], kernels) -> tuple[list[Node]
                 and len(node.inputs) <= 1 + _SLICE_PARAMS and node.inputs[0] not in node.inputs[1:] and all(
                 i < 0 or graph.nodes[i].kind == "const" for i in node.inputs[1:]):
             override[node.id] = cached_slice(kernels["slice"])
-    return [replaced.get(n.id, n) for n in ops if n.id not in dropped], override
+    return rewritten(ops, replaced, dropped), override
