@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -60,17 +59,12 @@ def main(argv=None) -> int:
             off, ex_off = engine(lib, feeds)
             concat_fold.SWITCH["on"] = True
             on, ex_on = engine(lib, feeds)
-            times = {off: [], on: []}
             with compute.fixed_threads(args.threads), threadpool_limits(limits=args.threads, user_api="blas"):
                 off()
                 on()
                 same = all(np.array_equal(g, w) for g, w in zip(outputs(ex_on), outputs(ex_off)))
-                for k in range(args.repeat):
-                    for run in (off, on) if k % 2 else (on, off):  # ABBA: neither always runs second
-                        t = time.perf_counter()
-                        run()
-                        times[run].append(time.perf_counter() - t)
-            a, b = (float(np.median(times[r])) * 1e3 for r in (off, on))
+                m = zoo_bench.paired({"off": (None, off), "on": (None, on)}, args.repeat)
+            a, b = m["off"], m["on"]
             print(f"| {name} | {a:.2f} | {b:.2f} | {b / a:.3f} | {same} |", flush=True)
     return 0
 

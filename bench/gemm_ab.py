@@ -68,7 +68,9 @@ def shapes(reps_flops: float = 2e8) -> None:
               flush=True)
 
 
-def models(names: list[str], rounds: int) -> None:
+def models(names: list[str], rounds: int, key: str = "on") -> None:
+    """Whole runs of each model, ``gemm.SWITCH[key]`` on and off in turns (``zoo_bench.paired``), onnxruntime
+    after each pair."""
     from threadpoolctl import threadpool_limits
 
     from rpcsrv.executor import compute
@@ -81,25 +83,18 @@ def models(names: list[str], rounds: int) -> None:
             for name in names:
                 eng = zoo_bench.Engines(name, Path(tmp))
                 sess = eng.session(1)
-                times: dict = {True: [], False: [], "ort": []}
-                for r in range(rounds):
-                    for arm in (True, False) if r % 2 else (False, True):
-                        gemm.SWITCH["on"] = arm
-                        start = time.perf_counter()
-                        eng._run()
-                        times[arm].append(time.perf_counter() - start)
-                    start = time.perf_counter()
-                    sess.run(None, eng.feeds)
-                    times["ort"].append(time.perf_counter() - start)
-                t = {k: float(np.median(v)) * 1e3 for k, v in times.items()}
+                t = zoo_bench.paired({arm: (lambda arm=arm: gemm.SWITCH.__setitem__(key, arm), eng._run)
+                                      for arm in (True, False)}, rounds, lambda: sess.run(None, eng.feeds))
                 print(f"| {name} | {t['ort']:.2f} | {t[False]:.2f} | {t[True]:.2f} | {t[False] / t['ort']:.2f}x | "
                       f"{t[True] / t['ort']:.2f}x | {t[False] / t[True]:.3f}x |", flush=True)
     finally:
-        gemm.SWITCH["on"] = True
+        gemm.SWITCH[key] = True
 
 
-def layers(name: str, rounds: int, op: str = "conv") -> None:
-    """Per ``op`` step of one model (the executor's step hook), medians with the GEMM off and on, alternating."""
+def layers(name: str, rounds: int, op: str = "conv", key: str = "on", take=None, describe=None) -> None:
+    """Per step of one model that ``take(node)`` accepts (default: ``op`` in its op name), through the
+    executor's step hook, medians with ``gemm.SWITCH[key]`` off and on, alternating; each row named by
+    ``describe(node, value)`` (default: the output's shape)."""
     import collections
 
     from threadpoolctl import threadpool_limits
@@ -107,15 +102,17 @@ def layers(name: str, rounds: int, op: str = "conv") -> None:
     from rpcsrv.executor import compute, examplejson
     from rpcsrv.executor.kernels import gemm
 
+    take = take or (lambda node: op in str(node.op))
+    describe = describe or (lambda node, value: getattr(value, "shape", None))
     times: dict = {True: collections.defaultdict(list), False: collections.defaultdict(list)}
     shapes: dict = {}
 
     def hook(graph, node, value, seconds):
-        if op in str(node.op):
-            times[gemm.SWITCH["on"]][(graph, node.id)].append(seconds)
-            shapes[(graph, node.id)] = getattr(value, "shape", None)
+        if take(node):
+            times[gemm.SWITCH[key]][(graph, node.id)].append(seconds)
+            shapes[(graph, node.id)] = describe(node, value)
 
-    print(f"| {name} {op} step (output) | BLAS + epilogue us | gemm.c us | ratio |\n|---|---|---|---|")
+    print(f"| {name} {op} step | BLAS + epilogue us | gemm.c us | ratio |\n|---|---|---|---|")
     try:
         with tempfile.TemporaryDirectory() as tmp, compute.fixed_threads(1), threadpool_limits(1, "blas"):
             eng = zoo_bench.Engines(name, Path(tmp))
@@ -123,18 +120,18 @@ def layers(name: str, rounds: int, op: str = "conv") -> None:
             try:
                 for r in range(rounds):
                     for arm in (True, False) if r % 2 else (False, True):
-                        gemm.SWITCH["on"] = arm
+                        gemm.SWITCH[key] = arm
                         eng._run()
             finally:
                 examplejson.STEP_HOOK.reset(token)
     finally:
-        gemm.SWITCH["on"] = True
+        gemm.SWITCH[key] = True
     total = [0.0, 0.0]
-    for key in times[True]:
-        off, on = (float(np.median(times[arm][key])) * 1e6 for arm in (False, True))
+    for k in times[True]:
+        off, on = (float(np.median(times[arm][k])) * 1e6 for arm in (False, True))
         total[0], total[1] = total[0] + off, total[1] + on
-        print(f"| {shapes[key]} | {off:.1f} | {on:.1f} | {on / off:.2f} |")
-    print(f"| **all {op} steps** | **{total[0] / 1e3:.3f} ms** | **{total[1] / 1e3:.3f} ms** | "
+        print(f"| {shapes[k]} | {off:.1f} | {on:.1f} | {on / off:.2f} |")
+    print(f"| **all these {op} steps** | **{total[0] / 1e3:.3f} ms** | **{total[1] / 1e3:.3f} ms** | "
           f"**{total[1] / total[0]:.3f}** |")
 
 

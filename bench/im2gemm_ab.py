@@ -13,9 +13,7 @@ step hook, the convs that are not 1x1 stride 1 (the im2col plan's, and Winograd'
 from __future__ import annotations
 
 import argparse
-import collections
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -23,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import zoo_bench  # noqa: E402  (sets up the import paths)
+import gemm_ab  # noqa: E402  (sets up the import paths: zoo_bench)
 
 #: (name, in channels, out channels, side, kernel, stride, pad)
 SHAPES = [("resnet50 3x3 s2 @56", 128, 128, 56, 3, 2, 1), ("resnet50 3x3 s2 @28", 256, 256, 28, 3, 2, 1),
@@ -67,73 +65,15 @@ def shapes(reps_flops: float = 4e8) -> None:
         print(f"| {name} ({c}->{m}) | {a:.0f} | {o:.0f} | {o / a:.2f} |", flush=True)
 
 
-def models(names: list[str], rounds: int) -> None:
-    from threadpoolctl import threadpool_limits
-
-    from rpcsrv.executor import compute
-    from rpcsrv.executor.kernels import gemm
-
-    print("| model | onnxruntime ms | BLAS + epilogue ms | gemm.c ms | BLAS / ort | gemm / ort | gain |")
-    print("|---|---|---|---|---|---|---|")
-    try:
-        with tempfile.TemporaryDirectory() as tmp, compute.fixed_threads(1), threadpool_limits(1, "blas"):
-            for name in names:
-                eng = zoo_bench.Engines(name, Path(tmp))
-                sess = eng.session(1)
-                times: dict = {True: [], False: [], "ort": []}
-                for r in range(rounds):
-                    for arm in (True, False) if r % 2 else (False, True):
-                        gemm.SWITCH[KEY[0]] = arm
-                        start = time.perf_counter()
-                        eng._run()
-                        times[arm].append(time.perf_counter() - start)
-                    start = time.perf_counter()
-                    sess.run(None, eng.feeds)
-                    times["ort"].append(time.perf_counter() - start)
-                t = {k: float(np.median(v)) * 1e3 for k, v in times.items()}
-                print(f"| {name} | {t['ort']:.2f} | {t[False]:.2f} | {t[True]:.2f} | {t[False] / t['ort']:.2f}x | "
-                      f"{t[True] / t['ort']:.2f}x | {t[False] / t[True]:.3f}x |", flush=True)
-    finally:
-        gemm.SWITCH[KEY[0]] = True
+def _im2col_step(node) -> bool:
+    """The conv steps the im2col plan (or Winograd) runs: not 1x1 stride 1."""
+    return "conv" in str(node.op) and (tuple(node.attrs.get("kernel_shape", (1, 1))) != (1, 1)
+                                       or tuple(node.attrs.get("strides", (1, 1))) != (1, 1))
 
 
-def layers(name: str, rounds: int) -> None:
-    from threadpoolctl import threadpool_limits
-
-    from rpcsrv.executor import compute, examplejson
-    from rpcsrv.executor.kernels import gemm
-
-    times: dict = {True: collections.defaultdict(list), False: collections.defaultdict(list)}
-    shapes: dict = {}
-
-    def hook(graph, node, value, seconds):
-        if "conv" in str(node.op) and (tuple(node.attrs.get("kernel_shape", (1, 1))) != (1, 1)
-                                       or tuple(node.attrs.get("strides", (1, 1))) != (1, 1)):
-            times[gemm.SWITCH[KEY[0]]][(graph, node.id)].append(seconds)
-            shapes[(graph, node.id)] = (tuple(node.attrs.get("kernel_shape", ())), tuple(node.attrs.get("strides", ())),
-                                        getattr(value, "shape", None))
-
-    print(f"| {name} conv step (kernel, strides, output) | BLAS + epilogue us | gemm.c us | ratio |\n|---|---|---|---|")
-    try:
-        with tempfile.TemporaryDirectory() as tmp, compute.fixed_threads(1), threadpool_limits(1, "blas"):
-            eng = zoo_bench.Engines(name, Path(tmp))
-            token = examplejson.STEP_HOOK.set(hook)
-            try:
-                for r in range(rounds):
-                    for arm in (True, False) if r % 2 else (False, True):
-                        gemm.SWITCH[KEY[0]] = arm
-                        eng._run()
-            finally:
-                examplejson.STEP_HOOK.reset(token)
-    finally:
-        gemm.SWITCH[KEY[0]] = True
-    total = [0.0, 0.0]
-    for key in times[True]:
-        off, on = (float(np.median(times[arm][key])) * 1e6 for arm in (False, True))
-        total[0], total[1] = total[0] + off, total[1] + on
-        print(f"| {shapes[key]} | {off:.0f} | {on:.0f} | {on / off:.2f} |")
-    print(f"| **these convs** | **{total[0] / 1e3:.2f} ms** | **{total[1] / 1e3:.2f} ms** | "
-          f"**{total[1] / total[0]:.3f}** |")
+def _kernel_strides_shape(node, value) -> tuple:
+    return (tuple(node.attrs.get("kernel_shape", ())), tuple(node.attrs.get("strides", ())),
+            getattr(value, "shape", None))
 
 
 def main(argv=None) -> int:
@@ -154,9 +94,9 @@ def main(argv=None) -> int:
         with compute.fixed_threads(1), threadpool_limits(1, "blas"):
             shapes()
     if args.models:
-        models(args.models.split(","), args.rounds)
+        gemm_ab.models(args.models.split(","), args.rounds, KEY[0])
     if args.layers:
-        layers(args.layers, args.rounds)
+        gemm_ab.layers(args.layers, args.rounds, "conv", KEY[0], _im2col_step, _kernel_strides_shape)
     return 0
 
 

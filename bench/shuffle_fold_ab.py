@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 from unittest import mock
 
@@ -50,16 +49,8 @@ def main(argv=None) -> int:
             np.testing.assert_allclose(out, eng.ex.get_function("get_output")(0), rtol=1e-4, atol=1e-5)
             steps = [sum(len(getattr(f, "steps", ())) for f in ex._functions.values()) for ex in (plain, eng.ex)]
             sess = eng.session(1)
-            times = {"folded": [], "plain": [], "ort": []}
-            for r in range(args.rounds):
-                for arm in ("folded", "plain") if r % 2 else ("plain", "folded"):
-                    start = time.perf_counter()
-                    runs[arm]()
-                    times[arm].append(time.perf_counter() - start)
-                start = time.perf_counter()
-                sess.run(None, eng.feeds)
-                times["ort"].append(time.perf_counter() - start)
-            m = {k: float(np.median(v)) * 1e3 for k, v in times.items()}
+            m = zoo_bench.paired({arm: (None, runs[arm]) for arm in ("folded", "plain")}, args.rounds,
+                                 lambda: sess.run(None, eng.feeds))
             print(f"| {name} | {m['ort']:.2f} | {m['plain']:.2f} | {m['folded']:.2f} | {m['plain'] / m['ort']:.2f}x | "
                   f"{m['folded'] / m['ort']:.2f}x | {m['plain'] / m['folded']:.3f}x | {steps[0]} → {steps[1]} |",
                   flush=True)

@@ -222,6 +222,27 @@ class Engines:
         return float(np.median(ort_t) * 1e3), float(np.median(our_t) * 1e3)
 
 
+def paired(arms: dict, rounds: int, ort=None) -> dict[str, float]:
+    """Median milliseconds of each arm, run in turns: ``arms`` maps a name to ``(setup, run)`` (``setup``:
+    None, or what switches to that arm, untimed); within each round every arm runs once, the order flipped
+    every round (no arm always runs second), then ``ort`` (onnxruntime's run, timed as ``"ort"``) if given.
+    The A/B benches' one loop (gemm_ab, im2gemm_ab, zoo_compiled_ab, shuffle_fold_ab, concat_fold_ab)."""
+    names = list(arms)
+    times: dict = {name: [] for name in names + (["ort"] if ort is not None else [])}
+    for r in range(rounds):
+        for name in names if r % 2 else names[::-1]:
+            setup, run_arm = arms[name]
+            if setup is not None:
+                setup()
+            start = time.perf_counter()
+            run_arm()
+            times[name].append(time.perf_counter() - start)
+        if ort is not None:
+            start = time.perf_counter()
+            ort()
+            times["ort"].append(time.perf_counter() - start)
+    return {name: float(np.median(v)) * 1e3 for name, v in times.items()}
+
 def table(rows: list[dict], threads) -> str:
     lines = [f"threads: {threads} (BLAS threads per run for rpcsrv, intra_op for onnxruntime"
              + ("; rpcsrv's own policy, onnxruntime 2)" if threads == "auto" else ")"),

@@ -13,10 +13,8 @@ import argparse
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -42,17 +40,8 @@ def main(argv=None) -> int:
             for name in args.models.split(","):
                 eng = zoo_bench.Engines(name, Path(tmp))
                 sess = eng.session(1)
-                times = {"1": [], "0": [], "ort": []}
-                for r in range(args.rounds):
-                    for arm in ("1", "0") if r % 2 else ("0", "1"):
-                        os.environ[compiled.ENV_SWITCH] = arm
-                        start = time.perf_counter()
-                        eng._run()
-                        times[arm].append(time.perf_counter() - start)
-                    start = time.perf_counter()
-                    sess.run(None, eng.feeds)
-                    times["ort"].append(time.perf_counter() - start)
-                m = {k: float(np.median(v)) * 1e3 for k, v in times.items()}
+                m = zoo_bench.paired({arm: (lambda arm=arm: os.environ.__setitem__(compiled.ENV_SWITCH, arm), eng._run)
+                                      for arm in ("1", "0")}, args.rounds, lambda: sess.run(None, eng.feeds))
                 print(f"| {name} | {m['ort']:.1f} | {m['0']:.1f} | {m['1']:.1f} | {m['0'] / m['ort']:.2f}x | "
                       f"{m['1'] / m['ort']:.2f}x | {m['0'] / m['1']:.2f}x |", flush=True)
     finally:
