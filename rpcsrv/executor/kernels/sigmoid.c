@@ -10,6 +10,16 @@
  * get the scalar expf loop. */
 #include <math.h>
 
+/* GELU, erf form: y = 0.5 x (1 + erf(x / sqrt 2)), erf by Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7, the
+ * table kernel's fit: unary.erf_approx; vexp in the vector body), in one pass (numpy: a dozen passes over
+ * the tensor; a PyTorch-exported encoder's FFN activations took more than a tenth of its run) */
+static inline float gelu1(float x) {
+    float v = x * 0.70710678118654752f, a = fabsf(v), t = 1.0f / (1.0f + 0.3275911f * a);
+    float p = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;
+    float e = 1.0f - p * expf(-a * a);
+    return 0.5f * x * (1.0f + (v < 0.f ? -e : e));
+}
+
 #if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 9)
 #if defined(__AVX512F__)
 #define SW 16
@@ -103,15 +113,6 @@ void rpcsrv_softmax_f32(const float *x, float *y, long rows, long n) {
     }
 }
 
-/* GELU, erf form: y = 0.5 x (1 + erf(x / sqrt 2)), erf by Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7, the
- * table kernel's fit: unary.erf_approx) with vexp, in one pass (numpy: a dozen passes over the tensor; a
- * PyTorch-exported encoder's FFN activations took more than a tenth of its run) */
-static inline float gelu1(float x) {
-    float v = x * 0.70710678118654752f, a = fabsf(v), t = 1.0f / (1.0f + 0.3275911f * a);
-    float p = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;
-    float e = 1.0f - p * expf(-a * a);
-    return 0.5f * x * (1.0f + (v < 0.f ? -e : e));
-}
 
 void rpcsrv_gelu_f32(const float *x, float *y, long count) {
     const si sign = (si){0} + (int)0x80000000u;
@@ -150,11 +151,6 @@ void rpcsrv_bias_swish_f32(float *y, const float *bias, long m, long q, long pit
         }
 }
 void rpcsrv_gelu_f32(const float *x, float *y, long count) {
-    for (long k = 0; k < count; k++) {
-        float v = x[k] * 0.70710678118654752f, a = fabsf(v), t = 1.0f / (1.0f + 0.3275911f * a);
-        float p = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;
-        float e = 1.0f - p * expf(-a * a);
-        y[k] = 0.5f * x[k] * (1.0f + (v < 0.f ? -e : e));
-    }
+    for (long k = 0; k < count; k++) y[k] = gelu1(x[k]);
 }
 #endif
