@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections import Counter
 from typing import Callable
 
 import numpy as np
@@ -95,9 +96,7 @@ def fold_concats(graph: Subgraph, ops: list[Node], concat: Callable, claimed=fro
     if not SWITCH["on"]:
         return ops, {}, {}
     readers = input_counts(ops)
-    keys: dict[tuple, int] = {}
-    for node in ops:
-        keys[_key(node)] = keys.get(_key(node), 0) + 1
+    keys = Counter(_key(node) for node in ops)
     in_chain = {n.id for chain in chains(graph) for n in chain}
     outputs, by_id, place = set(graph.outputs), {n.id: n for n in ops}, {n.id: k for k, n in enumerate(ops)}
     intos: dict[int, Into] = {}
