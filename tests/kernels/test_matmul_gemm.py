@@ -18,17 +18,12 @@ from onnx.reference import ReferenceEvaluator
 from rpcsrv.executor import compute
 from rpcsrv.executor.kernels import KERNELS, compiled, gemm, plans
 from test_compiled_depthwise import ACTIVATIONS
+import test_gemm
 import test_plans
 
 c_kernels = test_plans.c_kernels  # the fixture: the compiled kernels in use
-FUSED = [a for a in ACTIVATIONS if a[0] != "sigmoid"] + [(None, None)]
-IDS = [f"{a[0]}{len(a[1] or ())}" for a in FUSED]
-
-
-@pytest.fixture(autouse=True)
-def one_blas_thread(monkeypatch):
-    """The BLAS thread count as a job of the compute policy last set it: 1 (other tests leave 2)."""
-    monkeypatch.setattr(compute.POLICY.blas, "current", 1)
+one_blas_thread = test_gemm.one_blas_thread  # autouse: one BLAS thread, as the compute policy sets it
+FUSED, IDS, _close = test_gemm.FUSED, test_gemm.IDS, test_gemm._close
 
 
 def _reference(x, w, b=None, activation=(None, None)):
@@ -42,11 +37,6 @@ def _reference(x, w, b=None, activation=(None, None)):
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
     y = ReferenceEvaluator(helper.make_model(graph)).run(None, {"x": x})[0].astype(np.float64)
     return ACTIVATIONS[activation](y) if activation[0] else y
-
-
-def _close(got, want):
-    assert got.dtype == np.float32 and got.shape == want.shape and got.flags.c_contiguous
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-5 * max(1.0, np.abs(want).max()))
 
 
 def _data(rows, k, n, seed):
