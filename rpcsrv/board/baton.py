@@ -200,6 +200,7 @@ class Baton:
             fds: list[int] = []
             try:
                 if not self.lent:
+                    io.share()  # before the worker can touch the descriptor's flags
                     fds = [io.sock.fileno(), self._page_fd()]
                 _send(worker.sock, (worker._budget(), ("hold", [tuple(r.entry) for r in recorded], counts)), fds)
                 self.lent = True
