@@ -209,11 +209,11 @@ def _timeout(text: Optional[str]) -> float:
 async def _next(io: Transport, conn: Connection):
     """The next event, reading as the connection's shared receive loop asks (``Connection.reads``:
     it looks at what is buffered first).  The common case, a small request that one ``recv`` brings
-    whole, is read here without starting that loop."""
-    ev = conn.next_event()
-    if ev is NEED_DATA and conn.writable() is None:
+    whole after the connection parsed all it had, is read here without starting that loop (and
+    without asking the connection for an event it cannot have yet)."""
+    if conn.drained():
         conn.receive_data(await io.recv(RECV_SIZE))
-        ev = conn.next_event()
+    ev = conn.next_event()
     if ev is not NEED_DATA:
         return ev
     steps = conn.reads()

@@ -157,7 +157,8 @@ class Transport:
             parts = [b"".join(parts)]
         first = parts[0]
         if len(parts) == 1 and type(first) in _FLAT:  # the common case: one small answer
-            await trio.lowlevel.checkpoint_if_cancelled()
+            # no checkpoint before it (0.2 us of a call's ~8 on the server): a packet sent whole is a
+            # clean place to stop too, and ``recv`` checkpoints at least every YIELD_SECONDS
             try:  # it usually goes out in one send
                 n = self.sock.send(first, _NOWAIT)
             except (BlockingIOError, InterruptedError):

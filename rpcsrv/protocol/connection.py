@@ -154,8 +154,10 @@ class Connection(RegionReceiver, PacketParser, PacketWriter):
                 self.receive_data((yield RECV_SIZE))
 
     def drained(self) -> bool:
-        """Nothing received is left to parse (no request read ahead, none half read)."""
-        return self._pos == len(self._buf) and self._phase is None and self._region_buf is None
+        """Nothing received is left to parse (no request read ahead, none half read, no close or
+        failure pending): the next event needs bytes from the socket first."""
+        return (self._pos == len(self._buf) and self._phase is None and self._region_buf is None
+                and not self._eof and self._closed_event is None)
 
     def _avail(self) -> int:
         return len(self._buf) - self._pos
