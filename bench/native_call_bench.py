@@ -5,9 +5,11 @@
 ``add_one`` on 16 float32, compiled by apache-tvm (``tvm.compile`` of a TE prim func, target llvm) and
 exported as a shared library, is uploaded and loaded on three servers driven by the same real TVM
 client: ``python -m tvm.exec.rpc_server`` (the anchor), ``rpcsrv serve --native isolated`` (the default)
-and ``rpcsrv serve --native inprocess``.  Two call shapes, microseconds per call, the median of
-``--rounds`` rounds of ``--calls`` calls, the servers taking turns round by round (other processes load
-the machine: interleaving makes them share the load):
+and ``rpcsrv serve --native inprocess``.  Call shapes in microseconds per call (the median over every
+call of ``--rounds`` rounds of ``--calls`` calls, the servers taking turns round by round), in the two
+CPU placements of ``rpc_bench``: client and servers (their native workers too) pinned to one CPU (the
+processing cost) and to two different CPUs (a wake-up crosses CPUs on every call, as between two
+machines); left to the scheduler a figure swings between the two from run to run:
 
 * ``lib["add_one"](a, b)``: the function looked up on every call (a lookup, the call, and the
   client freeing the function handle: three requests);
@@ -35,7 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from rpc_bench import free_port, start, stop  # noqa: E402
+from rpc_bench import free_port, pin, start, stop  # noqa: E402
 
 #: rpcsrv's start-up line (its log lines, with their clock times, come through the same pipe)
 SERVING = r"serving on [\d.]+:(\d+)"
@@ -120,25 +122,45 @@ def run(calls: int, rounds: int, which: list[str] | None = None,
                       'lib["add_one"] alone': lambda r, lib, a, b: (lambda: lib["add_one"]),
                       "small call workpath": lambda r, lib, a, b: (
                           lambda f=r.get_function("tvm.rpc.server.workpath"): f("x"))}
-            per_round = {(s, n): [] for s in shapes for n in sessions}
-            cpu = {(s, n): [] for s in shapes for n in sessions}
-            for _ in range(rounds):
-                for shape, make in shapes.items():
-                    for name, (remote, lib, a, b, pgid) in sessions.items():
-                        call = make(remote, lib, a, b)
-                        call()
-                        c0, t0 = group_cpu(pgid), time.perf_counter()
-                        for _ in range(calls):
-                            call()
-                        per_round[shape, name].append((time.perf_counter() - t0) / calls * 1e6)
-                        cpu[shape, name].append((group_cpu(pgid) - c0) / calls * 1e6)
-            results = {shape: {name: float(np.median(per_round[shape, name])) for name in sessions} for shape in shapes}
-            results.update({f"{shape} (server CPU)": {name: float(np.median(cpu[shape, name])) for name in sessions}
-                            for shape in shapes})
+            results: dict[str, dict[str, float]] = {}
+            everywhere = os.sched_getaffinity(0)
+            cpu = min(everywhere)
+            other = min(everywhere - {cpu}, default=cpu)
+            pgids = [pgid for *_, pgid in sessions.values()]
+            for label, server_cpus in (("1 CPU", {cpu}), ("2 CPUs", {other})):
+                pin(pgids, server_cpus, {cpu})
+                results.update(_rounds(sessions, shapes, calls, rounds, label))
+            pin(pgids, everywhere, everywhere)
             return results
         finally:
             sessions.clear()
             stop(procs)
+
+
+def _rounds(sessions: dict, shapes: dict, calls: int, rounds: int, label: str) -> dict[str, dict[str, float]]:
+    """Microseconds per call of each shape on each server, the servers taking turns round by round: the
+    median over every call (as ``rpc_bench``: the calls another process preempted do not count), and
+    the servers' CPU time per call over the whole round."""
+    clock = time.perf_counter_ns
+    per_call = {(s, n): [] for s in shapes for n in sessions}
+    cpu = {(s, n): [] for s in shapes for n in sessions}
+    for _ in range(rounds):
+        for shape, make in shapes.items():
+            for name, (remote, lib, a, b, pgid) in sessions.items():
+                call = make(remote, lib, a, b)
+                call()
+                times = per_call[shape, name]
+                c0, t0 = group_cpu(pgid), clock()
+                for _ in range(calls):
+                    t = clock()
+                    call()
+                    times.append(clock() - t)
+                cpu[shape, name].append((group_cpu(pgid) - c0) / calls * 1e6)
+    out = {f"{shape}, {label}": {name: float(np.median(per_call[shape, name])) / 1e3 for name in sessions}
+           for shape in shapes}
+    out.update({f"{shape}, {label} (server CPU)": {name: float(np.median(cpu[shape, name])) for name in sessions}
+                for shape in shapes})
+    return out
 
 
 def report(results: dict[str, dict[str, float]]) -> str:
@@ -147,7 +169,7 @@ def report(results: dict[str, dict[str, float]]) -> str:
         anchor = row.get("TVM server")
         for name, us in row.items():
             ratio = f"  {us / anchor:5.2f}x TVM's" if anchor and name != "TVM server" else ""
-            lines.append(f"  {shape:22s} {name:18s} {us:8.1f}{ratio}")
+            lines.append(f"  {shape:44s} {name:18s} {us:8.1f}{ratio}")
     lines.append("goal: rpcsrv isolated <= 1x TVM's server")
     return "\n".join(lines)
 
