@@ -19,7 +19,9 @@ A third row, the small call ``tvm.rpc.server.workpath("x")``, is the floor: one 
 code.  ``--baseline DIR`` adds the two rpcsrv modes run from another checkout (before/after in one run);
 ``--layers`` times the layers of one call apart (``native_layers.py``).  Besides wall time per call:
 the CPU time the server's processes (its native worker included) spent per call (``(server CPU)``
-rows), since on a loaded machine the wall time mostly measures waiting for a core.  Prints each
+rows), since on a loaded machine the wall time mostly measures waiting for a core (rpcsrv polls for the
+client's next request for up to 300 us after an answer, so on 2 CPUs its CPU time per call is about
+the round trip: it counts the wait, which TVM's server spends asleep).  Prints each
 figure and its ratio to TVM's server (the goal: <= 1x, isolated included).
 """
 
