@@ -152,7 +152,7 @@ def _rounds(sessions: dict, shapes: dict, calls: int, rounds: int, label: str) -
                 call = make(remote, lib, a, b)
                 call()
                 times = per_call[shape, name]
-                c0, t0 = group_cpu(pgid), clock()
+                c0 = group_cpu(pgid)
                 for _ in range(calls):
                     t = clock()
                     call()
