@@ -212,8 +212,9 @@ async def _next(io: Transport, conn: Connection):
     whole after the connection parsed all it had, is read here without starting that loop (and
     without asking the connection for an event it cannot have yet)."""
     if conn.drained():
-        conn.receive_data(await io.recv(RECV_SIZE))
-    ev = conn.next_event()
+        ev = conn.next_event_in(await io.recv(RECV_SIZE))
+    else:
+        ev = conn.next_event()
     if ev is not NEED_DATA:
         return ev
     steps = conn.reads()

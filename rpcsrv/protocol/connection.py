@@ -197,6 +197,26 @@ class Connection(RegionReceiver, PacketParser, PacketWriter):
         ev = self._next_event()
         if ev is NEED_DATA:
             return ev
+        return self._moved(ev)
+
+    def next_event_in(self, data: bytes) -> Event:
+        """:meth:`receive_data` then :meth:`next_event`, for bytes read while :meth:`drained`: when they are
+        one whole small packet (the common case: a request, read by one ``recv``), its event straight from
+        them, never copied into the buffer (the bytes it is known by are ``data`` itself)."""
+        if (type(data) is bytes and len(data) >= 8 and self._state in _FRAMED and self._pos == len(self._buf)
+                and self._phase is None and self._region_buf is None and self._closed_event is None and not self._eof):
+            (n,) = _I64.unpack_from(data)
+            if 4 <= n < STREAM_MIN and len(data) == 8 + n and n <= self.max_packet:
+                if self._state is State.ANSWERING and self.strict:
+                    raise LocalProtocolError("the server must answer the last request before reading the next")
+                self.last_packet = data
+                ev = self._calls.get(data)  # the same call again: decoded once
+                return self._moved(ev if ev is not None else self._parse_packet(memoryview(data)[8:], data))
+        self.receive_data(data)
+        return self.next_event()
+
+    def _moved(self, ev: Event) -> Event:
+        """``ev``, received: the state it leads to taken (or the connection failed, when not allowed)."""
         new = self._receive_moves[self._state].get(type(ev), STAY)
         if new is STAY:
             return ev

@@ -14,9 +14,11 @@ import struct
 
 import pytest
 
-from rpcsrv.protocol import (BadPacket, CallFunc, Connection, DataType, Device, Dialect, FunctionHandle, Reader,
-                             Return, Role, RPCCode, State, TensorHeader, decode_values, encode_values, pack_return,
-                             unpack_return)
+from rpcsrv.protocol import (NEED_DATA, RPC_MAGIC, BadPacket, CallFunc, Connection, ConnectionClosed, DataType,
+                             Device, Dialect, FunctionHandle, LocalProtocolError, Reader, Return, Role, RPCCode, State,
+                             TensorHeader, decode_values, encode_values, pack_return, unpack_return)
+from rpcsrv.protocol.codes import PROTOCOL_VERSION
+from rpcsrv.protocol.regions import STREAM_MIN
 from rpcsrv.protocol.codec import ProtocolError, Writer, encode_packed_seq
 from rpcsrv.protocol.kinds import TABLES
 from rpcsrv.protocol.states import (CLIENT_RECEIVES, RECEIVE_MOVES, SEND_MOVES, SENDS, SERVER_RECEIVES, STAY,
@@ -111,3 +113,71 @@ def test_call_packets_short_and_whole(dialect):
     server.receive_data(struct.pack("<q", len(extra)) + extra)
     ev = server.next_event()
     assert isinstance(ev, BadPacket) and "unexpected bytes" in ev.error
+
+
+# -- next_event_in: a request read whole while the connection was drained, framed from the bytes as read --------
+RECORDED = [("classic-sessions", n, Dialect.CLASSIC) for n in ("globals", "tensors", "files", "graph-executor")] + \
+           [("ffi-sessions", n, Dialect.FFI) for n in ("globals", "tensors", "files")]
+
+
+def _server_after_handshake(hello: bytes, strict: bool = False) -> Connection:
+    conn = Connection(Role.SERVER, strict=strict)
+    conn.receive_data(hello)
+    conn.next_event()
+    conn.accept()
+    return conn
+
+
+@pytest.mark.parametrize("folder,name,dialect", RECORDED, ids=[f"{f[:3]}-{n}" for f, n, _ in RECORDED])
+def test_next_event_in_gives_the_events_of_the_general_path(folder, name, dialect):
+    """Every request of the recorded sessions, once through ``receive_data`` + ``next_event`` and once through
+    ``next_event_in``: the same events (re-encoded byte for byte), states and ``last_packet``."""
+    from conftest import need_shared
+    from recordings import packets, reencode
+
+    items = [(k, d) for direction, k, d in packets(need_shared(folder, f"{name}.jsonl"))
+             if direction == "c2s" and k != "elided"]
+    (_, hello), requests = items[0], [d for _, d in items[1:]]
+    general, fast = _server_after_handshake(hello, strict=True), _server_after_handshake(hello, strict=True)
+    for data in requests:
+        general.receive_data(data)
+        expected = general.next_event()
+        assert fast.drained()
+        buffered = bytes(fast._buf)
+        got = fast.next_event_in(bytes(data))
+        if len(data) < STREAM_MIN:  # framed from the bytes as read: never copied into the buffer
+            assert bytes(fast._buf) == buffered
+        enc = Connection(Role.CLIENT, strict=False, dialect=dialect)  # (a request is a client's to encode)
+        assert type(got) is type(expected) and reencode(enc, got) == reencode(enc, expected)
+        assert fast.state is general.state and fast.last_packet == general.last_packet
+        if general.state is State.ANSWERING:  # (strict: the next request only once this one is answered)
+            general.send_exception("answered")
+            fast.send_exception("answered")
+        assert fast.next_event() is NEED_DATA and general.next_event() is NEED_DATA
+    assert len(requests) >= 4
+
+
+def test_next_event_in_leaves_everything_else_to_the_general_path():
+    hello = struct.pack("<ii", RPC_MAGIC, 7) + b"client:"
+    client = Connection(Role.CLIENT, dialect=Dialect.FFI, strict=False)
+    client._state = State.IDLE
+    one = b"".join(bytes(p) for p in client.send_call(5, ["x"]))
+    conn = _server_after_handshake(hello)
+    assert conn.next_event_in(one[:5]) is NEED_DATA and not conn.drained()  # a part: buffered
+    conn.receive_data(one[5:])
+    assert isinstance(conn.next_event(), CallFunc)
+    two = conn.next_event_in(one + one)  # two requests in one read: the first now, the second buffered
+    assert isinstance(two, CallFunc) and isinstance(conn.next_event(), CallFunc) and conn.drained()
+    assert isinstance(conn.next_event_in(bytearray(one)), CallFunc)  # not bytes: the general path
+    assert conn.next_event_in(b"") == ConnectionClosed(clean=True)
+    bad = _server_after_handshake(hello)
+    closed = bad.next_event_in(struct.pack("<q", 2) + b"\0\0")
+    assert isinstance(closed, ConnectionClosed) and not closed.clean and "outside 4.." in closed.error
+    strict = Connection(Role.SERVER)
+    strict.receive_data(hello)
+    strict.next_event()
+    strict.accept()
+    strict.receive_data(b"".join(bytes(p) for p in client.send_init_server([], PROTOCOL_VERSION)))
+    strict.next_event()
+    with pytest.raises(LocalProtocolError):  # the answer to the last request is still owed
+        strict.next_event_in(one)
