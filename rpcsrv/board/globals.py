@@ -9,6 +9,7 @@ Unknown names answer a null handle, as TVM does (the client then raises its own 
 from __future__ import annotations
 
 import weakref
+from functools import partial
 from typing import Any, Callable, Optional
 
 from ..executor.runtime import RuntimeModule
@@ -30,7 +31,7 @@ class Registry:
         def deco(fn: Callable[..., Any]):
             def make(sess: Session) -> PackedFunction:
                 sink = (lambda *a: stream(sess, *a)) if stream else None
-                return PackedFunction(lambda *a: fn(sess, *a), name, blocking, sink)
+                return PackedFunction(partial(fn, sess), name, blocking, sink)
             self._entries[name] = make
             return fn
         return deco

@@ -149,6 +149,7 @@ async def serve_connection(stream: trio.SocketStream, cfg: ServerConfig, answere
         if stats is not None:  # obs
             live = stats.open(record, session)
         idle: Optional[IdleTimeout] = None
+        session.bind_allocations()  # this task serves it (and only it)
         with trio.move_on_after(timeout) as scope:
             cfg.sessions.add(scope)
             try:  # the idle clock runs in the transport, only while it waits for the client
