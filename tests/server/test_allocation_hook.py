@@ -13,6 +13,11 @@ from rpcsrv.executor.memory import ALLOCATION_HOOK
 from rpcsrv.protocol import Connection, Role
 
 
+def _hook():
+    """The allocation hook in force where it is called."""
+    return ALLOCATION_HOOK.get(None)
+
+
 def _session() -> Session:
     return Session(Connection(Role.SERVER), Workspace.create(None), REGISTRY)
 
@@ -24,10 +29,10 @@ async def test_each_session_charges_its_own_calls_bound_or_not():
     async def serve(name: str, session: Session, bind: bool):
         if bind:
             session.bind_allocations()
-        seen[name] = session._run_charged(lambda: ALLOCATION_HOOK.get(None), [])
+        seen[name] = session._run_charged(_hook, [])
         await trio.sleep(0.01)  # the other task runs meanwhile
-        seen[name + " again"] = session._run_charged(lambda: ALLOCATION_HOOK.get(None), [])
-        seen[name + " thread"] = await trio.to_thread.run_sync(session._run_charged, lambda: ALLOCATION_HOOK.get(None), [])
+        seen[name + " again"] = session._run_charged(_hook, [])
+        seen[name + " thread"] = await trio.to_thread.run_sync(session._run_charged, _hook, [])
         seen[name + " after"] = ALLOCATION_HOOK.get(None)
 
     try:
