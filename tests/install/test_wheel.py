@@ -66,10 +66,12 @@ def test_the_prebuilt_shims_load_on_old_glibc_boards(built_wheel, tmp_path):
 
 
 def test_the_wheel_holds_a_kernels_library_per_compiler_built_from_its_sources(built_wheel, tmp_path):
-    """Issue 27: the executor kernels prebuilt (generic, plus x86_64's x86-64-v3) for exactly the targets the
-    shims are, each the machine of that target's shim, with the hash of the wheel's own kernel sources."""
+    """Issue 27: the executor kernels prebuilt (generic, plus x86_64's x86-64-v3 and armv7's NEON) for exactly
+    the targets the shims are, each the machine of that target's shim, with the hash of the wheel's own kernel
+    sources."""
     import hashlib
 
+    from rpcsrv.executor.kernels import kbuild
     from rpcsrv.loader.machine import machine_of
 
     with zipfile.ZipFile(built_wheel) as z:
@@ -85,8 +87,7 @@ def test_the_wheel_holds_a_kernels_library_per_compiler_built_from_its_sources(b
         for target in kernels:
             assert z.read(f"{kdir}prebuilt/{target}/libkernels.sha256").decode().strip() == digest, target
             files = [f"{kdir}prebuilt/{target}/libkernels.so", f"rpcsrv/native/prebuilt/{target}/libshim.so"]
-            if target == "x86_64-linux-gnu":
-                files.append(f"{kdir}prebuilt/{target}/libkernels-x86-64-v3.so")
+            files += [f"{kdir}prebuilt/{target}/{kbuild.variant_name(v)}" for v, _, _ in kbuild.VARIANTS.get(target, ())]
             for name in files:
                 (tmp_path / name.replace("/", "_")).write_bytes(z.read(name))
             machines = set()

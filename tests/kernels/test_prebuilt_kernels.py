@@ -10,6 +10,7 @@ says which).  The aarch64 and armv7 prebuilts are linked to the depthwise/pool a
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -136,17 +137,46 @@ def test_the_boards_compiler_and_the_explicit_library_come_before_the_prebuilt(b
     _sigmoid_runs(compiled.library())
 
 
+#: (target, library file) of every cross prebuilt: the generic build and the target's variants
+CROSS = [(t, f) for t in QEMU for f in (kbuild.LIBRARY, *(kbuild.variant_name(v) for v, _, _ in kbuild.VARIANTS.get(t, ())))]
+
+
 @pytest.mark.parametrize("check", ["dwchan_check.c", "gemm_check.c"])
-@pytest.mark.parametrize("target", list(QEMU))
-def test_the_cross_prebuilt_loads_and_computes_under_qemu(prebuilt_dir, target, check, tmp_path):
+@pytest.mark.parametrize("target, file", CROSS)
+def test_the_cross_prebuilt_loads_and_computes_under_qemu(prebuilt_dir, target, file, check, tmp_path):
     """The prebuilt shared library itself (dynamically linked, loaded by the target's ld.so) against naive
-    loops: generic flags, so armv7 runs the vectors lowered to scalar VFP code (no NEON by default)."""
+    loops: armv7's generic build runs its vectors as scalar VFP code, its NEON build as NEON (qemu's CPU has it)."""
     why = "the cross-built prebuilt kernels run under qemu-user (Debian's cross compilers, qemu-user-static)"
     cc, qemu = _need(f"{target}-gcc", why), need_program(QEMU[target], why)
     lib_dir = prebuilt_dir / target
-    assert (lib_dir / "libkernels.so").is_file(), f"no prebuilt for {target}"
+    assert (lib_dir / file).is_file(), f"no prebuilt {file} for {target}"
     exe = tmp_path / "check"
-    subprocess.run([cc, "-O2", "-o", str(exe), str(HERE / check), f"-L{lib_dir}", "-l:libkernels.so",
+    subprocess.run([cc, "-O2", "-o", str(exe), str(HERE / check), f"-L{lib_dir}", f"-l:{file}",
                     f"-Wl,-rpath,{lib_dir}", "-lm"], check=True, capture_output=True, text=True, timeout=120)
     done = subprocess.run([qemu, "-L", f"/usr/{target}", str(exe)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.startswith("ok "), done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def _float_vector_ops(path: Path, objdump: str) -> tuple[int, int]:
+    """(NEON float operations on q registers, writes of the FP status register) in a 32-bit ARM library."""
+    text = subprocess.run([objdump, "-d", str(path)], capture_output=True, text=True, check=True, timeout=120).stdout
+    return (len(re.findall(r"\tv(?:mla|fma|mul|add|sub|max|min)\.f32\tq", text)), text.count("\tvmsr\t"))
+
+
+def test_the_armv7_neon_build_computes_in_neon_and_leaves_the_float_mode_alone(prebuilt_dir):
+    """GCC keeps 32-bit ARM float vectors off NEON without unsafe math (``armfloat.h`` asks for it per function):
+    the NEON build must really hold NEON float code, the generic one none, and neither may set the process's
+    flush-to-zero mode at load (what ``-funsafe-math-optimizations`` on the command line links in)."""
+    objdump = need_program("arm-linux-gnueabihf-objdump", "reads the armv7 prebuilt's code")
+    lib_dir = prebuilt_dir / "arm-linux-gnueabihf"
+    neon, writes = _float_vector_ops(lib_dir / kbuild.variant_name("neon"), objdump)
+    assert neon > 100 and writes == 0, (neon, writes)
+    assert _float_vector_ops(lib_dir / kbuild.LIBRARY, objdump) == (0, 0)
+
+
+def test_on_32_bit_arm_the_cpu_features_come_from_the_auxiliary_vector(monkeypatch):
+    """A 64-bit kernel's /proc/cpuinfo names NEON ``asimd`` to a 32-bit process; ``AT_HWCAP`` says ``neon``."""
+    monkeypatch.setattr(compiled, "_arm32_hwcap", lambda: compiled.ARM_HWCAPS["neon"])
+    assert "neon" in compiled._cpu_features().decode().partition(":")[2].split()
+    monkeypatch.setattr(compiled, "_arm32_hwcap", lambda: 0)
+    assert "neon" not in compiled._cpu_features().decode().partition(":")[2].split()

@@ -114,13 +114,38 @@ def cache_dir() -> Path:
     return Path(root)
 
 
+#: 32-bit ARM's ``AT_HWCAP`` bits (the kernel's ``asm/hwcap.h``) a prebuilt variant may need (``kbuild.VARIANTS``)
+ARM_HWCAPS = {"neon": 1 << 12, "vfpv4": 1 << 16}
+AT_HWCAP = 16
+
+
 def _cpu_features() -> bytes:
-    """The first ``flags`` (x86) or ``Features`` (ARM) line of /proc/cpuinfo, or nothing."""
+    """The first ``flags`` (x86) or ``Features`` (ARM) line of /proc/cpuinfo, or nothing; for a 32-bit ARM
+    process, with the names of :data:`ARM_HWCAPS` its ``AT_HWCAP`` has: a 64-bit kernel shows its own
+    names (``asimd``, not ``neon``) to a 32-bit process, and qemu-user the host's."""
     try:
         with open("/proc/cpuinfo", "rb") as f:
-            return next((line for line in f if line.split(b":")[0].strip() in (b"flags", b"Features")), b"")
+            line = next((line for line in f if line.split(b":")[0].strip() in (b"flags", b"Features")), b"")
     except OSError:
-        return b""
+        line = b""
+    hwcap = _arm32_hwcap()
+    if hwcap:
+        line = line.rstrip(b"\n") + b"".join(b" " + n.encode() for n, bit in ARM_HWCAPS.items() if hwcap & bit) + b"\n"
+    return line
+
+
+def _arm32_hwcap() -> int:
+    """``getauxval(AT_HWCAP)`` in a 32-bit ARM process (0 elsewhere, or without it)."""
+    from ...loader.machine import board
+
+    try:
+        if (board().arch, board().bits) != ("ARM", 32):
+            return 0
+        getauxval = ctypes.CDLL(None).getauxval
+    except (OSError, AttributeError, ValueError, RuntimeError):
+        return 0
+    getauxval.restype, getauxval.argtypes = ctypes.c_ulong, [ctypes.c_ulong]
+    return int(getauxval(AT_HWCAP))
 
 
 # --- where the library comes from (issue 27: prebuilt in the wheel) -------------------------------------

@@ -8,7 +8,7 @@ One place for the sources and the compile command, used three ways:
 * at wheel-build time by ``setup.py``, for every compiler ``rpcsrv/native/shimbuild.py`` found (the build
   machine's cc and the cross compilers): portable flags only (:data:`GENERIC`, the compiler's defaults for
   its target: armv7 hard-float without NEON), into ``prebuilt/<target>/libkernels.so`` beside this file,
-  (and :data:`VARIANTS`: x86_64's x86-64-v3 beside it, taken on CPUs that have its features)
+  (and :data:`VARIANTS`: x86_64's x86-64-v3 and armv7's NEON beside it, taken on CPUs that have their features)
   with ``libkernels.sha256``, the hash of the sources it was built from (:func:`source_hash`; ``compiled.py``
   passes over a prebuilt of other sources, e.g. a stale one in a checkout);
 * by hand, for a board nothing fits: ``python rpcsrv/executor/kernels/kbuild.py OUT --cc <cross gcc>``, then on
@@ -42,9 +42,13 @@ GENERIC = (("-O3",),)
 #: target -> (name, flags, CPU flags of /proc/cpuinfo it needs): a second prebuilt beside the generic one,
 #: taken where the CPU has those features.  x86_64's baseline is SSE2 (4 floats, no FMA): there gemm.c's 1x1
 #: convs ran 2x slower than OpenBLAS (mobilenetv2: 17.6 against 8.5 ms) while x86-64-v3 (AVX2, FMA; Haswell
-#: and later) matched -march=native (7.1 against 6.6 ms); docs/executor.md, "Compiled kernels".
+#: and later) matched -march=native (7.1 against 6.6 ms); docs/executor.md, "Compiled kernels".  armv7
+#: hard-float's baseline (Debian's armhf) is VFPv3-D16 without NEON: every float vector becomes scalar code;
+#: nearly every armv7 board has NEON (Cortex-A7/A8/A9/A15, and 32-bit systems on ARMv8), so a NEON build goes
+#: beside it (plain NEON, no VFPv4: the Cortex-A8/A9 have none; the 32-bit NEON float mode is ``armfloat.h``'s).
 VARIANTS = {"x86_64-linux-gnu": (("x86-64-v3", ("-O3", "-march=x86-64-v3"),
-                                  frozenset({"avx", "avx2", "fma", "bmi1", "bmi2", "f16c", "movbe"})),)}
+                                  frozenset({"avx", "avx2", "fma", "bmi1", "bmi2", "f16c", "movbe"})),),
+            "arm-linux-gnueabihf": (("neon", ("-O3", "-mfpu=neon"), frozenset({"neon"})),)}
 
 
 def variant_name(name: str) -> str:

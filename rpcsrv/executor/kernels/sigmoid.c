@@ -10,6 +10,8 @@
  * get the scalar expf loop. */
 #include <math.h>
 
+#include "armfloat.h"
+
 /* GELU, erf form: y = 0.5 x (1 + erf(x / sqrt 2)), erf by Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7, the
  * table kernel's fit: unary.erf_approx; vexp in the vector body), in one pass (numpy: a dozen passes over
  * the tensor; a PyTorch-exported encoder's FFN activations took more than a tenth of its run) */

@@ -5,6 +5,8 @@
 #ifndef RPCSRV_VEC_H
 #define RPCSRV_VEC_H
 
+#include "armfloat.h"
+
 /* Vectors in GCC/clang's generic vector extension: 8 floats where the target has AVX, else 4 (SSE, NEON),
  * unless the source defines VW first (gemm.c: 16 with AVX-512; the shuffles below are for 8 and 4 only);
  * (Plain loops left this to the
