@@ -87,7 +87,8 @@ def test_the_wheel_holds_a_kernels_library_per_compiler_built_from_its_sources(b
         for target in kernels:
             assert z.read(f"{kdir}prebuilt/{target}/libkernels.sha256").decode().strip() == digest, target
             files = [f"{kdir}prebuilt/{target}/libkernels.so", f"rpcsrv/native/prebuilt/{target}/libshim.so"]
-            files += [f"{kdir}prebuilt/{target}/{kbuild.variant_name(v)}" for v, _, _ in kbuild.VARIANTS.get(target, ())]
+            files += [f"{kdir}prebuilt/{target}/{kbuild.variant_name(v)}"
+                      for v, _, _ in kbuild.VARIANTS.get(target, ())]
             for name in files:
                 (tmp_path / name.replace("/", "_")).write_bytes(z.read(name))
             machines = set()

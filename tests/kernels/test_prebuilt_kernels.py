@@ -138,7 +138,8 @@ def test_the_boards_compiler_and_the_explicit_library_come_before_the_prebuilt(b
 
 
 #: (target, library file) of every cross prebuilt: the generic build and the target's variants
-CROSS = [(t, f) for t in QEMU for f in (kbuild.LIBRARY, *(kbuild.variant_name(v) for v, _, _ in kbuild.VARIANTS.get(t, ())))]
+CROSS = [(t, f) for t in QEMU
+         for f in (kbuild.LIBRARY, *(kbuild.variant_name(v) for v, _, _ in kbuild.VARIANTS.get(t, ())))]
 
 
 @pytest.mark.parametrize("check", ["dwchan_check.c", "gemm_check.c"])
