@@ -203,6 +203,7 @@ class Transport:
         if self._open:
             self._open = False
             Transport.open_count -= 1
+        self._file.close()  # (it does not own the descriptor: a read after this fails, never reads a reused one)
         try:
             self.sock.close()
         except OSError:

@@ -9,6 +9,7 @@ import os
 import socket
 import threading
 
+import pytest
 import trio
 
 from rpcsrv.board.transport import SPIN_SECONDS, Transport
@@ -43,6 +44,14 @@ async def test_a_request_that_comes_after_the_spin_is_read_and_the_loop_runs_mea
         assert await io.recv(64) == b"at once"
         a.close()
         assert await io.recv(64) == b""  # the peer's close
+        io.close()
+        spare = socket.socketpair()  # a descriptor the closed one's number may now name
+        try:
+            with pytest.raises(ValueError):
+                await io.recv(64)
+        finally:
+            for s in spare:
+                s.close()
     finally:
         late.cancel()
         io.close()
