@@ -63,6 +63,9 @@ def check_serve_args(args: argparse.Namespace) -> None:
         value = getattr(args, flag, None)
         if value is not None and value <= 0:
             raise CLIError(f"--{flag.replace('_', '-')} {value} must be positive")
+    poll = getattr(args, "poll_us", 0)
+    if not 0 <= poll <= 1_000_000:
+        raise CLIError(f"--poll-us {poll} must be 0 (sleep at once) to 1000000 microseconds")
     if args.workdir is not None:
         path = Path(args.workdir)
         if path.exists() and not path.is_dir():

@@ -202,7 +202,8 @@ class Baton:
                 if not self.lent:
                     io.share()  # before the worker can touch the descriptor's flags
                     fds = [io.sock.fileno(), self._page_fd()]
-                _send(worker.sock, (worker._budget(), ("hold", [tuple(r.entry) for r in recorded], counts)), fds)
+                _send(worker.sock, (worker._budget(), ("hold", [tuple(r.entry) for r in recorded], counts, io.spin)),
+                      fds)
                 self.lent = True
             finally:
                 if len(fds) == 2:
@@ -244,7 +245,7 @@ class Baton:
 
         async def serve() -> None:
             done.append(await trio.to_thread.run_sync(hold, _HERE, io.sock, self.page,
-                                                      [tuple(r.entry) for r in recorded], counts, bound))
+                                                      [tuple(r.entry) for r in recorded], counts, bound, io.spin))
             nursery.cancel_scope.cancel()
 
         try:

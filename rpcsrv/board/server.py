@@ -32,7 +32,7 @@ from ..native.host import NativeSession
 from ..native.library import NativeError
 from .baton import harden
 from .session import INIT_DONE, Answer, CopyData, Failed, Returned, Session, _message
-from .transport import IdleTimeout, Transport
+from .transport import SPIN_SECONDS, IdleTimeout, Transport
 from .workspace import Workspace
 
 log = logging.getLogger("rpcsrv.board.server")
@@ -59,6 +59,7 @@ class ServerConfig:
     native: str = "isolated"  # native host code: "isolated" (worker process), "inprocess" or "off"
     isolate: str = "auto"  # which libraries load in the session's worker: "native" (needed), "all", or
     # "auto" (all while another session computes in the server)
+    poll_us: int = round(SPIN_SECONDS * 1e6)  # how long a session polls for the next request (transport.py)
     # obs (issue 28): ``--metrics-port`` serves /metrics and the status page (rpcsrv.board.observe); ``stats``
     # (an observe.stats.ServerStats, made by serve) counts for them, None when the board serves no metrics
     metrics_port: Optional[int] = None
@@ -110,7 +111,7 @@ async def serve_connection(stream: trio.SocketStream, cfg: ServerConfig, answere
     conn = Connection(Role.SERVER, dialect=cfg.dialect, max_packet=limits.max_packet, max_ndim=limits.max_ndim)
     session: Optional[Session] = None
     counted = False
-    io = Transport(stream.socket, idle_timeout=limits.idle_timeout)
+    io = Transport(stream.socket, spin=max(cfg.poll_us, 0) * 1e-6, idle_timeout=limits.idle_timeout)
     record: Optional[SessionRecord] = None
     stats, live = cfg.stats, None  # obs
     admitted = False

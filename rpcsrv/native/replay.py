@@ -52,6 +52,9 @@ PAGE_FORMAT = struct.Struct("<II")
 #: how long without a request before the worker gives the connection back (the server then owns idle
 #: time-outs, closing and every other request again)
 IDLE_RETURN = 0.05
+#: the longest a loan polls for the next request before its blocking read (seconds; ``--poll-us`` is checked
+#: against the same bound)
+MAX_SPIN = 1.0
 
 
 class Entry(NamedTuple):
@@ -67,7 +70,7 @@ class Entry(NamedTuple):
 
 
 def take(state: Any, req: tuple, fds: list[int]) -> dict:
-    """The worker's answer to ``("hold", entries, counts)``: serve the loan (:func:`hold`).  The first
+    """The worker's answer to ``("hold", entries, counts, spin)``: serve the loan (:func:`hold`).  The first
     loan brings the client's socket and the shared page (``fds``), kept in ``state.lent`` for the next."""
     if fds:
         if state.lent is not None or len(fds) != 2:
@@ -80,8 +83,10 @@ def take(state: Any, req: tuple, fds: list[int]) -> dict:
         state.lent = (client, page)
     if state.lent is None:
         raise ValueError("no connection was lent to this worker")
-    _, entries, counts = req
-    return hold(state, state.lent[0], state.lent[1], entries, dict(counts))
+    _, entries, counts, spin = req
+    if not 0.0 <= float(spin) <= MAX_SPIN:
+        raise ValueError(f"a loan's poll time of {spin!r} s is outside 0..{MAX_SPIN}")
+    return hold(state, state.lent[0], state.lent[1], entries, dict(counts), spin=float(spin))
 
 
 def _callable(state: Any, frame: bytes) -> Any:
@@ -94,7 +99,7 @@ def _callable(state: Any, frame: bytes) -> Any:
 
 
 def hold(state: Any, client: socket.socket, page: Any, entries: list, counts: dict,
-         calls: Optional[dict] = None) -> dict:
+         calls: Optional[dict] = None, spin: float = 0.0) -> dict:
     """Serve the client's requests that are ``entries`` until one is not; return what was served.
 
     ``counts``: how many times the session has handed out each function handle the entries name
@@ -104,7 +109,8 @@ def hold(state: Any, client: socket.socket, page: Any, entries: list, counts: di
     again when it has it back).  What was read of a request that is not one of the entries goes back
     unanswered (``unread``), for the server to parse as if it had read it itself.  ``calls``: the bound
     call of each call entry, by index (a loan in the server's own process); else the worker's, found by
-    each entry's frame."""
+    each entry's frame.  ``spin``: seconds the C loop polls for the next request before its blocking read
+    (the server's ``--poll-us``; the Python loop reads at once)."""
     table, bound = {}, {}
     for i, raw in enumerate(entries):
         e = Entry(*raw)
@@ -128,7 +134,7 @@ def hold(state: Any, client: socket.socket, page: Any, entries: list, counts: di
     client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(IDLE_RETURN))
     if loop is not None:
         try:
-            return loop(state, client, page, counts, longest, result)
+            return loop(state, client, page, counts, longest, result, spin)
         finally:
             _untimed(client)
     clock, recv, send = time.perf_counter, client.recv, client.send
@@ -209,16 +215,17 @@ def _c_loop(entries: list, bound: dict) -> Optional[Callable]:
         return None
     if not all(hasattr(f, "parts") for f in bound.values()):
         return None
-    if fn.restype is not ctypes.c_int:
+    if fn.argtypes is None:  # (once per loaded shim; a foreign function's restype is c_int by default)
         c = ctypes
         fn.argtypes = [c.c_int, c.POINTER(_LoanEntry), c.c_int32, c.POINTER(c.c_int64), c.c_int64,
-                       c.POINTER(c.c_char), c.POINTER(c.c_int64), c.POINTER(c.c_uint32), c.POINTER(c.c_int64)]
+                       c.POINTER(c.c_char), c.POINTER(c.c_int64), c.POINTER(c.c_uint32), c.POINTER(c.c_int64),
+                       c.c_double]
         fn.restype = c.c_int
     return lambda *a: _run_c(fn, entries, bound, *a)
 
 
 def _run_c(fn: Any, entries: list, bound: dict, state: Any, client: socket.socket, page: Any, counts: dict,
-           longest: int, result: dict) -> dict:
+           longest: int, result: dict, spin: float) -> dict:
     from .abi import TVMFFIAny, TVMValue
 
     handles = sorted({Entry(*raw).handle for raw in entries})
@@ -243,7 +250,7 @@ def _run_c(fn: Any, entries: list, bound: dict, state: Any, client: socket.socke
     got, io = ctypes.c_int64(0), (ctypes.c_int64 * 2)()
     word = (ctypes.c_uint32 * 2).from_buffer(page)
     try:
-        why = fn(client.fileno(), table, len(entries), slots, longest, buf, ctypes.byref(got), word, io)
+        why = fn(client.fileno(), table, len(entries), slots, longest, buf, ctypes.byref(got), word, io, spin)
     finally:
         del word  # (the page's buffer export ends here)
     for i in range(len(entries)):

@@ -341,13 +341,13 @@ static double loan_now(void) {
 
 /* After an answer the client's next request usually comes within tens of microseconds: poll for it
  * (poll takes no lock, where a read would take the socket's lock that the client's packet then waits
- * for) for up to LOAN_SPIN seconds before the blocking recv, so that the worker is not put to sleep and
- * woken again on every call (a wake-up on another CPU costs more than the call).  The server's own
- * transport does the same (rpcsrv/board/transport.py). */
-#define LOAN_SPIN 300e-6
-static void loan_spin(int fd) {
+ * for) for up to `spin` seconds (the server's --poll-us) before the blocking recv, so that the worker is
+ * not put to sleep and woken again on every call (a wake-up on another CPU costs more than the call).
+ * The server's own transport does the same (rpcsrv/board/transport.py). */
+static void loan_spin(int fd, double spin) {
+  if (!(spin > 0)) return;
   struct pollfd p = {fd, POLLIN, 0};
-  double end = loan_now() + LOAN_SPIN;
+  double end = loan_now() + spin;
   while (poll(&p, 1, 0) == 0 && loan_now() < end) {
   }
 }
@@ -355,11 +355,11 @@ static void loan_spin(int fd) {
 /* Serve until a request is not one of the n entries (LOAN_OTHER: buf[0:*got] read), the client is idle
  * (LOAN_IDLE) or gone (LOAN_CLOSED), or a call answered otherwise than recorded (LOAN_ERROR: it failed,
  * the error is this thread's last error; LOAN_VALUE: its result cell holds a value); page[1] then names
- * the entry.  io[0], io[1]: bytes received and sent. */
+ * the entry.  io[0], io[1]: bytes received and sent.  spin: seconds to poll before each blocking read. */
 RPCSRV_API int rpcsrv_loan(int fd, LoanEntry* e, int32_t n, int64_t* counts, int64_t longest, unsigned char* buf,
-                           int64_t* got, volatile uint32_t* page, int64_t* io) {
+                           int64_t* got, volatile uint32_t* page, int64_t* io, double spin) {
   for (;;) {
-    loan_spin(fd);
+    loan_spin(fd, spin);
     ssize_t k = recv(fd, buf, (size_t)longest + 1, 0);
     if (k < 0 && errno == EINTR) continue;
     if (k < 0) return (errno == EAGAIN || errno == EWOULDBLOCK) ? LOAN_IDLE : LOAN_CLOSED;
