@@ -63,9 +63,11 @@ def check_serve_args(args: argparse.Namespace) -> None:
         value = getattr(args, flag, None)
         if value is not None and value <= 0:
             raise CLIError(f"--{flag.replace('_', '-')} {value} must be positive")
-    poll = getattr(args, "poll_us", 0)
-    if not 0 <= poll <= 1_000_000:
-        raise CLIError(f"--poll-us {poll} must be 0 (sleep at once) to 1000000 microseconds")
+    from .native.replay import MAX_SPIN  # (the loan loop's bound: the worker refuses a longer poll)
+
+    poll, most = getattr(args, "poll_us", 0), round(MAX_SPIN * 1e6)
+    if not 0 <= poll <= most:
+        raise CLIError(f"--poll-us {poll} must be 0 (sleep at once) to {most} microseconds")
     if args.workdir is not None:
         path = Path(args.workdir)
         if path.exists() and not path.is_dir():
