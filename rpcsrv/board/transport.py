@@ -12,7 +12,7 @@ the socket's lock, which the client's packet then waits for (measured: 0.7 us mo
 with the TVM client, 6 us with ours), and a read that finds nothing raises inside CPython even where
 Python sees no exception (the ``OSError`` is made, its message decoded, then dropped: ~1 us).  The
 read that follows a ``poll`` goes through ``io.FileIO`` on a socket only the server holds (no method
-lookup of ``socket.recv``, no flags); once a native worker also holds the socket (``shared``: its code
+lookup of ``socket.recv``, no flags); once a native worker also holds the socket (``share``: its code
 may clear ``O_NONBLOCK``), every read says ``MSG_DONTWAIT`` itself.  Bytes are counted as the
 syscalls report them.  Large bodies are received straight into the memory the protocol names
 (``recv_into``) and sent from the caller's buffers without joining them.
@@ -41,8 +41,9 @@ SPIN_SECONDS = 300e-6
 BURST_SECONDS = 30e-6  # the longest a waiting session polls without letting the others run
 YIELD_SECONDS = 1e-3  # the longest a connection serves without a checkpoint (also one alone)
 _FLAT = (bytes, bytearray)
-#: every read and write says "do not wait" itself: the socket's own O_NONBLOCK flag is shared with a native
-#: worker the connection is lent to (``baton.py``), whose code could clear it and so block the event loop
+#: every write, and every read once the socket is lent (``share``), says "do not wait" itself: the socket's own
+#: O_NONBLOCK flag is shared with a native worker the connection is lent to (``baton.py``), whose code could
+#: clear it and so block the event loop
 _NOWAIT = socket.MSG_DONTWAIT
 
 
@@ -73,7 +74,6 @@ class Transport:
         self.broken = False  # a send was cancelled in the middle of a packet
         self._file = io.FileIO(self.sock.fileno(), "rb", closefd=False)
         self._read = self._file.read  # ``_read(n)``: up to n bytes, b"" at the peer's close, None if none yet
-        self.shared = False  # a native worker holds the socket too (see ``share``)
         poller = select.poll()
         poller.register(self.sock.fileno(), select.POLLIN)
         self._readable = poller.poll  # ``_readable(0)``: is a byte (or the peer's close) waiting?
@@ -103,7 +103,6 @@ class Transport:
     def share(self) -> None:
         """The socket goes to a native worker (``baton.py``): from now on no read trusts the
         descriptor's ``O_NONBLOCK`` flag (the worker's code could clear it and so block the event loop)."""
-        self.shared = True
         self._read = self._recv_nowait
 
     def _recv_nowait(self, n: int):

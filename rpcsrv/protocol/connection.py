@@ -203,8 +203,7 @@ class Connection(RegionReceiver, PacketParser, PacketWriter):
         """:meth:`receive_data` then :meth:`next_event`, for bytes read while :meth:`drained`: when they are
         one whole small packet (the common case: a request, read by one ``recv``), its event straight from
         them, never copied into the buffer (the bytes it is known by are ``data`` itself)."""
-        if (type(data) is bytes and len(data) >= 8 and self._state in _FRAMED and self._pos == len(self._buf)
-                and self._phase is None and self._region_buf is None and self._closed_event is None and not self._eof):
+        if type(data) is bytes and len(data) >= 8 and self._state in _FRAMED and self.drained():
             (n,) = _I64.unpack_from(data)
             if 4 <= n < STREAM_MIN and len(data) == 8 + n and n <= self.max_packet:
                 if self._state is State.ANSWERING and self.strict:
