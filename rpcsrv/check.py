@@ -216,12 +216,29 @@ def smoke_native(mode: str, max_memory: int) -> dict:
                     raise AssertionError(f"the kernel's error came back as: {exc}") from None
             else:
                 raise AssertionError("the kernel's error did not reach Python")
+            loan.append(_loan(session))
         finally:
             session.close()
             _stop_spare()
         where = "in a worker process" if mode == "isolated" else "in this process"
         return f"check kernel ({origin}) {where}: {pointer * 8}-bit pointers, 4 parallel tasks, errors ok"
-    return _timed(run)
+
+    loan: list[str] = []
+    out = _timed(run)
+    if loan:
+        out["loan"] = loan[0]
+    return out
+
+
+def _loan(session) -> str:
+    """Whether the session's repeated native calls can be answered from the client's socket
+    (``rpcsrv.native.replay``): what its confined worker reported, else this process's own reading."""
+    confined = getattr(session, "confined", None)
+    if confined is not None:
+        return confined.get("loan", "absent: the worker did not say")
+    from .native.replay import readiness
+
+    return readiness()
 
 
 def _stop_spare() -> None:
@@ -297,6 +314,8 @@ def format_report(r: dict) -> str:
     for name, smoke in r["smoke"].items():
         took = f" ({smoke['ms']} ms)" if "ms" in smoke else ""
         lines.append(f"smoke     {name}: {'ok' if smoke['ok'] else 'FAILED'}{took}: {smoke['detail']}")
+        if "loan" in smoke:
+            lines.append(f"          repeated native calls answered from the client's socket (loan): {smoke['loan']}")
     lines.append("result    OK" if r["ok"] else "result    FAILED: " + "; ".join(r["problems"]))
     return "\n".join(lines)
 

@@ -58,7 +58,7 @@ def need_shared(*parts: str) -> Path:
 class ServerProcess:
     """``rpcsrv serve`` in a child process on a free port (what a user runs on the board)."""
 
-    def __init__(self, *args: str, workdir=None):
+    def __init__(self, *args: str, workdir=None, env=None, cwd=None):
         import re
         import subprocess
         import sys
@@ -70,7 +70,7 @@ class ServerProcess:
 
         # the log goes to a file: a pipe nobody reads would block the server once it fills
         self.log = tempfile.TemporaryFile("a+")  # O_APPEND: the child never writes at the offset we read from
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env, cwd=cwd)
         line = self.proc.stdout.readline()
         m = re.search(r":(\d+)", line)
         if not m:

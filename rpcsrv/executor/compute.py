@@ -165,15 +165,19 @@ class OthersBusy:
     session's call, onnxruntime in the benchmark) as other processes, and kept a model on one thread
     half the time where two ran it 1.6x faster (DenseNet)."""
 
-    def __init__(self) -> None:
+    def __init__(self, machine: Optional[Callable[[], Optional[float]]] = None,
+                 own: Callable[[], float] = time.process_time, clock: Callable[[], float] = time.monotonic) -> None:
+        """``machine``: seconds of CPU time all processes used (default: ``/proc/stat``); ``own``: this
+        process's; ``clock``: seconds of wall time."""
         self.value = 0.0
         self._last: Optional[tuple[float, float, float]] = None  # (machine busy s, our CPU s, monotonic s)
+        self._machine, self._own, self._clock = machine or self._machine_busy, own, clock
 
     def cores(self) -> float:
-        now = time.monotonic()
+        now = self._clock()
         if self._last is not None and now - self._last[2] < BUSY_WINDOW:
             return self.value
-        busy, ours = self._machine_busy(), time.process_time()
+        busy, ours = self._machine(), self._own()
         if busy is None:
             return 0.0
         if self._last is not None:

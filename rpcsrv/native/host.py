@@ -163,13 +163,17 @@ class NativeSession:
         if self.confined is None:
             self.confined, _ = self.worker.request(("confine", confine.policy(root, self.max_memory)),
                                                    "confining the native worker")
-            absent = {k: v for k, v in self.confined.items() if not v.startswith("in force")}
-            if absent:
-                import logging
+            absent = {k: v for k, v in self.confined.items() if not v.startswith("in force") and k != "loan"}
+            import logging
 
-                logging.getLogger("rpcsrv.native").warning(
-                    "native worker %s confined without: %s", self.worker.pid,
-                    "; ".join(f"{k} ({v})" for k, v in absent.items()))
+            log = logging.getLogger("rpcsrv.native")
+            if absent:
+                log.warning("native worker %s confined without: %s", self.worker.pid,
+                            "; ".join(f"{k} ({v})" for k, v in absent.items()))
+            loan = self.confined.get("loan", "absent: the worker did not say")
+            if not loan.startswith("in force"):
+                log.warning("native worker %s cannot serve repeated native calls from the client's socket "
+                            "(they cross the server each time): %s", self.worker.pid, loan[len("absent: "):])
         real = os.path.realpath(path)
         if os.path.commonpath([real, os.path.realpath(root)]) != os.path.realpath(root):
             fd, copy = tempfile.mkstemp(suffix=os.path.splitext(path)[1], dir=root)

@@ -195,6 +195,22 @@ def hold(state: Any, client: socket.socket, page: Any, entries: list, counts: di
     return result
 
 
+def readiness() -> str:
+    """Whether this process can serve a loan, and with which loop: ``"in force: ..."`` or ``"absent: why"``
+    (what a worker reports once confined; ``rpcsrv check`` and the server's log show it)."""
+    if not hasattr(socket, "recv_fds") or not hasattr(os, "memfd_create"):
+        return "absent: this system cannot pass a socket to another process with its shared page"
+    if not USE_C:
+        return "in force: Python loop (RPCSRV_LOAN_LOOP=python)"
+    try:
+        from .shim import load_shim
+
+        load_shim().rpcsrv_loan
+    except (ImportError, OSError, AttributeError, RuntimeError) as exc:
+        return f"in force: Python loop (the runtime shim has no C loop: {exc})"
+    return "in force: C loop (rpcsrv_loan of the runtime shim)"
+
+
 def _untimed(client: socket.socket) -> None:
     """The socket's receive time-out back to none (the server sets it non-blocking again)."""
     try:

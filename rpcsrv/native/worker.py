@@ -222,9 +222,20 @@ def _confine(state: WorkerState, policy: dict) -> dict:
     if state.confined is None:
         from .confine import apply
 
-        state.confined = apply(policy)
+        state.confined = {**apply(policy), "loan": _loan_readiness()}
         watch_parent()
     return state.confined
+
+
+def _loan_readiness() -> str:
+    """Whether this worker, confined, can serve its session's repeated native calls from the client's
+    socket (``replay.py``): ``"in force: ..."`` or ``"absent: why"``."""
+    try:
+        from . import replay
+    except ImportError as exc:
+        return (f"absent: the confined worker cannot import its loan loop ({exc}); its user may not read "
+                f"rpcsrv's folder {os.path.dirname(os.path.dirname(__file__))}")
+    return replay.readiness()
 
 
 def _worker_globals() -> dict:
@@ -346,9 +357,9 @@ def watch_parent(interval: float = PARENT_CHECK) -> threading.Thread:
 
 def _preload() -> None:
     """Everything a confined worker may import or open later, now: the runtime shim and the compiled
-    executor kernels (loaded with the server's rights) and the executor, loader and native modules
-    (after the identity drop Python's own folders may not be readable, e.g. a Python installed in root's
-    home)."""
+    executor kernels (loaded with the server's rights), and every module of the executor, loader, native
+    and protocol packages.  After the identity drop neither Python's own folders nor rpcsrv's may be
+    readable (a Python or a checkout in root's home): a module first imported then fails."""
     import importlib
     import pkgutil
 
@@ -358,12 +369,12 @@ def _preload() -> None:
         load_shim()
     except (ShimUnavailable, OSError):
         pass  # load_module names what the library needed
-    from .. import executor, loader
+    from .. import executor, loader, native, protocol
 
-    for package in (executor, loader):
+    for package in (executor, loader, native, protocol):
         for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
-            importlib.import_module(info.name)
-    from . import measure, runtime  # noqa: F401
+            if info.name != __spec__.name:  # (this module runs as __main__)
+                importlib.import_module(info.name)
     from ..executor.kernels import compiled
     from .machine import board
 

@@ -28,8 +28,17 @@ def test_check_passes_here_and_prints_every_section():
     done = _run()
     assert done.returncode == 0, done.stdout + done.stderr
     for head in ("machine ", "python ", "numpy ", "BLAS:", "native ", "limits ", "smoke     examplejson: ok",
-                 "smoke     native: ok", "result    OK"):
+                 "smoke     native: ok", "answered from the client's socket (loan): ", "result    OK"):
         assert head in done.stdout, f"{head!r} missing:\n{done.stdout}"
+
+
+@pytest.mark.parametrize("loop", ["c", "python"])
+def test_check_says_which_loop_serves_loans_and_why_none_does(loop, tmp_path):
+    """The loan's line names the loop a confined worker serves loans with (the case of a worker that cannot
+    serve them is tests/native/test_native_loan.py's: rpcsrv in a folder its user cannot read)."""
+    report = json.loads(_run("--json", env={"RPCSRV_LOAN_LOOP": loop}).stdout)
+    expect = "in force: C loop" if loop == "c" else "in force: Python loop"
+    assert report["smoke"]["native"]["loan"].startswith(expect), report["smoke"]["native"]
 
 
 def test_check_json_takes_the_serve_limit_flags():

@@ -21,8 +21,8 @@ else:
 class MetricsBoard(ServerProcess):
     """``rpcsrv serve --metrics-port 0`` in a child process; ``url``: its metrics endpoint."""
 
-    def __init__(self, *args: str, workdir=None):
-        super().__init__("--metrics-port", "0", *args, workdir=workdir)
+    def __init__(self, *args: str, workdir=None, env=None, cwd=None):
+        super().__init__("--metrics-port", "0", *args, workdir=workdir, env=env, cwd=cwd)
         line = self.proc.stdout.readline()
         m = re.search(r"(http://[^/\s]+)/", line)
         if not m:
