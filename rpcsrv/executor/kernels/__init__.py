@@ -13,7 +13,7 @@ from __future__ import annotations
 from ...loader.opset import onnx_op_to_kernel
 
 # each module registers its kernels on import
-from . import binary, conv, linalg, misc, norm, pool, quant, reduce, resize, shape, unary  # noqa: F401
+from . import binary, conv, linalg, misc, norm, pool, qlinear, quant, reduce, resize, shape, unary  # noqa: F401
 from .registry import KERNELS, Kernel, check_complete, register
 
 check_complete()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...loader.opset.quant import QuantParams, clamp_bounds
 from .conv import conv
 from .registry import register
 
@@ -55,28 +56,34 @@ def conv_integer(x, w, x_zero_point=None, w_zero_point=None, *, auto_pad: str = 
     return np.rint(y).astype(np.int32)  # float64 holds these sums exactly (< 2**53)
 
 
-def _requantize(acc, scale, y_scale, y_zero_point):
-    """saturate(round_half_even(acc * scale / y_scale) + y_zero_point) in the zero point's type."""
+def _requantize(acc, scale, y_scale, y_zero_point, activation=None, activation_attrs=None):
+    """saturate(round_half_even(acc * scale / y_scale) + y_zero_point) in the zero point's type, clamped to a
+    fused activation's range (``rpcsrv.loader.opset.quant.clamp_bounds``); the product in float64, exact
+    where onnxruntime's float32 one may differ by a step on rare elements."""
     y_zp = np.asarray(y_zero_point)
     q = np.rint(acc * (scale / _per(y_scale, "none"))) + y_zp.astype(np.float64)
-    info = np.iinfo(y_zp.dtype)
-    return np.clip(q, info.min, info.max).astype(y_zp.dtype)
+    lo, hi = clamp_bounds(activation, activation_attrs, QuantParams.of(y_scale, y_zp))
+    return np.clip(q, lo, hi).astype(y_zp.dtype)
 
 
 @register("q_linear_matmul")
-def q_linear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point):
-    """ONNX QLinearMatMul with per-tensor or per-row (a) / per-column (b) quantization parameters."""
+def q_linear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, *,
+                    activation=None, activation_attrs=None):
+    """ONNX QLinearMatMul with per-tensor or per-row (a) / per-column (b) quantization parameters; a fused
+    ``relu``/``clip`` clamps the output."""
     a_c = np.asarray(a).astype(np.float64) - _per(a_zero_point, "row")
     b_c = np.asarray(b).astype(np.float64) - _per(b_zero_point, "col")
     acc = np.matmul(a_c, b_c)  # exact: integer sums far below 2**53
-    return _requantize(acc, _per(a_scale, "row") * _per(b_scale, "col"), y_scale, y_zero_point)
+    return _requantize(acc, _per(a_scale, "row") * _per(b_scale, "col"), y_scale, y_zero_point, activation,
+                       activation_attrs)
 
 
 @register("q_linear_conv")
 def q_linear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b=None, *,
                   auto_pad: str = "NOTSET", dilations=None, group: int = 1, kernel_shape=None, pads=None,
-                  strides=None):
-    """ONNX QLinearConv: per-tensor x, per-tensor or per-output-channel w, int32 bias B."""
+                  strides=None, activation=None, activation_attrs=None):
+    """ONNX QLinearConv: per-tensor x, per-tensor or per-output-channel w, int32 bias B; a fused
+    ``relu``/``clip`` clamps the output."""
     k = np.ndim(w) - 2
     xc = np.asarray(x).astype(np.float64) - _per(x_zero_point, "none")
     wc = np.asarray(w).astype(np.float64) - _per(w_zero_point, "chan", k + 1)
@@ -85,4 +92,4 @@ def q_linear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y
     if b is not None:
         acc = acc + np.asarray(b, np.float64).reshape((-1,) + (1,) * k)
     scale = _per(x_scale, "none") * _per(w_scale, "chan", k)
-    return _requantize(np.rint(acc), scale, y_scale, y_zero_point)
+    return _requantize(np.rint(acc), scale, y_scale, y_zero_point, activation, activation_attrs)

@@ -164,11 +164,32 @@ op("depth_to_space", "x", blocksize=i(REQUIRED), mode=BLOCK_MODE)
 op("space_to_depth", "x", blocksize=i(REQUIRED), mode=BLOCK_MODE)
 op("trilu", "x k?", upper=i(1))
 
-# -- quant.py: integer and quantized linear algebra
+# -- quant: integer and quantized ops (ONNX's, and onnxruntime's com.microsoft contrib ops); the roles of
+# their scale and zero-point inputs are opset/quant.py's QUANT_ROLES.  ``activation`` (rpcsrv) on an int8
+# op: relu or clip applied to the real-valued result before it is quantized, an exact clamp of the output
+# (a folded DQ -> Conv -> Relu -> Q chain).  A zero point that a contrib op may leave out before other inputs
+# is required here: a compiler writes the 0 it means
+Q_FUSED = dict(activation=Attr("op", None, ("relu", "clip"), "an int8 op clamps its output: relu and clip only"),
+               activation_attrs=Attr("object"))
 op("matmul_integer", "a b a_zero_point? b_zero_point?")
 op("conv_integer", "x w x_zero_point? w_zero_point?", **CONV)
-op("q_linear_matmul", "a a_scale a_zero_point b b_scale b_zero_point y_scale y_zero_point")
-op("q_linear_conv", "x x_scale x_zero_point w w_scale w_zero_point y_scale y_zero_point b?", **CONV)
+op("q_linear_matmul", "a a_scale a_zero_point b b_scale b_zero_point y_scale y_zero_point", **Q_FUSED)
+op("q_linear_conv", "x x_scale x_zero_point w w_scale w_zero_point y_scale y_zero_point b?", **CONV, **Q_FUSED)
+op("q_gemm", "a a_scale a_zero_point b b_scale b_zero_point c? y_scale? y_zero_point?", alpha=f(1.0),
+   transA=i(0), transB=i(0), **Q_FUSED)  # y_scale absent: the output is float32
+for _name in ("q_linear_add", "q_linear_mul"):
+    op(_name, "a a_scale a_zero_point b b_scale b_zero_point c_scale c_zero_point?", **Q_FUSED)
+op("q_linear_concat", "y_scale y_zero_point inputs+", axis=i(REQUIRED))  # inputs: (x, x_scale, x_zero_point)...
+op("q_linear_global_average_pool", "x x_scale x_zero_point y_scale y_zero_point", channels_last=i(0, (0,)))
+op("q_linear_average_pool", "x x_scale x_zero_point y_scale y_zero_point?", auto_pad=AUTO_PAD,
+   kernel_shape=Attr("ints", REQUIRED), pads=INTS, strides=INTS, ceil_mode=i(0), count_include_pad=i(0),
+   channels_last=i(0, (0,)))
+op("q_linear_sigmoid", "x x_scale x_zero_point y_scale y_zero_point?")
+op("q_linear_leaky_relu", "x x_scale x_zero_point y_scale y_zero_point?", alpha=f(0.01))
+op("q_linear_softmax", "x x_scale x_zero_point y_scale y_zero_point", axis=i(-1), opset=i(REQUIRED))
+op("dynamic_quantize_linear", "x", "y y_scale y_zero_point")
+op("dynamic_quantize_matmul", "a b b_scale b_zero_point? bias?")
+op("matmul_integer_to_float", "a b a_scale b_scale a_zero_point? b_zero_point? bias?")
 
 # -- misc.py
 op("dropout", "data ratio? training_mode?", "output mask?", seed=i(), ratio=f(), is_test=i(1))
