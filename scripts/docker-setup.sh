@@ -13,6 +13,8 @@
 #
 # Environment:  RPCSRV_BASE_IMAGE (host base, default rpcsrv-base:bookworm-host-amd64)   DEBIAN_MIRROR (default deb.debian.org)
 #               DOCKERD_LOG (default /tmp/rpcsrv-dockerd.log)
+# The pid of a dockerd it starts is written to /run/rpcsrv-dockerd.pid: the engine serves the machine, not one
+# test run (tests/conftest.py does not count it as a process the tests left behind).
 set -eu
 
 BASE_IMAGE=${RPCSRV_BASE_IMAGE:-rpcsrv-base:bookworm-host-amd64}
@@ -52,6 +54,7 @@ engine_up() { "$DOCKER" info >/dev/null 2>&1; }
 start_dockerd() {  # $@: extra dockerd flags; waits up to 30 s for the engine to answer
     say "starting dockerd $*"
     setsid dockerd "$@" >"$DOCKERD_LOG" 2>&1 < /dev/null &
+    echo $! > /run/rpcsrv-dockerd.pid
     i=0
     while [ $i -lt 30 ]; do
         engine_up && return 0
