@@ -99,7 +99,7 @@ def layers(name: str, rounds: int, op: str = "conv", key: str = "on", take=None,
 
     from threadpoolctl import threadpool_limits
 
-    from rpcsrv.executor import compute, examplejson
+    from rpcsrv.executor import compute, module
     from rpcsrv.executor.kernels import gemm
 
     take = take or (lambda node: op in str(node.op))
@@ -116,14 +116,14 @@ def layers(name: str, rounds: int, op: str = "conv", key: str = "on", take=None,
     try:
         with tempfile.TemporaryDirectory() as tmp, compute.fixed_threads(1), threadpool_limits(1, "blas"):
             eng = zoo_bench.Engines(name, Path(tmp))
-            token = examplejson.STEP_HOOK.set(hook)
+            token = module.STEP_HOOK.set(hook)
             try:
                 for r in range(rounds):
                     for arm in (True, False) if r % 2 else (False, True):
                         gemm.SWITCH[key] = arm
                         eng._run()
             finally:
-                examplejson.STEP_HOOK.reset(token)
+                module.STEP_HOOK.reset(token)
     finally:
         gemm.SWITCH[key] = True
     total = [0.0, 0.0]

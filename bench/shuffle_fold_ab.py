@@ -1,4 +1,4 @@
-"""ShuffleNetV2's Concat + channel shuffle folded and not, paired (issue 27, ``rpcsrv.executor.shuffle_fold``):
+"""ShuffleNetV2's Concat + channel shuffle folded and not, paired (issue 27, ``rpcsrv.executor.examplejson.shuffle_fold``):
 one library loaded twice in one process, once as it is and once with the fold and the plan of convs that are
 not depthwise reading a shuffle (``plans._shuffled_conv``) turned off, run alternately (the order flips each
 round), onnxruntime after each pair, 1 thread; medians.
@@ -28,7 +28,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from threadpoolctl import threadpool_limits
 
-    from rpcsrv.executor import compute, examplejson, load_module
+    from rpcsrv.executor import compute, load_module
+    from rpcsrv.executor.examplejson import subgraphs as examplejson
     from rpcsrv.executor.kernels import plans
     from rpcsrv.protocol.dtypes import Device
 

@@ -1,4 +1,4 @@
-"""ShuffleNetV2's Concat + channel shuffle folded into one step (rpcsrv.executor.shuffle_fold): small
+"""ShuffleNetV2's Concat + channel shuffle folded into one step (rpcsrv.executor.examplejson.shuffle_fold): small
 ShuffleNetV2-style units built with onnx.helper (the halves taken by Slice, by opset-13 Split with the sizes
 as an input, by opset-18 Split with ``num_outputs``; 2 groups and others, concat inputs spanning groups),
 compiled by the real compiler, exported and run through the executor, against onnxruntime; the folded
@@ -287,7 +287,7 @@ def test_every_step_keeps_its_onnx_tensor_value(tmp_path):
     import onnx
 
     from rpcsrv.client.compare import onnx_intermediates, pair_subgraphs
-    from rpcsrv.executor import examplejson
+    from rpcsrv.executor import module
 
     need_module("onnxruntime")
     m = model("slice", 2, units=2)
@@ -299,11 +299,11 @@ def test_every_step_keeps_its_onnx_tensor_value(tmp_path):
     gmod = load_module(path).get_function("default")(Device(1, 0))
     gmod.get_function("set_input")("x", feed["x"])
     seen = []
-    token = examplejson.STEP_HOOK.set(lambda symbol, node, value, s: seen.append((symbol, node, value.copy())))
+    token = module.STEP_HOOK.set(lambda symbol, node, value, s: seen.append((symbol, node, value.copy())))
     try:
         gmod.get_function("run")()
     finally:
-        examplejson.STEP_HOOK.reset(token)
+        module.STEP_HOOK.reset(token)
     names = {(symbol, node.id): pairs[symbol][node.id] for symbol, node, _ in seen}
     ref = onnx_intermediates(onnx_path, feed, sorted(set(names.values())))
     assert [node.op for _, node, _ in seen].count("reshape") == 2 and "u0_out" in names.values()

@@ -87,7 +87,7 @@ def test_nan_propagates_as_numpy(activation, c_kernels):
 
 def _planned(kind, m, k, hw, activation, seed=1):
     """(plan, args, want) of a 1x1 conv of kind pointwise / residual / scaled, from the planner."""
-    from rpcsrv.executor.scale_fold import scaled
+    from rpcsrv.executor.examplejson.scale_fold import scaled
 
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((1, k) + hw).astype(np.float32)

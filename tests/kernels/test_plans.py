@@ -217,7 +217,7 @@ def test_inputs_the_plan_was_not_made_for_run_the_general_kernel(c_kernels, monk
 def test_planned_scaled_pointwise(case, activation, c_kernels):
     """scale_fold's conv(x * s, w, b) (squeeze-and-excitation): the scale on the weights when M <= H*W,
     else on the input; another scale shape runs the folded kernel itself."""
-    from rpcsrv.executor.scale_fold import scaled
+    from rpcsrv.executor.examplejson.scale_fold import scaled
 
     n, c, m, hw = case
     rng = np.random.default_rng(m)

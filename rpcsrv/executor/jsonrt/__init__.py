@@ -6,7 +6,7 @@ The loader node (``rpcsrv.loader.jsonrt``) holds the symbol, the checked graph a
 ``attrs.py`` reads the string-list attributes and layouts.  See ``docs/jsonrt.md``.
 """
 
-from .runtime import JSONRuntime, jsonrt_runtime
+from .symbols import JSONRuntime, jsonrt_runtime
 from .table import COMPOSITES, OPS, lookup, supported_names
 
 __all__ = ["COMPOSITES", "JSONRuntime", "OPS", "jsonrt_runtime", "lookup", "supported_names"]

@@ -12,6 +12,6 @@
 
 from .builtins import BUILTINS, VMError
 from .executable import VMExecutableRuntime
-from .machine import VirtualMachine, export
+from .interpreter import VirtualMachine, export
 
 __all__ = ["BUILTINS", "VMError", "VMExecutableRuntime", "VirtualMachine", "export"]

@@ -18,8 +18,8 @@ from typing import Any, Callable
 import numpy as np
 
 from ...protocol.dtypes import DataType
-from ..runtime import ExecutorError
-from .values import Closure, ShapeTuple, Storage, Tensor, aligned_empty, dtype_of
+from ..module import ExecutorError
+from .registers import Closure, ShapeTuple, Storage, Tensor, aligned_empty, dtype_of
 
 # MatchShapeCode / MakeShapeCode (include/tvm/runtime/vm/builtin.h)
 ASSERT_EQ_IMM, STORE_TO_HEAP, NO_OP, ASSERT_EQ_LOAD = 0, 1, 2, 3

@@ -29,7 +29,7 @@ from typing import Callable
 
 import numpy as np
 
-from .examplejson_text import Node, Subgraph, input_counts, rewritten
+from .text import Node, Subgraph, input_counts, rewritten
 
 #: the Slice inputs after the data: starts, ends, axes, steps
 _SLICE_PARAMS = 4
@@ -126,7 +126,7 @@ def reshape_check(reshape: Callable, cat: Node, r1: Node, t: Node, r2: Node) -> 
 def cached_slice(table_slice: Callable) -> Callable:
     """A Slice kernel whose numpy index is worked out once per input shape and bound constants (the table
     kernel's ``slice_index``); anything else goes to ``table_slice``."""
-    from .kernels.shape import slice_index
+    from ..kernels.shape import slice_index
 
     memo: list = [None]  # (input shape, constants, index)
 

@@ -22,7 +22,7 @@ import numpy as np
 from ...loader.jsonrt import JSONRuntimeModule
 from ...loader.jsonrt_graph import JSONGraph
 from ...protocol.dtypes import DataType
-from ..runtime import STEP_HOOK, ExecutorError, RuntimeModule, StepInfo
+from ..module import STEP_HOOK, ExecutorError, RuntimeModule, StepInfo
 from .attrs import Attrs, OpError
 from .table import lookup
 
@@ -197,7 +197,7 @@ class JSONRuntime(RuntimeModule):
                     raise ExecutorError(f"{step.where} op {step.node.name!r}: kernel produced {value.dtype} "
                                         f"{list(value.shape)} but the node declares {dtype} {list(shape)}")
                 values[eid] = value
-            if hook is not None:  # the debug executor's per-kernel view (rpcsrv.executor.runtime.STEP_HOOK)
+            if hook is not None:  # the debug executor's per-kernel view (rpcsrv.executor.module.STEP_HOOK)
                 hook(self.symbol, step.info, values[step.outputs[0]], time.perf_counter() - start)
             for eid in self.drops[k]:
                 del values[eid]

@@ -19,9 +19,9 @@ from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 
-from ..loader.opset import node_problems
-from ..protocol.dtypes import numpy_dtype
-from .runtime import ExecutorError
+from ...loader.opset import node_problems
+from ...protocol.dtypes import numpy_dtype
+from ..module import ExecutorError
 
 Kernel = Callable[..., Any]
 

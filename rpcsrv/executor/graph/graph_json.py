@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from ..protocol.dtypes import numpy_dtype
-from .runtime import ExecutorError
+from ...protocol.dtypes import numpy_dtype
+from ..module import ExecutorError
 
 _TOP_KEYS = {"nodes", "arg_nodes", "node_row_ptr", "heads", "attrs"}
 _ATTR_TYPES = {"storage_id": "list_int", "shape": "list_shape", "dltype": "list_str",

@@ -21,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-from .examplejson_text import Node, Subgraph, input_counts, rewritten
+from .text import Node, Subgraph, input_counts, rewritten
 
 F32 = np.dtype(np.float32)
 

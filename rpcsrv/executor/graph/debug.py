@@ -18,7 +18,7 @@ answers):
 
 rpcsrv's own additions (``rpcsrv_`` prefix; they look inside the functions of every module kind that
 runs kernel steps, ExampleJSON subgraphs and JSON-runtime graphs, through
-:data:`rpcsrv.executor.runtime.STEP_HOOK`):
+:data:`rpcsrv.executor.module.STEP_HOOK`):
 
 * ``rpcsrv_profile_steps(number, repeat)`` → JSON: per node the seconds of each repeat and, for
   each ExampleJSON kernel step inside it, its seconds per repeat;
@@ -38,10 +38,9 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from .runtime import STEP_HOOK
-from .graph import GraphExecutorModule, op_exec_node_ids, parse_create_args
+from ..module import STEP_HOOK, ExecutorError, RuntimeModule
+from .executor import GraphExecutorModule, op_exec_node_ids, parse_create_args
 from .graph_json import Graph
-from .runtime import ExecutorError, RuntimeModule
 
 
 def time_calls(fn: Callable[[], Any], number: int, repeat: int, min_repeat_ms: int = 0,

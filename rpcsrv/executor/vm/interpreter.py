@@ -21,11 +21,11 @@ from ...loader.vm_executable import (
     OP_RET, VM_REGISTER, VOID_REGISTER,
 )
 from .. import compute
-from ..runtime import RuntimeModule
+from ..module import RuntimeModule
 from ...protocol.dtypes import DataType
 from .builtins import BUILTINS, VMError, read_if_cond
 from .ffi import T_DLTENSOR, NativeKernel, encode_value
-from .values import (
+from .registers import (
     Closure, InputStaging, ShapeTuple, Storage, StoragePool, Tensor, as_tensor, export,
 )
 
@@ -341,10 +341,10 @@ class VirtualMachine(RuntimeModule):
 
     def profile_call(self, name: str, *args: Any) -> str:
         """rpcsrv's ``rpcsrv_profile(name, *args)``: one call of VM function ``name`` with every call
-        instruction timed (:class:`rpcsrv.executor.profiler.VMProfiler` as the instrument, then the
+        instruction timed (:class:`rpcsrv.executor.vm.profiler.VMProfiler` as the instrument, then the
         previous instrument again); the JSON report (``profiler.py``).  A function of the VM module,
         so it runs wherever the VM does (a native worker too)."""
-        from ..profiler import VMProfiler
+        from .profiler import VMProfiler
 
         prof, previous = VMProfiler(), self.instrument
         self.set_instrument(prof)

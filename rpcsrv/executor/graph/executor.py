@@ -16,11 +16,11 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from ..protocol.dtypes import HOST_DEVICE_TYPES, Device
-from . import compute
+from ...protocol.dtypes import HOST_DEVICE_TYPES, Device
+from .. import compute
 from .graph_json import Graph, parse_graph_json
-from .memory import before_allocation
-from .runtime import ExecutorError, RuntimeModule
+from ..memory import before_allocation
+from ..module import ExecutorError, RuntimeModule
 
 #: how executors get their storage pools (zero-filled uint8 arrays); the native worker points this
 #: at its shared arena so that outputs can be mapped by the session without a copy
@@ -325,7 +325,7 @@ def _op_exec(fn: Any, args: list[np.ndarray]) -> tuple:
 def _param_dict(blob: Any, what: str) -> dict[str, np.ndarray]:
     if not isinstance(blob, (bytes, bytearray, memoryview)):
         raise ExecutorError(f"{what} expects the bytes of a saved param dict, got {type(blob).__name__}")
-    from ..loader import LoaderError, load_param_dict
+    from ...loader import LoaderError, load_param_dict
 
     try:
         return load_param_dict(bytes(blob))

@@ -31,7 +31,7 @@ from typing import Callable
 import numpy as np
 
 from .concat_chain import _axis, chains
-from .examplejson_text import Node, RUNTIME_ATTRS, Subgraph, input_counts
+from .text import Node, RUNTIME_ATTRS, Subgraph, input_counts
 
 #: ``SWITCH["on"] = False``: subgraph functions made after it keep their Concats as they are (paired benchmarks)
 SWITCH = {"on": True}

@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from .examplejson_text import Node, Subgraph
+from .text import Node, Subgraph
 
 
 def _axis(node: Node) -> int | None:

@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from .examplejson_text import Node, Subgraph, input_counts, rewritten
+from .text import Node, Subgraph, input_counts, rewritten
 
 F32 = np.dtype(np.float32)
 _FUSED = ("activation", "activation_attrs")
@@ -55,8 +55,8 @@ def fold_residuals(graph: Subgraph, ops: list[Node], kernels, folded) -> tuple[l
     """``ops`` with each foldable (1x1 conv, residual Add) pair made one node at the Add's place (with the
     Add's ID), and the kernels of those nodes by node ID.  ``folded``: the convs scale_fold rewrote (node
     ID -> kernel), folded with their scale."""
-    from .kernels import compiled
-    from .kernels.registry import apply_activation
+    from ..kernels import compiled
+    from ..kernels.registry import apply_activation
 
     if "conv" not in kernels or compiled.library() is None:
         return ops, {}

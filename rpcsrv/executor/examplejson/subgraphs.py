@@ -17,8 +17,8 @@ import numpy as np
 
 from .concat_chain import chain_kernels
 from .concat_fold import fold_concats
-from .examplejson_text import RUNTIME_ATTRS, ExampleJSONError, Kernel, Node, Subgraph, parse_examplejson
-from .runtime import STEP_HOOK, ExecutorError, RuntimeModule  # (STEP_HOOK: re-exported for the benches)
+from .text import RUNTIME_ATTRS, ExampleJSONError, Kernel, Node, Subgraph, parse_examplejson
+from ..module import STEP_HOOK, ExecutorError, RuntimeModule
 from .residual_fold import fold_residuals
 from .scale_fold import fold_scales
 from .shuffle_fold import fold_shuffles
@@ -102,7 +102,7 @@ class SubgraphFunction:
     def prepare(self) -> None:
         """Derive what kernels cache from the constants bound so far (``kernels.load_time``), so the
         first run after loading does not."""
-        from .kernels.load_time import prepare_constants
+        from ..kernels.load_time import prepare_constants
 
         ops = self.graph.ops  # as declared (a folded conv's weights are scaled at each call: nothing to prepare)
         prepare_constants(ops, self.graph.nodes, self.constants,
@@ -113,7 +113,7 @@ class SubgraphFunction:
     def _planned(self, step: tuple) -> tuple:
         """``step`` with its kernel bound to its node's shapes and constants when ``kernels.plans`` has a
         plan for it (its attributes then go into the plan), else as it is."""
-        from .kernels.plans import plan
+        from ..kernels.plans import plan
 
         node, kernel, kattrs, key, last_of_key, index, drops = step
         if key is not None or index != 0 or node.id not in self._plannable:
@@ -197,7 +197,7 @@ class ExampleJSONRuntime(RuntimeModule):
     def __init__(self, code: str, kernels: Optional[Mapping[str, Kernel]] = None, imports=None):
         super().__init__(imports)
         if kernels is None:
-            from .kernels import KERNELS as kernels  # noqa: N811 - the shared kernel table
+            from ..kernels import KERNELS as kernels  # noqa: N811 - the shared kernel table
         self.code = code
         self.graphs = parse_examplejson(code, kernels)
         self.constants: dict[str, dict[int, np.ndarray]] = {name: {} for name in self.graphs}
