@@ -1,7 +1,7 @@
-"""ShuffleNetV2's Concat + channel shuffle folded and not, paired (issue 27, ``rpcsrv.executor.examplejson.shuffle_fold``):
-one library loaded twice in one process, once as it is and once with the fold and the plan of convs that are
-not depthwise reading a shuffle (``plans._shuffled_conv``) turned off, run alternately (the order flips each
-round), onnxruntime after each pair, 1 thread; medians.
+"""ShuffleNetV2's Concat + channel shuffle folded and not, paired (issue 27,
+``rpcsrv.executor.examplejson.shuffle_fold``): one library loaded twice in one process, once as it is and once
+with the fold and the plan of convs that are not depthwise reading a shuffle (``plans._shuffled_conv``) turned
+off, run alternately (the order flips each round), onnxruntime after each pair, 1 thread; medians.
 
     RPCSRV_TORCH_ZOO=... python bench/shuffle_fold_ab.py [--models torch_shufflenetv2,shufflenet] [--rounds 30]
 """

@@ -1,8 +1,9 @@
-"""Branches written straight into their Concat's buffer (rpcsrv.executor.examplejson.concat_fold): Fire- and Inception-style
-blocks built with onnx.helper, compiled by compile_onnx and run by the executor, against onnxruntime and against
-the same module with the fold off; the producers' values are views of the Concat's buffer exactly where the
-fold applies, and the block is left alone where it must be (a producer with another reader, a producer that is
-a graph output, two images).  Also: two threads calling one subgraph function at once."""
+"""Branches written straight into their Concat's buffer (rpcsrv.executor.examplejson.concat_fold): Fire- and
+Inception-style blocks built with onnx.helper, compiled by compile_onnx and run by the executor, against
+onnxruntime and against the same module with the fold off; the producers' values are views of the Concat's
+buffer exactly where the fold applies, and the block is left alone where it must be (a producer with another
+reader, a producer that is a graph output, two images).  Also: two threads calling one subgraph function at
+once."""
 
 from __future__ import annotations
 
