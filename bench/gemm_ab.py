@@ -34,7 +34,8 @@ RESNET50 = [(64, 256, 56), (256, 64, 56), (256, 128, 56), (512, 128, 28), (128, 
 
 
 def shapes(reps_flops: float = 2e8) -> None:
-    from rpcsrv.executor.kernels import compiled, gemm
+    from rpcsrv.executor.kernels.clib import compiled
+    from rpcsrv.executor.kernels.conv import gemm
 
     lib = compiled.library()
     assert lib is not None, compiled.status()
@@ -74,7 +75,7 @@ def models(names: list[str], rounds: int, key: str = "on") -> None:
     from threadpoolctl import threadpool_limits
 
     from rpcsrv.executor import compute
-    from rpcsrv.executor.kernels import gemm
+    from rpcsrv.executor.kernels.conv import gemm
 
     print("| model | onnxruntime ms | BLAS + epilogue ms | gemm.c ms | BLAS / ort | gemm / ort | gain |")
     print("|---|---|---|---|---|---|---|")
@@ -100,7 +101,7 @@ def layers(name: str, rounds: int, op: str = "conv", key: str = "on", take=None,
     from threadpoolctl import threadpool_limits
 
     from rpcsrv.executor import compute, module
-    from rpcsrv.executor.kernels import gemm
+    from rpcsrv.executor.kernels.conv import gemm
 
     take = take or (lambda node: op in str(node.op))
     describe = describe or (lambda node, value: getattr(value, "shape", None))
@@ -144,7 +145,7 @@ def main(argv=None) -> int:
     ap.add_argument("--min-columns", type=int, help="gemm.MIN_COLUMNS for the plans made here (the rule)")
     args = ap.parse_args(argv)
     if args.min_columns is not None:
-        from rpcsrv.executor.kernels import gemm
+        from rpcsrv.executor.kernels.conv import gemm
 
         gemm.MIN_COLUMNS = args.min_columns
     if args.shapes:

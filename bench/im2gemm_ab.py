@@ -38,8 +38,9 @@ KEY = ["im2col"]  # the gemm.SWITCH entry the arms flip
 
 
 def shapes(reps_flops: float = 4e8) -> None:
-    from rpcsrv.executor.kernels import gemm, plans
-    from rpcsrv.executor.kernels.conv import conv
+    from rpcsrv.executor.kernels.conv import gemm
+    from rpcsrv.executor.kernels import plans
+    from rpcsrv.executor.kernels.conv.conv import conv
 
     flush = np.ones(1 << 20, np.float32)  # 4 MB: more than a core's L2
     print("| conv | matmul + epilogue us | gemm.c us | ratio |\n|---|---|---|---|")

@@ -52,8 +52,8 @@ def geometries(names: list[str]) -> dict[tuple, int]:
 def main(argv=None) -> int:
     from threadpoolctl import threadpool_limits
 
-    from rpcsrv.executor.kernels import taps, winograd
-    from rpcsrv.executor.kernels.conv import conv
+    from rpcsrv.executor.kernels.conv import taps, winograd
+    from rpcsrv.executor.kernels.conv.conv import conv
     from zoo_bench import ZOO
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

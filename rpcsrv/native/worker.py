@@ -364,7 +364,7 @@ def _preload() -> None:
         for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
             importlib.import_module(info.name)
     from . import measure, runtime  # noqa: F401
-    from ..executor.kernels import compiled
+    from ..executor.kernels.clib import compiled
     from .machine import board
 
     board()  # read from the interpreter's file once (cached)

@@ -239,7 +239,7 @@ def test_a_producer_that_breaks_its_declaration_is_still_reported():
 
 
 def test_without_the_compiled_kernels_every_producer_copies_into_its_slice(tmp_path, monkeypatch):
-    from rpcsrv.executor.kernels import compiled
+    from rpcsrv.executor.kernels.clib import compiled
 
     monkeypatch.setenv("RPCSRV_COMPILED_KERNELS", "0")
     compiled.reset()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rpcsrv.executor import ExampleJSONRuntime
-from rpcsrv.executor.kernels import compiled
+from rpcsrv.executor.kernels.clib import compiled
 from conftest import need_program
 
 C, M = 7, 5

@@ -266,7 +266,7 @@ def test_the_shuffled_conv_plan_against_the_table_kernel(group, kernel_side):
 
 def test_folded_on_the_numpy_fallback_too(tmp_path, monkeypatch):
     """The fold is numpy alone: a board without the compiled kernels runs it the same."""
-    from rpcsrv.executor.kernels import compiled
+    from rpcsrv.executor.kernels.clib import compiled
 
     need_module("onnxruntime")
     monkeypatch.setenv("RPCSRV_COMPILED_KERNELS", "0")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from conftest import need_program
 
-from rpcsrv.executor.kernels import compiled
+from rpcsrv.executor.kernels.clib import compiled
 from rpcsrv.executor.kernels.registry import KERNELS
 
 

@@ -16,7 +16,9 @@ from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
 from rpcsrv.executor import compute
-from rpcsrv.executor.kernels import KERNELS, compiled, gemm, plans
+from rpcsrv.executor.kernels import KERNELS, plans
+from rpcsrv.executor.kernels.clib import compiled
+from rpcsrv.executor.kernels.conv import gemm
 from test_compiled_depthwise import ACTIVATIONS
 import test_gemm
 import test_plans

@@ -9,8 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rpcsrv.executor.kernels import compiled, plans, pool
-from rpcsrv.executor.kernels.conv import conv
+from rpcsrv.executor.kernels.clib import compiled
+from rpcsrv.executor.kernels import plans
+from rpcsrv.executor.kernels.pool import pool
+from rpcsrv.executor.kernels.conv.conv import conv
 from conftest import need_program
 from test_compiled_depthwise import ACTIVATIONS, CASES_2D, _case
 from test_depthwise_conv import onnx_conv

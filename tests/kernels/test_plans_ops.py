@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import test_plans
-from rpcsrv.executor.kernels import plans, pool
+from rpcsrv.executor.kernels import plans
+from rpcsrv.executor.kernels.pool import pool
 from test_compiled_depthwise import ACTIVATIONS
 from test_plans import _close
 from test_pool_paths import CASES as POOL_CASES, ids as pool_ids, reference as pool_reference

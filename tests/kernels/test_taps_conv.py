@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rpcsrv.executor.kernels import taps
-from rpcsrv.executor.kernels.conv import conv
+from rpcsrv.executor.kernels.conv import taps
+from rpcsrv.executor.kernels.conv.conv import conv
 from test_conv_paths import direct_conv
 
 

@@ -52,7 +52,7 @@ def test_activations_fuse_into_convs(name, libraries):
 def test_mobile_blocks_match_onnxruntime(name, kernels, libraries, monkeypatch):
     ort = need_module("onnxruntime")
     from rpcsrv.executor import load_module
-    from rpcsrv.executor.kernels import compiled
+    from rpcsrv.executor.kernels.clib import compiled
     from rpcsrv.protocol.dtypes import Device
 
     if kernels == "compiled":

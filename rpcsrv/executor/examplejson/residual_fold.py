@@ -55,7 +55,7 @@ def fold_residuals(graph: Subgraph, ops: list[Node], kernels, folded) -> tuple[l
     """``ops`` with each foldable (1x1 conv, residual Add) pair made one node at the Add's place (with the
     Add's ID), and the kernels of those nodes by node ID.  ``folded``: the convs scale_fold rewrote (node
     ID -> kernel), folded with their scale."""
-    from ..kernels import compiled
+    from ..kernels.clib import compiled
     from ..kernels.registry import apply_activation
 
     if "conv" not in kernels or compiled.library() is None:

@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from .conv import fast_path
+from .conv.conv import fast_path
 from .windows import spatial_attr
 
 

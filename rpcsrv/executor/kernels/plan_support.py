@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from . import compiled
+from .clib import compiled
 
 F32 = np.dtype(np.float32)
 _addressof, _char_view = ctypes.addressof, ctypes.c_char.from_buffer

@@ -59,9 +59,12 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from . import compiled, gemm, plans_norm, plans_ops, prepared, winograd
-from .conv import _geometry, _tup, fast_path
-from .depthwise import channel_shuffle
+from .clib import compiled
+from .conv import gemm, winograd
+from .norm import plans_norm
+from . import plans_ops, prepared
+from .conv.conv import _geometry, _tup, fast_path
+from .conv.depthwise import channel_shuffle
 from .plan_support import F32, address, block, computed, in_use
 
 Planner = Callable[..., Optional[Callable[..., Any]]]

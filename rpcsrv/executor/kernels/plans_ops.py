@@ -10,8 +10,9 @@ import math
 
 import numpy as np
 
-from . import compiled, pool
-from .gemm import planned_matmul
+from .clib import compiled
+from .pool import pool
+from .conv.gemm import planned_matmul
 from .plan_support import F32, address, block, computed, in_use
 from .windows import resolve_pads, spatial_attr
 

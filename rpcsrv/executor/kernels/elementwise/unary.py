@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import compiled
-from .dtypes import onnx_dtype
-from .registry import bad, register, relu
+from ..clib import compiled
+from ..onnx_dtypes import onnx_dtype
+from ..registry import bad, register, relu
 
 
 def _float_op(name: str, fn, doc: str):

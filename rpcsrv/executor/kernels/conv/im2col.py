@@ -29,7 +29,7 @@ import math
 
 import numpy as np
 
-from .windows import pad_spatial, strided_view
+from ..windows import pad_spatial, strided_view
 
 #: largest (computed positions / output positions) for which stride-1 convs use flat columns ...
 FLAT_MAX_EXTRA = 1.2

@@ -16,8 +16,8 @@ import math
 
 import numpy as np
 
-from .registry import bad, register
-from .windows import pad_spatial, resolve_pads, spatial_attr, windows
+from ..registry import bad, register
+from ..windows import pad_spatial, resolve_pads, spatial_attr, windows
 
 
 def _geometry(op, x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode):

@@ -1,5 +1,6 @@
-"""Build the executor's compiled kernels: every ``*.c`` of this folder (they include ``vec.h``) into one
-shared library, ``libkernels.so``.
+"""Build the executor's compiled kernels: every ``*.c`` of the kernels' folders (each op family's folder,
+``conv/``, ``pool/``, ``norm/``, ``elementwise/``, ...; they include this folder's ``vec.h``) into one shared
+library, ``libkernels.so``.
 
 One place for the sources and the compile command, used three ways:
 
@@ -7,12 +8,12 @@ One place for the sources and the compile command, used three ways:
   else ``-mcpu=native``, else plain ``-O3``), into the cache;
 * at wheel-build time by ``setup.py``, for every compiler ``rpcsrv/native/shimbuild.py`` found (the build
   machine's cc and the cross compilers): portable flags only (:data:`GENERIC`, the compiler's defaults for
-  its target: armv7 hard-float without NEON), into ``prebuilt/<target>/libkernels.so`` beside this file,
+  its target: armv7 hard-float without NEON), into ``prebuilt/<target>/libkernels.so`` in this folder,
   (and :data:`VARIANTS`: x86_64's x86-64-v3 and armv7's NEON beside it, taken on CPUs that have their features)
   with ``libkernels.sha256``, the hash of the sources it was built from (:func:`source_hash`; ``compiled.py``
   passes over a prebuilt of other sources, e.g. a stale one in a checkout);
-* by hand, for a board nothing fits: ``python rpcsrv/executor/kernels/kbuild.py OUT --cc <cross gcc>``, then on
-  the board ``RPCSRV_KERNELS_LIB=OUT/<target>/libkernels.so``.
+* by hand, for a board nothing fits: ``python rpcsrv/executor/kernels/clib/kbuild.py OUT --cc <cross gcc>``, then
+  on the board ``RPCSRV_KERNELS_LIB=OUT/<target>/libkernels.so``.
 
 Standard library only, and no import of rpcsrv: ``setup.py`` loads this file by path in a build environment
 that has nothing but setuptools.
@@ -30,10 +31,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-#: the library's sources: every C file of this folder (a new kernel file is built without a list to edit)
-SOURCES = tuple(sorted(HERE.glob("*.c")))
-#: included by the sources (hashed with them: a change rebuilds)
-HEADERS = tuple(sorted(HERE.glob("*.h")))
+#: the kernels' package, whose folders hold the C files
+KERNELS = HERE.parent
+#: the library's sources: every C file under the kernels' package, in the order of their names (unique across
+#: the folders: tests/test_layers.py), so the command line and the hash do not depend on which folder holds a
+#: file (a new kernel file, or a new family folder, is built without a list to edit)
+SOURCES = tuple(sorted(KERNELS.rglob("*.c"), key=lambda path: path.name))
+#: included by the sources (hashed with them: a change rebuilds): the headers several families share sit in this
+#: folder (``vec.h``, ``armfloat.h``), on the include path; a family's own header sits beside its sources
+HEADERS = tuple(sorted(KERNELS.rglob("*.h"), key=lambda path: path.name))
 LIBRARY, STAMP = "libkernels.so", "libkernels.sha256"
 #: the board's own build, the first flags its compiler takes (-mcpu=native: older ARM gcc)
 NATIVE = (("-O3", "-march=native"), ("-O3", "-mcpu=native"), ("-O3",))
@@ -69,6 +75,19 @@ def source_hash() -> str:
     return hashlib.sha256(source_bytes()).hexdigest()
 
 
+def source(name: str) -> Path:
+    """The source file of this name, in whichever family folder holds it (tests compile some alone)."""
+    for path in SOURCES:
+        if path.name == name:
+            return path
+    raise FileNotFoundError(f"no kernel source {name} under {KERNELS}")
+
+
+def include_flags() -> list[str]:
+    """The include path of every compile of the sources: this folder (they include the shared headers by name)."""
+    return [f"-I{HERE}"]
+
+
 def compile_kernels(cc: str, out: Path, ladder=NATIVE) -> tuple[str, ...]:
     """The library built by ``cc`` into ``out`` (atomically) with the first flags of ``ladder`` it takes;
     returns those flags.  BuildError when none does."""
@@ -78,7 +97,8 @@ def compile_kernels(cc: str, out: Path, ladder=NATIVE) -> tuple[str, ...]:
     try:
         err = ""
         for flags in ladder:
-            proc = subprocess.run([cc, *flags, "-shared", "-fPIC", "-o", tmp, *map(str, SOURCES), "-lm"],
+            proc = subprocess.run([cc, *flags, *include_flags(), "-shared", "-fPIC", "-o", tmp, *map(str, SOURCES),
+                                   "-lm"],
                                   capture_output=True, text=True, timeout=300)
             if proc.returncode == 0:
                 os.replace(tmp, out)
@@ -108,7 +128,7 @@ def build_prebuilt(dest: Path, compilers: dict[str, str], log=print) -> dict[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python rpcsrv/executor/kernels/kbuild.py",
+    p = argparse.ArgumentParser(prog="python rpcsrv/executor/kernels/clib/kbuild.py",
                                 description="Build rpcsrv's executor kernels, generic for the compiler's target, "
                                             "into OUT/<target>/libkernels.so.")
     p.add_argument("out")

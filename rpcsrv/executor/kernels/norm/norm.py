@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from .registry import apply_activation, bad, norm_axis, register
+from ..registry import apply_activation, bad, norm_axis, register
 
 
 def _ct(dtype):

@@ -42,7 +42,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from .prepared import prepared
+from ..prepared import prepared
 
 #: column strides for which the layout copy splits columns into phases, on inputs at least
 #: ``PHASE_MIN_WIDTH`` wide; other convs compute every column and keep every sw-th.  Measured (1 thread,

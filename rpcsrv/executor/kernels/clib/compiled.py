@@ -1,13 +1,13 @@
-"""Compiled kernels: this folder's C files built with the board's C compiler at first use (cached), or
-prebuilt in the wheel for boards without one, loaded by ctypes.
+"""Compiled kernels: the C files of the kernels' family folders built with the board's C compiler at first use
+(cached), or prebuilt in the wheel for boards without one, loaded by ctypes.
 
-(``dwconv.c`` also has the stem convolution and the pools on its phase planes; ``dwchan.c``: depthwise convs
-VW channels side by side; ``pools.c``: max and average pools by rows; ``epilogue.c``: a GEMM conv's (or
-MatMul's) bias and fused activation in one pass; ``sigmoid.c``: sigmoid, SiLU, GELU and softmax;
-``winograd.c``, ``winograd4.c``: Winograd's input and output transforms (F(2x2, 3x3), F(4x4, 3x3));
-``im2col.c``: a dense conv's column matrix; ``norm.c``: LayerNormalization; ``gemm.c``: the GEMM of 1x1 convs
-and MatMuls by constant weights with that epilogue in its tiles (``gemm.py``); ``vec.h``: their shared
-vector helpers.)
+(``conv/``: ``dwconv.c`` (depthwise convs by rows, also the stem convolution and the pools on their phase
+planes), ``dwchan.c`` (depthwise convs VW channels side by side), ``epilogue.c`` (a GEMM conv's (or MatMul's)
+bias and fused activation in one pass), ``winograd.c``, ``winograd4.c`` (Winograd's input and output
+transforms, F(2x2, 3x3), F(4x4, 3x3)), ``im2col.c`` (a dense conv's column matrix), ``gemm.c`` (the GEMM of
+1x1 convs and MatMuls by constant weights with that epilogue in its tiles, ``gemm.py``); ``pool/pools.c``: max
+and average pools by rows; ``elementwise/sigmoid.c``: sigmoid, SiLU, GELU and softmax; ``norm/norm.c``:
+LayerNormalization; this folder's ``vec.h``: their shared vector helpers.)
 
 Why: a depthwise conv is ``kernel_size`` multiply-adds per output with no reduction over channels, so
 numpy runs it as whole-array passes at memory speed (about 5 GFLOP/s here; ``depthwise.py``), while
@@ -19,7 +19,7 @@ board (its shim is built the same way).
 Where the library comes from, first found wins (``kbuild.py`` builds it; docs/executor.md, "Compiled kernels"):
 
 1. ``RPCSRV_KERNELS_LIB=/path/libkernels.so``: this one (built elsewhere, e.g. with
-   ``python rpcsrv/executor/kernels/kbuild.py OUT --cc <cross gcc>``);
+   ``python rpcsrv/executor/kernels/clib/kbuild.py OUT --cc <cross gcc>``);
 2. the cache ``$RPCSRV_CACHE_DIR`` (default ``~/.cache/rpcsrv``), keyed by the sources' hash, the
    machine and the CPU's features (a compiler removed after the build leaves the cached library in use);
 3. built now with ``$RPCSRV_CC``, ``$CC``, ``cc``, ``gcc`` or ``clang`` (-O3 with ``-march=native``
@@ -48,7 +48,7 @@ import numpy as np
 
 from . import kbuild
 
-SOURCES, HEADERS = kbuild.SOURCES, kbuild.HEADERS  # every C file of this folder; vec.h (hashed with them)
+SOURCES, HEADERS = kbuild.SOURCES, kbuild.HEADERS  # every C file of the family folders; vec.h (hashed with them)
 PREBUILT = Path(__file__).with_name("prebuilt")
 ENV_SWITCH = "RPCSRV_COMPILED_KERNELS"
 _lock = threading.Lock()
@@ -136,7 +136,7 @@ def _cpu_features() -> bytes:
 
 def _arm32_hwcap() -> int:
     """``getauxval(AT_HWCAP)`` in a 32-bit ARM process (0 elsewhere, or without it)."""
-    from ...loader.machine import board
+    from ....loader.machine import board
 
     try:
         if (board().arch, board().bits) != ("ARM", 32):
@@ -148,11 +148,11 @@ def _arm32_hwcap() -> int:
     return int(getauxval(AT_HWCAP))
 
 
-# --- where the library comes from (issue 27: prebuilt in the wheel) -------------------------------------
+# --- where the library comes from: RPCSRV_KERNELS_LIB, the cache, built now, prebuilt in the wheel ---------
 def prebuilt() -> list[tuple[str, Path, str]]:
     """The wheel's prebuilt libraries: ("<target>, <variant>", path, why not usable here or "" when it is),
     a target's variants (``kbuild.VARIANTS``) before its generic library."""
-    from ...loader.machine import board, machine_of
+    from ....loader.machine import board, machine_of
 
     found, digest = [], None
     cpu = set(_cpu_features().decode(errors="replace").partition(":")[2].split())

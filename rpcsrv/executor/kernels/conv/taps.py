@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .prepared import prepared
-from .windows import dense_stride1_2d
+from ..prepared import prepared
+from ..windows import dense_stride1_2d
 
 #: at most this many output channels per input channel (M <= C * RATIO), where the K shifted adds of M
 #: planes stay cheaper than im2col's K copies of C

@@ -22,11 +22,12 @@ from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
-from . import compiled, taps, winograd
+from ..clib import compiled
+from . import taps, winograd
 from .depthwise import channel_shuffle, depthwise_conv
 from .im2col import columns
-from .registry import apply_activation, bad, register
-from .windows import pad_spatial, resolve_pads, spatial_attr, windows
+from ..registry import apply_activation, bad, register
+from ..windows import pad_spatial, resolve_pads, spatial_attr, windows
 
 
 @register("conv")

@@ -30,8 +30,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from . import compiled
-from .plan_support import F32, address, block
+from ..clib import compiled
+from ..plan_support import F32, address, block
 
 #: the compiled GEMM runs 1x1 convs whose output rows (H * W) are at least this long.  Measured (1 thread,
 #: ``bench/gemm_ab.py``): alone, every MobileNetV2 and ResNet-50 1x1 shape 0.74-1.03x of OpenBLAS +
@@ -58,7 +58,7 @@ def im2col_takes(m: int, k: int, q: int) -> bool:
 def _one_thread(key: str = "on") -> Callable[[], bool]:
     """Whether the BLAS runs one thread now (the compute policy's last setting; unset: the caller's own),
     and the switch ``SWITCH[key]`` is on."""
-    from ..compute import POLICY
+    from ...compute import POLICY
 
     blas = POLICY.blas
     return lambda: SWITCH[key] and (blas.current or 1) <= 1

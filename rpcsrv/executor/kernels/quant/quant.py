@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .conv import conv
-from .registry import register
+from ..conv.conv import conv
+from ..registry import register
 
 
 def _per(param, where: str, rank: int = 0) -> np.ndarray:

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import compiled
-from .prepared import prepared
-from .windows import dense_stride1_2d
+from ..clib import compiled
+from ..prepared import prepared
+from ..windows import dense_stride1_2d
 
 _G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], np.float64)
 

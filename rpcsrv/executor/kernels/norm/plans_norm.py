@@ -10,8 +10,8 @@ import math
 
 import numpy as np
 
-from . import compiled
-from .plan_support import F32, address, computed, in_use
+from ..clib import compiled
+from ..plan_support import F32, address, computed, in_use
 
 
 def layer_normalization_plan(kernel, attrs, inputs, shape, dtype):

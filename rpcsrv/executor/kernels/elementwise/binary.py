@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .registry import apply_activation, bad, register
+from ..registry import apply_activation, bad, register
 
 
 def _same_dtype(op: str, a: np.ndarray, b: np.ndarray) -> None:
