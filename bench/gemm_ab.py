@@ -1,4 +1,4 @@
-"""The compiled 1x1 GEMM (``kernels/gemm.c``) against numpy's matmul (OpenBLAS) + the epilogue pass, 1 thread.
+"""The compiled 1x1 GEMM (``kernels/conv/gemm.c``) against numpy's matmul (OpenBLAS) + the epilogue pass, 1 thread.
 
 Per shape (``--shapes``): MobileNetV2's and ResNet-50's 1x1 convs, y = clip(w @ x + bias, 0, 6), the L2
 flushed before each call (in a model the previous layer has just streamed other data through it); medians,

@@ -1,4 +1,4 @@
-"""MatMuls by constant weights through the compiled GEMM (``kernels/gemm.c``, ``gemm.planned_matmul``) against
+"""MatMuls by constant weights through the compiled GEMM (``kernels/conv/gemm.c``, ``gemm.planned_matmul``) against
 numpy's matmul (OpenBLAS) + the epilogue pass, 1 thread: what ``gemm.takes_matmul``'s rule comes from.
 
 Per shape (``--shapes``): y = x (rows, K) @ w (K, N) + bias, rows 128 and 384 by K, N in {256, 384, 768,

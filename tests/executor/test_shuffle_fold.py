@@ -218,7 +218,7 @@ def test_a_concat_read_by_a_shuffling_conv(tmp_path, conv_group, planned):
     """The compiler merges a shuffle read by one conv into it (``input_shuffle``: ShuffleNetV2's last 1x1 conv).
     The Concat before it stays (its step keeps the ONNX Concat's value, for ``byoc compare``); a conv that
     is not depthwise gets its plan where the plain conv has one (not grouped 3x3s), with the shuffled copy the
-    table kernel makes (``plans._shuffled_conv``);
+    table kernel makes (``plans_conv.shuffled_conv_plan``);
     a depthwise one reads the shuffle in place as before."""
     need_module("onnxruntime")
     need_program("cc", "the conv plans call the compiled kernels, built with the board's C compiler")
@@ -236,7 +236,7 @@ def test_a_concat_read_by_a_shuffling_conv(tmp_path, conv_group, planned):
     path = compiled.export_library(str(tmp_path / "m2.blob"), fmt="blob")
     fn = next(iter(load_module(path).get_function("default")(Device(1, 0))._functions.values()))
     kernel = fn.steps[-1][1]
-    assert ("_shuffled_conv" in kernel.__qualname__) is planned
+    assert ("shuffled_conv_plan" in kernel.__qualname__) is planned
 
 
 @pytest.mark.parametrize("group,kernel_side", [(1, 1), (1, 3), (3, 1), (2, 3)])

@@ -1,4 +1,4 @@
-"""The compiled depthwise convolution (``kernels/compiled.py``, ``dwconv.c``, ``dwchan.c``) against
+"""The compiled depthwise convolution (``kernels/clib/compiled.py``, ``dwconv.c``, ``dwchan.c``) against
 ``onnx.reference`` on the numpy kernel's cases (stride 2, channel multipliers, dilation, asymmetric pads, ...)
 plus the fused bias, relu, clip, hard_swish and swish, by both kernels (rows, channels side by side); and the
 fallback: turned off by ``RPCSRV_COMPILED_KERNELS=0``, or no compiler on the board, the numpy kernel runs and

@@ -1,4 +1,4 @@
-"""The compiled 1x1-conv GEMM (``kernels/gemm.c``, ``gemm.py``) against ``onnx.reference``: every fused
+"""The compiled 1x1-conv GEMM (``kernels/conv/gemm.c``, ``gemm.py``) against ``onnx.reference``: every fused
 activation, with and without bias, a residual, a squeeze-and-excitation scale, sizes that are no multiple of
 the register tile or of the packing blocks, NaN where numpy has it; the pointwise plans (plain, residual,
 scaled) call it on the shapes ``gemm.takes`` and give the reference's result, and fall back to OpenBLAS + the

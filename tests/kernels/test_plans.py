@@ -1,8 +1,9 @@
-"""Run plans (``kernels/plans.py``): a planned depthwise or 1x1 conv gives ``onnx.reference``'s result on the
-depthwise cases (stride 2, channel multipliers, dilation, asymmetric pads) and the fused activations; inputs
-it was not made for (another shape, a non-contiguous view, other weights, compiled kernels turned off after
-planning) run the general kernel; no plan without the compiled kernels; and the ExampleJSON runtime plans
-a MobileNet-style block's convs and still matches onnxruntime (the other ops' plans: test_plans_ops.py)."""
+"""Run plans (``kernels/plans.py``, the conv plans of ``kernels/conv/plans_conv.py``): a planned depthwise or 1x1
+conv gives ``onnx.reference``'s result on the depthwise cases (stride 2, channel multipliers, dilation,
+asymmetric pads) and the fused activations; inputs it was not made for (another shape, a non-contiguous view,
+other weights, compiled kernels turned off after planning) run the general kernel; no plan without the compiled
+kernels; and the ExampleJSON runtime plans a MobileNet-style block's convs and still matches onnxruntime (the
+other ops' plans: test_plans_ops.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from rpcsrv.executor.kernels.clib import compiled
 from rpcsrv.executor.kernels import plans
+from rpcsrv.executor.kernels.conv import plans_conv
 from rpcsrv.executor.kernels.pool import pool
 from rpcsrv.executor.kernels.conv.conv import conv
 from conftest import need_program
@@ -305,8 +307,8 @@ def test_planned_im2col_chunks_match_onnx_reference(case, activation, bias, c_ke
     want = onnx_conv(x, w, b, **attrs)
     want = ACTIVATIONS[activation](want) if name else want
     attrs.update({"activation": name, "activation_attrs": dict(extra) if extra else None} if name else {})
-    for elements in (200, 3000, plans.CHUNK_ELEMENTS):
-        monkeypatch.setattr(plans, "CHUNK_ELEMENTS", elements)
+    for elements in (200, 3000, plans_conv.CHUNK_ELEMENTS):
+        monkeypatch.setattr(plans_conv, "CHUNK_ELEMENTS", elements)
         fn = _plan(x, w, b, **attrs)
         assert fn.__name__ == "im2col_chunks"
         _close(fn(x, w, b), want)

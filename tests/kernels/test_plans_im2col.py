@@ -1,4 +1,4 @@
-"""The im2col plan (``plans._im2col_chunks`` with ``im2col.c``): dense convs no fast path takes (strided 1x1s
+"""The im2col plan (``plans_conv.im2col_plan`` with ``im2col.c``): dense convs no fast path takes (strided 1x1s
 too), with weights past ``CHUNK_MAX_WEIGHTS`` (one band: ResNet-50's and Inception's stride-2 3x3s, 3x3s on
 7x7 maps) or small ones (bands of output rows), give ``onnx.reference``'s result for stride 2, dilation,
 asymmetric and SAME padding, odd sizes, each fused activation, NaN inputs; inputs the plan was not made for

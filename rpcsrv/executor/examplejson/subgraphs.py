@@ -1,6 +1,6 @@
 """ExampleJSON runtime module (type key ``examplejson``): one packed function per subgraph.
 
-The text is parsed and checked by ``examplejson_text`` (see there and ``docs/examplejson.md``).
+The text is parsed and checked by ``text.py`` (see there and ``docs/examplejson.md``).
 Each subgraph becomes a packed function named by its header.  It is called with the inputs (in
 the order of their ``input`` lines) followed by the outputs, and writes the outputs in place, as
 TVM's external functions do.  Intermediate tensors live only for one call, so one module can be
@@ -233,7 +233,7 @@ class ExampleJSONRuntime(RuntimeModule):
                 raise ExecutorError(f"{symbol} {node.describe()}: constant {node.name!r} from {source} is "
                                     f"{arr.dtype} {list(arr.shape)}, declared {node.dtype} {list(node.shape)}")
             # aligned and contiguous once at load: numpy's matmul takes its BLAS path only for aligned
-            # data, and a constant sliced from a blob at an odd offset is not (issue 16: 100x on GEMV)
+            # data, and a constant sliced from a blob at an odd offset is not (measured: 100x on GEMV)
             bound = np.require(arr, requirements="AC")
             if bound is not arr:  # our own copy: read-only, so kernels may trust what they derive from it
                 bound.flags.writeable = False

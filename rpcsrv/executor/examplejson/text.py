@@ -6,7 +6,7 @@ plus rpcsrv's extension (``dtype:``, ``attrs:``, ``const`` and ``output`` lines,
 ``-1``).  Everything that can be checked without data is checked here (ops, input counts,
 attribute names, kinds and values, dtype rules: the op catalogue ``rpcsrv.loader.opset``), so a
 bad file fails at ``load_module`` with the line number, not in the middle of ``run``.  The
-runtime (``examplejson``) turns the parsed subgraphs into packed functions.
+runtime (``subgraphs.py``) turns the parsed subgraphs into packed functions.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """TVM's JSON-runtime BYOC modules (``JSONRuntimeBase``) run on the board's numpy kernels.
 
 The loader node (``rpcsrv.loader.jsonrt``) holds the symbol, the checked graph and the constant names;
-``runtime.py`` makes it a runtime module whose function is the graph; ``table.py`` is the op table
+``symbols.py`` makes it a runtime module whose function is the graph; ``table.py`` is the op table
 (relay op names and the backends' composite names -> factories in ``nn.py`` and ``tensor_ops.py``);
 ``attrs.py`` reads the string-list attributes and layouts.  See ``docs/jsonrt.md``.
 """

@@ -1,6 +1,6 @@
 """The ``vm.builtin.*`` functions compiled Relax code calls (TVM's ``src/runtime/vm/builtin.cc``).
 
-Each takes the register values as TVM passes them (``values.py``).  Those that need the machine
+Each takes the register values as TVM passes them (``registers.py``).  Those that need the machine
 (allocation, closures) get it as their ``%vm`` argument.  Errors a user can cause (a tensor of the
 wrong rank, dtype or shape passed to ``main``) are ``VMError`` with TVM's error context string,
 which names the function, the parameter and its annotation.

@@ -1,6 +1,6 @@
 /* Vectors, selects and fused activations shared by the compiled kernels (dwconv.c, dwchan.c, pools.c, winograd.c,
  * epilogue.c): GCC's and clang's generic vector extension, so one source builds for x86_64 (SSE/AVX), aarch64
- * and armv7 (NEON, or scalar code where there is no SIMD).  kernels/compiled.py hashes this header with the
+ * and armv7 (NEON, or scalar code where there is no SIMD).  kernels/clib/compiled.py hashes this header with the
  * sources.  On x86 it includes immintrin.h (for max/min): it declares select() and the rest of stdlib.h. */
 #ifndef RPCSRV_VEC_H
 #define RPCSRV_VEC_H

@@ -12,7 +12,7 @@
  * before when the plane is no whole number of runs (recomputed, stored twice: the same values).
  * Lanes past the last channel read a real channel with zero weights, and are not stored.  Channel
  * multiplier m: output channel o reads input channel o / m (ShuffleNet's channel shuffle: read in place).
- * Needs H*W >= VW and OH*OW >= 8 (kernels/plans.py sends smaller maps to the rows kernel).
+ * Needs H*W >= VW and OH*OW >= 8 (kernels/conv/plans_conv.py sends smaller maps to the rows kernel).
  */
 #include <stdlib.h>
 
@@ -205,7 +205,7 @@ int rpcsrv_dwconv2d_chan_f32(const float *x, const float *w, const float *bias, 
 }
 
 /* The same with its arguments in the block of dwconv.c's rpcsrv_rows_block (made once per plan by
- * kernels/plans.py; depthwise only: p[19] must be 0). */
+ * kernels/conv/plans_conv.py; depthwise only: p[19] must be 0). */
 int rpcsrv_chan_block(const float *x, float *y, const long *p, const float *f) {
     if (p[19]) return -2;
     return rpcsrv_dwconv2d_chan_f32(x, (const float *)p[0], (const float *)p[1], y, p[2], p[3], p[4], p[5], p[6],

@@ -1,4 +1,4 @@
-/* Depthwise 2-D convolution, float32 NCHW, for rpcsrv's numpy executor (kernels/compiled.py builds this
+/* Depthwise 2-D convolution, float32 NCHW, for rpcsrv's numpy executor (kernels/clib/compiled.py builds this
  * file with the board's C compiler at first use and loads it with ctypes; the numpy kernel in
  * depthwise.py stays the fallback).
  *
@@ -307,7 +307,8 @@ int rpcsrv_conv2d_rows_f32(const float *x, const float *w, const float *bias, fl
     return conv_rows(x, w, bias, y, n, 1, c, h, wd, m, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, act, lo, hi, 1);
 }
 
-/* The rows kernels and the pools with their arguments in blocks made once per plan (kernels/plans.py): a
+/* The rows kernels and the pools with their arguments in blocks made once per plan (kernels/conv/plans_conv.py,
+ * kernels/pool/plans_pool.py): a
  * ctypes call converts every argument it is given, 3 us for 23 of them and several times that inside a
  * model run, where the interpreter's code is cold; these take 4.  p (longs; pointers fit a long on the
  * LP64 and ILP32 boards): w, bias (0: none), n, c, h, wd, per group, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow,

@@ -2,7 +2,7 @@
  * apart) gets its row's bias (optional) and the fused activation (relu, clip, hard_swish, swish).  numpy
  * does this in one pass per step (bias add, then clip: two or three passes over an output that no longer
  * fits in cache), and each pass runs numpy's per-call machinery; in MobileNetV2 that was 10-25% of every
- * 1x1 conv.  Built with dwconv.c by kernels/compiled.py; conv.py's numpy epilogue stays the fallback. */
+ * 1x1 conv.  Built with dwconv.c by kernels/clib/compiled.py; conv.py's numpy epilogue stays the fallback. */
 
 #include "vec.h"
 
@@ -71,8 +71,9 @@ void rpcsrv_add_act_f32(const float *x, const float *r, const float *bias, float
     if (act == ACT_SWISH) rpcsrv_sigmoid_f32(y, y, m * q, 1);
 }
 
-/* The two above with their arguments in blocks made once per plan (kernels/plans.py: a ctypes call's cost
- * grows with its argument count).  p: bias (0: none), m, q, act; f: lo, hi.  bias_act runs on y in place. */
+/* The two above with their arguments in blocks made once per plan (the run plans, kernels/plans.py: a ctypes
+ * call's cost grows with its argument count).  p: bias (0: none), m, q, act; f: lo, hi.  bias_act runs on y in
+ * place. */
 void rpcsrv_bias_act_block(float *y, const long *p, const float *f) {
     rpcsrv_bias_act_f32(y, (const float *)p[0], p[1], p[2], p[2], (int)p[3], f[0], f[1]);
 }

@@ -10,8 +10,8 @@
  * scaled) into strips of NR columns that stay in L2 while every w panel passes over them; the micro-kernel
  * keeps an MR x NR tile of y in MR * NR / VW vector accumulators, one broadcast of w and NR / VW loads of
  * x per k step.  MR and NR come from the vector width and the register count of the target (no spills on
- * AVX2, AVX-512, NEON).  Built with the other kernels by kernels/compiled.py; kernels/gemm.py calls it.
- * The im2col convs (kernels/plans.py's _im2col_chunks) run here too: rpcsrv_gemm_band from a band of the
+ * AVX2, AVX-512, NEON).  Built with the other kernels by kernels/clib/compiled.py; kernels/conv/gemm.py calls it.
+ * The im2col convs (kernels/conv/plans_conv.py's im2col_plan) run here too: rpcsrv_gemm_band from a band of the
  * column matrix into a band of y (gemm_ld: x's and y's rows at their own pitches), rpcsrv_gemm_conv with
  * the x blocks packed straight from the input (pack_conv: no column matrix written). */
 
@@ -292,7 +292,7 @@ int rpcsrv_gemm_f32(const float *wp, const float *x, const float *s, const float
     return gemm_ld(wp, x, q, s, r, bias, y, q, m, k, q, act, lo, hi, 0);
 }
 
-/* the above with its arguments in a block made once per plan (kernels/plans.py): p = wp, bias (0: none),
+/* the above with its arguments in a block made once per plan (kernels/conv/plans_conv.py): p = wp, bias (0: none),
  * m, k, q, act; f = lo, hi; x, s (0: none), r (0: none) and y per call */
 int rpcsrv_gemm_block(const float *x, const float *s, const float *r, float *y, const long *p, const float *f) {
     return rpcsrv_gemm_f32((const float *)p[0], x, s, r, (const float *)p[1], y, p[2], p[3], p[4], (int)p[5], f[0],
@@ -331,13 +331,13 @@ int rpcsrv_matmul_f32(const float *x, const float *bp, const float *bias, float 
     return 0;
 }
 
-/* the above with a block made once per plan (kernels/gemm.py): p = bp, bias (0: none), rows, k, n, act;
+/* the above with a block made once per plan (kernels/conv/gemm.py): p = bp, bias (0: none), rows, k, n, act;
  * f = lo, hi */
 int rpcsrv_matmul_block(const float *x, float *y, const long *p, const float *f) {
     return rpcsrv_matmul_f32(x, (const float *)p[0], (const float *)p[1], y, p[2], p[3], p[4], (int)p[5], f[0], f[1]);
 }
 
-/* a band of n columns of an im2col conv's output (kernels/plans.py's _im2col_chunks): y (the band's first
+/* a band of n columns of an im2col conv's output (kernels/conv/plans_conv.py's im2col_plan): y (the band's first
  * column, rows p[6] apart) = act(wp @ cols + bias), cols (k rows of n, contiguous); p = wp, bias (0: none),
  * m, k, (unused), act, the output's row pitch, per plan; f = lo, hi */
 int rpcsrv_gemm_band(const float *cols, float *y, long n, const long *p, const float *f) {

@@ -1,7 +1,7 @@
 """The compiled 1x1-conv GEMM (``gemm.c``) for the run plans: the weights packed once, per plan; the bias, a
 residual and the fused activation applied to each tile as it is stored, a squeeze-and-excitation scale to the
-input as it is packed.  ``plans.py``'s pointwise plans call it on the shapes :func:`takes`, and run numpy's
-matmul (OpenBLAS) + the separate epilogue pass everywhere else.  ``plans_ops.matmul_plan`` runs MatMuls by
+input as it is packed.  ``plans_conv.py``'s pointwise plans call it on the shapes :func:`takes`, and run numpy's
+matmul (OpenBLAS) + the separate epilogue pass everywhere else.  ``plans_linalg.matmul_plan`` runs MatMuls by
 constant weights (transformer encoders' Linear layers) on it the same way (:func:`planned_matmul`,
 :func:`takes_matmul`): the weights packed once into its column strips, the input's rows per call into its
 row panels, the bias per column.
@@ -15,7 +15,7 @@ again at every call, from memory by then: the late 14x14 and 7x7 layers have the
 The kernel is single-threaded: with more than one BLAS thread in use (``compute.POLICY``) the plans take
 OpenBLAS, which uses them.
 
-The im2col plan (``plans._im2col_chunks``: stride-2 3x3s and 1x1s, 3x3s on 7x7 maps, stems, 5x5s, 11x11s)
+The im2col plan (``plans_conv.im2col_plan``: stride-2 3x3s and 1x1s, 3x3s on 7x7 maps, stems, 5x5s, 11x11s)
 runs its product here too (:func:`banded`): the column matrix packed straight from the input
 (``rpcsrv_gemm_conv``) or from im2col.c's bands (``rpcsrv_gemm_band``).  Per layer inside ResNet-50 0.79-0.97x
 of OpenBLAS + epilogue (its 512 -> 512 3x3s at 7x7: 0.79-0.83x, 9.4 MB of weights OpenBLAS packs again per
@@ -103,7 +103,7 @@ def planned(lib: ctypes.CDLL, wmat: np.ndarray, bptr: Optional[int], shape: tupl
 
 def banded(lib: ctypes.CDLL, wmat: np.ndarray, bptr: Optional[int], q: int, act: int, lo: float,
            hi: float) -> Optional[Callable[[int, int, int], None]]:
-    """For the im2col plan (``plans._im2col_chunks``): a function ``(cols, y, n)`` of addresses that writes
+    """For the im2col plan (``plans_conv.im2col_plan``): a function ``(cols, y, n)`` of addresses that writes
     act(wmat @ cols + bias) for a band of ``n`` columns (cols: K rows of n, contiguous) into ``y``, the band's
     first column of the (M, ``q``) output, by ``gemm.c``; its ``.on()`` says whether to call it now (False
     while more than one BLAS thread runs or the switch is off: OpenBLAS's turn).  None when the shape does not

@@ -1,4 +1,4 @@
-/* im2col of one float32 image for a band of output rows, in one pass, for rpcsrv's numpy executor (plans.py's
+/* im2col of one float32 image for a band of output rows, in one pass, for rpcsrv's numpy executor (plans_conv.py's
  * im2col plan does the rest: the GEMM through numpy's BLAS, then the bias and activation in epilogue.c; or
  * gemm.c with them in its tiles, from these bands, or from rpcsrv_im2col_row's rows as it packs).
  *
@@ -7,7 +7,7 @@
  * 3x3 convs), which measured 0.2-0.6 ms per layer against 2.3-3 ms of GEMM.  Here each column row (one
  * input channel and kernel tap) is written output row by output row straight from the input: the padding
  * as zeros at both ends of the row, the rest a contiguous copy (stride 1) or a strided gather (the
- * compiler vectorises the stride-2 loop).  Built with the other kernels by kernels/compiled.py.
+ * compiler vectorises the stride-2 loop).  Built with the other kernels by kernels/clib/compiled.py.
  */
 #include <string.h>
 

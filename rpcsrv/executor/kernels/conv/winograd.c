@@ -1,6 +1,6 @@
 /* Winograd F(2x2, 3x3) input and output transforms, float32, for rpcsrv's numpy executor (winograd.py does
  * the rest: the transformed weights, the 16 batched GEMMs through numpy's BLAS).  Built with dwconv.c by
- * kernels/compiled.py; winograd.py's numpy transforms stay the fallback.
+ * kernels/clib/compiled.py; winograd.py's numpy transforms stay the fallback.
  *
  * numpy computes each transform as a dozen strided passes with temporaries: on ResNet-50's and
  * Inception's 3x3 layers they took 30-45% of the conv, as long as its GEMMs.  Here each is one pass: per

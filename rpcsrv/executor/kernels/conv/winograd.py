@@ -10,8 +10,8 @@ pair instead of 36: 2.25x fewer GEMM flops than im2col.  The three transforms (L
   pass over the input per term, written straight into the (16, C, tiles) GEMM operand);
 * outputs ``Y = A^T (U V) A``, as sums of the 16 products written into the strided output tiles.
 
-With the compiled kernels (``compiled.py``) both transforms run in C (``winograd.c``: one pass each, 3-5x
-faster than these numpy passes, which stay the fallback), and a run plan (``plans.py``) has the output
+With the compiled kernels (``clib/compiled.py``) both transforms run in C (``winograd.c``: one pass each, 3-5x
+faster than these numpy passes, which stay the fallback), and a run plan (``plans_conv.py``) has the output
 transform add the bias and apply the fused activation as well.
 
 Float32 rounding grows with the transforms' coefficients; ``tests/kernels/test_winograd.py`` bounds the

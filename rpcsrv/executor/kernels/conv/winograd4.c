@@ -1,6 +1,6 @@
 /* Winograd F(4x4, 3x3) input and output transforms, float32, for rpcsrv's numpy executor (winograd.py does
  * the rest: the transformed weights, the 36 batched GEMMs through numpy's BLAS).  Built with the other
- * kernels by kernels/compiled.py.
+ * kernels by kernels/clib/compiled.py.
  *
  * F(2x2, 3x3) (winograd.c) spends 75-88% of its time in its 16 GEMMs on ResNet-50's and Inception's 3x3
  * layers; F(4x4, 3x3) computes each 4x4 output tile from a 6x6 input tile with 36 multiplies per channel

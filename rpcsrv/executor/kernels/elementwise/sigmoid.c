@@ -1,5 +1,5 @@
 /* Sigmoid and SiLU (x * sigmoid(x)), float32, in one pass, for rpcsrv's numpy executor (built with
- * dwconv.c by kernels/compiled.py).  numpy computes 1 / (1 + exp(-x)) in four passes over the tensor;
+ * dwconv.c by kernels/clib/compiled.py).  numpy computes 1 / (1 + exp(-x)) in four passes over the tensor;
  * EfficientNet's activations made that 25% of its run.  Softmax along contiguous rows, each row while in
  * cache (numpy: five passes over the tensor, 4x onnxruntime's time on an encoder's attention scores).
  * GELU (erf form) in one pass.

@@ -1,9 +1,9 @@
 /* LayerNormalization over the last axis, float32, one row at a time while it is in cache, for rpcsrv's numpy
- * executor (kernels/plans_norm.py plans it; norm.py's numpy kernel stays the fallback and computes the
+ * executor (kernels/norm/plans_norm.py plans it; norm.py's numpy kernel stays the fallback and computes the
  * statistics outputs).  numpy makes seven passes over the tensor with temporaries (the mean, the
  * differences, their squares, the variance, the scaling, the scale and the shift): 64 us per
  * LayerNormalization of the encoder's 128 x 256 activations inside its run, against 165 us for
- * onnxruntime's SkipLayerNormalization.  Built with the other kernels by kernels/compiled.py.
+ * onnxruntime's SkipLayerNormalization.  Built with the other kernels by kernels/clib/compiled.py.
  */
 #include <math.h>
 

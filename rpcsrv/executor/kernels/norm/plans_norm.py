@@ -2,7 +2,7 @@
 variance, normalisation, scale and shift in one C call (``norm.c``), where ``norm.layer_normalization`` makes
 seven numpy passes with temporaries.  A plan serves the step of the node's first output only (the runtime
 plans no step whose op feeds several nodes), so it returns Y alone; anything the plan was not made for runs
-the table kernel (see ``plans.py``)."""
+the table kernel (see ``plans.py``; a planner under ``plan_support``'s contract)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from ..clib import compiled
-from ..plan_support import F32, address, computed, in_use
+from ..plan_support import F32, address, attribute_values, computed, in_use
 
 
 def layer_normalization_plan(kernel, attrs, inputs, shape, dtype):
@@ -32,7 +32,9 @@ def layer_normalization_plan(kernel, attrs, inputs, shape, dtype):
         return None
     gamma = np.ascontiguousarray(scale.reshape(n))
     beta = None if b is None else np.ascontiguousarray(b.reshape(n))
-    gptr, bptr, eps = gamma.ctypes.data, None if beta is None else beta.ctypes.data, float(attrs.get("epsilon", 1e-5))
+    with attribute_values():
+        eps = float(attrs.get("epsilon", 1e-5))
+    gptr, bptr = gamma.ctypes.data, None if beta is None else beta.ctypes.data
     rows, fn, ready = math.prod(shape) // n, lib.rpcsrv_layernorm_f32, in_use(lib)
 
     def layer_normalization(x, scale_in, b_in=None):
@@ -45,3 +47,7 @@ def layer_normalization_plan(kernel, attrs, inputs, shape, dtype):
 
     layer_normalization.keep = (gamma, beta)
     return layer_normalization
+
+
+#: op -> planner
+PLANNERS = {"layer_normalization": layer_normalization_plan}

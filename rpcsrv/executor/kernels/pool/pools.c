@@ -1,4 +1,4 @@
-/* MaxPool and AveragePool, float32 NCHW, by rows (kernels/plans_ops.py calls them through dwconv.c's
+/* MaxPool and AveragePool, float32 NCHW, by rows (kernels/pool/plans_pool.py calls them through dwconv.c's
  * rpcsrv_pool_block): per output row, the maximum (or sum) of its KH input rows into one row buffer
  * (vectors along the width, the padding columns -inf, or 0), then each output of the row the maximum (sum)
  * of KW values of that buffer, an average divided by its window's count; at stride 2 the even lanes of two
