@@ -188,7 +188,7 @@ def test_rpcsrv_check_on_the_installed_board_finds_the_prebuilt_shim_and_kernels
     kernels = report["sections"]["kernels"]
     assert kernels["in_use"] and kernels["origin"].startswith("prebuilt for "), kernels
     assert kernels["summary"].startswith("compiled kernels in use (prebuilt for "), kernels
-    assert "/site-packages/rpcsrv/executor/kernels/prebuilt/" in kernels["library"], kernels
+    assert "/site-packages/rpcsrv/executor/kernels/clib/prebuilt/" in kernels["library"], kernels
     if _x86_64():
         assert kernels["origin"].startswith("prebuilt for x86_64-linux-gnu, "), kernels
     assert not (board_venv.home / "cache").exists() or not any((board_venv.home / "cache").glob("libkernels*"))
