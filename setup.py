@@ -15,10 +15,12 @@ installs build nothing: the shim is compiled at first use there.  The C sources 
 the sdist (package data).
 
 Executor kernels (docs/executor.md, "Compiled kernels"): the same compilers also build
-``rpcsrv/executor/kernels/kbuild.py``'s library, generic -O3 (no CPU tuning: it must run on every board of
-its target), into ``rpcsrv/executor/kernels/prebuilt/<target>/`` with the hash of its sources; boards
-without a compiler take it instead of the numpy kernels.  ``RPCSRV_PREBUILT_REQUIRE=1`` covers them too
-(they are built for exactly the targets the shims are).
+``rpcsrv/executor/kernels/clib/kbuild.py``'s library (the C files of every kernel family folder), generic -O3
+(no CPU tuning: it must run on every board of its target), into ``rpcsrv/executor/kernels/clib/prebuilt/<target>/``
+with the hash of its sources; boards without a compiler take it instead of the numpy kernels.
+``RPCSRV_PREBUILT_REQUIRE=1`` covers them too (they are built for exactly the targets the shims are).  Every
+package under ``rpcsrv.executor.kernels`` ships its C files and headers (package data), so a new family folder
+needs no list here either.
 """
 
 import importlib.util
@@ -47,9 +49,9 @@ class BuildWithShims(build_py):
         if getattr(self, "editable_mode", False):
             return
         shimbuild = _load("_rpcsrv_shimbuild", "rpcsrv/native/shimbuild.py")
-        kbuild = _load("_rpcsrv_kbuild", "rpcsrv/executor/kernels/kbuild.py")
+        kbuild = _load("_rpcsrv_kbuild", "rpcsrv/executor/kernels/clib/kbuild.py")
         dest = Path(self.build_lib) / "rpcsrv" / "native" / "prebuilt"
-        kernels = Path(self.build_lib) / "rpcsrv" / "executor" / "kernels" / "prebuilt"
+        kernels = Path(self.build_lib) / "rpcsrv" / "executor" / "kernels" / "clib" / "prebuilt"
         for old in (dest, kernels):  # an earlier build's libraries may be stale (pip builds in-tree)
             shutil.rmtree(old, ignore_errors=True)
         log = lambda m: print(m, file=sys.stderr)  # noqa: E731
@@ -61,6 +63,9 @@ class BuildWithShims(build_py):
 
 
 CLIENT = [f"rpcsrv.{name}" for name in find_packages(include=["client", "client.*"])]
-setup(packages=find_packages(include=["rpcsrv", "rpcsrv.*"]) + CLIENT, package_dir={"rpcsrv.client": "client"},
-      package_data={"rpcsrv.native": ["*.c"], "rpcsrv.executor.kernels": ["*.c", "*.h"]},  # C built on the board
+PACKAGES = find_packages(include=["rpcsrv", "rpcsrv.*"])
+#: the C the board builds: the native shim's, and the kernels' (each family folder's .c, clib's shared headers)
+C_SOURCES = {"rpcsrv.native": ["*.c"], **{name: ["*.c", "*.h"] for name in PACKAGES
+                                          if name.startswith("rpcsrv.executor.kernels")}}
+setup(packages=PACKAGES + CLIENT, package_dir={"rpcsrv.client": "client"}, package_data=C_SOURCES,
       cmdclass={"build_py": BuildWithShims})

@@ -40,7 +40,8 @@ def main(argv=None) -> int:
     from threadpoolctl import threadpool_limits
 
     from rpcsrv.client import compile_onnx
-    from rpcsrv.executor import compute, concat_fold
+    from rpcsrv.executor import compute
+    from rpcsrv.executor.examplejson import concat_fold
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="squeezenet,torch_squeezenet11,inception_v1,inception_v2,densenet121")

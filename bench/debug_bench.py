@@ -33,9 +33,9 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rpcsrv.executor.debug import GraphExecutorDebugModule, time_calls  # noqa: E402
-from rpcsrv.executor.examplejson import ExampleJSONRuntime  # noqa: E402
-from rpcsrv.executor.runtime import RuntimeModule  # noqa: E402
+from rpcsrv.executor.graph.debug import GraphExecutorDebugModule, time_calls  # noqa: E402
+from rpcsrv.executor.examplejson.subgraphs import ExampleJSONRuntime  # noqa: E402
+from rpcsrv.executor.module import RuntimeModule  # noqa: E402
 from rpcsrv.protocol.dtypes import Device  # noqa: E402
 
 

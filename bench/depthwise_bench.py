@@ -31,8 +31,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from rpcsrv.executor.kernels import conv as conv_mod  # noqa: E402
-from rpcsrv.executor.kernels import depthwise  # noqa: E402
+from rpcsrv.executor.kernels.conv import conv as conv_mod  # noqa: E402
+from rpcsrv.executor.kernels.conv import depthwise  # noqa: E402
 from rpcsrv.executor.kernels.windows import pad_spatial, windows  # noqa: E402
 
 #: (C, H=W, stride): ShuffleNet's depthwise layers (count in the model), then other shapes

@@ -23,7 +23,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from rpcsrv.executor.kernels import compiled  # noqa: E402
+from rpcsrv.executor.kernels.clib import compiled  # noqa: E402
 
 #: (C, H=W input, stride, k): MobileNetV2, then MobileNetV3-Large's and EfficientNet-B0's other shapes
 LAYERS = [(32, 112, 1, 3), (96, 112, 2, 3), (144, 56, 1, 3), (144, 56, 2, 3), (192, 28, 1, 3), (192, 28, 2, 3),

@@ -7,7 +7,7 @@ other processes of a shared machine than wall time), best and median of ``--repe
 * ``folded``: ``compile_onnx`` as the user gets it: per-channel BatchNormalization/Mul/Add chains composed
   (``rpcsrv.client.compiler.simplify``), folded into the Conv before them or their scale moved through the Relu
   into the Conv after them, Relu fused into its producer; concat chains written in place at run time
-  (``rpcsrv.executor.concat_chain``);
+  (``rpcsrv.executor.examplejson.concat_chain``);
 * ``no concat chains``: the same library with every concat copying all its inputs;
 * ``unfolded``: ``compile_onnx(fold_batchnorm=False)``: each BatchNormalization, Mul and Add its own pass.
 
@@ -33,7 +33,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 
 def _executor(lib: str, feeds: dict, chains: bool = True):
-    from rpcsrv.executor import examplejson, load_module
+    from rpcsrv.executor import load_module
+    from rpcsrv.executor.examplejson import subgraphs as examplejson
     from rpcsrv.protocol.dtypes import Device
 
     plan = examplejson.chain_kernels
@@ -61,7 +62,7 @@ def measure(name: str, repeat: int, workdir: Path) -> dict:
     from threadpoolctl import threadpool_limits
 
     from rpcsrv.client import compile_onnx
-    from rpcsrv.executor.examplejson import STEP_HOOK
+    from rpcsrv.executor.module import STEP_HOOK
     from zoo_bench import feeds_of, load_model
 
     model = load_model(name)

@@ -234,7 +234,7 @@ def kernel_profile(ex, run, repeat: int) -> dict[str, float]:
 
     Wraps the kernels of the executor's ExampleJSON function in timers for a few extra runs.
     """
-    from rpcsrv.executor.examplejson import SubgraphFunction
+    from rpcsrv.executor.examplejson.subgraphs import SubgraphFunction
 
     totals: dict[str, float] = {}
 

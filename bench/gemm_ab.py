@@ -1,4 +1,4 @@
-"""The compiled 1x1 GEMM (``kernels/gemm.c``) against numpy's matmul (OpenBLAS) + the epilogue pass, 1 thread.
+"""The compiled 1x1 GEMM (``kernels/conv/gemm.c``) against numpy's matmul (OpenBLAS) + the epilogue pass, 1 thread.
 
 Per shape (``--shapes``): MobileNetV2's and ResNet-50's 1x1 convs, y = clip(w @ x + bias, 0, 6), the L2
 flushed before each call (in a model the previous layer has just streamed other data through it); medians,
@@ -34,7 +34,8 @@ RESNET50 = [(64, 256, 56), (256, 64, 56), (256, 128, 56), (512, 128, 28), (128, 
 
 
 def shapes(reps_flops: float = 2e8) -> None:
-    from rpcsrv.executor.kernels import compiled, gemm
+    from rpcsrv.executor.kernels.clib import compiled
+    from rpcsrv.executor.kernels.conv import gemm
 
     lib = compiled.library()
     assert lib is not None, compiled.status()
@@ -74,7 +75,7 @@ def models(names: list[str], rounds: int, key: str = "on") -> None:
     from threadpoolctl import threadpool_limits
 
     from rpcsrv.executor import compute
-    from rpcsrv.executor.kernels import gemm
+    from rpcsrv.executor.kernels.conv import gemm
 
     print("| model | onnxruntime ms | BLAS + epilogue ms | gemm.c ms | BLAS / ort | gemm / ort | gain |")
     print("|---|---|---|---|---|---|---|")
@@ -99,8 +100,8 @@ def layers(name: str, rounds: int, op: str = "conv", key: str = "on", take=None,
 
     from threadpoolctl import threadpool_limits
 
-    from rpcsrv.executor import compute, examplejson
-    from rpcsrv.executor.kernels import gemm
+    from rpcsrv.executor import compute, module
+    from rpcsrv.executor.kernels.conv import gemm
 
     take = take or (lambda node: op in str(node.op))
     describe = describe or (lambda node, value: getattr(value, "shape", None))
@@ -116,14 +117,14 @@ def layers(name: str, rounds: int, op: str = "conv", key: str = "on", take=None,
     try:
         with tempfile.TemporaryDirectory() as tmp, compute.fixed_threads(1), threadpool_limits(1, "blas"):
             eng = zoo_bench.Engines(name, Path(tmp))
-            token = examplejson.STEP_HOOK.set(hook)
+            token = module.STEP_HOOK.set(hook)
             try:
                 for r in range(rounds):
                     for arm in (True, False) if r % 2 else (False, True):
                         gemm.SWITCH[key] = arm
                         eng._run()
             finally:
-                examplejson.STEP_HOOK.reset(token)
+                module.STEP_HOOK.reset(token)
     finally:
         gemm.SWITCH[key] = True
     total = [0.0, 0.0]
@@ -144,7 +145,7 @@ def main(argv=None) -> int:
     ap.add_argument("--min-columns", type=int, help="gemm.MIN_COLUMNS for the plans made here (the rule)")
     args = ap.parse_args(argv)
     if args.min_columns is not None:
-        from rpcsrv.executor.kernels import gemm
+        from rpcsrv.executor.kernels.conv import gemm
 
         gemm.MIN_COLUMNS = args.min_columns
     if args.shapes:

@@ -1,6 +1,6 @@
 """The im2col plan's GEMM by ``gemm.c`` against numpy's matmul (OpenBLAS) + the epilogue pass, 1 thread.
 
-The dense convs no fast path takes (``plans._im2col_chunks``): stride-2 3x3s, 3x3s on 7x7 maps, 7x7 stems,
+The dense convs no fast path takes (``plans_conv.im2col_plan``): stride-2 3x3s, 3x3s on 7x7 maps, 7x7 stems,
 strided 1x1 shortcuts, AlexNet's and ZFNet's large kernels.  Per shape (``--shapes``): the planned conv,
 bias and ReLU, the L2 flushed before each call, the arms alternating (``gemm.SWITCH["im2col"]``, read at
 each call), medians.  Per model (``--models``): one loaded executor, the arms alternating (the order flips
@@ -38,8 +38,9 @@ KEY = ["im2col"]  # the gemm.SWITCH entry the arms flip
 
 
 def shapes(reps_flops: float = 4e8) -> None:
-    from rpcsrv.executor.kernels import gemm, plans
-    from rpcsrv.executor.kernels.conv import conv
+    from rpcsrv.executor.kernels.conv import gemm
+    from rpcsrv.executor.kernels import plans
+    from rpcsrv.executor.kernels.conv.conv import conv
 
     flush = np.ones(1 << 20, np.float32)  # 4 MB: more than a core's L2
     print("| conv | matmul + epilogue us | gemm.c us | ratio |\n|---|---|---|---|")

@@ -1,4 +1,4 @@
-"""MatMuls by constant weights through the compiled GEMM (``kernels/gemm.c``, ``gemm.planned_matmul``) against
+"""MatMuls by constant weights through the compiled GEMM (``kernels/conv/gemm.c``, ``gemm.planned_matmul``) against
 numpy's matmul (OpenBLAS) + the epilogue pass, 1 thread: what ``gemm.takes_matmul``'s rule comes from.
 
 Per shape (``--shapes``): y = x (rows, K) @ w (K, N) + bias, rows 128 and 384 by K, N in {256, 384, 768,
@@ -27,7 +27,8 @@ SIZES = (256, 384, 768, 1024, 1536, 3072)
 
 def pair(rows: int, k: int, n: int, reps: int) -> tuple[float, float]:
     """Median microseconds of (OpenBLAS + epilogue, gemm.c) for one product with a bias, alternating."""
-    from rpcsrv.executor.kernels import compiled, gemm
+    from rpcsrv.executor.kernels.clib import compiled
+    from rpcsrv.executor.kernels.conv import gemm
 
     lib = compiled.library()
     assert lib is not None, compiled.status()
@@ -54,7 +55,7 @@ def pair(rows: int, k: int, n: int, reps: int) -> tuple[float, float]:
 
 
 def table(shapes) -> None:
-    from rpcsrv.executor.kernels import gemm
+    from rpcsrv.executor.kernels.conv import gemm
 
     print("| rows x K @ K x N | matmul + epilogue us | gemm.c us | ratio | gemm.c GFLOP/s | planned |")
     print("|---|---|---|---|---|---|")

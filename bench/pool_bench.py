@@ -1,6 +1,6 @@
 """Pooling kernels and stem convs of the light model zoo, each against its own floor (issue 16).
 
-For every pool geometry the zoo models use, the kernel (``rpcsrv.executor.kernels.pool``) is timed
+For every pool geometry the zoo models use, the kernel (``rpcsrv.executor.kernels.pool.pool``) is timed
 against one plain copy of its input (``x.copy()``: every pool reads the whole input at least once and
 its padded copy writes it once).  For every stem conv (3 input channels) the whole conv is timed against
 its bare GEMM on a prepared column matrix (the floor without im2col), and the column building alone.
@@ -31,9 +31,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rpcsrv.executor.kernels import conv as conv_mod  # noqa: E402
-from rpcsrv.executor.kernels import pool  # noqa: E402
-from rpcsrv.executor.kernels.im2col import columns  # noqa: E402
+from rpcsrv.executor.kernels.conv import conv as conv_mod  # noqa: E402
+from rpcsrv.executor.kernels.pool import pool  # noqa: E402
+from rpcsrv.executor.kernels.conv.im2col import columns  # noqa: E402
 
 #: (op, model, input shape, kernel, strides, pads): the pools of the light zoo
 POOLS = [

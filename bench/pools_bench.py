@@ -31,7 +31,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from rpcsrv.executor.kernels import plans, pool  # noqa: E402
+from rpcsrv.executor.kernels import plans  # noqa: E402
+from rpcsrv.executor.kernels.pool import pool  # noqa: E402
 
 #: (op, C, H=W, k, stride, pads, ceil_mode)
 LAYERS = [("MaxPool", 64, 111, 3, 2, 0, 0), ("MaxPool", 128, 55, 3, 2, 0, 0), ("MaxPool", 256, 27, 3, 2, 0, 0),

@@ -1,7 +1,8 @@
-"""ShuffleNetV2's Concat + channel shuffle folded and not, paired (issue 27, ``rpcsrv.executor.shuffle_fold``):
-one library loaded twice in one process, once as it is and once with the fold and the plan of convs that are
-not depthwise reading a shuffle (``plans._shuffled_conv``) turned off, run alternately (the order flips each
-round), onnxruntime after each pair, 1 thread; medians.
+"""ShuffleNetV2's Concat + channel shuffle folded and not, paired (issue 27,
+``rpcsrv.executor.examplejson.shuffle_fold``): one library loaded twice in one process, once as it is and once
+with the fold and the plan of convs that are not depthwise reading a shuffle
+(``plans_conv.shuffled_conv_plan``) turned off, run alternately (the order flips each round), onnxruntime after
+each pair, 1 thread; medians.
 
     RPCSRV_TORCH_ZOO=... python bench/shuffle_fold_ab.py [--models torch_shufflenetv2,shufflenet] [--rounds 30]
 """
@@ -28,8 +29,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from threadpoolctl import threadpool_limits
 
-    from rpcsrv.executor import compute, examplejson, load_module
-    from rpcsrv.executor.kernels import plans
+    from rpcsrv.executor import compute, load_module
+    from rpcsrv.executor.examplejson import subgraphs as examplejson
+    from rpcsrv.executor.kernels.conv import plans_conv
     from rpcsrv.protocol.dtypes import Device
 
     print("| model | onnxruntime ms | unfolded ms | folded ms | unfolded / ort | folded / ort | gain | steps |")
@@ -38,7 +40,7 @@ def main(argv=None) -> int:
         for name in args.models.split(","):
             eng = zoo_bench.Engines(name, Path(tmp))  # the folded executor, as the board loads it
             with mock.patch.object(examplejson, "fold_shuffles", lambda graph, ops, kernels: (ops, {})), \
-                    mock.patch.object(plans, "_shuffled_conv", lambda *args: None):
+                    mock.patch.object(plans_conv, "shuffled_conv_plan", lambda *args: None):
                 plain = load_module(str(Path(tmp) / f"{name}.blob")).get_function("default")(Device(1, 0))
             for key, value in eng.feeds.items():
                 plain.get_function("set_input")(key, value)

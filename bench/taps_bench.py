@@ -1,5 +1,5 @@
 """Per-layer timing of the stride-1 conv paths (issue 16): im2col, Winograd F(2x2,3x3) and stacked taps
-(``rpcsrv/executor/kernels/taps.py``), on every stride-1 KxK (K > 1) conv geometry of the light model zoo.
+(``rpcsrv/executor/kernels/conv/taps.py``), on every stride-1 KxK (K > 1) conv geometry of the light model zoo.
 
 Each path is timed alone (1 BLAS thread, best of ``--repeat``, the order rotated each round) on random
 data, and the path ``conv`` would pick today is marked; prints one row per geometry and the totals.
@@ -52,8 +52,8 @@ def geometries(names: list[str]) -> dict[tuple, int]:
 def main(argv=None) -> int:
     from threadpoolctl import threadpool_limits
 
-    from rpcsrv.executor.kernels import taps, winograd
-    from rpcsrv.executor.kernels.conv import conv
+    from rpcsrv.executor.kernels.conv import taps, winograd
+    from rpcsrv.executor.kernels.conv.conv import conv
     from zoo_bench import ZOO
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

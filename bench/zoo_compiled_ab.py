@@ -29,7 +29,7 @@ def main(argv=None) -> int:
     from threadpoolctl import threadpool_limits
 
     from rpcsrv.executor import compute
-    from rpcsrv.executor.kernels import compiled
+    from rpcsrv.executor.kernels.clib import compiled
 
     print(f"compiled kernels: {compiled.status()}")
     print("| model | onnxruntime ms | numpy ms | compiled ms | numpy / ort | compiled / ort | gain |")

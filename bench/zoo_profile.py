@@ -39,7 +39,7 @@ def ours(eng: zoo_bench.Engines, repeat: int) -> dict[str, float]:
     """Median ms per op kind over ``repeat`` runs (one BLAS thread)."""
     from threadpoolctl import threadpool_limits
 
-    from rpcsrv.executor import compute, examplejson
+    from rpcsrv.executor import compute, module
 
     times: dict[tuple, list[float]] = collections.defaultdict(list)
     kinds: dict[tuple, str] = {}
@@ -60,12 +60,12 @@ def ours(eng: zoo_bench.Engines, repeat: int) -> dict[str, float]:
 
     with compute.fixed_threads(1), threadpool_limits(limits=1, user_api="blas"):
         eng._run()
-        token = examplejson.STEP_HOOK.set(hook)
+        token = module.STEP_HOOK.set(hook)
         try:
             for _ in range(repeat):
                 eng._run()
         finally:
-            examplejson.STEP_HOOK.reset(token)
+            module.STEP_HOOK.reset(token)
     out: dict[str, float] = collections.defaultdict(float)
     for key, ts in times.items():
         out[kinds[key]] += float(np.median(ts)) * 1e3

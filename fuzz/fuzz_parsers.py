@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from common import run
 
-from rpcsrv.executor.examplejson import parse_examplejson
-from rpcsrv.executor.graph_json import parse_graph_json
+from rpcsrv.executor.examplejson.text import parse_examplejson
+from rpcsrv.executor.graph.graph_json import parse_graph_json
 from rpcsrv.executor.kernels import KERNELS
-from rpcsrv.executor.runtime import ExecutorError
+from rpcsrv.executor.module import ExecutorError
 
 
 def test_one(data: bytes) -> None:

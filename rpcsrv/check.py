@@ -39,7 +39,7 @@ from typing import Any, Callable
 #: ``required`` (a failure fails the check; default True) and more fields (kept in the JSON).
 HOOKS = (
     ("confinement", "rpcsrv.native.confine", "report"),  # the native worker's confinement layers
-    ("kernels", "rpcsrv.executor.kernels.compiled", "report"),  # compiled executor kernels
+    ("kernels", "rpcsrv.executor.kernels.clib.compiled", "report"),  # compiled executor kernels
 )
 
 #: ``serve`` flags that are not limits nor native options: ``check`` does not take them

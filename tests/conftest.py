@@ -9,6 +9,7 @@ by skipping.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -21,6 +22,40 @@ SHARED = REPO.parent / "shared"
 # clean checkout anywhere runs them; ../shared is the fallback for anything not copied.
 DATA = REPO / "tests" / "data"
 REQUIRE_ALL = os.environ.get("RPCSRV_REQUIRE_ALL") == "1"
+
+
+#: the logger a run plan's bug goes to (rpcsrv/executor/kernels/plans.py: the board runs the step's table kernel
+#: instead and says so once, at ERROR); named here so that conftest imports nothing of rpcsrv
+PLAN_LOGGER = "rpcsrv.executor.kernels.plans"
+
+
+class _PlanBugs(logging.Handler):
+    """The records of :data:`PLAN_LOGGER` since the current test began."""
+
+    def __init__(self):
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+_PLAN_BUGS = _PlanBugs()
+logging.getLogger(PLAN_LOGGER).addHandler(_PLAN_BUGS)
+
+
+@pytest.fixture(autouse=True)
+def no_plan_bugs():
+    """Every test fails if a run plan raised anything but ``NotPlannable`` while it ran (on a board that is a
+    log line and a slower step; here it is a bug to fix).  A test that provokes one on purpose takes the
+    records from this fixture and clears them."""
+    _PLAN_BUGS.records.clear()
+    yield _PLAN_BUGS.records
+    found = [f"{r.getMessage()}" for r in _PLAN_BUGS.records]
+    _PLAN_BUGS.records.clear()
+    if found:
+        pytest.fail("a run plan raised (rpcsrv/executor/kernels/plans.py logged it):\n" + "\n".join(found),
+                    pytrace=False)
 
 
 def _missing(reason: str):

@@ -71,6 +71,35 @@ def _sources():
         yield from sorted((ROOT / top).rglob("*.py"))
 
 
+EXECUTOR = ROOT / "rpcsrv" / "executor"
+
+
+def _executor_files() -> list[Path]:
+    """The executor's source files (Python, C, headers; not built libraries or caches)."""
+    return sorted(p for p in EXECUTOR.rglob("*") if p.suffix in (".py", ".c", ".h") and "__pycache__" not in p.parts)
+
+
+def test_executor_file_names_are_unique():
+    """No two files under rpcsrv/executor/ share a name (``__init__.py`` aside): a name finds one file, in a
+    traceback, a grep or a doc (and kbuild orders the C sources by name)."""
+    files = _executor_files()
+    assert len(files) > 50  # the walk found the tree
+    seen: dict[str, list[str]] = {}
+    for path in files:
+        if path.name != "__init__.py":
+            seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert not {n: p for n, p in seen.items() if len(p) > 1}
+
+
+def test_executor_file_names_are_not_those_of_other_layers():
+    """An executor module's name names no other file of ``rpcsrv/`` (``runtime.py``, ``machine.py`` and
+    ``examplejson.py`` are the native layer's and the loader's)."""
+    others = {p.name for p in (ROOT / "rpcsrv").rglob("*.py") if EXECUTOR not in p.parents}
+    mine = {p.name for p in _executor_files()} - {"__init__.py"}
+    assert {"runtime.py", "machine.py", "examplejson.py"} <= others
+    assert not mine & others
+
+
 @pytest.mark.parametrize("path", list(_sources()), ids=lambda p: str(p.relative_to(ROOT)))
 def test_imports_follow_the_layers(path):
     me = _module_name(path)

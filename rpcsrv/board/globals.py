@@ -12,7 +12,7 @@ import weakref
 from functools import partial
 from typing import Any, Callable, Optional
 
-from ..executor.runtime import RuntimeModule
+from ..executor.module import RuntimeModule
 from ..protocol import Device, FunctionHandle
 from .session import PackedFunction, RPCUserError, Session
 
@@ -123,7 +123,7 @@ def _import_module(sess: Session, parent, child) -> None:
 
 def _create_executor(debug: bool):
     def create(sess: Session, *args) -> RuntimeModule:
-        from ..executor import debug as debug_executor, graph  # lazily: numpy kernels
+        from ..executor.graph import debug as debug_executor, executor as graph  # lazily: numpy kernels
         from ..native.proxy import WorkerModule
 
         worker_lib = next((a for a in args if isinstance(a, WorkerModule)), None)

@@ -23,7 +23,7 @@ import trio
 from .accounts import BudgetError, MemoryAccount, RPCUserError
 from .answers import INIT_DONE, Answer, CopyData, Failed, Returned
 from ..executor.memory import ALLOCATION_HOOK
-from ..executor.runtime import RuntimeModule
+from ..executor.module import RuntimeModule
 from .handles import HandleTable, NDArrayRef, PackedFunction
 from .limits import Limits
 from ..native.host import NativeSession

@@ -3,7 +3,7 @@
 Its loader half: the node (:class:`ExampleJSONModule`, the subgraphs as one text, ``docs/examplejson.md``),
 the payload codec (one dmlc string) and what ``rpcsrv inspect`` shows (each subgraph's inputs,
 constants, op counts, outputs; read tolerantly, since the executor is the authority on whether the
-text runs).  The runtime is ``rpcsrv.executor.examplejson``; :data:`PLUGIN` ties the two together
+text runs).  The runtime is ``rpcsrv.executor.examplejson.subgraphs``; :data:`PLUGIN` ties the two together
 through the same interface an installed plugin uses (``plugins.py``).
 """
 
@@ -86,7 +86,7 @@ def _extract(m: ExampleJSONModule):
 KIND = ModuleKind(
     type_keys=("examplejson",),
     codec=PayloadCodec(ExampleJSONPayload, lambda v, key: ExampleJSONModule(v, type_key=key), lambda m: m.code),
-    runtime="rpcsrv.executor.examplejson:examplejson_runtime",
+    runtime="rpcsrv.executor.examplejson.subgraphs:examplejson_runtime",
     summarize=lambda m: {"subgraphs": summarize_examplejson(m.code)},
     format=_format,
     functions=lambda m: [sg["name"] for sg in summarize_examplejson(m.code)],

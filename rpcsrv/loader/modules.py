@@ -105,12 +105,12 @@ def _encode_consts(m: ConstLoaderModule):
 _FACTORY = PayloadCodec(GraphExecutorFactoryPayload, _decode_factory, _encode_factory)
 _CONSTS = PayloadCodec(ConstLoaderPayload, _decode_consts, _encode_consts)
 
-#: TVM's graph executor libraries: the factory and the const loader (their runtimes: rpcsrv.executor.modules;
-#: ``rpcsrv inspect`` knows them by class, ``inspect.py``)
+#: TVM's graph executor libraries: the factory and the const loader (their runtimes: rpcsrv.executor.graph.factory,
+#: rpcsrv.executor.const_loader; ``rpcsrv inspect`` knows them by class, ``inspect.py``)
 GRAPH_EXECUTOR = RuntimePlugin("graph_executor", (
     ModuleKind(("GraphExecutorFactory", "GraphRuntimeFactory"), _FACTORY,
-               "rpcsrv.executor.modules:factory_runtime"),
-    ModuleKind(("const_loader", "metadata"), _CONSTS, "rpcsrv.executor.modules:const_loader_runtime"),
+               "rpcsrv.executor.graph.factory:factory_runtime"),
+    ModuleKind(("const_loader", "metadata"), _CONSTS, "rpcsrv.executor.const_loader:const_loader_runtime"),
 ), "TVM's graph executor factory and const loader")
 
 #: the built-in kinds, installed through the plugin interface like any other

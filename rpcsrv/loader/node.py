@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 def walk_imports(root: Any) -> Iterator[Any]:
     """``root``, then its ``imports`` depth-first, each module once: TVM's lookup order.
 
-    The one walk of the project: loader nodes and runtime modules (``rpcsrv.executor.runtime``)
+    The one walk of the project: loader nodes and runtime modules (``rpcsrv.executor.module``)
     both have an ``imports`` list and both use this.
     """
     seen: set[int] = set()

@@ -61,7 +61,7 @@ class ModuleKind:
 
     * ``type_keys``: the keys TVM writes for it (several when TVM renamed it: ``metadata`` → ``const_loader``);
     * ``codec``: the payload's construct declaration and ``decode(value, key) -> node`` / ``encode(node)``;
-    * ``runtime``: ``factory(node, imports, options) -> RuntimeModule`` (``rpcsrv.executor.runtime``);
+    * ``runtime``: ``factory(node, imports, options) -> RuntimeModule`` (``rpcsrv.executor.module``);
     * ``summarize(node) -> dict``: JSON-serialisable facts for ``rpcsrv inspect --json`` (optional);
     * ``format(head, summary) -> list[str]``: those facts as text lines (optional; default: the head);
     * ``functions(node) -> list[str]``: the packed functions the module exports (``inspect`` names

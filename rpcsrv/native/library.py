@@ -32,7 +32,7 @@ import numpy as np
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
-from ..executor.runtime import ExecutorError
+from ..executor.module import ExecutorError
 from ..protocol.dtypes import DataType, Device
 from .abi import (ABI_CLASSIC, ABI_FFI, FFI, Classic, ClassicPackedFunc, DLTensor, FunctionHandle,
                   LookupFunc, SafeCallFunc, ShapeObject, TVMFFIAny, TVMFFIObject, TVMValue)

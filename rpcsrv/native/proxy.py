@@ -36,7 +36,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ..executor import compute
-from ..executor.runtime import RuntimeModule
+from ..executor.module import RuntimeModule
 from .library import NativeError
 from .shm import Arena
 from .wire import Copied, FrameError, Ref, Shared, encode_call

@@ -74,7 +74,7 @@ class WorkerState:
         return v
 
     def to_wire(self, v: Any) -> Any:
-        from ..executor.runtime import RuntimeModule
+        from ..executor.module import RuntimeModule
 
         if v is None or isinstance(v, (bool, int, float, str, bytes)):
             return v
@@ -164,7 +164,7 @@ class WorkerState:
             local = [self.to_local(a, copied) for a in args]
             return self.to_wire(fn(*local)), copied
         if op == "free":
-            from ..executor.runtime import RuntimeModule
+            from ..executor.module import RuntimeModule
 
             freed = [self.objects.pop(i, None) for i in req[1]]
             self.bound.clear()  # (bound calls hold their functions)
@@ -240,7 +240,7 @@ def _loan_readiness() -> str:
 
 def _worker_globals() -> dict:
     """Global functions that take a module of this worker and build on it here."""
-    from ..executor import debug, graph
+    from ..executor.graph import debug, executor as graph
 
     return {"tvm.graph_executor.create": graph.create_graph_executor,
             "tvm.graph_runtime.create": graph.create_graph_executor,
@@ -375,7 +375,7 @@ def _preload() -> None:
         for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
             if info.name != __spec__.name:  # (this module runs as __main__)
                 importlib.import_module(info.name)
-    from ..executor.kernels import compiled
+    from ..executor.kernels.clib import compiled
     from .machine import board
 
     board()  # read from the interpreter's file once (cached)
@@ -393,7 +393,7 @@ def main(argv: list[str]) -> int:
     sock = socket.socket(fileno=int(argv[0]))
     session_arena = Arena(int(argv[2]), fd=int(argv[1])) if int(argv[1]) >= 0 else None
     own = Arena(WORKER_ARENA, name="rpcsrv-worker")
-    from ..executor import graph
+    from ..executor.graph import executor as graph
 
     graph.STORAGE_ALLOCATOR = own.zeros  # executor storage lives where the session can map it
     from ..executor.memory import ALLOCATION_HOOK

@@ -13,10 +13,11 @@ import pytest
 from debug_helpers import CHAIN, chain_graph_json, chain_inputs, chain_reference
 from exec_helpers import GraphBuilder
 from rpcsrv.executor import ExecutorError
-from rpcsrv.executor.debug import GraphExecutorDebugModule, create_graph_executor_debug, time_calls
-from rpcsrv.executor.examplejson import STEP_HOOK, ExampleJSONRuntime
-from rpcsrv.executor.graph import create_graph_executor
-from rpcsrv.executor.runtime import RuntimeModule
+from rpcsrv.executor.graph.debug import GraphExecutorDebugModule, create_graph_executor_debug, time_calls
+from rpcsrv.executor.examplejson.subgraphs import ExampleJSONRuntime
+from rpcsrv.executor.module import STEP_HOOK
+from rpcsrv.executor.graph.executor import create_graph_executor
+from rpcsrv.executor.module import RuntimeModule
 from rpcsrv.loader import save_param_dict
 from rpcsrv.protocol.dtypes import Device
 

@@ -1,4 +1,4 @@
-"""Growing concat chains written in place (rpcsrv.executor.concat_chain): the same values as plain
+"""Growing concat chains written in place (rpcsrv.executor.examplejson.concat_chain): the same values as plain
 concatenation for every intermediate (also when read after later layers wrote the buffer), one buffer
 per chain and per call, and no chain where a prefix would not be one contiguous block or would fork."""
 
@@ -9,7 +9,7 @@ import threading
 import numpy as np
 
 from rpcsrv.executor import ExampleJSONRuntime
-from rpcsrv.executor.concat_chain import chains
+from rpcsrv.executor.examplejson.concat_chain import chains
 
 RNG = np.random.default_rng(5)
 
@@ -72,7 +72,7 @@ def test_every_intermediate_keeps_its_value():
 
 
 def test_the_chain_writes_one_buffer_and_views_of_it():
-    from rpcsrv.executor.examplejson import STEP_HOOK
+    from rpcsrv.executor.module import STEP_HOOK
 
     x = RNG.standard_normal((1, 3, 4, 4)).astype("float32")
     seen = {}

@@ -1,8 +1,9 @@
-"""Branches written straight into their Concat's buffer (rpcsrv.executor.concat_fold): Fire- and Inception-style
-blocks built with onnx.helper, compiled by compile_onnx and run by the executor, against onnxruntime and against
-the same module with the fold off; the producers' values are views of the Concat's buffer exactly where the
-fold applies, and the block is left alone where it must be (a producer with another reader, a producer that is
-a graph output, two images).  Also: two threads calling one subgraph function at once."""
+"""Branches written straight into their Concat's buffer (rpcsrv.executor.examplejson.concat_fold): Fire- and
+Inception-style blocks built with onnx.helper, compiled by compile_onnx and run by the executor, against
+onnxruntime and against the same module with the fold off; the producers' values are views of the Concat's
+buffer exactly where the fold applies, and the block is left alone where it must be (a producer with another
+reader, a producer that is a graph output, two images).  Also: two threads calling one subgraph function at
+once."""
 
 from __future__ import annotations
 
@@ -89,8 +90,9 @@ def _run_both(model, tmp_path):
     """(fold on, fold off) outputs of the compiled model, onnxruntime's, and the Concat's views seen by the hook.
     Also checks each folded producer's kernel: ``Into.wrap``'s around a plan or the table kernel."""
     from rpcsrv.client import compile_onnx
-    from rpcsrv.executor import compute, concat_fold
-    from rpcsrv.executor.examplejson import STEP_HOOK
+    from rpcsrv.executor import compute
+    from rpcsrv.executor.examplejson import concat_fold
+    from rpcsrv.executor.module import STEP_HOOK
 
     need_module("onnxruntime")
     x = RNG.standard_normal([d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim])
@@ -204,7 +206,7 @@ TEXT = """block
 
 def _text_run(kernels=None):
     from rpcsrv.executor import ExampleJSONRuntime
-    from rpcsrv.executor.examplejson import STEP_HOOK
+    from rpcsrv.executor.module import STEP_HOOK
 
     mod = ExampleJSONRuntime(TEXT, kernels)
     x = RNG.standard_normal((1, 2, 3, 3)).astype("float32")
@@ -237,7 +239,7 @@ def test_a_producer_that_breaks_its_declaration_is_still_reported():
 
 
 def test_without_the_compiled_kernels_every_producer_copies_into_its_slice(tmp_path, monkeypatch):
-    from rpcsrv.executor.kernels import compiled
+    from rpcsrv.executor.kernels.clib import compiled
 
     monkeypatch.setenv("RPCSRV_COMPILED_KERNELS", "0")
     compiled.reset()

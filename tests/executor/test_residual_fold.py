@@ -1,4 +1,4 @@
-"""A residual Add folded into the 1x1 conv it adds (rpcsrv.executor.residual_fold): the same values as
+"""A residual Add folded into the 1x1 conv it adds (rpcsrv.executor.examplejson.residual_fold): the same values as
 ``onnx.reference`` running Conv then Add (then the fused activation), with and without the compiled kernels,
 the Add no longer a step and the folded conv planned (``residual_pointwise``: bias, residual and
 activation in one pass); inputs the plan was not made for run the folded kernel; and no fold where it
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rpcsrv.executor import ExampleJSONRuntime
-from rpcsrv.executor.kernels import compiled
+from rpcsrv.executor.kernels.clib import compiled
 from conftest import need_program
 
 C, M = 7, 5

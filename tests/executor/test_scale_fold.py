@@ -1,4 +1,4 @@
-"""Squeeze-and-excitation's Mul folded into the 1x1 conv after it (rpcsrv.executor.scale_fold): the same
+"""Squeeze-and-excitation's Mul folded into the 1x1 conv after it (rpcsrv.executor.examplejson.scale_fold): the same
 values as the unfolded Mul then Conv (numpy, float64), the Mul no longer run, and no fold where the
 scaled map has another reader, is an output, is not a per-channel scale, or the conv is not 1x1 group 1."""
 

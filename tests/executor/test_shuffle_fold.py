@@ -1,4 +1,4 @@
-"""ShuffleNetV2's Concat + channel shuffle folded into one step (rpcsrv.executor.shuffle_fold): small
+"""ShuffleNetV2's Concat + channel shuffle folded into one step (rpcsrv.executor.examplejson.shuffle_fold): small
 ShuffleNetV2-style units built with onnx.helper (the halves taken by Slice, by opset-13 Split with the sizes
 as an input, by opset-18 Split with ``num_outputs``; 2 groups and others, concat inputs spanning groups),
 compiled by the real compiler, exported and run through the executor, against onnxruntime; the folded
@@ -218,7 +218,7 @@ def test_a_concat_read_by_a_shuffling_conv(tmp_path, conv_group, planned):
     """The compiler merges a shuffle read by one conv into it (``input_shuffle``: ShuffleNetV2's last 1x1 conv).
     The Concat before it stays (its step keeps the ONNX Concat's value, for ``byoc compare``); a conv that
     is not depthwise gets its plan where the plain conv has one (not grouped 3x3s), with the shuffled copy the
-    table kernel makes (``plans._shuffled_conv``);
+    table kernel makes (``plans_conv.shuffled_conv_plan``);
     a depthwise one reads the shuffle in place as before."""
     need_module("onnxruntime")
     need_program("cc", "the conv plans call the compiled kernels, built with the board's C compiler")
@@ -236,7 +236,7 @@ def test_a_concat_read_by_a_shuffling_conv(tmp_path, conv_group, planned):
     path = compiled.export_library(str(tmp_path / "m2.blob"), fmt="blob")
     fn = next(iter(load_module(path).get_function("default")(Device(1, 0))._functions.values()))
     kernel = fn.steps[-1][1]
-    assert ("_shuffled_conv" in kernel.__qualname__) is planned
+    assert ("shuffled_conv_plan" in kernel.__qualname__) is planned
 
 
 @pytest.mark.parametrize("group,kernel_side", [(1, 1), (1, 3), (3, 1), (2, 3)])
@@ -266,7 +266,7 @@ def test_the_shuffled_conv_plan_against_the_table_kernel(group, kernel_side):
 
 def test_folded_on_the_numpy_fallback_too(tmp_path, monkeypatch):
     """The fold is numpy alone: a board without the compiled kernels runs it the same."""
-    from rpcsrv.executor.kernels import compiled
+    from rpcsrv.executor.kernels.clib import compiled
 
     need_module("onnxruntime")
     monkeypatch.setenv("RPCSRV_COMPILED_KERNELS", "0")
@@ -287,7 +287,7 @@ def test_every_step_keeps_its_onnx_tensor_value(tmp_path):
     import onnx
 
     from rpcsrv.client.compare import onnx_intermediates, pair_subgraphs
-    from rpcsrv.executor import examplejson
+    from rpcsrv.executor import module
 
     need_module("onnxruntime")
     m = model("slice", 2, units=2)
@@ -299,11 +299,11 @@ def test_every_step_keeps_its_onnx_tensor_value(tmp_path):
     gmod = load_module(path).get_function("default")(Device(1, 0))
     gmod.get_function("set_input")("x", feed["x"])
     seen = []
-    token = examplejson.STEP_HOOK.set(lambda symbol, node, value, s: seen.append((symbol, node, value.copy())))
+    token = module.STEP_HOOK.set(lambda symbol, node, value, s: seen.append((symbol, node, value.copy())))
     try:
         gmod.get_function("run")()
     finally:
-        examplejson.STEP_HOOK.reset(token)
+        module.STEP_HOOK.reset(token)
     names = {(symbol, node.id): pairs[symbol][node.id] for symbol, node, _ in seen}
     ref = onnx_intermediates(onnx_path, feed, sorted(set(names.values())))
     assert [node.op for _, node, _ in seen].count("reshape") == 2 and "u0_out" in names.values()

@@ -33,9 +33,9 @@ def test_the_wheel_holds_rpcsrv_only_with_the_shim_source_and_prebuilt_shims(bui
     root = Path(__file__).resolve().parents[2]
     sources = {str(p.relative_to(root)) for ext in ("*.c", "*.h")  # built on the board if need be
                for p in (root / "rpcsrv").rglob(ext)}
-    assert {"rpcsrv/native/shim.c", "rpcsrv/native/check_kernel.c", "rpcsrv/executor/kernels/dwconv.c",
-            "rpcsrv/executor/kernels/dwchan.c", "rpcsrv/executor/kernels/pools.c",
-            "rpcsrv/executor/kernels/vec.h"} <= sources
+    assert {"rpcsrv/native/shim.c", "rpcsrv/native/check_kernel.c", "rpcsrv/executor/kernels/conv/dwconv.c",
+            "rpcsrv/executor/kernels/conv/dwchan.c", "rpcsrv/executor/kernels/pool/pools.c",
+            "rpcsrv/executor/kernels/clib/vec.h"} <= sources
     assert sources | {"rpcsrv/native/shimbuild.py"} <= set(names), sorted(sources - set(names))
     assert "rpcsrv/native/prebuilt/x86_64-linux-gnu/libshim.so" in names or not _x86_64()
     if os.environ.get("RPCSRV_PREBUILT_REQUIRE") == "1":  # CI: the cross compilers are there (.ci/run)
@@ -71,23 +71,26 @@ def test_the_wheel_holds_a_kernels_library_per_compiler_built_from_its_sources(b
     sources."""
     import hashlib
 
-    from rpcsrv.executor.kernels import kbuild
+    from rpcsrv.executor.kernels.clib import kbuild
     from rpcsrv.loader.machine import machine_of
 
     with zipfile.ZipFile(built_wheel) as z:
         names = z.namelist()
         kdir, ndir = "rpcsrv/executor/kernels/", "rpcsrv/native/prebuilt/"
+        pdir = f"{kdir}clib/prebuilt/"
         shims = {n.split("/")[3] for n in names if n.startswith(ndir) and n.endswith("/libshim.so")}
-        kernels = {n.split("/")[4] for n in names if n.startswith(kdir + "prebuilt/") and n.endswith("/libkernels.so")}
+        kernels = {n.split("/")[5] for n in names if n.startswith(pdir) and n.endswith("/libkernels.so")}
         assert kernels == shims and shims, (sorted(kernels), sorted(shims))
-        sources = sorted(n for n in names if n.startswith(kdir) and n.count("/") == 3 and n.endswith(".c"))
-        headers = sorted(n for n in names if n.startswith(kdir) and n.count("/") == 3 and n.endswith(".h"))
-        assert len(sources) >= 10 and f"{kdir}gemm.c" in sources and f"{kdir}vec.h" in headers, sources + headers
+        by_name = lambda n: n.rsplit("/", 1)[1]  # noqa: E731 - the sources' order: their names (kbuild.SOURCES)
+        sources = sorted((n for n in names if n.startswith(kdir) and n.endswith(".c")), key=by_name)
+        headers = sorted((n for n in names if n.startswith(kdir) and n.endswith(".h")), key=by_name)
+        assert len(sources) >= 10 and f"{kdir}conv/gemm.c" in sources and f"{kdir}clib/vec.h" in headers, \
+            sources + headers
         digest = hashlib.sha256(b"".join(z.read(n) for n in sources + headers)).hexdigest()
         for target in kernels:
-            assert z.read(f"{kdir}prebuilt/{target}/libkernels.sha256").decode().strip() == digest, target
-            files = [f"{kdir}prebuilt/{target}/libkernels.so", f"rpcsrv/native/prebuilt/{target}/libshim.so"]
-            files += [f"{kdir}prebuilt/{target}/{kbuild.variant_name(v)}"
+            assert z.read(f"{pdir}{target}/libkernels.sha256").decode().strip() == digest, target
+            files = [f"{pdir}{target}/libkernels.so", f"rpcsrv/native/prebuilt/{target}/libshim.so"]
+            files += [f"{pdir}{target}/{kbuild.variant_name(v)}"
                       for v, _, _ in kbuild.VARIANTS.get(target, ())]
             for name in files:
                 (tmp_path / name.replace("/", "_")).write_bytes(z.read(name))
@@ -185,7 +188,7 @@ def test_rpcsrv_check_on_the_installed_board_finds_the_prebuilt_shim_and_kernels
     kernels = report["sections"]["kernels"]
     assert kernels["in_use"] and kernels["origin"].startswith("prebuilt for "), kernels
     assert kernels["summary"].startswith("compiled kernels in use (prebuilt for "), kernels
-    assert "/site-packages/rpcsrv/executor/kernels/prebuilt/" in kernels["library"], kernels
+    assert "/site-packages/rpcsrv/executor/kernels/clib/prebuilt/" in kernels["library"], kernels
     if _x86_64():
         assert kernels["origin"].startswith("prebuilt for x86_64-linux-gnu, "), kernels
     assert not (board_venv.home / "cache").exists() or not any((board_venv.home / "cache").glob("libkernels*"))

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import need_program
 from install_fixtures import _checkout_copy
-from rpcsrv.executor.kernels import kbuild
+from rpcsrv.executor.kernels.clib import kbuild
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def test_pip_wheel_with_the_host_compiler_only_prebuilds_the_host_shim(source, h
     prebuilt = sorted(n for n in zipfile.ZipFile(wheel).namelist() if "/prebuilt/" in n)
     host = subprocess.run(["gcc", "-dumpmachine"], capture_output=True, text=True).stdout.strip()
     variants = [kbuild.variant_name(v) for v, _, _ in kbuild.VARIANTS.get(host, ())]
-    kernels = [f"rpcsrv/executor/kernels/prebuilt/{host}/{name}"
+    kernels = [f"rpcsrv/executor/kernels/clib/prebuilt/{host}/{name}"
                for name in sorted([*variants, "libkernels.sha256", "libkernels.so"])]
     shims = [f"rpcsrv/native/prebuilt/{host}/libcheck.so", f"rpcsrv/native/prebuilt/{host}/libshim.so"]
     assert prebuilt == kernels + shims

@@ -1,5 +1,5 @@
 """The debug executor sees inside a JSON-runtime module as inside an ExampleJSON subgraph: the step hook
-(``rpcsrv.executor.runtime.STEP_HOOK``) times each kernel of TVM's TensorRT partition and keeps its
+(``rpcsrv.executor.module.STEP_HOOK``) times each kernel of TVM's TensorRT partition and keeps its
 outputs, checked against the fixture's own final output."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 
 from jsonrt_helpers import EXPORTS
 from rpcsrv.executor import load_module
-from rpcsrv.executor.runtime import STEP_HOOK
+from rpcsrv.executor.module import STEP_HOOK
 from rpcsrv.protocol.dtypes import Device
 
 TRT_OPS = ["nn.conv2d", "nn.bias_add", "nn.relu", "nn.max_pool2d", "nn.conv2d", "nn.batch_norm", "nn.relu",

@@ -1,4 +1,4 @@
-/* tests/kernels/test_gemm.py's check of kernels/gemm.c on other targets (cross-compiled, run under qemu):
+/* tests/kernels/test_gemm.py's check of kernels/conv/gemm.c on other targets (cross-compiled, run under qemu):
  * rpcsrv_gemm_f32 against a naive double loop, every activation, a scale, a residual and a bias, sizes that
  * are no multiple of the tile (MR x NR of the target) nor of the packing blocks; then rpcsrv_matmul_f32
  * (x @ w + a bias per column) the same way, and rpcsrv_gemm_conv (with im2col.c) against a naive conv.  Prints

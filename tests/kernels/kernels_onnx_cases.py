@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 
 from rpcsrv.executor.kernels import KERNELS, onnx_op_to_kernel
-from rpcsrv.executor.kernels.dtypes import ONNX_DTYPES
+from rpcsrv.executor.kernels.onnx_dtypes import ONNX_DTYPES
 
 NUMPY_TYPES = set(ONNX_DTYPES.values())
 

@@ -1,4 +1,4 @@
-"""The compiled depthwise convolution (``kernels/compiled.py``, ``dwconv.c``, ``dwchan.c``) against
+"""The compiled depthwise convolution (``kernels/clib/compiled.py``, ``dwconv.c``, ``dwchan.c``) against
 ``onnx.reference`` on the numpy kernel's cases (stride 2, channel multipliers, dilation, asymmetric pads, ...)
 plus the fused bias, relu, clip, hard_swish and swish, by both kernels (rows, channels side by side); and the
 fallback: turned off by ``RPCSRV_COMPILED_KERNELS=0``, or no compiler on the board, the numpy kernel runs and
@@ -11,8 +11,9 @@ import subprocess
 import numpy as np
 import pytest
 
-from rpcsrv.executor.kernels import compiled, depthwise
-from rpcsrv.executor.kernels.conv import conv
+from rpcsrv.executor.kernels.clib import compiled, kbuild
+from rpcsrv.executor.kernels.conv import depthwise
+from rpcsrv.executor.kernels.conv.conv import conv
 from conftest import need_program
 from test_depthwise_conv import CASES, onnx_conv
 
@@ -29,8 +30,8 @@ def generic_library(tmp_path_factory):
     the vector width of NEON boards, where the bench machine's own build uses 8 (AVX)."""
     need_program("cc", "the compiled depthwise kernel is built with the board's C compiler")
     out = tmp_path_factory.mktemp("generic") / "libkernels-generic.so"
-    subprocess.run(["cc", "-O3", "-shared", "-fPIC", "-o", str(out), *map(str, compiled.SOURCES), "-lm"],
-                   check=True, capture_output=True)
+    subprocess.run(["cc", "-O3", *kbuild.include_flags(), "-shared", "-fPIC", "-o", str(out),
+                    *map(str, compiled.SOURCES), "-lm"], check=True, capture_output=True)
     return str(out)
 
 
@@ -54,7 +55,7 @@ def c_kernels(request, monkeypatch, generic_library):
     def numpy_path(*args, **kwargs):
         raise AssertionError("the numpy depthwise kernel ran although the compiled one was in use")
 
-    monkeypatch.setattr("rpcsrv.executor.kernels.conv.depthwise_conv", numpy_path)
+    monkeypatch.setattr("rpcsrv.executor.kernels.conv.conv.depthwise_conv", numpy_path)
 
 
 def _case(case, bias, seed):
@@ -115,7 +116,7 @@ def test_turned_off_by_the_environment(monkeypatch):
                                  "library": None, "origin": None}
     calls = []
     real = depthwise.depthwise_conv
-    monkeypatch.setattr("rpcsrv.executor.kernels.conv.depthwise_conv",
+    monkeypatch.setattr("rpcsrv.executor.kernels.conv.conv.depthwise_conv",
                         lambda *a, **k: calls.append(1) or real(*a, **k))
     x, w, b, attrs = _case(CASES_2D[1], True, 5)
     np.testing.assert_allclose(conv(x, w, b, **attrs), onnx_conv(x, w, b, **attrs), rtol=1e-5, atol=1e-5)
@@ -134,7 +135,7 @@ def test_fallback_without_a_compiler(monkeypatch, tmp_path):
         assert not state["in_use"] and "no C compiler" in state["reason"], state
         calls = []
         real = depthwise.depthwise_conv
-        monkeypatch.setattr("rpcsrv.executor.kernels.conv.depthwise_conv",
+        monkeypatch.setattr("rpcsrv.executor.kernels.conv.conv.depthwise_conv",
                             lambda *a, **k: calls.append(1) or real(*a, **k))
         x, w, b, attrs = _case(CASES_2D[-1], True, 6)
         np.testing.assert_allclose(conv(x, w, b, activation="relu", **attrs),

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rpcsrv.executor.kernels import compiled
-from rpcsrv.executor.kernels.conv import conv
+from rpcsrv.executor.kernels.clib import compiled
+from rpcsrv.executor.kernels.conv.conv import conv
 from conftest import need_program
 from test_compiled_depthwise import ACTIVATIONS
 from test_depthwise_conv import onnx_conv

@@ -1,4 +1,4 @@
-"""The compiled sigmoid and SiLU (``kernels/sigmoid.c``, through the ``sigmoid`` and ``swish`` kernels)
+"""The compiled sigmoid and SiLU (``kernels/elementwise/sigmoid.c``, through the ``sigmoid`` and ``swish`` kernels)
 against float64 numpy, on and off: every float32 magnitude up to the saturation points, the
 non-finite values, odd lengths (the vector loop's scalar tail) and non-contiguous inputs."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from conftest import need_program
 
-from rpcsrv.executor.kernels import compiled
+from rpcsrv.executor.kernels.clib import compiled
 from rpcsrv.executor.kernels.registry import KERNELS
 
 

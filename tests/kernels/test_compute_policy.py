@@ -118,7 +118,7 @@ def test_relax_vm_calls_are_jobs(monkeypatch):
     """A Relax VM call from outside holds a job slot while it computes (issue 16: VM sessions share the
     cores as graph executors do)."""
     from rpcsrv.executor import compute
-    from rpcsrv.executor.vm import machine
+    from rpcsrv.executor.vm import interpreter
 
     seen = []
     real = compute.POLICY.job
@@ -128,10 +128,10 @@ def test_relax_vm_calls_are_jobs(monkeypatch):
         return real(*args)
 
     monkeypatch.setattr(compute, "job", spy)
-    vm = machine.VirtualMachine.__new__(machine.VirtualMachine)
-    vm._closure = lambda name: machine.Closure(name, lambda _vm, *a: ("ran", compute.POLICY.running), ())
+    vm = interpreter.VirtualMachine.__new__(interpreter.VirtualMachine)
+    vm._closure = lambda name: interpreter.Closure(name, lambda _vm, *a: ("ran", compute.POLICY.running), ())
     vm.staging = type("S", (), {"stage": staticmethod(lambda i, a: a)})()
-    assert machine.export(vm.call("main")) == ("ran", 1) and len(seen) == 1 and compute.POLICY.running == 0
+    assert interpreter.export(vm.call("main")) == ("ran", 1) and len(seen) == 1 and compute.POLICY.running == 0
 
 
 def test_a_model_keeps_the_thread_count_its_own_runs_found_faster(monkeypatch):

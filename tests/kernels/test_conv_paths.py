@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from rpcsrv.executor.kernels.conv import conv
+from rpcsrv.executor.kernels.conv.conv import conv
 
 
 def direct_conv(x, w, b, stride, pad, dilation, group):

@@ -15,8 +15,9 @@ import pytest
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
-from rpcsrv.executor.kernels import depthwise, prepared
-from rpcsrv.executor.kernels.conv import conv
+from rpcsrv.executor.kernels.conv import depthwise
+from rpcsrv.executor.kernels import prepared
+from rpcsrv.executor.kernels.conv.conv import conv
 
 
 @pytest.fixture(autouse=True)
@@ -124,7 +125,7 @@ def test_depthwise_empty_batch():
 def test_conv_routes_depthwise_layers_and_reuses_prepared_weights(monkeypatch):
     calls = []
     real = depthwise.depthwise_conv
-    monkeypatch.setattr("rpcsrv.executor.kernels.conv.depthwise_conv",
+    monkeypatch.setattr("rpcsrv.executor.kernels.conv.conv.depthwise_conv",
                         lambda *a: calls.append(a[0].shape) or real(*a))
     rng = np.random.default_rng(3)
     x = rng.standard_normal((1, 16, 14, 14)).astype(np.float32)

@@ -17,8 +17,11 @@ import pytest
 
 import test_compiled_depthwise
 import test_plans
-from rpcsrv.executor.kernels import compiled, depthwise, plans, pool
-from rpcsrv.executor.kernels.conv import conv
+from rpcsrv.executor.kernels.clib import compiled
+from rpcsrv.executor.kernels.conv import depthwise
+from rpcsrv.executor.kernels import plans
+from rpcsrv.executor.kernels.pool import pool
+from rpcsrv.executor.kernels.conv.conv import conv
 from test_compiled_depthwise import ACTIVATIONS
 from test_depthwise_conv import onnx_conv
 

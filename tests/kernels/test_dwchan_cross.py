@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 
 from conftest import need_program
-from rpcsrv.executor.kernels import compiled
+from rpcsrv.executor.kernels.clib import kbuild
 
 HERE = Path(__file__).resolve().parent
-SOURCES = [str(HERE / "dwchan_check.c")] + [str(compiled.SOURCES[0].with_name(name))
-                                            for name in ("dwchan.c", "pools.c", "sigmoid.c")]
+SOURCES = [str(HERE / "dwchan_check.c")] + [str(kbuild.source(name)) for name in ("dwchan.c", "pools.c", "sigmoid.c")]
 TARGETS = {  # name: (compiler, flags, runner or None)
     "native": ("cc", ["-march=native"], None),
     "x86_64-generic": ("cc", [], None),
@@ -33,7 +32,8 @@ def test_dwchan_matches_naive_loops_on_each_target(target, tmp_path):
     command = [str(tmp_path / "check")]
     if runner:
         command.insert(0, need_program(runner, why))
-    subprocess.run([cc, "-O3", "-Wall", "-Wextra", "-Werror", *flags, "-o", command[-1], *SOURCES, "-lm"],
+    subprocess.run([cc, "-O3", "-Wall", "-Wextra", "-Werror", *flags, *kbuild.include_flags(), "-o", command[-1],
+                    *SOURCES, "-lm"],
                    check=True, capture_output=True, text=True, timeout=120)
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.startswith("ok "), done.stdout + done.stderr

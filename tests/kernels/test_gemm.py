@@ -1,4 +1,4 @@
-"""The compiled 1x1-conv GEMM (``kernels/gemm.c``, ``gemm.py``) against ``onnx.reference``: every fused
+"""The compiled 1x1-conv GEMM (``kernels/conv/gemm.c``, ``gemm.py``) against ``onnx.reference``: every fused
 activation, with and without bias, a residual, a squeeze-and-excitation scale, sizes that are no multiple of
 the register tile or of the packing blocks, NaN where numpy has it; the pointwise plans (plain, residual,
 scaled) call it on the shapes ``gemm.takes`` and give the reference's result, and fall back to OpenBLAS + the
@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 
 from rpcsrv.executor import compute
-from rpcsrv.executor.kernels import compiled, gemm, plans
-from rpcsrv.executor.kernels.conv import conv
+from rpcsrv.executor.kernels.clib import compiled, kbuild
+from rpcsrv.executor.kernels.conv import gemm
+from rpcsrv.executor.kernels import plans
+from rpcsrv.executor.kernels.conv.conv import conv
 from conftest import need_program
 from test_compiled_depthwise import ACTIVATIONS
 from test_depthwise_conv import onnx_conv
@@ -87,7 +89,7 @@ def test_nan_propagates_as_numpy(activation, c_kernels):
 
 def _planned(kind, m, k, hw, activation, seed=1):
     """(plan, args, want) of a 1x1 conv of kind pointwise / residual / scaled, from the planner."""
-    from rpcsrv.executor.scale_fold import scaled
+    from rpcsrv.executor.examplejson.scale_fold import scaled
 
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((1, k) + hw).astype(np.float32)
@@ -159,8 +161,6 @@ def test_without_the_library_no_gemm(monkeypatch):
         compiled.reset()
 
 
-KERNELS = Path(compiled.__file__).parent
-
 
 @pytest.mark.parametrize("target,flags,runner,mr", [
     ("aarch64-linux-gnu", [], "qemu-aarch64-static", 8),  # 32 NEON registers: 8 x 12 tiles
@@ -172,9 +172,9 @@ def test_cross_builds_warning_free_and_correct(target, flags, runner, mr, tmp_pa
     cc = need_program(f"{target}-gcc", "the cross compiler (apt-get install gcc-" + target.replace("_", "-") + ")")
     qemu = need_program(runner, "qemu-user-static runs the cross-built check")
     exe = tmp_path / "check"
-    build = subprocess.run([cc, "-O3", *flags, "-static", "-Wall", "-Wextra", "-Werror", "-o", str(exe),
-                            str(Path(__file__).with_name("gemm_check.c")), str(KERNELS / "gemm.c"),
-                            str(KERNELS / "sigmoid.c"), str(KERNELS / "im2col.c"),  # (gemm.c's conv packing)
+    build = subprocess.run([cc, "-O3", *flags, "-static", "-Wall", "-Wextra", "-Werror", *kbuild.include_flags(),
+                            "-o", str(exe), str(Path(__file__).with_name("gemm_check.c")), str(kbuild.source("gemm.c")),
+                            str(kbuild.source("sigmoid.c")), str(kbuild.source("im2col.c")),  # (gemm.c's conv packing)
                             "-lm"], capture_output=True, text=True, timeout=120)
     assert build.returncode == 0, build.stderr
     run = subprocess.run([qemu, str(exe)], capture_output=True, text=True, timeout=120)

@@ -12,7 +12,8 @@ from onnx import helper
 
 from rpcsrv.client import compile_onnx
 from rpcsrv.executor import load_module
-from rpcsrv.executor.kernels import prepared, winograd
+from rpcsrv.executor.kernels import prepared
+from rpcsrv.executor.kernels.conv import winograd
 from rpcsrv.executor.kernels.load_time import prepare_constants
 from rpcsrv.protocol.dtypes import Device
 
@@ -65,7 +66,7 @@ def test_prepare_skips_computed_weights_and_other_ops():
 def test_bound_constants_are_trusted_and_a_changed_weight_is_not():
     """Constants the runtime binds cannot change (read-only), so Winograd trusts its cache by identity;
     a writeable weight (a subgraph input that ``set_input`` overwrites in place) is checked by value."""
-    from rpcsrv.executor.kernels.conv import conv
+    from rpcsrv.executor.kernels.conv.conv import conv
 
     rng = np.random.default_rng(4)
     x = rng.standard_normal((1, 64, 16, 16)).astype("float32")
@@ -86,7 +87,7 @@ def test_only_the_path_conv_will_take_is_prepared(monkeypatch):
     Winograd would also take it: load time prepares the taps' weights, not Winograd's.  (With them, Winograd
     goes first: ``test_winograd.py``.)"""
     monkeypatch.setenv("RPCSRV_COMPILED_KERNELS", "0")
-    from rpcsrv.executor.kernels import taps
+    from rpcsrv.executor.kernels.conv import taps
 
     class N:
         def __init__(self, op, inputs, shape, dtype=np.float32):

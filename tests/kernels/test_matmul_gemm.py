@@ -1,4 +1,4 @@
-"""MatMuls by constant weights through the compiled GEMM (``kernels/gemm.c``'s ``rpcsrv_matmul_f32``,
+"""MatMuls by constant weights through the compiled GEMM (``kernels/conv/gemm.c``'s ``rpcsrv_matmul_f32``,
 ``gemm.matmul`` / ``gemm.planned_matmul``) against ``onnx.reference``: every fused activation, with and without
 bias, row counts and K, N that are no multiple of the register tile or of the packing blocks, NaN where numpy
 has it; the MatMul plan (2-D and batched 3-D inputs) calls it on the shapes ``gemm.takes_matmul`` and gives the
@@ -16,7 +16,9 @@ from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
 from rpcsrv.executor import compute
-from rpcsrv.executor.kernels import KERNELS, compiled, gemm, plans
+from rpcsrv.executor.kernels import KERNELS, plans
+from rpcsrv.executor.kernels.clib import compiled
+from rpcsrv.executor.kernels.conv import gemm
 from test_compiled_depthwise import ACTIVATIONS
 import test_gemm
 import test_plans

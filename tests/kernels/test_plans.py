@@ -1,16 +1,20 @@
-"""Run plans (``kernels/plans.py``): a planned depthwise or 1x1 conv gives ``onnx.reference``'s result on the
-depthwise cases (stride 2, channel multipliers, dilation, asymmetric pads) and the fused activations; inputs
-it was not made for (another shape, a non-contiguous view, other weights, compiled kernels turned off after
-planning) run the general kernel; no plan without the compiled kernels; and the ExampleJSON runtime plans
-a MobileNet-style block's convs and still matches onnxruntime (the other ops' plans: test_plans_ops.py)."""
+"""Run plans (``kernels/plans.py``, the conv plans of ``kernels/conv/plans_conv.py``): a planned depthwise or 1x1
+conv gives ``onnx.reference``'s result on the depthwise cases (stride 2, channel multipliers, dilation,
+asymmetric pads) and the fused activations; inputs it was not made for (another shape, a non-contiguous view,
+other weights, compiled kernels turned off after planning) run the general kernel; no plan without the compiled
+kernels; and the ExampleJSON runtime plans a MobileNet-style block's convs and still matches onnxruntime (the
+other ops' plans: test_plans_ops.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from rpcsrv.executor.kernels import compiled, plans, pool
-from rpcsrv.executor.kernels.conv import conv
+from rpcsrv.executor.kernels.clib import compiled
+from rpcsrv.executor.kernels import plans
+from rpcsrv.executor.kernels.conv import plans_conv
+from rpcsrv.executor.kernels.pool import pool
+from rpcsrv.executor.kernels.conv.conv import conv
 from conftest import need_program
 from test_compiled_depthwise import ACTIVATIONS, CASES_2D, _case
 from test_depthwise_conv import onnx_conv
@@ -217,7 +221,7 @@ def test_inputs_the_plan_was_not_made_for_run_the_general_kernel(c_kernels, monk
 def test_planned_scaled_pointwise(case, activation, c_kernels):
     """scale_fold's conv(x * s, w, b) (squeeze-and-excitation): the scale on the weights when M <= H*W,
     else on the input; another scale shape runs the folded kernel itself."""
-    from rpcsrv.executor.scale_fold import scaled
+    from rpcsrv.executor.examplejson.scale_fold import scaled
 
     n, c, m, hw = case
     rng = np.random.default_rng(m)
@@ -303,8 +307,8 @@ def test_planned_im2col_chunks_match_onnx_reference(case, activation, bias, c_ke
     want = onnx_conv(x, w, b, **attrs)
     want = ACTIVATIONS[activation](want) if name else want
     attrs.update({"activation": name, "activation_attrs": dict(extra) if extra else None} if name else {})
-    for elements in (200, 3000, plans.CHUNK_ELEMENTS):
-        monkeypatch.setattr(plans, "CHUNK_ELEMENTS", elements)
+    for elements in (200, 3000, plans_conv.CHUNK_ELEMENTS):
+        monkeypatch.setattr(plans_conv, "CHUNK_ELEMENTS", elements)
         fn = _plan(x, w, b, **attrs)
         assert fn.__name__ == "im2col_chunks"
         _close(fn(x, w, b), want)

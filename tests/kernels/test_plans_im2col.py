@@ -1,4 +1,4 @@
-"""The im2col plan (``plans._im2col_chunks`` with ``im2col.c``): dense convs no fast path takes (strided 1x1s
+"""The im2col plan (``plans_conv.im2col_plan`` with ``im2col.c``): dense convs no fast path takes (strided 1x1s
 too), with weights past ``CHUNK_MAX_WEIGHTS`` (one band: ResNet-50's and Inception's stride-2 3x3s, 3x3s on
 7x7 maps) or small ones (bands of output rows), give ``onnx.reference``'s result for stride 2, dilation,
 asymmetric and SAME padding, odd sizes, each fused activation, NaN inputs; inputs the plan was not made for
@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 import test_plans
-from rpcsrv.executor.kernels import compiled, plans
-from rpcsrv.executor.kernels.conv import conv
+from rpcsrv.executor.kernels.clib import compiled
+from rpcsrv.executor.kernels import plans
+from rpcsrv.executor.kernels.conv.conv import conv
 from test_compiled_depthwise import ACTIVATIONS
 from test_depthwise_conv import onnx_conv
 from test_plans import _close, _close_with_nans

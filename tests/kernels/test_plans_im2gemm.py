@@ -12,8 +12,10 @@ import pytest
 
 import test_plans
 from rpcsrv.executor import compute
-from rpcsrv.executor.kernels import compiled, gemm, plans
-from rpcsrv.executor.kernels.conv import conv
+from rpcsrv.executor.kernels.clib import compiled
+from rpcsrv.executor.kernels.conv import gemm
+from rpcsrv.executor.kernels import plans
+from rpcsrv.executor.kernels.conv.conv import conv
 from test_compiled_depthwise import ACTIVATIONS
 from test_depthwise_conv import onnx_conv
 from test_plans import _close, _close_with_nans

@@ -11,8 +11,9 @@ from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
 import test_plans
-from rpcsrv.executor.kernels import compiled, plans
-from rpcsrv.executor.kernels.norm import layer_normalization
+from rpcsrv.executor.kernels.clib import compiled
+from rpcsrv.executor.kernels import plans
+from rpcsrv.executor.kernels.norm.norm import layer_normalization
 
 c_kernels = test_plans.c_kernels  # the fixture: the compiled kernels in use
 

@@ -1,7 +1,9 @@
-"""Run plans of the ops around the convolutions (``kernels/plans_ops.py``) against ``onnx.reference`` or
-float64: max and average pools on test_pool_paths' cases, Add/Sum with an activation, GlobalAveragePool,
-ReduceMean, Sigmoid, Gelu, HardSigmoid, Softmax, views (Flatten, Reshape), a classifier's Gemm and MatMul by
-constant weights; inputs a plan was not made for run the table kernel."""
+"""Run plans of the ops around the convolutions (``kernels/pool/plans_pool.py``,
+``kernels/elementwise/plans_elementwise.py``, ``kernels/plans_reduce.py``, ``plans_shape.py``,
+``plans_linalg.py``) against ``onnx.reference`` or float64: max and average pools on test_pool_paths' cases,
+Add/Sum with an activation, GlobalAveragePool, ReduceMean, Sigmoid, Gelu, HardSigmoid, Softmax, views (Flatten,
+Reshape), a classifier's Gemm and MatMul by constant weights; inputs a plan was not made for run the table
+kernel."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ import numpy as np
 import pytest
 
 import test_plans
-from rpcsrv.executor.kernels import plans, pool
+from rpcsrv.executor.kernels import plans
+from rpcsrv.executor.kernels.pool import pool
 from test_compiled_depthwise import ACTIVATIONS
 from test_plans import _close
 from test_pool_paths import CASES as POOL_CASES, ids as pool_ids, reference as pool_reference

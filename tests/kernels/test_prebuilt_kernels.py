@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from conftest import need_program
-from rpcsrv.executor.kernels import compiled, kbuild
+from rpcsrv.executor.kernels.clib import compiled, kbuild
 
 HERE = Path(__file__).resolve().parent
 #: the wheel's compilers (rpcsrv/native/shimbuild.py's COMPILERS; not imported: a test of the executor layer)

@@ -1,4 +1,4 @@
-"""Stacked-taps convolution (``kernels/taps.py``): one GEMM over all kernel taps, then shifted adds.
+"""Stacked-taps convolution (``kernels/conv/taps.py``): one GEMM over all kernel taps, then shifted adds.
 Checked against a direct float64 convolution on random data for every geometry it accepts (asymmetric
 pads, non-square kernels, batch, bias and fused relu through ``conv``), and routed only where it was
 measured to win (few outputs per input channel)."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rpcsrv.executor.kernels import taps
-from rpcsrv.executor.kernels.conv import conv
+from rpcsrv.executor.kernels.conv import taps
+from rpcsrv.executor.kernels.conv.conv import conv
 from test_conv_paths import direct_conv
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rpcsrv.executor.kernels import winograd
-from rpcsrv.executor.kernels.conv import conv
+from rpcsrv.executor.kernels.conv import winograd
+from rpcsrv.executor.kernels.conv.conv import conv
 from test_conv_paths import direct_conv
 
 #: largest error, relative to the largest output, allowed for float32 Winograd F(2x2, 3x3)
@@ -18,7 +18,7 @@ BOUND = 2e-5
 @pytest.fixture(params=["compiled", "numpy"])
 def transforms(request, monkeypatch):
     """The compiled transforms (skips without a C compiler; fails under RPCSRV_REQUIRE_ALL=1), or numpy's."""
-    from rpcsrv.executor.kernels import compiled
+    from rpcsrv.executor.kernels.clib import compiled
     from conftest import need_program
 
     calls = []
@@ -37,7 +37,7 @@ def transforms(request, monkeypatch):
 @pytest.fixture
 def compiled_only(monkeypatch):
     """The compiled kernels in use (skips without a C compiler; fails under RPCSRV_REQUIRE_ALL=1)."""
-    from rpcsrv.executor.kernels import compiled
+    from rpcsrv.executor.kernels.clib import compiled
     from conftest import need_program
 
     need_program("cc", "the compiled transforms are built with the board's C compiler")
@@ -99,7 +99,7 @@ def test_compiled_transforms_take_wider_geometries_and_go_before_the_taps(compil
     """With the compiled transforms, Winograd takes 32+ input and 16+ output channels on images of 7x7 and
     up (few output channels, or small weights, on small images), before the stacked taps; conv's output is
     the direct convolution's with the bias and activation."""
-    from rpcsrv.executor.kernels.conv import FAST_PATHS, fast_path
+    from rpcsrv.executor.kernels.conv.conv import FAST_PATHS, fast_path
 
     def fits(c, m, h, stride=1):
         x, w = np.zeros((1, c, h, h), np.float32), np.zeros((m, c, 3, 3), np.float32)

@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 import test_plans
-from rpcsrv.executor.kernels import compiled, plans, winograd
-from rpcsrv.executor.kernels.conv import conv
+from rpcsrv.executor.kernels.clib import compiled
+from rpcsrv.executor.kernels import plans
+from rpcsrv.executor.kernels.conv import winograd
+from rpcsrv.executor.kernels.conv.conv import conv
 from test_compiled_depthwise import ACTIVATIONS
 from test_conv_paths import direct_conv
 from test_depthwise_conv import onnx_conv

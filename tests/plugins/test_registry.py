@@ -136,10 +136,11 @@ def test_examplejson_is_not_special_outside_its_modules():
     """The board's and the compiler's generic code name no kind: ExampleJSON lives in its own modules."""
     from conftest import REPO
 
-    own = {"rpcsrv/loader/examplejson.py", "rpcsrv/executor/examplejson.py", "rpcsrv/executor/examplejson_text.py",
-           "client/compiler/examplejson.py"}
+    own = {"rpcsrv/loader/examplejson.py", "rpcsrv/executor/examplejson/subgraphs.py",
+           "rpcsrv/executor/examplejson/text.py", "client/compiler/examplejson.py"}
     generic = ["rpcsrv/loader/modules.py", "rpcsrv/loader/inspect.py", "rpcsrv/loader/blob.py",
-               "rpcsrv/loader/plugins.py", "rpcsrv/executor/modules.py", "rpcsrv/executor/runtime.py",
+               "rpcsrv/loader/plugins.py", "rpcsrv/executor/graph/factory.py", "rpcsrv/executor/const_loader.py",
+               "rpcsrv/executor/placeholders.py", "rpcsrv/executor/module.py",
                "client/compiler/model.py", "client/compiler/codegens.py", "client/compiler/relax_vm.py"]
     for rel in generic:
         assert rel not in own

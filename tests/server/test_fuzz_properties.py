@@ -19,10 +19,10 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rpcsrv.executor.examplejson import parse_examplejson
-from rpcsrv.executor.graph_json import parse_graph_json
+from rpcsrv.executor.examplejson.text import parse_examplejson
+from rpcsrv.executor.graph.graph_json import parse_graph_json
 from rpcsrv.executor.kernels import KERNELS
-from rpcsrv.executor.runtime import ExecutorError
+from rpcsrv.executor.module import ExecutorError
 from rpcsrv.board.limits import Limits
 from rpcsrv.board.server import ServerConfig, serve_connection
 

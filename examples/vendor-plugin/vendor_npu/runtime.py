@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from rpcsrv.executor.runtime import ExecutorError, RuntimeModule
+from rpcsrv.executor import ExecutorError, RuntimeModule
 from rpcsrv.loader.node import ModuleNode, PayloadCodec
 from rpcsrv.loader.plugins import ModuleKind, RuntimePlugin
 

@@ -42,7 +42,7 @@ def _age(seconds: float) -> str:
 
 def _modules(session: Any) -> str:
     """The modules a session holds, by type key (with the count of each)."""
-    from ...executor.runtime import RuntimeModule
+    from ...executor.module import RuntimeModule
 
     counts: dict[str, int] = {}
     for obj in list(session.handles.objects.values()):

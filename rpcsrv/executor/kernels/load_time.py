@@ -3,7 +3,7 @@
 Some kernels derive data from their weights once and cache it (the fast convolution paths of
 ``conv.FAST_PATHS``: Winograd's transformed weights, the stacked taps; cached by ``prepared.py``).
 Done lazily, that work lands on the first run after ``load_module``: on VGG-19 the transforms alone
-were ~60% of a first run that took ~3x the steady state (issue 16's target is at most 3x).
+were ~60% of a first run that took ~3x the steady state (a first run should take at most 3x).
 ``prepare_constants`` walks a subgraph once its constants are bound and does that work for every op
 whose prepared data depends only on constants and declared shapes, so the first run finds it ready.
 It changes no result: a kernel whose data was not prepared here computes it on first use, as before.
@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from .conv import fast_path
+from .conv.conv import fast_path
 from .windows import spatial_attr
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .dtypes import onnx_dtype
+from .onnx_dtypes import onnx_dtype
 from .registry import bad, ints, norm_axis, register
 
 

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ...loader.opset import OPS, REQUIRED, OpSpec
-from . import compiled
+from .clib import compiled
 
 Kernel = Callable[..., Any]
 

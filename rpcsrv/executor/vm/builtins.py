@@ -1,6 +1,6 @@
 """The ``vm.builtin.*`` functions compiled Relax code calls (TVM's ``src/runtime/vm/builtin.cc``).
 
-Each takes the register values as TVM passes them (``values.py``).  Those that need the machine
+Each takes the register values as TVM passes them (``registers.py``).  Those that need the machine
 (allocation, closures) get it as their ``%vm`` argument.  Errors a user can cause (a tensor of the
 wrong rank, dtype or shape passed to ``main``) are ``VMError`` with TVM's error context string,
 which names the function, the parameter and its annotation.
@@ -18,8 +18,8 @@ from typing import Any, Callable
 import numpy as np
 
 from ...protocol.dtypes import DataType
-from ..runtime import ExecutorError
-from .values import Closure, ShapeTuple, Storage, Tensor, aligned_empty, dtype_of
+from ..module import ExecutorError
+from .registers import Closure, ShapeTuple, Storage, Tensor, aligned_empty, dtype_of
 
 # MatchShapeCode / MakeShapeCode (include/tvm/runtime/vm/builtin.h)
 ASSERT_EQ_IMM, STORE_TO_HEAP, NO_OP, ASSERT_EQ_LOAD = 0, 1, 2, 3

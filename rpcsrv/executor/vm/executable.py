@@ -5,7 +5,7 @@ decodes, every register, constant, function index and jump stays in range (``che
 packed function the code calls is either a VM builtin this board implements or a function of the
 library's imports (a native kernel in ``_lib``, an ExampleJSON subgraph, ...).  A library that fails
 any check is refused with the reason, before a VM exists.  Its functions are TVM's:
-``vm_load_executable`` (a :class:`~rpcsrv.executor.vm.machine.VirtualMachine`), ``stats``,
+``vm_load_executable`` (a :class:`~rpcsrv.executor.vm.interpreter.VirtualMachine`), ``stats``,
 ``as_text``, ``has_function``.
 """
 
@@ -18,12 +18,12 @@ import numpy as np
 
 from ...loader.vm_executable import KIND_PACKED, VMExecutableModule, decode_instructions
 from ...loader.vm_text import describe_constant, disassemble
-from ..runtime import RuntimeModule
+from ..module import RuntimeModule
 from .builtins import BUILTINS, VMError, is_builtin_name
 from .checks import check_function
 from .ffi import NativeKernel
-from .machine import VirtualMachine
-from .values import Tensor, as_tensor, host_function
+from .interpreter import VirtualMachine
+from .registers import Tensor, as_tensor, host_function
 
 Lookup = Callable[[str], Optional[Callable[..., Any]]]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from ..runtime import RuntimeModule
+from ..module import RuntimeModule
 from .ffi import NativeKernel
 from .executable import VMExecutableRuntime
 
