@@ -196,11 +196,11 @@ def test_the_machines_busy_time_includes_this_processs_own():
     if not os.path.exists("/proc/stat"):
         pytest.skip("no /proc/stat here: the policy counts no other process")
     machine0, own0 = OthersBusy._machine_busy(), time.process_time()
-    end = time.monotonic() + 0.3
-    while time.monotonic() < end:  # this process busy
+    end = time.monotonic() + 60
+    while time.process_time() - own0 < 0.3 and time.monotonic() < end:  # this process busy for 0.3 s of CPU
         pass
     machine, own = OthersBusy._machine_busy() - machine0, time.process_time() - own0
-    assert own > 0.1
+    assert own >= 0.3
     assert machine >= own - 2 * 0.01 * 2  # (two readings of clock ticks, 10 ms each, per CPU)
 
 

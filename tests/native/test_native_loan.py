@@ -235,16 +235,16 @@ def test_client_gone_during_a_loan(board, kernels):
 def test_the_session_deadline_ends_a_loan(board, kernels):
     """A client that never stops repeating a call: its session still ends at its deadline (the worker is
     stopped; in process, the serving thread sees its connection shut), and the board goes on."""
-    remote = rpc.connect(board.host, board.port, session_timeout=2)
+    connected = time.monotonic()  # (the deadline leaves the worker's start room on a loaded machine)
+    remote = rpc.connect(board.host, board.port, session_timeout=10)
     remote.upload(str(kernels), "loan.so")
     f = remote.load_module("loan.so")["accumulate"]
     dev = remote.cpu()
     a, b = tvm.runtime.tensor(np.ones(N, "float32"), dev), tvm.runtime.tensor(np.zeros(N, "float32"), dev)
-    start = time.monotonic()
     with pytest.raises(Exception):
-        while time.monotonic() - start < 30:
+        while time.monotonic() - connected < 60:
             f(a, b)
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - connected < 10 + 15
     remote2, lib, dev2 = _session(board, kernels)
     c = tvm.runtime.tensor(np.zeros(N, "float32"), dev2)
     lib["accumulate"](tvm.runtime.tensor(np.ones(N, "float32"), dev2), c)

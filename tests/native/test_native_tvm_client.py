@@ -112,13 +112,13 @@ def test_crash_and_abort_end_only_their_session(isolated_server, c_target):
 
 
 def test_endless_loop_ends_at_the_session_timeout(isolated_server, c_target):
-    remote = _connect(isolated_server, session_timeout=3)
+    connected = time.monotonic()  # (the deadline leaves the worker's start room on a loaded machine)
+    remote = _connect(isolated_server, session_timeout=10)
     remote.upload(str(c_target), "kernels.so")
     lib = remote.load_module("kernels.so")
-    start = time.monotonic()
     with pytest.raises(Exception):
         lib["spin"]()
-    assert time.monotonic() - start < 15
+    assert time.monotonic() - connected < 10 + 15
     fresh = _connect(isolated_server)
     fresh.upload(str(c_target), "kernels.so")
     assert fresh.load_module("kernels.so")["twice_plus_one"](5) == 11
