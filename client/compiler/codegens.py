@@ -26,17 +26,20 @@ from __future__ import annotations
 
 import importlib.metadata
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 
 from rpcsrv.loader.node import ModuleNode, PayloadCodec
-from rpcsrv.loader.opset import onnx_op_to_kernel
 
 from .errors import CompileError
-from .onnx_import import ONNX_DOMAINS, Graph, Node
-from .ops import Op, consumers, single_op
+from .onnx_import import Graph
+from .ops import Op
 from .partition import Function
+from .patterns import Pattern, is_constant, is_op, match_patterns, wildcard
+
+__all__ = ["GROUP", "DEFAULT", "BUILTIN", "Codegen", "External", "Pattern", "available", "get_codegen",
+           "is_constant", "is_op", "match_patterns", "wildcard"]
 
 #: the entry-point group of compiler plugins
 GROUP = "byoc.codegens"
@@ -44,22 +47,6 @@ GROUP = "byoc.codegens"
 DEFAULT = "examplejson"
 #: the built-in codegens, loaded the way an installed one is
 BUILTIN = (importlib.metadata.EntryPoint("examplejson", "rpcsrv.client.compiler.examplejson:EXAMPLEJSON", GROUP),)
-
-
-@dataclass(frozen=True)
-class Pattern:
-    """A composite: ``chain`` (ONNX op types) fused into one op named ``name`` (``<codegen>.<pattern>``).
-
-    The composite's kernel is ``kernel`` (default: the first op's), its attributes the first op's plus
-    ``attrs``, its inputs the first op's plus each later op's inputs from outside the chain, unless
-    ``inputs(nodes, graph)`` says otherwise (None: this match does not fit, e.g. a bias that is not a
-    constant)."""
-
-    name: str
-    chain: tuple[str, ...]
-    kernel: str = ""
-    attrs: Mapping[str, Any] = field(default_factory=dict)
-    inputs: Callable[[list[Node], Graph], list[str] | None] | None = None
 
 
 @dataclass
@@ -92,61 +79,6 @@ class Codegen:
 
     def generate(self, fn: Function, graph: Graph) -> External:
         raise NotImplementedError(f"codegen {self.name!r} does not implement generate()")
-
-
-def match_patterns(graph: Graph, patterns, ops: frozenset) -> list[Op]:
-    """The generic ``MergeComposite`` for :class:`Pattern` tables (first match wins, longest tried in
-    table order); a chain fuses only when its inner tensors are read by nothing else."""
-    uses = consumers(graph)
-    readers: dict[str, list[Node]] = {}
-    for n in graph.nodes:
-        for i in n.inputs:
-            readers.setdefault(i, []).append(n)
-    done: set[int] = set()
-    result: list[Op] = []
-    for node in graph.nodes:
-        if id(node) in done:
-            continue
-        op = None
-        for pat in patterns:
-            chain = _follow(node, pat.chain, readers, uses)
-            if chain is None:
-                continue
-            kernel = pat.kernel or onnx_op_to_kernel(node.op_type)
-            needs = {onnx_op_to_kernel(n.op_type) for n in chain} | {kernel}
-            if not needs <= ops:
-                continue
-            inputs = pat.inputs(chain, graph) if pat.inputs else _chain_inputs(chain)
-            if inputs is None:
-                continue
-            op = Op("+".join(n.name for n in chain), kernel, inputs, list(chain[-1].outputs),
-                    {**node.attrs, **pat.attrs}, chain, pat.name, requires=needs)
-            done.update(id(n) for n in chain)
-            break
-        result.append(op or single_op(node))
-    return result
-
-
-def _follow(node: Node, chain: tuple[str, ...], readers: dict, uses: dict) -> list[Node] | None:
-    if node.op_type != chain[0] or node.domain not in ONNX_DOMAINS:
-        return None
-    nodes = [node]
-    for op_type in chain[1:]:
-        last = nodes[-1]
-        if len(last.outputs) != 1 or uses.get(last.outputs[0]) != 1:
-            return None
-        nxt = readers.get(last.outputs[0], [])
-        if len(nxt) != 1 or nxt[0].op_type != op_type or nxt[0].domain not in ONNX_DOMAINS:
-            return None
-        nodes.append(nxt[0])
-    return nodes
-
-
-def _chain_inputs(chain: list[Node]) -> list[str]:
-    inputs = list(chain[0].inputs)
-    for prev, node in zip(chain, chain[1:]):
-        inputs += [i for i in node.inputs if i not in prev.outputs]
-    return inputs
 
 
 def _entry_points() -> dict[str, Any]:

@@ -1,0 +1,297 @@
+"""Composite patterns: TVM's ``MergeComposite`` for a codegen's pattern table (``Codegen.patterns``).
+
+A :class:`Pattern` fuses several ONNX nodes into one :class:`~.ops.Op` (its ``pattern`` is the
+pattern's name).  What it matches is either
+
+* a **chain**: a tuple of ONNX op types, each node reading the previous one's only output,
+  ``("Conv", "Relu")``; or
+* a **dataflow pattern**: a DAG written as TVM's pattern language writes one
+  (``tvm.relay.dataflow_pattern``): :func:`is_op` names an ONNX op type and is called with one
+  pattern per input of the node; :func:`wildcard` matches any tensor, :func:`is_constant` a constant
+  of the model (an initializer, or a tensor folded to one).  One pattern object used in two places
+  stands for one node or tensor of the graph: that is how a diamond is written::
+
+      conv = is_op("Conv")(wildcard(), is_constant(), is_constant())
+      diamond = is_op("Add")(conv, is_op("Relu")(conv))            # conv + relu(conv)
+      x = wildcard()
+      residual = is_op("Relu")(is_op("Add")(is_op("Conv")(x, is_constant(), is_constant()), x))
+
+  ``is_op("Conv")`` not called matches a Conv whatever its inputs (each then an input of the
+  composite).  Called, the node must have exactly that many inputs (absent optional inputs at the end,
+  ``""`` in ONNX, do not count).  ``Add`` and ``Mul`` also match with their two inputs swapped (as TVM's
+  matcher does for ``add`` and ``multiply``).  The matcher does not backtrack further than that.
+
+Which nodes fuse (both kinds; a chain is the DAG of its ops):
+
+* every node of the match but its output node (the *root*: the pattern passed to :class:`Pattern`)
+  has one output, read only by nodes of the match and not a model output; the root's outputs are the
+  composite's;
+* nodes of the default ONNX domain only, each node in at most one composite;
+* the graph's nodes are visited in execution order; at each node not yet fused, the patterns are tried
+  in table order, each for a match whose first node (in execution order) is this node; the first match
+  whose ops are all in the op set and whose ``inputs`` accepts it is fused.  A chain starts at its
+  first op; a DAG pattern's match starts at its earliest node, so a diamond listed before
+  ``("Conv", "Relu")`` wins over it at their common Conv, and one listed after it loses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Union
+
+from rpcsrv.loader.opset import onnx_op_to_kernel
+
+from .errors import CompileError
+from .onnx_import import ONNX_DOMAINS, Graph, Node
+from .ops import Op, consumers, single_op
+
+#: ONNX ops whose two inputs a pattern also matches swapped (TVM's matcher: add, multiply)
+COMMUTATIVE = frozenset({"Add", "Mul"})
+
+
+class DFPattern:
+    """A node of a dataflow pattern (compared by identity: one object is one node or tensor)."""
+
+
+@dataclass(eq=False)
+class Wildcard(DFPattern):
+    """Any tensor (:func:`wildcard`)."""
+
+    def __repr__(self) -> str:
+        return "wildcard()"
+
+
+@dataclass(eq=False)
+class ConstantPattern(DFPattern):
+    """A constant of the model (:func:`is_constant`)."""
+
+    def __repr__(self) -> str:
+        return "is_constant()"
+
+
+@dataclass(eq=False)
+class OpPattern(DFPattern):
+    """A node of ONNX type ``op_type`` whose inputs match ``args`` (None: any inputs)."""
+
+    op_type: str
+    args: tuple[DFPattern, ...] | None = None
+
+    def __call__(self, *args: DFPattern) -> "OpPattern":
+        bad = [a for a in args if not isinstance(a, DFPattern)]
+        if bad:
+            raise TypeError(f"is_op({self.op_type!r}) takes patterns (is_op, wildcard, is_constant), got {bad[0]!r}")
+        return OpPattern(self.op_type, tuple(args))
+
+    def __repr__(self) -> str:
+        if self.args is None:
+            return f"is_op({self.op_type!r})"
+        return f"is_op({self.op_type!r})({', '.join(map(repr, self.args))})"
+
+
+def is_op(op_type: str) -> OpPattern:
+    """A node of this ONNX op type; call it with a pattern per input: ``is_op("Relu")(wildcard())``."""
+    if not isinstance(op_type, str) or not op_type:
+        raise TypeError(f"is_op takes an ONNX op type such as 'Conv', got {op_type!r}")
+    return OpPattern(op_type)
+
+
+def wildcard() -> Wildcard:
+    """Any tensor: a model input, a constant, or the output of a node outside the match."""
+    return Wildcard()
+
+
+def is_constant() -> ConstantPattern:
+    """A constant of the model (the graph's ``constants``)."""
+    return ConstantPattern()
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """A composite: what ``chain`` matches, fused into one op named ``name`` (``<codegen>.<pattern>``).
+
+    ``chain`` is a tuple of ONNX op types (a chain) or a dataflow pattern, its root (see the module
+    doc).  The composite :class:`~.ops.Op` has the matched nodes in execution order (``nodes``), the
+    root's outputs, the kernel ``kernel`` (default: the first node's op name), the first node's
+    attributes updated with ``attrs``, and as inputs each node's inputs in execution order, leaving
+    out tensors made inside the match (a tensor read twice is listed twice), unless ``inputs(nodes,
+    graph)`` says otherwise: it returns the input list, or None when this match does not fit (say, a
+    bias that is not a constant); the list must hold every tensor the nodes read from outside that
+    is not a constant."""
+
+    name: str
+    chain: Union[tuple[str, ...], OpPattern]
+    kernel: str = ""
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+    inputs: Callable[[list[Node], Graph], list[str] | None] | None = None
+
+    def __post_init__(self):
+        if isinstance(self.chain, OpPattern):
+            return
+        if isinstance(self.chain, DFPattern):
+            raise TypeError(f"pattern {self.name!r}: the root of a dataflow pattern must be is_op(...), "
+                            f"not {self.chain!r}")
+        chain = tuple(self.chain) if isinstance(self.chain, (tuple, list)) else ()
+        if not chain or not all(isinstance(t, str) and t for t in chain):
+            raise TypeError(f"pattern {self.name!r}: chain must be ONNX op types such as ('Conv', 'Relu') "
+                            f"or a dataflow pattern (is_op(...)), got {self.chain!r}")
+        object.__setattr__(self, "chain", chain)
+
+
+class _Matcher:
+    """One graph's matching state: producers, read counts, the nodes already fused."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.order = {id(n): k for k, n in enumerate(graph.nodes)}
+        self.producer = {o: n for n in graph.nodes for o in n.outputs if o}
+        self.uses = consumers(graph)
+        self.readers: dict[str, list[Node]] = {}
+        for n in graph.nodes:
+            for i in n.inputs:
+                self.readers.setdefault(i, []).append(n)
+        self.claimed: set[int] = set()
+
+    def follow(self, node: Node, chain: tuple[str, ...]) -> list[Node] | None:
+        """The chain starting at ``node``, or None."""
+        if node.op_type != chain[0] or node.domain not in ONNX_DOMAINS:
+            return None
+        nodes = [node]
+        for op_type in chain[1:]:
+            last = nodes[-1]
+            if len(last.outputs) != 1 or self.uses.get(last.outputs[0]) != 1:
+                return None
+            nxt = self.readers.get(last.outputs[0], [])
+            if len(nxt) != 1 or nxt[0].op_type != op_type or nxt[0].domain not in ONNX_DOMAINS \
+                    or id(nxt[0]) in self.claimed:
+                return None
+            nodes.append(nxt[0])
+        return nodes
+
+    def match(self, root: OpPattern, node: Node) -> list[Node] | None:
+        """The nodes of a match of ``root`` at ``node`` (in execution order), or None."""
+        bound: dict[DFPattern, Any] = {}
+        if not _node(root, node, bound, self):
+            return None
+        nodes = sorted({id(n): n for p, n in bound.items() if isinstance(p, OpPattern)}.values(),
+                       key=lambda n: self.order[id(n)])
+        reads: dict[str, int] = {}
+        for n in nodes:
+            for t in n.inputs:
+                reads[t] = reads.get(t, 0) + 1
+        for n in nodes:
+            out = [o for o in n.outputs if o]
+            if n is not node and self.uses.get(out[0]) != reads.get(out[0], 0):
+                return None  # an inner tensor read outside the match (or a model output)
+        return nodes
+
+
+def _node(pat: OpPattern, node: Node, bound: dict, m: _Matcher) -> bool:
+    if pat in bound:
+        return bound[pat] is node
+    if node.op_type != pat.op_type or node.domain not in ONNX_DOMAINS or id(node) in m.claimed:
+        return False
+    mark = len(bound)
+    bound[pat] = node
+    if pat.args is None:
+        return True
+    given = list(node.inputs)
+    while given and not given[-1]:
+        given.pop()
+    if len(given) == len(pat.args):
+        orders = [pat.args] + ([pat.args[::-1]] if pat.op_type in COMMUTATIVE and len(pat.args) == 2 else [])
+        for args in orders:
+            inner = len(bound)
+            if all(_tensor(a, t, bound, m) for a, t in zip(args, given)):
+                return True
+            _undo(bound, inner)
+    _undo(bound, mark)
+    return False
+
+
+def _tensor(pat: DFPattern, name: str, bound: dict, m: _Matcher) -> bool:
+    if not name:
+        return False
+    if isinstance(pat, OpPattern):
+        producer = m.producer.get(name)
+        return producer is not None and [o for o in producer.outputs if o] == [name] \
+            and _node(pat, producer, bound, m)
+    if pat in bound:
+        return bound[pat] == name
+    if isinstance(pat, ConstantPattern) and name not in m.graph.constants:
+        return False
+    bound[pat] = name
+    return True
+
+
+def _undo(bound: dict, mark: int) -> None:
+    """Forget what was bound after the first ``mark`` entries (a dict keeps insertion order)."""
+    for key in list(bound)[mark:]:
+        del bound[key]
+
+
+def outside_inputs(nodes: list[Node]) -> list[str]:
+    """The default composite inputs: each node's inputs in order, leaving out tensors made by ``nodes``."""
+    made = {o for n in nodes for o in n.outputs if o}
+    return [i for n in nodes for i in n.inputs if i not in made]
+
+
+def _composite(pat: Pattern, nodes: list[Node], graph: Graph, ops: frozenset) -> Op | None:
+    kernel = pat.kernel or onnx_op_to_kernel(nodes[0].op_type)
+    needs = {onnx_op_to_kernel(n.op_type) for n in nodes} | {kernel}
+    if not needs <= ops:
+        return None
+    inputs = pat.inputs(nodes, graph) if pat.inputs else outside_inputs(nodes)
+    if inputs is None:
+        return None
+    lost = [t for t in dict.fromkeys(outside_inputs(nodes)) if t and t not in inputs and t not in graph.constants]
+    if lost:
+        raise CompileError(f"pattern {pat.name!r}: its inputs() left out {', '.join(lost)}, read by "
+                           f"{'+'.join(n.name for n in nodes)} from outside (only constants may be left out)")
+    return Op("+".join(n.name for n in nodes), kernel, list(inputs), list(nodes[-1].outputs),
+              {**nodes[0].attrs, **pat.attrs}, list(nodes), pat.name, requires=needs, by_nodes=True)
+
+
+def match_patterns(graph: Graph, patterns, ops: frozenset) -> list[Op]:
+    """The generic ``MergeComposite`` of a :class:`Pattern` table (rules in the module doc): every node
+    once, a composite in the place of its first node, the rest as single ops, in execution order."""
+    m = _Matcher(graph)
+    starts: list[dict[int, list[Node]]] = []  # per DAG pattern: first node's index -> roots of its matches
+    for pat in patterns:
+        starts.append({})
+        if isinstance(pat.chain, OpPattern):
+            for node in graph.nodes:
+                nodes = m.match(pat.chain, node)
+                if nodes:
+                    starts[-1].setdefault(m.order[id(nodes[0])], []).append(node)
+    fused: dict[int, Op] = {}
+    for k, node in enumerate(graph.nodes):
+        if id(node) in m.claimed:
+            continue
+        for pat, start in zip(patterns, starts):
+            for nodes in _candidates(pat, start, k, node, m):
+                op = _composite(pat, nodes, graph, ops)
+                if op is not None:
+                    fused[k] = op
+                    m.claimed.update(id(n) for n in nodes)
+                    break
+            if k in fused:
+                break
+        for pat, start in zip(patterns, starts):  # matches that began here and were not taken
+            for root in start.pop(k, []):
+                nodes = m.match(pat.chain, root)
+                if nodes is not None and m.order[id(nodes[0])] > k:
+                    start.setdefault(m.order[id(nodes[0])], []).append(root)
+    return [fused.get(k) or single_op(n) for k, n in enumerate(graph.nodes) if k in fused or id(n) not in m.claimed]
+
+
+def _candidates(pat: Pattern, start: dict, k: int, node: Node, m: _Matcher):
+    """The matches of ``pat`` whose first node is graph node ``k`` (``node``), given what is fused."""
+    if not isinstance(pat.chain, OpPattern):
+        nodes = m.follow(node, pat.chain)
+        if nodes is not None:
+            yield nodes
+        return
+    for root in list(start.get(k, [])):
+        nodes = m.match(pat.chain, root)  # again: the nodes fused since may change it
+        if nodes is not None and m.order[id(nodes[0])] <= k:
+            yield nodes
