@@ -9,7 +9,10 @@
    MatMul with a bias input) into one op whose kernel applies the activation (``"activation": "relu"``).
    A channel shuffle (Reshape → Transpose → Reshape, ShuffleNet) read by a Conv becomes the Conv's
    ``input_shuffle`` (``shuffle_conv2d``, ``merge_shuffles``).
-   A chain only fuses when the inner tensors are used by nothing else.
+   A chain only fuses when the inner tensors are used by nothing else.  Another codegen's table is
+   ``patterns.py``'s: chains and DAGs (diamonds), as TVM's pattern language writes them.  Whatever the
+   codegen returns must hold every node once (``dependency_order`` checks it and puts each op after
+   the ops making its inputs).
 2. **Annotate** (``AnnotateTarget``): each op is supported when its kernel is in the chosen op set
    (the board's kernel table, optionally restricted with ``--ops``) and its attributes are ones the
    kernel knows; otherwise the reason is kept for the error message.
