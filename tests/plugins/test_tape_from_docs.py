@@ -2,8 +2,9 @@
 binary format, a codegen with DAG patterns and a numpy runtime whose weights come from the const loader), installed
 from its own pyproject.toml's entry points the way tests/plugins install the example, then used as a vendor's user
 would: ``byoc compile --codegen tape`` (the diamond and the residual block claimed as composites), ``rpcsrv serve``
-running the library for the real apache-tvm client in both blob layouts (checked against onnxruntime), ``rpcsrv
-inspect`` and ``extract``; and ``byoc run``, ``byoc profile``, ``byoc compare`` on the board."""
+running the library for the real apache-tvm client in both blob layouts and as a Relax VM executable (checked
+against onnxruntime), ``rpcsrv inspect`` and ``extract``; and ``byoc run``, ``byoc profile``, ``byoc compare`` on
+the board."""
 
 from __future__ import annotations
 
@@ -141,6 +142,28 @@ def test_the_board_runs_it_for_the_real_tvm_client(built, layout, monkeypatch, t
             fn(tvm.runtime.tensor(x, dev))
         assert srv.alive()
         assert "tape (rpcsrv-tape-plugin 0.2.0)" in srv.stderr()
+    finally:
+        srv.stop()
+
+
+def test_the_relax_vm_calls_it_the_same_way(built, monkeypatch, tmp_path):
+    tvm = need_module("tvm", "the real TVM client comes from `pip install apache-tvm`")
+    need_module("onnxruntime", "the numeric reference")
+    from tvm import relax
+
+    env, root, model, x = built
+    lib = root / "tape_relax.so"
+    _run(env, "-m", "rpcsrv.client.cli", "compile", str(root / "tape.onnx"), "-o", str(lib), "--codegen", "tape",
+         "--executor", "relax")
+    monkeypatch.setenv("PYTHONPATH", env["PYTHONPATH"])
+    srv = ServerProcess(workdir=tmp_path)
+    try:
+        sess = tvm.rpc.connect(srv.host, srv.port)
+        sess.upload(str(lib))
+        dev = sess.cpu()
+        vm = relax.VirtualMachine(sess.load_module(lib.name), dev)
+        y = vm["main"](tvm.runtime.tensor(x, dev)).numpy()
+        np.testing.assert_allclose(y, reference(model, x), rtol=1e-4, atol=1e-5)
     finally:
         srv.stop()
 
