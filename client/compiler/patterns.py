@@ -14,7 +14,7 @@ pattern's name).  What it matches is either
       conv = is_op("Conv")(wildcard(), is_constant(), is_constant())
       diamond = is_op("Add")(conv, is_op("Relu")(conv))            # conv + relu(conv)
       x = wildcard()
-      residual = is_op("Relu")(is_op("Add")(is_op("Conv")(x, is_constant(), is_constant()), x))
+      residual = is_op("Relu")(is_op("Add")(is_op("Relu")(is_op("Conv")(x, is_constant(), is_constant())), x))
 
   ``is_op("Conv")`` not called matches a Conv whatever its inputs (each then an input of the
   composite).  Called, the node must have exactly that many inputs (absent optional inputs at the end,
@@ -30,8 +30,8 @@ Which nodes fuse (both kinds; a chain is the DAG of its ops):
 * the graph's nodes are visited in execution order; at each node not yet fused, the patterns are tried
   in table order, each for a match whose first node (in execution order) is this node; the first match
   whose ops are all in the op set and whose ``inputs`` accepts it is fused.  A chain starts at its
-  first op; a DAG pattern's match starts at its earliest node, so a diamond listed before
-  ``("Conv", "Relu")`` wins over it at their common Conv, and one listed after it loses.
+  first op; a DAG pattern's match starts at its earliest node, so the residual block above listed
+  before ``("Conv", "Relu")`` wins over it at their common Conv, and listed after it loses.
 """
 
 from __future__ import annotations
