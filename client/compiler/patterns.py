@@ -7,9 +7,10 @@ pattern's name).  What it matches is either
   ``("Conv", "Relu")``; or
 * a **dataflow pattern**: a DAG written as TVM's pattern language writes one
   (``tvm.relay.dataflow_pattern``): :func:`is_op` names an ONNX op type and is called with one
-  pattern per input of the node; :func:`wildcard` matches any tensor, :func:`is_constant` a constant
-  of the model (an initializer, or a tensor folded to one).  One pattern object used in two places
-  stands for one node or tensor of the graph: that is how a diamond is written::
+  pattern per input of the node; :func:`wildcard` matches any tensor from outside the match,
+  :func:`is_constant` a constant of the model (an initializer, or a tensor folded to one).  One pattern
+  object used in two places stands for one node or tensor of the graph: that is how a diamond is
+  written::
 
       conv = is_op("Conv")(wildcard(), is_constant(), is_constant())
       diamond = is_op("Add")(conv, is_op("Relu")(conv))            # conv + relu(conv)
@@ -19,7 +20,7 @@ pattern's name).  What it matches is either
   ``is_op("Conv")`` not called matches a Conv whatever its inputs (each then an input of the
   composite).  Called, the node must have exactly that many inputs (absent optional inputs at the end,
   ``""`` in ONNX, do not count).  ``Add`` and ``Mul`` also match with their two inputs swapped (as TVM's
-  matcher does for ``add`` and ``multiply``).  The matcher does not backtrack further than that.
+  matcher does for ``add`` and ``multiply``); every way a pattern matches at a node is considered.
 
 Which nodes fuse (both kinds; a chain is the DAG of its ops):
 
@@ -167,66 +168,84 @@ class _Matcher:
             nodes.append(nxt[0])
         return nodes
 
-    def match(self, root: OpPattern, node: Node) -> list[Node] | None:
-        """The nodes of a match of ``root`` at ``node`` (in execution order), or None."""
+    def matches(self, root: OpPattern, node: Node) -> list[list[Node]]:
+        """Every match of ``root`` at ``node`` (each its nodes in execution order, each node set once)."""
+        found: dict[tuple, list[Node]] = {}
         bound: dict[DFPattern, Any] = {}
-        if not _node(root, node, bound, self):
-            return None
-        nodes = sorted({id(n): n for p, n in bound.items() if isinstance(p, OpPattern)}.values(),
-                       key=lambda n: self.order[id(n)])
+        for _ in _node(root, node, bound, self):
+            nodes = sorted({id(n): n for p, n in bound.items() if isinstance(p, OpPattern)}.values(),
+                           key=lambda n: self.order[id(n)])
+            tensors = [t for p, t in bound.items() if not isinstance(p, OpPattern)]
+            if self._closed(nodes, node, tensors):
+                found.setdefault(tuple(id(n) for n in nodes), nodes)
+        return list(found.values())
+
+    def _closed(self, nodes: list[Node], root: Node, tensors: list[str]) -> bool:
+        """No inner tensor of the match is read outside it (or is a model output), nor is one of the
+        ``tensors`` the wildcards and constants stand for (those come from outside)."""
+        made = {o for n in nodes for o in n.outputs if o}
+        if any(t in made for t in tensors):
+            return False
         reads: dict[str, int] = {}
         for n in nodes:
             for t in n.inputs:
                 reads[t] = reads.get(t, 0) + 1
         for n in nodes:
             out = [o for o in n.outputs if o]
-            if n is not node and self.uses.get(out[0]) != reads.get(out[0], 0):
-                return None  # an inner tensor read outside the match (or a model output)
-        return nodes
+            if n is not root and self.uses.get(out[0]) != reads.get(out[0], 0):
+                return False
+        return True
 
 
-def _node(pat: OpPattern, node: Node, bound: dict, m: _Matcher) -> bool:
+# The matcher proper: generators that bind pattern objects to nodes (op patterns) or tensor names (the
+# others) in ``bound``, yield once per way the pattern matches, and unbind what they bound when done.
+
+def _node(pat: OpPattern, node: Node, bound: dict, m: _Matcher):
     if pat in bound:
-        return bound[pat] is node
-    if node.op_type != pat.op_type or node.domain not in ONNX_DOMAINS or id(node) in m.claimed:
-        return False
-    mark = len(bound)
+        if bound[pat] is node:
+            yield
+        return
+    if node.op_type != pat.op_type or node.domain not in ONNX_DOMAINS:
+        return
     bound[pat] = node
     if pat.args is None:
-        return True
-    given = list(node.inputs)
-    while given and not given[-1]:
-        given.pop()
-    if len(given) == len(pat.args):
-        orders = [pat.args] + ([pat.args[::-1]] if pat.op_type in COMMUTATIVE and len(pat.args) == 2 else [])
-        for args in orders:
-            inner = len(bound)
-            if all(_tensor(a, t, bound, m) for a, t in zip(args, given)):
-                return True
-            _undo(bound, inner)
-    _undo(bound, mark)
-    return False
+        yield
+    else:
+        given = list(node.inputs)
+        while given and not given[-1]:
+            given.pop()
+        if len(given) == len(pat.args):
+            yield from _each(pat.args, given, bound, m)
+            if pat.op_type in COMMUTATIVE and len(pat.args) == 2:
+                yield from _each(pat.args[::-1], given, bound, m)
+    del bound[pat]
 
 
-def _tensor(pat: DFPattern, name: str, bound: dict, m: _Matcher) -> bool:
+def _each(pats, names, bound: dict, m: _Matcher):
+    if not pats:
+        yield
+        return
+    for _ in _tensor(pats[0], names[0], bound, m):
+        yield from _each(pats[1:], names[1:], bound, m)
+
+
+def _tensor(pat: DFPattern, name: str, bound: dict, m: _Matcher):
     if not name:
-        return False
+        return
     if isinstance(pat, OpPattern):
         producer = m.producer.get(name)
-        return producer is not None and [o for o in producer.outputs if o] == [name] \
-            and _node(pat, producer, bound, m)
+        if producer is not None and [o for o in producer.outputs if o] == [name]:
+            yield from _node(pat, producer, bound, m)
+        return
     if pat in bound:
-        return bound[pat] == name
+        if bound[pat] == name:
+            yield
+        return
     if isinstance(pat, ConstantPattern) and name not in m.graph.constants:
-        return False
+        return
     bound[pat] = name
-    return True
-
-
-def _undo(bound: dict, mark: int) -> None:
-    """Forget what was bound after the first ``mark`` entries (a dict keeps insertion order)."""
-    for key in list(bound)[mark:]:
-        del bound[key]
+    yield
+    del bound[pat]
 
 
 def outside_inputs(nodes: list[Node]) -> list[str]:
@@ -255,20 +274,19 @@ def match_patterns(graph: Graph, patterns, ops: frozenset) -> list[Op]:
     """The generic ``MergeComposite`` of a :class:`Pattern` table (rules in the module doc): every node
     once, a composite in the place of its first node, the rest as single ops, in execution order."""
     m = _Matcher(graph)
-    starts: list[dict[int, list[Node]]] = []  # per DAG pattern: first node's index -> roots of its matches
+    starts: list[dict[int, list[list[Node]]]] = []  # per DAG pattern: first node's index -> its matches
     for pat in patterns:
         starts.append({})
         if isinstance(pat.chain, OpPattern):
             for node in graph.nodes:
-                nodes = m.match(pat.chain, node)
-                if nodes:
-                    starts[-1].setdefault(m.order[id(nodes[0])], []).append(node)
+                for nodes in m.matches(pat.chain, node):
+                    starts[-1].setdefault(m.order[id(nodes[0])], []).append(nodes)
     fused: dict[int, Op] = {}
     for k, node in enumerate(graph.nodes):
         if id(node) in m.claimed:
             continue
         for pat, start in zip(patterns, starts):
-            for nodes in _candidates(pat, start, k, node, m):
+            for nodes in _candidates(pat, start.get(k, []), node, m):
                 op = _composite(pat, nodes, graph, ops)
                 if op is not None:
                     fused[k] = op
@@ -276,22 +294,14 @@ def match_patterns(graph: Graph, patterns, ops: frozenset) -> list[Op]:
                     break
             if k in fused:
                 break
-        for pat, start in zip(patterns, starts):  # matches that began here and were not taken
-            for root in start.pop(k, []):
-                nodes = m.match(pat.chain, root)
-                if nodes is not None and m.order[id(nodes[0])] > k:
-                    start.setdefault(m.order[id(nodes[0])], []).append(root)
     return [fused.get(k) or single_op(n) for k, n in enumerate(graph.nodes) if k in fused or id(n) not in m.claimed]
 
 
-def _candidates(pat: Pattern, start: dict, k: int, node: Node, m: _Matcher):
-    """The matches of ``pat`` whose first node is graph node ``k`` (``node``), given what is fused."""
-    if not isinstance(pat.chain, OpPattern):
-        nodes = m.follow(node, pat.chain)
-        if nodes is not None:
-            yield nodes
+def _candidates(pat: Pattern, matches: list[list[Node]], node: Node, m: _Matcher):
+    """The matches of ``pat`` whose first node is ``node`` and whose nodes are not fused yet."""
+    if isinstance(pat.chain, OpPattern):
+        yield from (nodes for nodes in matches if not any(id(n) in m.claimed for n in nodes))
         return
-    for root in list(start.get(k, [])):
-        nodes = m.match(pat.chain, root)  # again: the nodes fused since may change it
-        if nodes is not None and m.order[id(nodes[0])] <= k:
-            yield nodes
+    nodes = m.follow(node, pat.chain)
+    if nodes is not None:
+        yield nodes
