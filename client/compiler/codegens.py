@@ -1,20 +1,25 @@
 """Codegens as plugins: what ``byoc compile --codegen NAME`` picks, and the interface one implements.
 
-A codegen is the compiler side of an accelerator (TVM's BYOC ``relay.ext.<name>``).  It declares
+A codegen is the compiler side of an accelerator (TVM's BYOC ``relay.ext.<name>``); docs/plugins.md,
+"Reference: the contract", is the whole contract.  It declares
 
 * ``name``: what ``--codegen`` picks, and the middle of its functions' symbols
   (``tvmgen_<module>_<name>_main_<k>``, TVM's spelling);
 * ``title``: how ``byoc`` names it in messages (default: ``name``);
 * ``ops``: its op set, in the board's op vocabulary (``rpcsrv.loader.opset``: ``conv``, ``relu``,
-  ``max_pool``, ``gemm`` ...; ``--ops`` can narrow it);
-* ``patterns``: its composite patterns (TVM's ``MergeComposite`` table, tried in order): each a
-  chain of ONNX ops, every one reading the previous one's only output, that becomes one op;
-* ``check(op, graph)``: why one (composite) op cannot go to it, beyond the op set ("" when it can);
+  ``max_pool``, ``gemm`` ...; ``--ops`` can narrow it).  Eligibility is op by op: an op named here goes
+  to the codegen alone too, also when it was only meant inside a composite;
+* ``patterns``: its composite patterns (TVM's ``MergeComposite`` table, tried in order; ``patterns.py``):
+  chains of ONNX ops or DAGs written with :func:`is_op`, :func:`wildcard` and :func:`is_constant`;
+* ``check(op, graph)``: why one (composite) op cannot go to it, beyond the op set ("" when it can); a
+  composite it refuses has no host fallback;
 * ``generate(function, graph)``: one partitioned region → an :class:`External`, the loader node of
-  its module (its type key and payload) and the constants a const loader hands it (if any);
-* ``codec``: the payload codec of its type key (``rpcsrv.loader.node.PayloadCodec``), so that the
-  library can be written where the board plugin is not installed (None: the key's codec must already
-  be known, as ExampleJSON's is).
+  its module (its type key and payload) and the constants a const loader hands it (if any).  The
+  board calls the module's function ``function.symbol`` with the arrays of ``function.inputs`` (never
+  constants), then those of ``function.outputs``, which it writes in place;
+* ``codec``: the payload codec of its type key (``rpcsrv.loader.node.PayloadCodec``, the same object
+  as the board plugin's), so that the library can be written where the board plugin is not installed
+  (None: the key's codec must already be known, as ExampleJSON's is).
 
 The partitioner (``partition.py``) annotates, merges regions and partitions with these; whatever the
 codegen refuses goes to the host C (``hostgen``).  ExampleJSON (``examplejson.py``) is the built-in one and
@@ -26,17 +31,20 @@ from __future__ import annotations
 
 import importlib.metadata
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 
 from rpcsrv.loader.node import ModuleNode, PayloadCodec
-from rpcsrv.loader.opset import onnx_op_to_kernel
 
 from .errors import CompileError
-from .onnx_import import ONNX_DOMAINS, Graph, Node
-from .ops import Op, consumers, single_op
+from .onnx_import import Graph
+from .ops import Op
 from .partition import Function
+from .patterns import Pattern, is_constant, is_op, match_patterns, wildcard
+
+__all__ = ["GROUP", "DEFAULT", "BUILTIN", "Codegen", "External", "Pattern", "available", "get_codegen",
+           "is_constant", "is_op", "match_patterns", "wildcard"]
 
 #: the entry-point group of compiler plugins
 GROUP = "byoc.codegens"
@@ -46,27 +54,12 @@ DEFAULT = "examplejson"
 BUILTIN = (importlib.metadata.EntryPoint("examplejson", "rpcsrv.client.compiler.examplejson:EXAMPLEJSON", GROUP),)
 
 
-@dataclass(frozen=True)
-class Pattern:
-    """A composite: ``chain`` (ONNX op types) fused into one op named ``name`` (``<codegen>.<pattern>``).
-
-    The composite's kernel is ``kernel`` (default: the first op's), its attributes the first op's plus
-    ``attrs``, its inputs the first op's plus each later op's inputs from outside the chain, unless
-    ``inputs(nodes, graph)`` says otherwise (None: this match does not fit, e.g. a bias that is not a
-    constant)."""
-
-    name: str
-    chain: tuple[str, ...]
-    kernel: str = ""
-    attrs: Mapping[str, Any] = field(default_factory=dict)
-    inputs: Callable[[list[Node], Graph], list[str] | None] | None = None
-
-
 @dataclass
 class External:
-    """What a codegen makes of one region: its module (a loader node: type key and payload), the
-    constants a const loader binds into it by name (empty when the payload carries its own), and a
-    text form for ``byoc compile -v``."""
+    """What a codegen makes of one region: its module (a loader node of the codegen's type key, written
+    with ``codec``, exporting the function's symbol), the constants a const loader binds into it by
+    name (empty when the payload carries its own; names are one namespace for the whole library), and
+    a text form for ``byoc compile -v``."""
 
     node: ModuleNode
     constants: dict[str, np.ndarray] = field(default_factory=dict)
@@ -74,7 +67,8 @@ class External:
 
 
 class Codegen:
-    """Base of a codegen: set ``name``, ``ops`` and ``patterns``; implement ``generate``."""
+    """Base of a codegen: set ``name``, ``ops``, ``patterns`` and ``codec``; implement ``generate`` (and
+    ``check`` for what the accelerator refuses beyond the op set)."""
 
     name: str = ""
     title: str = ""  # how messages name it (default: ``name``)
@@ -83,70 +77,20 @@ class Codegen:
     codec: PayloadCodec | None = None
 
     def merge_composites(self, graph: Graph, ops: frozenset) -> list[Op]:
-        """``MergeComposite``: every node once, in execution order; a chain matching a pattern becomes one op."""
+        """``MergeComposite``: every node of ``graph`` in exactly one op, in execution order; a match of a
+        pattern becomes one op (``patterns.match_patterns``)."""
         return match_patterns(graph, self.patterns, ops)
 
     def check(self, op: Op, graph: Graph) -> str:
-        """Why ``op`` cannot go to this accelerator beyond the op set and the board's catalogue ("": it can)."""
+        """Why ``op`` cannot go to this accelerator beyond the op set and the board's catalogue ("": it can).
+        ``op.attrs`` are the model's ONNX attributes as written, without defaults."""
         return ""
 
     def generate(self, fn: Function, graph: Graph) -> External:
+        """The module of one partitioned function (``fn.symbol``, ``fn.ops``, ``fn.inputs``, ``fn.outputs``,
+        ``fn.constants``); ``graph.tensors`` gives every tensor's shape and dtype, ``graph.constants`` the
+        constants' values."""
         raise NotImplementedError(f"codegen {self.name!r} does not implement generate()")
-
-
-def match_patterns(graph: Graph, patterns, ops: frozenset) -> list[Op]:
-    """The generic ``MergeComposite`` for :class:`Pattern` tables (first match wins, longest tried in
-    table order); a chain fuses only when its inner tensors are read by nothing else."""
-    uses = consumers(graph)
-    readers: dict[str, list[Node]] = {}
-    for n in graph.nodes:
-        for i in n.inputs:
-            readers.setdefault(i, []).append(n)
-    done: set[int] = set()
-    result: list[Op] = []
-    for node in graph.nodes:
-        if id(node) in done:
-            continue
-        op = None
-        for pat in patterns:
-            chain = _follow(node, pat.chain, readers, uses)
-            if chain is None:
-                continue
-            kernel = pat.kernel or onnx_op_to_kernel(node.op_type)
-            needs = {onnx_op_to_kernel(n.op_type) for n in chain} | {kernel}
-            if not needs <= ops:
-                continue
-            inputs = pat.inputs(chain, graph) if pat.inputs else _chain_inputs(chain)
-            if inputs is None:
-                continue
-            op = Op("+".join(n.name for n in chain), kernel, inputs, list(chain[-1].outputs),
-                    {**node.attrs, **pat.attrs}, chain, pat.name, requires=needs)
-            done.update(id(n) for n in chain)
-            break
-        result.append(op or single_op(node))
-    return result
-
-
-def _follow(node: Node, chain: tuple[str, ...], readers: dict, uses: dict) -> list[Node] | None:
-    if node.op_type != chain[0] or node.domain not in ONNX_DOMAINS:
-        return None
-    nodes = [node]
-    for op_type in chain[1:]:
-        last = nodes[-1]
-        if len(last.outputs) != 1 or uses.get(last.outputs[0]) != 1:
-            return None
-        nxt = readers.get(last.outputs[0], [])
-        if len(nxt) != 1 or nxt[0].op_type != op_type or nxt[0].domain not in ONNX_DOMAINS:
-            return None
-        nodes.append(nxt[0])
-    return nodes
-
-
-def _chain_inputs(chain: list[Node]) -> list[str]:
-    inputs = list(chain[0].inputs)
-    for prev, node in zip(chain, chain[1:]):
-        inputs += [i for i in node.inputs if i not in prev.outputs]
-    return inputs
 
 
 def _entry_points() -> dict[str, Any]:

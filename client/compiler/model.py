@@ -4,7 +4,8 @@ The result, :class:`CompiledModel`, holds what TVM's ``relay.build`` with a BYOC
 (``codegens.py``; ExampleJSON by default): the graph JSON, the params, one module per external
 function (the codegen's payload under its type key) and the constants those functions need (the
 const loader's arrays, listed per symbol).  ``module_tree()``
-lays them out as TVM does, ``export_library()`` writes the file.
+lays them out as TVM does, ``export_library()`` writes the file.  A const loader is written only when
+some function takes constants from one (TVM's build adds an empty one too; it would bind nothing).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from rpcsrv.loader.opset import OPS, onnx_op_to_kernel
 from rpcsrv.loader.plugins import add_codec
 
 from .codegen import graph_json
-from .codegens import Codegen, get_codegen
+from .codegens import Codegen, External, get_codegen
 from .hostgen import host_reason, host_source
 from .errors import CompileError, UnsupportedNodesError
 from .onnx_import import Graph, import_onnx
@@ -30,7 +31,9 @@ from .simplify import remove_noops, simplify_inference
 @dataclass
 class Subgraph:
     """One external function: its symbol, its text form (the ExampleJSON text; a codegen's listing),
-    constants (name → array, for the const loader) and its module (the loader node the codegen made)."""
+    constants (name → array, for the const loader) and its module (the loader node the codegen made);
+    ``weights``: the model's constant tensors it reads (ONNX name → array), which the const loader or
+    the module itself carries."""
 
     symbol: str
     code: str
@@ -40,6 +43,18 @@ class Subgraph:
     ops: list[str]  # kernel names, in order
     patterns: list[str]  # composite patterns used ("" entries omitted)
     node: ModuleNode | None = None
+    weights: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def constants_line(self) -> str:
+        """``N constant(s) (B bytes)``, and where they are: the const loader's or the module's own."""
+        if self.constants:
+            return (f"{len(self.constants)} constant(s) ({sum(a.nbytes for a in self.constants.values())} bytes, "
+                    f"in the const loader)")
+        if self.weights:
+            key = self.node.type_key if self.node is not None else "its"
+            return (f"{len(self.weights)} constant(s) ({sum(a.nbytes for a in self.weights.values())} bytes, "
+                    f"in the {key} module)")
+        return "0 constant(s)"
 
 
 @dataclass
@@ -58,13 +73,19 @@ class CompiledModel:
     codegen: str = "examplejson"
     codegen_title: str = "ExampleJSON"  # how messages name the codegen
 
-    def module_tree(self) -> GraphExecutorFactoryModule:
-        """TVM's module tree: factory → host library → const loader → the codegen's modules."""
+    def external_modules(self) -> list[ModuleNode]:
+        """What the host library (or the Relax VM executable) imports: a const loader importing the
+        codegen's modules when some function takes constants from it, else those modules themselves."""
         externals = [sg.node for sg in self.subgraphs]
+        if not any(sg.constants for sg in self.subgraphs):
+            return externals
         arrays = {name: arr for sg in self.subgraphs for name, arr in sg.constants.items()}
-        consts = ConstLoaderModule(arrays, {sg.symbol: list(sg.constants) for sg in self.subgraphs},
-                                   imports=externals)
-        host = HostLibraryModule([], imports=[consts] if externals else [])
+        return [ConstLoaderModule(arrays, {sg.symbol: list(sg.constants) for sg in self.subgraphs},
+                                  imports=externals)]
+
+    def module_tree(self) -> GraphExecutorFactoryModule:
+        """TVM's module tree: factory → host library → const loader (if needed) → the codegen's modules."""
+        host = HostLibraryModule([], imports=self.external_modules())
         return GraphExecutorFactoryModule(self.graph_json, dict(self.params), self.module_name,
                                           imports=[host])
 
@@ -89,9 +110,7 @@ class CompiledModel:
             lines.append(f"{len(self.host_functions)} host function(s) (C, run by the board's CPU): "
                          f"{', '.join(self.host_functions)}")
         for sg in self.subgraphs:
-            nbytes = sum(a.nbytes for a in sg.constants.values())
-            lines.append(f"  {sg.symbol}: {len(sg.ops)} op(s) [{', '.join(sg.ops)}], "
-                         f"{len(sg.constants)} constant(s) ({nbytes} bytes)"
+            lines.append(f"  {sg.symbol}: {len(sg.ops)} op(s) [{', '.join(sg.ops)}], {sg.constants_line()}"
                          + (f", composites {', '.join(sg.patterns)}" if sg.patterns else ""))
         return "\n".join(lines)
 
@@ -172,13 +191,21 @@ def build(graph: Graph, part: Partition, module_name: str = "default", codegen: 
     codegen = codegen or get_codegen()
     subgraphs = []
     host = [fn for fn in part.functions if fn.kind == "host"]
+    owners: dict[str, str] = {}  # const loader name -> symbol
     for fn in part.functions:
         if fn.kind == "host":
             continue
         ext = codegen.generate(fn, graph)
+        if not isinstance(ext, External) or not isinstance(ext.node, ModuleNode):
+            raise CompileError(f"codegen {codegen.name!r}: generate() must return an External whose node is a "
+                               f"rpcsrv.loader.node.ModuleNode, got {type(ext).__name__} for {fn.symbol}")
         key = ext.node.type_key
         if key in ("", "module", "_lib", "_import_tree"):
             raise CompileError(f"codegen {codegen.name!r} made a module without a type key of its own for {fn.symbol}")
+        for name in ext.constants:
+            if owners.setdefault(name, fn.symbol) != fn.symbol:
+                raise CompileError(f"codegen {codegen.name!r}: constant name {name!r} given by {owners[name]} and "
+                                   f"{fn.symbol} (the const loader's names are one namespace: prefix the symbol)")
         if codegen.codec is not None:
             add_codec(key, codegen.codec)
         elif key not in PAYLOADS:
@@ -186,7 +213,7 @@ def build(graph: Graph, part: Partition, module_name: str = "default", codegen: 
                                f"(set the codegen's codec)")
         subgraphs.append(Subgraph(fn.symbol, ext.text, dict(ext.constants), fn.inputs, fn.outputs,
                                   [op.kernel for op in fn.ops], [op.pattern for op in fn.ops if op.pattern],
-                                  ext.node))
+                                  ext.node, {t: graph.constants[t] for t in fn.constants}))
     # constants the model returns directly are the only params: everything else is offloaded
     # (and the constants host functions read: TVM passes those as params too)
     wanted = list(graph.outputs) + [t for fn in host for t in fn.inputs]

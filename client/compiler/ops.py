@@ -26,6 +26,9 @@ class Op:
     pattern: str = ""  # composite name, "" for a single op
     reason: str = ""  # why it is not supported ("" when it is)
     requires: set = field(default_factory=set)  # op names the accelerator must have for this op
+    #: checked node by node against the board's op catalogue (a codegen's ``Pattern`` composite, which its
+    #: own runtime runs), not as ``kernel`` with ``attrs`` and ``inputs`` (ExampleJSON's, run as that kernel)
+    by_nodes: bool = False
 
     def __post_init__(self):
         self.requires = set(self.requires) or {self.kernel}

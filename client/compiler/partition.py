@@ -9,7 +9,10 @@
    MatMul with a bias input) into one op whose kernel applies the activation (``"activation": "relu"``).
    A channel shuffle (Reshape → Transpose → Reshape, ShuffleNet) read by a Conv becomes the Conv's
    ``input_shuffle`` (``shuffle_conv2d``, ``merge_shuffles``).
-   A chain only fuses when the inner tensors are used by nothing else.
+   A chain only fuses when the inner tensors are used by nothing else.  Another codegen's table is
+   ``patterns.py``'s: chains and DAGs (diamonds), as TVM's pattern language writes them.  Whatever the
+   codegen returns must hold every node once (``dependency_order`` checks it and puts each op after
+   the ops making its inputs).
 2. **Annotate** (``AnnotateTarget``): each op is supported when its kernel is in the chosen op set
    (the board's kernel table, optionally restricted with ``--ops``) and its attributes are ones the
    kernel knows; otherwise the reason is kept for the error message.
@@ -29,8 +32,9 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from rpcsrv.loader.opset import OPS, node_problems
+from rpcsrv.loader.opset import OPS, node_problems, onnx_op_to_kernel
 
+from .errors import CompileError
 from .onnx_import import ONNX_DOMAINS, Graph
 from .ops import Op, consumers  # noqa: F401  (codegens build on them)
 
@@ -61,6 +65,8 @@ def annotate(op: Op, ops: frozenset, graph: Graph | None = None) -> str:
     Besides the op set, the op catalogue (``rpcsrv.loader.opset``) decides: input counts,
     attribute names, kinds and the values the board implements, and (with ``graph``, for the
     tensors' dtypes) the op's dtype rule; so what the board would refuse at run time is refused now.
+    A composite is checked as its kernel with its attributes and inputs, or (``op.by_nodes``: a
+    codegen's ``Pattern``) each of its nodes as its own op.
     """
     node = op.nodes[0]
     if node.domain not in ONNX_DOMAINS:
@@ -70,14 +76,26 @@ def annotate(op: Op, ops: frozenset, graph: Graph | None = None) -> str:
     missing = sorted(op.requires - ops)
     if missing:
         return f"{', '.join(map(repr, missing))} not in the chosen op set (--ops)"
-    bad = sorted(k for k, v in op.attrs.items() if v is None)
+    if not op.by_nodes:
+        return _problems(op.kernel, op.attrs, op.inputs, graph)
+    for n in op.nodes:
+        why = _problems(onnx_op_to_kernel(n.op_type), n.attrs, n.inputs, graph)
+        if why:
+            return f"{n.name} ({n.op_type}): {why}" if len(op.nodes) > 1 else why
+    return ""
+
+
+def _problems(kernel: str, attrs: dict, inputs: list[str], graph: Graph | None) -> str:
+    if kernel not in OPS:
+        return f"no kernel {kernel!r} on the board"
+    bad = sorted(k for k, v in attrs.items() if v is None)
     if bad:
         return f"attribute(s) {', '.join(bad)} cannot be expressed (graphs or sparse tensors)"
     dtypes = None
     if graph is not None:
-        dtypes = [graph.tensors[t].dtype if t in graph.tensors else None for t in op.inputs]
-    problems = node_problems(op.kernel, op.attrs, [bool(t) for t in op.inputs], dtypes)
-    return f"kernel {op.kernel!r}: {'; '.join(problems)}" if problems else ""
+        dtypes = [graph.tensors[t].dtype if t in graph.tensors else None for t in inputs]
+    problems = node_problems(kernel, attrs, [bool(t) for t in inputs], dtypes)
+    return f"kernel {kernel!r}: {'; '.join(problems)}" if problems else ""
 
 
 def _bits(mask: int):
@@ -141,7 +159,7 @@ def partition(graph: Graph, ops: frozenset, module_name: str = "default", host: 
     from .hostgen import data_inputs
 
     name = codegen.name
-    all_ops = codegen.merge_composites(graph, ops)
+    all_ops = dependency_order(codegen.merge_composites(graph, ops), graph, name)
     for op in all_ops:
         op.reason = annotate(op, ops, graph) or codegen.check(op, graph)
     regions = merge_regions(all_ops)
@@ -181,6 +199,44 @@ def partition(graph: Graph, ops: frozenset, module_name: str = "default", host: 
         counts[name] += 1
         functions.append(Function(symbol, [all_ops[j] for j in region], inputs, outs, consts, name))
     return Partition(functions, [op for op in all_ops if op.reason])
+
+
+def dependency_order(ops: list[Op], graph: Graph, codegen: str = "") -> list[Op]:
+    """``ops`` (what a codegen's ``merge_composites`` returns) checked to hold every node of ``graph``
+    once, and ordered so that each op comes after the ops making its inputs: the order kept where it
+    is one already, else each op moved no earlier than it must (a composite placed at its first node
+    may read a tensor made between its nodes)."""
+    seen: dict[int, str] = {}
+    for op in ops:
+        for n in op.nodes:
+            if id(n) in seen:
+                raise CompileError(f"codegen {codegen!r}: node {n.name!r} is in two ops ({seen[id(n)]!r} and "
+                                   f"{op.name!r}) after merge_composites")
+            seen[id(n)] = op.name
+    left = [n.name for n in graph.nodes if id(n) not in seen]
+    if left or len(seen) != len(graph.nodes):
+        raise CompileError(f"codegen {codegen!r}: merge_composites left out node(s) {', '.join(left[:5]) or '?'} "
+                           f"(every node must be in one op)")
+    producer = {o: j for j, op in enumerate(ops) for o in op.outputs if o}
+    users: list[list[int]] = [[] for _ in ops]
+    waiting = [0] * len(ops)
+    for j, op in enumerate(ops):
+        for p in {producer[t] for t in op.inputs if t in producer} - {j}:
+            users[p].append(j)
+            waiting[j] += 1
+    ready = [j for j in range(len(ops)) if not waiting[j]]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        j = heapq.heappop(ready)
+        order.append(ops[j])
+        for u in users[j]:
+            waiting[u] -= 1
+            if not waiting[u]:
+                heapq.heappush(ready, u)
+    if len(order) != len(ops):
+        raise CompileError(f"codegen {codegen!r}: the ops of merge_composites depend on each other in a circle")
+    return order
 
 
 def _execution_order(regions: list[list[int]], ops: list[Op]) -> list[list[int]]:

@@ -7,8 +7,8 @@ allocates each external function's outputs in its own pooled storage, calls the 
 subgraph by its symbol in destination-passing style (inputs, then outputs), drops intermediates
 after their last use so the VM's pool recycles their buffers, and returns the output (a tuple for
 several).  Graph params become constants of the executable.  The module tree is
-``relax.VMExecutable -> const_loader -> examplejson...``, so the VM finds every subgraph through
-its imports, as TVM's VM finds an external codegen's functions.
+``relax.VMExecutable -> const_loader (when a subgraph has constants) -> examplejson...``, so the VM
+finds every subgraph through its imports, as TVM's VM finds an external codegen's functions.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import math
 
 import numpy as np
 
-from rpcsrv.loader import ConstLoaderModule
 from rpcsrv.loader.vm_assembler import Assembler
 from rpcsrv.loader.vm_executable import ShapeTuple, VMExecutableModule
 from rpcsrv.protocol.dtypes import DataType
@@ -98,11 +97,7 @@ def vm_executable(compiled) -> VMExecutableModule:
 
 
 def relax_module_tree(compiled) -> VMExecutableModule:
-    """``relax.VMExecutable -> const_loader -> examplejson...`` for a compiled model."""
+    """``relax.VMExecutable -> const_loader (if needed) -> examplejson...`` for a compiled model."""
     exe = vm_executable(compiled)
-    externals = [sg.node for sg in compiled.subgraphs]
-    arrays = {name: arr for sg in compiled.subgraphs for name, arr in sg.constants.items()}
-    consts = ConstLoaderModule(arrays, {sg.symbol: list(sg.constants) for sg in compiled.subgraphs},
-                               imports=externals)
-    exe.imports = [consts] if externals else []
+    exe.imports = compiled.external_modules()
     return exe

@@ -12,6 +12,7 @@ tolerant: a graph JSON that does not parse is reported as such instead of failin
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 
@@ -121,6 +122,28 @@ def _shape(info: dict) -> str:
     return f"{info.get('dtype')}{list(info.get('shape') or [])}"
 
 
+def _natural(name: str) -> list:
+    """A sort key that puts ``main_2`` before ``main_10``."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name) if part]
+
+
+def display_order(modules: list[dict]) -> list[dict]:
+    """The modules as the text shows them: in index order, except that the modules exporting functions
+    trade places so that their functions come in name order (``main_0``, ``main_1``, ...).  TVM's
+    serializer numbers the modules a const loader imports last to first; the indices stay the file's."""
+    slots = [k for k, m in enumerate(modules) if m.get("exports", {}).get("functions")]
+    ordered = sorted((modules[k] for k in slots), key=lambda m: _natural(m["exports"]["functions"][0]))
+    shown = list(modules)
+    for k, m in zip(slots, ordered):
+        shown[k] = m
+    return shown
+
+
+def _exports(m: dict) -> str:
+    functions = m.get("exports", {}).get("functions") or []
+    return f": {', '.join(functions[:3])}{', ...' if len(functions) > 3 else ''}" if functions else ""
+
+
 def format_inspection(info: dict, disasm: bool = False) -> str:
     """Human-readable text for an ``inspect_library`` summary."""
     in_c = (info.get("member") or "").endswith(".c")
@@ -134,11 +157,12 @@ def format_inspection(info: dict, disasm: bool = False) -> str:
                                           " of the decompressed member" if packed else "")
            + (f" (symbol {info['symbol']})" if info.get("symbol") else "")]
     out.append("module tree:")
-    for m in info["modules"]:
+    shown = display_order(info["modules"])
+    for m in shown:
         imports = f" -> imports {m['imports']}" if m["imports"] else ""
         plugin = f" (plugin {m['plugin']})" if "plugin" in m else ""
-        out.append(f"  [{m['index']}] {m['type_key']}{plugin}{imports}")
-    for m in info["modules"]:
+        out.append(f"  [{m['index']}] {m['type_key']}{plugin}{imports}{_exports(m)}")
+    for m in shown:
         head = f"[{m['index']}] {m['type_key']}"
         kind = KINDS.get(m["type_key"]) if "plugin" in m else None
         if kind is not None and kind.format is not None and "summary_error" not in m:

@@ -46,7 +46,12 @@ class ModuleNode:
 
 @dataclass(frozen=True)
 class PayloadCodec:
-    """How one type key's payload is declared, decoded into a node and encoded back."""
+    """How one type key's payload is declared, decoded into a node and encoded back.
+
+    ``fmt`` (construct) must know where it ends: the classic layout puts the next module's entry right
+    after it (a length prefix such as ``Prefixed(Int64ul, ...)``, or counts and fixed sizes); the tvm-ffi
+    layout hands it exactly its bytes.  ``decode(value, type_key)`` turns ``fmt.parse``'s value into a
+    node (``ValueError``: a bad payload), ``encode(node)`` gives back what ``fmt.build`` takes."""
 
     fmt: Any
     decode: Callable[[Any, str], ModuleNode]

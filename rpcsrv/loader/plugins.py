@@ -57,11 +57,16 @@ class PluginError(ValueError):
 
 @dataclass(frozen=True)
 class ModuleKind:
-    """One kind of module: everything the loader, the executor and ``inspect`` need for its type keys.
+    """One kind of module: everything the loader, the executor and ``inspect`` need for its type keys
+    (docs/plugins.md, "Reference: the contract", says it all for a vendor).
 
     * ``type_keys``: the keys TVM writes for it (several when TVM renamed it: ``metadata`` → ``const_loader``);
-    * ``codec``: the payload's construct declaration and ``decode(value, key) -> node`` / ``encode(node)``;
-    * ``runtime``: ``factory(node, imports, options) -> RuntimeModule`` (``rpcsrv.executor.module``);
+    * ``codec``: the payload's construct declaration (``fmt``, which must know where it ends: in the
+      classic layout the next module's entry follows it with no length between) and
+      ``decode(value, key) -> node`` (a ``ValueError`` refuses the library) / ``encode(node)``;
+    * ``runtime``: ``factory(node, imports, options) -> RuntimeModule`` (``rpcsrv.executor.module``):
+      ``imports`` are the runtime modules of ``node.imports``, ``options`` the board's
+      ``rpcsrv.executor.BuildOptions`` for this load (native code; a plugin kind ignores it);
     * ``summarize(node) -> dict``: JSON-serialisable facts for ``rpcsrv inspect --json`` (optional);
     * ``format(head, summary) -> list[str]``: those facts as text lines (optional; default: the head);
     * ``functions(node) -> list[str]``: the packed functions the module exports (``inspect`` names
