@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from rpcsrv.loader.opset import OPS, node_problems
 
+from .contrib_shapes import MS_DOMAIN, SURROGATES  # onnxruntime's quantized contrib ops
 from .onnx_import import ONNX_DOMAINS, Graph
 from .ops import Op, consumers  # noqa: F401  (codegens build on them)
 
@@ -63,7 +64,7 @@ def annotate(op: Op, ops: frozenset, graph: Graph | None = None) -> str:
     tensors' dtypes) the op's dtype rule; so what the board would refuse at run time is refused now.
     """
     node = op.nodes[0]
-    if node.domain not in ONNX_DOMAINS:
+    if node.domain not in ONNX_DOMAINS and not (node.domain == MS_DOMAIN and node.op_type in SURROGATES):
         return f"operator domain {node.domain!r} is not supported (only the default ONNX domain)"
     if op.kernel not in OPS:
         return f"no kernel {op.kernel!r} on the board"
