@@ -106,7 +106,7 @@ SIGNATURES: dict = {
     "rpcsrv_q_nchw_to_nhwc": (None, [_P] + [_L] * 3 + [_P]),
     "rpcsrv_quantize_f32": (None, [_P] + [_L] * 3 + [_F] + [_L] * 4 + [_P]),
     "rpcsrv_dequantize_q8": (None, [_P] + [_L] * 4 + [_F, _L, _L, _P]),
-    "rpcsrv_qadd": (None, [_P] * 3 + [_L] * 2 + [_F, _L, _F] + [_L] * 4),
+    "rpcsrv_qadd": (None, [_P] * 3 + [_L] * 2 + [_F, _L, _F, _L, _F] + [_L] * 3),
     "rpcsrv_qgap": (None, [_P] + [_L] * 5 + [_F] + [_L] * 3 + [_P]),
     "rpcsrv_qmaxpool": (None, [_P] + [_L] * 5 + [_P] * 2),
     "rpcsrv_qlut": (None, [_P, _L, _L, _P, _P]),

@@ -138,7 +138,6 @@ def q_add_plan(kernel, attrs, inputs, shape, dtype):
     with attribute_values():
         lo, hi = clamp_bounds(attrs.get("activation"), attrs.get("activation_attrs"),
                               QuantParams.of(pc[0], np.asarray(pc[1], dtype)))
-    ma, mb = np.float32(pa[0] / pc[0]), np.float32(pb[0] / pc[0])
     nhwc = nhwc_strides(shape) if len(shape) == 4 else None
     fn, ready, count, signed = lib.rpcsrv_qadd, in_use(lib), int(np.prod(shape, dtype=np.int64)), qtype_signed(dtype)
     consts = (inputs[1], inputs[2], inputs[4], inputs[5], *inputs[6:])
@@ -154,7 +153,7 @@ def q_add_plan(kernel, attrs, inputs, shape, dtype):
         elif not last:
             a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
         y = np.empty((shape[0], shape[2], shape[3], shape[1]) if last else shape, dtype)
-        fn(a.ctypes.data, b.ctypes.data, y.ctypes.data, count, signed, ma, pa[1], mb, pb[1], pc[1], lo, hi)
+        fn(a.ctypes.data, b.ctypes.data, y.ctypes.data, count, signed, pa[0], pa[1], pb[0], pb[1], pc[0], pc[1], lo, hi)
         return channels_last(y) if last else y
 
     return q_add

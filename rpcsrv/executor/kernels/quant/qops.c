@@ -5,8 +5,8 @@
  *   channels-last out (the int8 plans' layout) in the same pass;
  * - rpcsrv_dequantize_q8: DequantizeLinear per tensor, int8/uint8 to float32, channels-last in, channels-first
  *   out when asked;
- * - rpcsrv_qadd: QLinearAdd of two tensors of one shape and layout, onnxruntime's arithmetic
- *   (a_scale / c_scale * (a - a_zp) + b_scale / c_scale * (b - b_zp), rounded, + c_zp), with a fused clamp;
+ * - rpcsrv_qadd: QLinearAdd of two tensors of one shape and layout, as onnxruntime computes it (each operand
+ *   dequantized, the sum quantized), with a fused clamp;
  * - rpcsrv_qgap: QLinearGlobalAveragePool over channels-last images (exact int32 sums, one requantization);
  * - rpcsrv_qmaxpool: MaxPool on the integers of a channels-last tensor (the same order as their real values);
  * - rpcsrv_qlut: an elementwise op of one int8 input as its table of 256 outputs (QLinearSigmoid, LeakyRelu,
@@ -72,21 +72,22 @@ void rpcsrv_dequantize_q8(const uint8_t *x, long n, long c, long hw, long xsigne
         }
 }
 
-/* the operands of rpcsrv_qadd: the ratios a_scale / c_scale, b_scale / c_scale, zero points, output clamp */
+/* y = saturate(round(((a - za) * sa + (b - zb) * sb) / sc) + yzp) over [lo, hi]: each operand dequantized, the sum
+ * quantized, all in float32 (onnxruntime's QLinearAdd gives these very integers; scale ratios would not) */
 QCLONES
-void rpcsrv_qadd(const uint8_t *a, const uint8_t *b, uint8_t *y, long count, long signed_, float ma, long za,
-                 float mb, long zb, long yzp, long lo, long hi)
+void rpcsrv_qadd(const uint8_t *a, const uint8_t *b, uint8_t *y, long count, long signed_, float sa, long za,
+                 float sb, long zb, float sc, long yzp, long lo, long hi)
 {
     const float flo = (float)(lo - yzp), fhi = (float)(hi - yzp);
     if (signed_) {
         const int8_t *a8 = (const int8_t *)a, *b8 = (const int8_t *)b;
         for (long i = 0; i < count; i++) {
-            float f = ma * (float)((int32_t)a8[i] - (int32_t)za) + mb * (float)((int32_t)b8[i] - (int32_t)zb);
+            float f = ((float)((int32_t)a8[i] - (int32_t)za) * sa + (float)((int32_t)b8[i] - (int32_t)zb) * sb) / sc;
             y[i] = (uint8_t)((int32_t)((clampf(f, flo, fhi) + MAGIC) - MAGIC) + (int32_t)yzp);
         }
     } else {
         for (long i = 0; i < count; i++) {
-            float f = ma * (float)((int32_t)a[i] - (int32_t)za) + mb * (float)((int32_t)b[i] - (int32_t)zb);
+            float f = ((float)((int32_t)a[i] - (int32_t)za) * sa + (float)((int32_t)b[i] - (int32_t)zb) * sb) / sc;
             y[i] = (uint8_t)((int32_t)((clampf(f, flo, fhi) + MAGIC) - MAGIC) + (int32_t)yzp);
         }
     }
