@@ -19,7 +19,7 @@ from rpcsrv.executor.kernels.quant import qpack
 from rpcsrv.executor.kernels.quant.plans_qops import (dequantize_plan, q_add_plan, q_gap_plan, q_maxpool_plan,
                                                       q_table_plan, quantize_plan, dynamic_matmul_plan)
 from rpcsrv.executor.kernels.quant.plans_quant import q_conv_plan
-from rpcsrv.loader.opset.quant import requantize
+from rpcsrv.loader.opset.quant import QuantParams, clamp_bounds, multiplier, requantize
 
 RNG = np.random.default_rng(11)
 U8, S8, I32, F32 = np.dtype(np.uint8), np.dtype(np.int8), np.dtype(np.int32), np.dtype(np.float32)
@@ -147,9 +147,15 @@ def test_conv_plan_matches_the_reference_kernel(lib, kernel, case, xdtype, per_c
     b = RNG.integers(-2000, 2000, m).astype(np.int32)
     args = [x, xs, xz, w, ws, wz, ys, yz, b]
     ref_kernel = KERNELS["q_linear_conv"]
+    # the float32 rule of quant.requantize (onnxruntime's): the exact sums, times the float32 multiplier
+    acc = KERNELS["conv_integer"](x, w, xz, wz, **attrs).astype(np.int64) + b.reshape(-1, 1, 1)
+    mult = multiplier(xs, ws, ys).reshape(-1, 1, 1)
     for act in ({}, dict(activation="relu"), dict(activation="clip", activation_attrs={"min": 0.0, "max": 6.0})):
         full = dict(attrs, **act)
-        want = ref_kernel(*args, **full)
+        table = ref_kernel(*args, **full)  # the reference (float64 products): a step apart on rare elements
+        want = requantize(acc, mult, yz, clamp_bounds(act.get("activation"), act.get("activation_attrs"),
+                                                      QuantParams.of(ys, yz)))
+        assert np.abs(want.astype(int) - table.astype(int)).max() <= 1
         plan = q_conv_plan(ref_kernel, full, [(x.shape, x.dtype)] + args[1:], want.shape, want.dtype)
         assert plan is not None
         got = plan(*args)

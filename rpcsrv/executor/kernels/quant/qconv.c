@@ -36,22 +36,46 @@ void rpcsrv_q_nchw_to_nhwc(const uint8_t *x, long n, long c, long hw, uint8_t *y
 /* the rows per block of gathered patches: about 128 KB */
 static long conv_block_rows(long kp, long mr) { long r = (131072 / kp) / mr * mr; return r < mr ? mr : r; }
 
+static inline void copy_run(uint8_t *dst, const uint8_t *src, long len, uint8_t flip)
+{
+    if (flip)
+        for (long i = 0; i < len; i++)
+            dst[i] = src[i] ^ flip;
+    else
+        memcpy(dst, src, (size_t)len);
+}
+
+/* the patch of output pixel ``row`` as the GEMM reads it: for each tap (ky, kx) its C channels, a tap in the
+ * padding filled with ``fill``; without dilation along x, the KW taps of one kernel row are one run of KW * C
+ * bytes of the input row (less what falls in the padding) */
 static void gather(const long *geom, const uint8_t *x, long row, uint8_t flip, uint8_t fill, long kp, uint8_t *dst)
 {
     const long h = geom[CG_H], w = geom[CG_W], c = geom[CG_C], oh = geom[CG_OH], ow = geom[CG_OW];
-    const long b = row / (oh * ow), oy = row / ow % oh, ox = row % ow;
+    const long kw = geom[CG_KW], dw = geom[CG_DW];
+    const long b = row / (oh * ow), oy = row / ow % oh, ox = row % ow, ix0 = ox * geom[CG_SW] - geom[CG_PL];
     long k = 0;
-    for (long ky = 0; ky < geom[CG_KH]; ky++) {
+    for (long ky = 0; ky < geom[CG_KH]; ky++, k += kw * c) {
         const long iy = oy * geom[CG_SH] - geom[CG_PT] + ky * geom[CG_DH];
-        for (long kx = 0; kx < geom[CG_KW]; kx++, k += c) {
-            const long ix = ox * geom[CG_SW] - geom[CG_PL] + kx * geom[CG_DW];
-            if (iy < 0 || iy >= h || ix < 0 || ix >= w) {
-                memset(dst + k, fill, (size_t)c);
-            } else {
-                const uint8_t *src = x + ((b * h + iy) * w + ix) * c;
-                for (long ch = 0; ch < c; ch++)
-                    dst[k + ch] = src[ch] ^ flip;
-            }
+        if (iy < 0 || iy >= h) {
+            memset(dst + k, fill, (size_t)(kw * c));
+            continue;
+        }
+        const uint8_t *src = x + (b * h + iy) * w * c;
+        if (dw == 1) {
+            long lo = ix0 < 0 ? -ix0 : 0, hi = w - ix0;  /* the taps inside the row: [lo, hi) */
+            lo = lo > kw ? kw : lo;
+            hi = hi > kw ? kw : hi < lo ? lo : hi;
+            memset(dst + k, fill, (size_t)(lo * c));
+            copy_run(dst + k + lo * c, src + (ix0 + lo) * c, (hi - lo) * c, flip);
+            memset(dst + k + hi * c, fill, (size_t)((kw - hi) * c));
+            continue;
+        }
+        for (long kx = 0; kx < kw; kx++) {
+            const long ix = ix0 + kx * dw;
+            if (ix < 0 || ix >= w)
+                memset(dst + k + kx * c, fill, (size_t)c);
+            else
+                copy_run(dst + k + kx * c, src + ix * c, c, flip);
         }
     }
     memset(dst + k, 0, (size_t)(kp - k));

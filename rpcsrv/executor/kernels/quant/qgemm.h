@@ -21,6 +21,24 @@
  * (rows past the real ones point at a real row: computed, not stored) */
 typedef void (*qtile_fn)(const uint8_t *const *a, const int8_t *b, long kp, long nv, int32_t *acc);
 
+/* the store of one chunk of up to QACC columns: y = int32 sum + corr[j] - bzp[j] * rowsum[r], then as ``out`` says:
+ * int32; float32 times mult[j] plus fbias[j]; or uint8/int8 saturate(round(sum * mult[j]) + yzp) with the sum's
+ * product clamped to [flo, fhi] first (the output range less the zero point: a fused Relu/Clip's) */
+typedef struct {
+    int32_t corr[QACC];
+    float mult[QACC];     /* the multipliers times the activation scale */
+    const int32_t *bzp;   /* per column, or NULL (all 0) */
+    const int32_t *rowsum;  /* per row of the block (when bzp) */
+    const float *fbias;   /* per column, or NULL */
+    long out, cols;
+    int32_t yzp;
+    float flo, fhi;
+} qepi;
+
+/* rows [0, m) of A (row pointers) times a chunk of nv strips, stored through e into y (row pitch ldy) */
+typedef void (*qpanel_fn)(const uint8_t *const *rows, long m, const int8_t *b, long kp, long nv, const qepi *e,
+                          char *y, long ldy);
+
 typedef struct {
     const char *name;   /* the instruction set, for reports */
     long mr;            /* rows per tile */
@@ -28,6 +46,7 @@ typedef struct {
     int asigned;        /* native activation type: 0 uint8, 1 int8 */
     qtile_fn tile;
     int (*supported)(void);  /* whether this CPU has its instructions */
+    qpanel_fn panel;    /* the tiles of a whole block with the store in registers, or NULL: tile + qgemm.c's store */
 } qkernel;
 
 /* the block a plan prepares (a long array; pointers as longs), read by rpcsrv_qgemm* */
