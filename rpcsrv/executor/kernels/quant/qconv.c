@@ -8,6 +8,7 @@
  * - rpcsrv_qdwconv: a depthwise conv, each output pixel's channels side by side in int32 vectors, the
  *   requantization of qgemm.c's epilogue at the end of each pixel;
  * - rpcsrv_q_nchw_to_nhwc: the transpose of an int8 tensor that arrives channels-first. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -131,70 +132,139 @@ int rpcsrv_qconv(const long *g, const long *geom, const uint8_t *x, void *y)
     return 0;
 }
 
-/* the depthwise plan's block: weights (KH * KW, C) int16 with their zero points taken away, int32 bias (C),
- * float multipliers (C), output type, zero point and clamp */
-enum { DG_W, DG_BIAS, DG_MULT, DG_OUT, DG_YZP, DG_LO, DG_HI, DG_SIZE };
+/* the depthwise plan's block: weights (KH * KW, C) int32 with their zero points taken away, int32 bias (C),
+ * float multipliers (C), output type, zero point and clamp; then the AVX-512 kernel's own: int16 pairs of taps,
+ * bias and multipliers over CP channels (C padded to 32) in its register order (qpack.PackedDepthwise) */
+enum { DG_W, DG_BIAS, DG_MULT, DG_OUT, DG_YZP, DG_LO, DG_HI, DG_W16, DG_BIAS16, DG_MULT16, DG_CP, DG_SIZE };
 
-QCLONES
-static void dw_pixel(const long *dg, const long *geom, const uint8_t *x, long b, long oy, long ox, int32_t *acc,
-                     int32_t *xs, uint8_t *y)
+/* one output pixel's channels [c0, c1) in plain C (the compiler vectorises the channel loops) */
+static void dw_pixel(const long *dg, const long *geom, const uint8_t *x, long b, long oy, long ox, long c0, long c1,
+                     uint8_t *y)
 {
-    const long h = geom[CG_H], w = geom[CG_W], c = geom[CG_C], kw = geom[CG_KW];
-    const int16_t *wt = (const int16_t *)dg[DG_W];
-    const int32_t za = (int32_t)geom[CG_ZA];
-    memcpy(acc, (const int32_t *)dg[DG_BIAS], sizeof *acc * (size_t)c);
+    const long h = geom[CG_H], w = geom[CG_W], c = geom[CG_C], kw = geom[CG_KW], nc = c1 - c0;
+    const int32_t *wt = (const int32_t *)dg[DG_W], za = (int32_t)geom[CG_ZA];
+    int32_t acc[64];
+    memcpy(acc, (const int32_t *)dg[DG_BIAS] + c0, sizeof *acc * (size_t)nc);
     for (long ky = 0; ky < geom[CG_KH]; ky++) {
         const long iy = oy * geom[CG_SH] - geom[CG_PT] + ky * geom[CG_DH];
-        if (iy < 0 || iy >= h)
-            continue;
-        for (long kx = 0; kx < kw; kx++) {
+        for (long kx = 0; iy >= 0 && iy < h && kx < kw; kx++) {
             const long ix = ox * geom[CG_SW] - geom[CG_PL] + kx * geom[CG_DW];
             if (ix < 0 || ix >= w)
                 continue;
-            const int16_t *wk = wt + (ky * kw + kx) * c;
-            const uint8_t *src = x + ((b * h + iy) * w + ix) * c;
-            if (geom[CG_SIGNED]) {
-                const int8_t *s8 = (const int8_t *)src;
-                for (long ch = 0; ch < c; ch++)
-                    xs[ch] = (int32_t)s8[ch] - za;
-            } else {
-                for (long ch = 0; ch < c; ch++)
-                    xs[ch] = (int32_t)src[ch] - za;
-            }
-            for (long ch = 0; ch < c; ch++)
-                acc[ch] += xs[ch] * wk[ch];
+            const int32_t *wk = wt + (ky * kw + kx) * c + c0;
+            const uint8_t *src = x + ((b * h + iy) * w + ix) * c + c0;
+            if (geom[CG_SIGNED])
+                for (long ch = 0; ch < nc; ch++)
+                    acc[ch] += ((int32_t)(int8_t)src[ch] - za) * wk[ch];
+            else
+                for (long ch = 0; ch < nc; ch++)
+                    acc[ch] += ((int32_t)src[ch] - za) * wk[ch];
         }
     }
-    const float *mult = (const float *)dg[DG_MULT], magic = 12582912.0f;
-    const float flo = (float)(dg[DG_LO] - dg[DG_YZP]), fhi = (float)(dg[DG_HI] - dg[DG_YZP]);
-    const int32_t yzp = (int32_t)dg[DG_YZP];
-    for (long ch = 0; ch < c; ch++) {
+    const float *mult = (const float *)dg[DG_MULT] + c0, magic = 12582912.0f;
+    const float lo = (float)(dg[DG_LO] - dg[DG_YZP]), hi = (float)(dg[DG_HI] - dg[DG_YZP]);
+    for (long ch = 0; ch < nc; ch++) {
         float f = (float)acc[ch] * mult[ch];
-        f = f < flo ? flo : f > fhi ? fhi : f;
-        xs[ch] = (int32_t)((f + magic) - magic) + yzp;  /* half to even: see qgemm.c's epilogue */
+        f = f < lo ? lo : f > hi ? hi : f;
+        y[c0 + ch] = (uint8_t)((int32_t)((f + magic) - magic) + (int32_t)dg[DG_YZP]);  /* half to even */
     }
-    for (long ch = 0; ch < c; ch++)
-        y[ch] = (uint8_t)xs[ch];
 }
+
+static void dw_plain(const long *dg, const long *geom, const uint8_t *x, uint8_t *y)
+{
+    const long n = geom[CG_N], c = geom[CG_C], oh = geom[CG_OH], ow = geom[CG_OW];
+    for (long b = 0; b < n; b++)
+        for (long oy = 0; oy < oh; oy++)
+            for (long ox = 0; ox < ow; ox++)
+                for (long c0 = 0; c0 < c; c0 += 64)
+                    dw_pixel(dg, geom, x, b, oy, ox, c0, c0 + 64 < c ? c0 + 64 : c, y + ((b * oh + oy) * ow + ox) * c);
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+extern const qkernel rpcsrv_qk_vnni512;
+#define T512 __attribute__((target("avx512f,avx512bw,avx512vl")))
+
+/* 32 channels of one pixel at a time: the bytes of two taps interleaved (vpunpck*bw), widened to 16 bits less the
+ * zero point, and multiplied and added in pairs by vpmaddwd into 2 x 16 int32 lanes (channels in DW_ORDER); a tap
+ * in the padding reads a row of zero points, so every pixel runs the same code */
+T512 static void dw_avx512(const long *dg, const long *geom, const uint8_t *x, uint8_t *y, const uint8_t *zrow)
+{
+    const long n = geom[CG_N], h = geom[CG_H], w = geom[CG_W], c = geom[CG_C], kh = geom[CG_KH], kw = geom[CG_KW];
+    const long oh = geom[CG_OH], ow = geom[CG_OW], sh = geom[CG_SH], sw = geom[CG_SW], dh = geom[CG_DH];
+    const long dw = geom[CG_DW], pt = geom[CG_PT], pl = geom[CG_PL], cp = dg[DG_CP], taps = kh * kw;
+    const int16_t *w16 = (const int16_t *)dg[DG_W16];
+    const int32_t *bias = (const int32_t *)dg[DG_BIAS16];
+    const float *mult = (const float *)dg[DG_MULT16];
+    const int is_signed = (int)geom[CG_SIGNED];
+    const __m512i za = _mm512_set1_epi16((int16_t)geom[CG_ZA]), yzp = _mm512_set1_epi32((int32_t)dg[DG_YZP]);
+    const __m512 lo = _mm512_set1_ps((float)(dg[DG_LO] - dg[DG_YZP])), hi = _mm512_set1_ps((float)(dg[DG_HI] - dg[DG_YZP]));
+    const uint8_t *tp[64];
+    for (long b = 0; b < n; b++)
+        for (long oy = 0; oy < oh; oy++)
+            for (long ox = 0; ox < ow; ox++) {
+                for (long ky = 0, t = 0; ky < kh; ky++)
+                    for (long kx = 0; kx < kw; kx++, t++) {
+                        const long iy = oy * sh - pt + ky * dh, ix = ox * sw - pl + kx * dw;
+                        tp[t] = iy < 0 || iy >= h || ix < 0 || ix >= w ? zrow : x + ((b * h + iy) * w + ix) * c;
+                    }
+                tp[taps] = zrow;
+                uint8_t *yp = y + ((b * oh + oy) * ow + ox) * c;
+                for (long c0 = 0; c0 < c; c0 += 32) {
+                    const long left = c - c0;
+                    const __mmask32 mk = left >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << left) - 1);
+                    __m512i acc0 = _mm512_loadu_si512((const void *)(bias + c0));
+                    __m512i acc1 = _mm512_loadu_si512((const void *)(bias + c0 + 16));
+                    for (long p = 0; 2 * p < taps; p++) {
+                        __m256i xa = _mm256_maskz_loadu_epi8(mk, tp[2 * p] + c0);
+                        __m256i xb = _mm256_maskz_loadu_epi8(mk, tp[2 * p + 1] + c0);
+                        __m256i l8 = _mm256_unpacklo_epi8(xa, xb), h8 = _mm256_unpackhi_epi8(xa, xb);
+                        __m512i l16 = is_signed ? _mm512_cvtepi8_epi16(l8) : _mm512_cvtepu8_epi16(l8);
+                        __m512i h16 = is_signed ? _mm512_cvtepi8_epi16(h8) : _mm512_cvtepu8_epi16(h8);
+                        const int16_t *wp = w16 + (p * cp + c0) * 2;
+                        acc0 = _mm512_add_epi32(acc0, _mm512_madd_epi16(_mm512_sub_epi16(l16, za),
+                                                                         _mm512_loadu_si512((const void *)wp)));
+                        acc1 = _mm512_add_epi32(acc1, _mm512_madd_epi16(_mm512_sub_epi16(h16, za),
+                                                                         _mm512_loadu_si512((const void *)(wp + 32))));
+                    }
+                    __m512 f0 = _mm512_mul_ps(_mm512_cvtepi32_ps(acc0), _mm512_loadu_ps(mult + c0));
+                    __m512 f1 = _mm512_mul_ps(_mm512_cvtepi32_ps(acc1), _mm512_loadu_ps(mult + c0 + 16));
+                    f0 = _mm512_min_ps(_mm512_max_ps(f0, lo), hi);
+                    f1 = _mm512_min_ps(_mm512_max_ps(f1, lo), hi);
+                    __m128i q0 = _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(f0), yzp));  /* 0-7 16-23 */
+                    __m128i q1 = _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(f1), yzp));  /* 8-15 24-31 */
+                    __m256i out = _mm256_set_m128i(_mm_unpackhi_epi64(q0, q1), _mm_unpacklo_epi64(q0, q1));
+                    _mm256_mask_storeu_epi8(yp + c0, mk, out);
+                }
+            }
+}
+#endif
 
 /* a depthwise conv (one weight plane per channel) of x (geom, channels-last) into y (N, OH, OW, C) */
 int rpcsrv_qdwconv(const long *dg, const long *geom, const uint8_t *x, uint8_t *y)
 {
-    const long n = geom[CG_N], c = geom[CG_C], oh = geom[CG_OH], ow = geom[CG_OW];
-    int32_t *acc = malloc(sizeof *acc * (size_t)c * 2);
+    const long n = geom[CG_N], c = geom[CG_C];
     uint8_t *nhwc = geom[CG_NCHW] ? malloc((size_t)(n * c * geom[CG_H] * geom[CG_W])) : NULL;
-    if (!acc || (geom[CG_NCHW] && !nhwc)) {
-        free(acc), free(nhwc);
+    if (geom[CG_NCHW] && !nhwc)
         return -1;
-    }
     if (nhwc) {
         rpcsrv_q_nchw_to_nhwc(x, n, c, geom[CG_H] * geom[CG_W], nhwc);
         x = nhwc;
     }
-    for (long b = 0; b < n; b++)
-        for (long oy = 0; oy < oh; oy++)
-            for (long ox = 0; ox < ow; ox++)
-                dw_pixel(dg, geom, x, b, oy, ox, acc, acc + c, y + ((b * oh + oy) * ow + ox) * c);
-    free(acc), free(nhwc);
+#if defined(__x86_64__)
+    if (rpcsrv_qkernel() == &rpcsrv_qk_vnni512 && geom[CG_KH] * geom[CG_KW] < 64) {
+        /* (follows the GEMM's choice: tests that select another kernel run dw_plain) */
+        uint8_t *zrow = malloc((size_t)dg[DG_CP]);
+        if (!zrow) {
+            free(nhwc);
+            return -1;
+        }
+        memset(zrow, (int)(uint8_t)geom[CG_ZA], (size_t)dg[DG_CP]);
+        dw_avx512(dg, geom, x, y, zrow);
+        free(zrow);
+    } else
+#endif
+        dw_plain(dg, geom, x, y);
+    free(nhwc);
     return 0;
 }

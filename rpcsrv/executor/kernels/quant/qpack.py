@@ -106,21 +106,37 @@ class PackedGemm:
         self.n, self.k = n, k
 
 
+#: the order of a block of 32 channels in the AVX-512 depthwise kernel's registers (its byte unpacks work within
+#: 128-bit lanes: one register holds channels 0-7 and 16-23, the other 8-15 and 24-31)
+DW_ORDER = np.array(list(range(0, 8)) + list(range(16, 24)) + list(range(8, 16)) + list(range(24, 32)))
+
+
 class PackedDepthwise:
-    """A depthwise conv's weights (C, 1, KH, KW) as (KH * KW, C) int16 less their zero points, its int32 bias and
-    float32 multipliers per channel, and the output's requantization (``qconv.c``'s DG_* block)."""
+    """A depthwise conv's weights (C, 1, KH, KW) less their zero points, its int32 bias and float32 multipliers per
+    channel, and the output's requantization (``qconv.c``'s DG_* block): as (KH * KW, C) int32 for the plain C
+    kernel, and for the AVX-512 one as int16 pairs of taps (tap 2p, tap 2p + 1 of each channel side by side, what
+    vpmaddwd multiplies and adds) over channels padded to 32, in :data:`DW_ORDER`, with the bias and multipliers in
+    that order too."""
 
     def __init__(self, w: np.ndarray, wzp: np.ndarray, bias: Optional[np.ndarray], mult: np.ndarray, out: np.dtype,
                  yzp: int, lo: int, hi: int):
         c = w.shape[0]
-        zps = np.broadcast_to(np.asarray(wzp).reshape(-1), (c,)).astype(np.int16)
-        centred = w.astype(np.int16) - zps[:, None, None, None]
-        self.w = np.ascontiguousarray(centred[:, 0].transpose(1, 2, 0).reshape(-1, c), np.int16)
+        zps = np.broadcast_to(np.asarray(wzp).reshape(-1), (c,)).astype(np.int32)
+        centred = w.astype(np.int32) - zps[:, None, None, None]
+        self.w = np.ascontiguousarray(centred[:, 0].transpose(1, 2, 0).reshape(-1, c), np.int32)
         self.bias = np.ascontiguousarray(np.zeros(c, np.int32) if bias is None else bias.reshape(-1), np.int32)
         self.mult = np.ascontiguousarray(np.broadcast_to(np.asarray(mult, F32).reshape(-1), (c,)), F32)
+        taps, cp = self.w.shape[0], (c + 31) // 32 * 32
+        perm = np.concatenate([DW_ORDER + b for b in range(0, cp, 32)])
+        wide = np.zeros((taps + taps % 2, cp), np.int16)
+        wide[:taps, :c] = self.w
+        self.w16 = np.ascontiguousarray(wide.reshape(-1, 2, cp)[:, :, perm].transpose(0, 2, 1))
+        self.bias16 = np.ascontiguousarray(np.pad(self.bias, (0, cp - c))[perm])
+        self.mult16 = np.ascontiguousarray(np.pad(self.mult, (0, cp - c))[perm])
         self._block, self.ptr = block(ctypes.c_long, (self.w.ctypes.data, self.bias.ctypes.data,
                                                       self.mult.ctypes.data, OUT_KIND[np.dtype(out)], int(yzp),
-                                                      int(lo), int(hi)))
+                                                      int(lo), int(hi), self.w16.ctypes.data,
+                                                      self.bias16.ctypes.data, self.mult16.ctypes.data, cp))
 
 
 def geometry_blocks(xshape, kernel, strides, dilations, begin, out, signed: int, za: int) -> tuple:
