@@ -20,10 +20,6 @@
 #define QCLONES
 #endif
 
-/* the geometry block: input N H W C, kernel KH KW, strides, dilations, pads top/left, output OH OW, the input's
- * type (0 uint8, 1 int8) and zero point, and whether it is channels-first (then it is transposed first) */
-enum { CG_N, CG_H, CG_W, CG_C, CG_KH, CG_KW, CG_SH, CG_SW, CG_DH, CG_DW, CG_PT, CG_PL, CG_OH, CG_OW, CG_SIGNED,
-       CG_ZA, CG_NCHW, CG_SIZE };
 
 void rpcsrv_q_nchw_to_nhwc(const uint8_t *x, long n, long c, long hw, uint8_t *y)
 {
@@ -132,10 +128,6 @@ int rpcsrv_qconv(const long *g, const long *geom, const uint8_t *x, void *y)
     return 0;
 }
 
-/* the depthwise plan's block: weights (KH * KW, C) int32 with their zero points taken away, int32 bias (C),
- * float multipliers (C), output type, zero point and clamp; then the AVX-512 kernel's own: int16 pairs of taps,
- * bias and multipliers over CP channels (C padded to 32) in its register order (qpack.PackedDepthwise) */
-enum { DG_W, DG_BIAS, DG_MULT, DG_OUT, DG_YZP, DG_LO, DG_HI, DG_W16, DG_BIAS16, DG_MULT16, DG_CP, DG_SIZE };
 
 /* one output pixel's channels [c0, c1) in plain C (the compiler vectorises the channel loops) */
 static void dw_pixel(const long *dg, const long *geom, const uint8_t *x, long b, long oy, long ox, long c0, long c1,

@@ -56,6 +56,16 @@ enum {
 };
 enum { QOUT_U8, QOUT_S8, QOUT_I32, QOUT_F32 };
 
+/* qconv.c's geometry block: input N H W C, kernel KH KW, strides, dilations, pads top/left, output OH OW, the
+ * input's type (0 uint8, 1 int8) and zero point, and whether it is channels-first (then it is transposed first) */
+enum { CG_N, CG_H, CG_W, CG_C, CG_KH, CG_KW, CG_SH, CG_SW, CG_DH, CG_DW, CG_PT, CG_PL, CG_OH, CG_OW, CG_SIGNED,
+       CG_ZA, CG_NCHW, CG_SIZE };
+
+/* the depthwise plan's block: weights (KH * KW, C) int32 with their zero points taken away, int32 bias (C),
+ * float multipliers (C), output type, zero point and clamp; then the AVX-512 kernel's own: int16 pairs of taps,
+ * bias and multipliers over CP channels (C padded to 32) in its register order (qpack.PackedDepthwise) */
+enum { DG_W, DG_BIAS, DG_MULT, DG_OUT, DG_YZP, DG_LO, DG_HI, DG_W16, DG_BIAS16, DG_MULT16, DG_CP, DG_SIZE };
+
 /* the micro-kernels this build has, best first (qgemm_x86.c / qgemm_arm.c); NULL-terminated */
 extern const qkernel *const rpcsrv_qkernels_machine[];
 /* the kernel in use: the best whose instructions this CPU has (or the one rpcsrv_qgemm_select chose) */
