@@ -120,7 +120,7 @@ def test_byoc_compile_takes_a_qoperator_model(made, tmp_path):
     src = tmp_path / "q.onnx"
     onnx.save(model, str(src))
     assert any(n.domain == "com.microsoft" for n in model.graph.node)
-    done = subprocess.run([sys.executable, "-m", "rpcsrv.client.cli", "compile", str(src), "-o", str(tmp_path / "q.so")],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", "rpcsrv.client.cli", "compile", str(src), "-o",
+                           str(tmp_path / "q.so")], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "q.so").stat().st_size > 0

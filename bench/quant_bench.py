@@ -1,0 +1,157 @@
+"""int8 speed against onnxruntime's int8 (``byoc bench executor --quant``): models quantized by onnxruntime's own
+quantizer (``quant_models.py``: a torchvision-style ResNet-18 and MobileNetV2 at 224x224 in the QDQ and QOperator
+formats, per channel, uint8 activations, and a MiniLM-style encoder at 128 tokens by ``quantize_dynamic``) are
+compiled by ``client.compile_onnx``, loaded with ``rpcsrv.executor.load_module`` and run through the graph
+executor, as the board does; onnxruntime runs the same quantized model in the same process (its default graph
+optimizations: QDQ chains fused into QLinear ops, MLAS's int8 kernels).
+
+One thread each (rpcsrv: one BLAS thread and its own single-threaded int8 kernels; onnxruntime: intra_op and
+inter_op 1, no spinning), runs interleaved, medians of ``--repeat``; the ratio per model (rpcsrv / onnxruntime,
+under 1 is faster) and their geometric mean, per CPU placement: the process pinned to each of ``--cpus`` in turn
+(``os.sched_setaffinity``; both engines on the same core).  Also: the int8 micro-kernel the board chose (its
+instruction set), and how close the outputs are (the fraction within one quantization step of onnxruntime's, and
+whether the classes agree).
+
+    python bench/quant_bench.py [--models resnet18-qdq,...] [--repeat 20] [--cpus 0,1] [--small]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import quant_models  # noqa: E402
+
+#: name -> (float model, format, per channel, activations)
+MODELS = {"resnet18-qdq": ("resnet18", "qdq", True, "QUInt8"),
+          "resnet18-qoperator": ("resnet18", "qoperator", True, "QUInt8"),
+          "mobilenetv2-qdq": ("mobilenetv2", "qdq", True, "QUInt8"),
+          "mobilenetv2-qoperator": ("mobilenetv2", "qoperator", True, "QUInt8"),
+          "minilm-dynamic": ("minilm", "dynamic", False, "QUInt8")}
+
+
+class Pair:
+    """One quantized model in both engines, loaded once."""
+
+    def __init__(self, name: str, workdir: Path, small: bool = False):
+        import onnxruntime as ort
+
+        from rpcsrv.client import compile_onnx
+        from rpcsrv.executor import load_module
+        from rpcsrv.protocol.dtypes import Device
+
+        base, fmt, per_channel, act = MODELS[name]
+        fm = quant_models.float_model(base, small)
+        self.model = quant_models.quantized(fm, fmt, per_channel, act)
+        self.feeds = quant_models.inputs_of(fm, seed=7)
+        lib = workdir / f"{name}.so"
+        compile_onnx(self.model).export_library(str(lib))
+        self.ex = load_module(str(lib)).get_function("default")(Device(1, 0))
+        for key, value in self.feeds.items():
+            self.ex.get_function("set_input")(key, value)
+        self.run_ours = self.ex.get_function("run")
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = opts.inter_op_num_threads = 1
+        opts.log_severity_level = 3
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self.sess = ort.InferenceSession(self.model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+    def accuracy(self) -> tuple[float, bool]:
+        """(fraction of the output within one quantization step of onnxruntime's, the classes agree)."""
+        self.run_ours()
+        got = self.ex.get_function("get_output")(0)
+        want = self.sess.run(None, self.feeds)[0]
+        step = quant_models.output_step(self.model) or 1e-3 * float(np.abs(want).max())
+        return float((np.abs(got.astype(np.float64) - want) <= step * 1.001).mean()), \
+            bool(np.array_equal(got.argmax(-1), want.argmax(-1)))
+
+    def times(self, repeat: int) -> tuple[float, float]:
+        """Interleaved medians (ms): onnxruntime, rpcsrv; one thread each."""
+        from threadpoolctl import threadpool_limits
+
+        from rpcsrv.executor import compute
+
+        ours, theirs = [], []
+        with compute.fixed_threads(1), threadpool_limits(limits=1, user_api="blas"):
+            self.run_ours()
+            self.sess.run(None, self.feeds)
+            for k in range(repeat):
+                for which in ((0, 1) if k % 2 else (1, 0)):
+                    start = time.perf_counter()
+                    self.sess.run(None, self.feeds) if which == 0 else self.run_ours()
+                    (theirs if which == 0 else ours).append(time.perf_counter() - start)
+        return float(np.median(theirs) * 1e3), float(np.median(ours) * 1e3)
+
+
+def isa() -> str:
+    from rpcsrv.executor.kernels.clib import compiled
+    from rpcsrv.executor.kernels.quant import qpack
+
+    lib = compiled.library()
+    return qpack.isa(lib) if lib is not None else f"none: {compiled.status()['reason']}"
+
+
+def run(names: list[str], repeat: int, cpus: list[int], small: bool = False) -> list[dict]:
+    rows = []
+    allowed = os.sched_getaffinity(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            pair = Pair(name, Path(tmp), small)
+            within, classes = pair.accuracy()
+            row = {"model": name, "within": within, "classes": classes, "times": {}}
+            try:
+                for cpu in cpus:
+                    os.sched_setaffinity(0, {cpu})
+                    row["times"][cpu] = pair.times(repeat)
+            finally:
+                os.sched_setaffinity(0, allowed)
+            print(row, file=sys.stderr, flush=True)
+            rows.append(row)
+    return rows
+
+
+def table(rows: list[dict], cpus: list[int]) -> str:
+    head = " | ".join(f"CPU {c}: ort ms / rpcsrv ms / ratio" for c in cpus)
+    lines = [f"| model | {head} | within 1 step | classes |", "|---|" + "---|" * len(cpus) + "---|---|"]
+    ratios: dict = {c: [] for c in cpus}
+    for r in rows:
+        cells = []
+        for c in cpus:
+            ort_ms, our_ms = r["times"][c]
+            ratios[c].append(our_ms / ort_ms)
+            cells.append(f"{ort_ms:.2f} / {our_ms:.2f} / **{our_ms / ort_ms:.2f}x**")
+        classes = "same" if r["classes"] else "DIFFER"
+        lines.append(f"| {r['model']} | {' | '.join(cells)} | {r['within']:.2%} | {classes} |")
+    gms = [math.exp(sum(map(math.log, ratios[c])) / len(ratios[c])) for c in cpus if ratios[c]]
+    lines.append("| **geometric mean** | " + " | ".join(f"**{g:.2f}x**" for g in gms) + " | | |")
+    lines.append("| **worst model** | " + " | ".join(f"{max(ratios[c]):.2f}x" for c in cpus) + " | | |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--cpus", default=None, help="CPUs to pin to in turn (default: the first two allowed)")
+    ap.add_argument("--small", action="store_true", help="the tests' small models (a smoke run)")
+    args = ap.parse_args(argv)
+    cpus = [int(c) for c in args.cpus.split(",")] if args.cpus else sorted(os.sched_getaffinity(0))[:2]
+    print(f"int8 micro-kernel: {isa()}; one thread each; repeat {args.repeat}; CPUs {cpus}", flush=True)
+    rows = run(args.models.split(","), args.repeat, cpus, args.small)
+    print(table(rows, cpus))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
