@@ -23,8 +23,8 @@ import numpy as np
 from ....loader.opset.quant import QuantParams, clamp_bounds, multiplier
 from ..clib import compiled
 from ..conv.conv import _geometry, _tup
-from ..plan_support import attribute_values, computed, in_use
-from .qpack import (F32, I32, Q8, PackedDepthwise, PackedGemm, channels_last, geometry_blocks, nhwc_strides,
+from ..plan_support import address, attribute_values, computed, in_use
+from .qpack import (F32, I32, Q8, PackedDepthwise, PackedGemm, channels_last, data, geometry_blocks, nhwc_strides,
                     qtype_signed, scalar)
 
 
@@ -37,13 +37,21 @@ def _consts(inputs, first: int) -> tuple:
 def _guard(kernel, attrs, xshape, xdtype, rest, lib):
     """The check a planned call of (x, *rest) makes: x a tensor of the declared shape and dtype, the constants
     the very arrays bound, the library still in use; else the table kernel runs."""
-    ids, ready = tuple(map(id, rest)), in_use(lib)
+    ready = in_use(lib)
 
     def fits(x, others) -> bool:
-        return type(x) is np.ndarray and x.shape == xshape and x.dtype == xdtype and \
-            tuple(map(id, others)) == ids and ready()
+        return type(x) is np.ndarray and x.shape == xshape and x.dtype == xdtype and same(others, rest) and ready()
 
     return fits
+
+
+def same(given: tuple, bound: tuple) -> bool:
+    """Whether ``given`` are the ``bound`` arrays (tuple equality takes identical items as equal without comparing
+    them; arrays that are not identical compare elementwise, and are not taken unless their values are)."""
+    try:
+        return bool(given == bound)
+    except ValueError:  # arrays of several values, not the bound ones
+        return False
 
 
 def _nhwc_input(x, nhwc):
@@ -97,7 +105,7 @@ def q_conv_plan(kernel, attrs, inputs, shape, dtype):
             return kernel(x, *others, **attrs)
         x, last = _nhwc_input(x, nhwc)
         y = np.empty(yshape, dtype)
-        if fn(packed.ptr, nhwc_ptr if last else nchw_ptr, x.ctypes.data, y.ctypes.data) != 0:
+        if fn(packed.ptr, nhwc_ptr if last else nchw_ptr, data(x), address(y)) != 0:
             raise MemoryError("q_linear_conv: the compiled kernel could not allocate its scratch")
         return channels_last(y)
 
@@ -142,7 +150,7 @@ def _rows_plan(kernel, attrs, inputs, shape, dtype, a_index, packed, lib, za, as
             zp, sc = za, ascale
         a = a if a.flags.c_contiguous else np.ascontiguousarray(a)
         y = np.empty(shape, dtype)
-        if fn(packed.ptr, a.ctypes.data, rows, kdim, signed, zp, sc, y.ctypes.data, n) != 0:
+        if fn(packed.ptr, address(a), rows, kdim, signed, zp, sc, address(y), n) != 0:
             raise MemoryError("int8 GEMM: the compiled kernel could not allocate its scratch")
         return y
 
