@@ -138,8 +138,10 @@ static void conv_check(const char *kname, long c, long m, long hw, long kk, long
             if (ch >= c)
                 continue;
             bias16[slot] = bias[ch], mult16[slot] = mult[ch];
-            for (long t = 0; t < taps; t++)
+            for (long t = 0; t < taps; t++) {
                 w16[((t / 2) * cp + slot) * 2 + t % 2] = (int16_t)w32[t * c + ch];
+                bias16[slot] -= (int32_t)za * w32[t * c + ch];  /* (every tap summed, padded ones at the zero point) */
+            }
         }
         const long dg[DG_SIZE] = {(long)w32, (long)bias, (long)mult, QOUT_U8, yzp, 0, 255, (long)w16, (long)bias16,
                                     (long)mult16, cp};

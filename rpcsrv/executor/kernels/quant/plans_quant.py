@@ -92,7 +92,7 @@ def q_conv_plan(kernel, attrs, inputs, shape, dtype):
         packed = PackedGemm(lib, w.transpose(2, 3, 1, 0).reshape(k, m), wz, b, mult, dtype, int(yz), lo, hi)
         fn = lib.rpcsrv_qconv
     elif group == c == m and w.shape[1] == 1:
-        packed = PackedDepthwise(w, wz, b, mult, dtype, int(yz), lo, hi)
+        packed = PackedDepthwise(w, wz, b, mult, dtype, int(yz), lo, hi, int(xz))
         fn = lib.rpcsrv_qdwconv
     else:
         return None

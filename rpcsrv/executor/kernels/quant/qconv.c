@@ -45,11 +45,11 @@ static inline void copy_run(uint8_t *dst, const uint8_t *src, long len, uint8_t 
 /* the patch of output pixel ``row`` as the GEMM reads it: for each tap (ky, kx) its C channels, a tap in the
  * padding filled with ``fill``; without dilation along x, the KW taps of one kernel row are one run of KW * C
  * bytes of the input row (less what falls in the padding) */
-static void gather(const long *geom, const uint8_t *x, long row, uint8_t flip, uint8_t fill, long kp, uint8_t *dst)
+static void gather(const long *geom, const uint8_t *x, long b, long oy, long ox, uint8_t flip, uint8_t fill, long kp,
+                   uint8_t *dst)
 {
-    const long h = geom[CG_H], w = geom[CG_W], c = geom[CG_C], oh = geom[CG_OH], ow = geom[CG_OW];
-    const long kw = geom[CG_KW], dw = geom[CG_DW];
-    const long b = row / (oh * ow), oy = row / ow % oh, ox = row % ow, ix0 = ox * geom[CG_SW] - geom[CG_PL];
+    const long h = geom[CG_H], w = geom[CG_W], c = geom[CG_C];
+    const long kw = geom[CG_KW], dw = geom[CG_DW], ix0 = ox * geom[CG_SW] - geom[CG_PL];
     long k = 0;
     for (long ky = 0; ky < geom[CG_KH]; ky++, k += kw * c) {
         const long iy = oy * geom[CG_SH] - geom[CG_PT] + ky * geom[CG_DH];
@@ -103,17 +103,20 @@ int rpcsrv_qconv(const long *g, const long *geom, const uint8_t *x, void *y)
         x = nhwc;
     }
     const uint8_t fill = (uint8_t)zan;  /* a padded tap: the zero point, as the kernel reads it */
+    long b = 0, oy = 0, ox = 0;  /* the output pixel of the next row */
     for (long r0 = 0; r0 < m; r0 += mb) {
         const long nrows = m - r0 < mb ? m - r0 : mb;
         for (long r = 0; r < nrows; r++) {
-            const long row = r0 + r;
             if (direct) {
-                const long b = row / (geom[CG_OH] * geom[CG_OW]), oy = row / geom[CG_OW] % geom[CG_OH];
-                const long ox = row % geom[CG_OW];
                 rows[r] = x + ((b * geom[CG_H] + oy * geom[CG_SH]) * geom[CG_W] + ox * geom[CG_SW]) * c;
             } else {
-                gather(geom, x, row, (uint8_t)flip, fill, kp, pack + r * kp);
+                gather(geom, x, b, oy, ox, (uint8_t)flip, fill, kp, pack + r * kp);
                 rows[r] = pack + r * kp;
+            }
+            if (++ox == geom[CG_OW]) {
+                ox = 0;
+                if (++oy == geom[CG_OH])
+                    oy = 0, b++;
             }
             if (sums) {
                 int32_t s = 0;
@@ -177,9 +180,10 @@ static void dw_plain(const long *dg, const long *geom, const uint8_t *x, uint8_t
 extern const qkernel rpcsrv_qk_vnni512;
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl")))
 
-/* 32 channels of one pixel at a time: the bytes of two taps interleaved (vpunpck*bw), widened to 16 bits less the
- * zero point, and multiplied and added in pairs by vpmaddwd into 2 x 16 int32 lanes (channels in DW_ORDER); a tap
- * in the padding reads a row of zero points, so every pixel runs the same code */
+/* 32 channels of one pixel at a time: the bytes of two taps interleaved (vpunpck*bw), widened to 16 bits, and
+ * multiplied and added in pairs by vpmaddwd into 2 x 16 int32 lanes (channels in DW_ORDER).  A tap in the padding
+ * reads a row of zero points, so every pixel sums x * w over all its taps, and the bias of this kernel already holds
+ * - zero point * (the sum of each channel's weights): sum (x - zero point) * w without a subtraction per tap */
 T512 static void dw_avx512(const long *dg, const long *geom, const uint8_t *x, uint8_t *y, const uint8_t *zrow)
 {
     const long n = geom[CG_N], h = geom[CG_H], w = geom[CG_W], c = geom[CG_C], kh = geom[CG_KH], kw = geom[CG_KW];
@@ -189,17 +193,22 @@ T512 static void dw_avx512(const long *dg, const long *geom, const uint8_t *x, u
     const int32_t *bias = (const int32_t *)dg[DG_BIAS16];
     const float *mult = (const float *)dg[DG_MULT16];
     const int is_signed = (int)geom[CG_SIGNED];
-    const __m512i za = _mm512_set1_epi16((int16_t)geom[CG_ZA]), yzp = _mm512_set1_epi32((int32_t)dg[DG_YZP]);
+    const __m512i yzp = _mm512_set1_epi32((int32_t)dg[DG_YZP]);
     const __m512 lo = _mm512_set1_ps((float)(dg[DG_LO] - dg[DG_YZP])), hi = _mm512_set1_ps((float)(dg[DG_HI] - dg[DG_YZP]));
-    const uint8_t *tp[64];
+    const uint8_t *tp[64], *rowp[64];
     for (long b = 0; b < n; b++)
         for (long oy = 0; oy < oh; oy++)
             for (long ox = 0; ox < ow; ox++) {
-                for (long ky = 0, t = 0; ky < kh; ky++)
-                    for (long kx = 0; kx < kw; kx++, t++) {
-                        const long iy = oy * sh - pt + ky * dh, ix = ox * sw - pl + kx * dw;
-                        tp[t] = iy < 0 || iy >= h || ix < 0 || ix >= w ? zrow : x + ((b * h + iy) * w + ix) * c;
+                if (ox == 0)  /* each kernel row's input row, or the zero points' */
+                    for (long ky = 0; ky < kh; ky++) {
+                        const long iy = oy * sh - pt + ky * dh;
+                        rowp[ky] = iy < 0 || iy >= h ? zrow : x + (b * h + iy) * w * c;
                     }
+                for (long ky = 0, t = 0; ky < kh; ky++) {
+                    const uint8_t *row = rowp[ky];
+                    for (long kx = 0, ix = ox * sw - pl; kx < kw; kx++, t++, ix += dw)
+                        tp[t] = row == zrow || ix < 0 || ix >= w ? zrow : row + ix * c;
+                }
                 tp[taps] = zrow;
                 uint8_t *yp = y + ((b * oh + oy) * ow + ox) * c;
                 for (long c0 = 0; c0 < c; c0 += 32) {
@@ -214,10 +223,8 @@ T512 static void dw_avx512(const long *dg, const long *geom, const uint8_t *x, u
                         __m512i l16 = is_signed ? _mm512_cvtepi8_epi16(l8) : _mm512_cvtepu8_epi16(l8);
                         __m512i h16 = is_signed ? _mm512_cvtepi8_epi16(h8) : _mm512_cvtepu8_epi16(h8);
                         const int16_t *wp = w16 + (p * cp + c0) * 2;
-                        acc0 = _mm512_add_epi32(acc0, _mm512_madd_epi16(_mm512_sub_epi16(l16, za),
-                                                                         _mm512_loadu_si512((const void *)wp)));
-                        acc1 = _mm512_add_epi32(acc1, _mm512_madd_epi16(_mm512_sub_epi16(h16, za),
-                                                                         _mm512_loadu_si512((const void *)(wp + 32))));
+                        acc0 = _mm512_add_epi32(acc0, _mm512_madd_epi16(l16, _mm512_loadu_si512((const void *)wp)));
+                        acc1 = _mm512_add_epi32(acc1, _mm512_madd_epi16(h16, _mm512_loadu_si512((const void *)(wp + 32))));
                     }
                     __m512 f0 = _mm512_mul_ps(_mm512_cvtepi32_ps(acc0), _mm512_loadu_ps(mult + c0));
                     __m512 f1 = _mm512_mul_ps(_mm512_cvtepi32_ps(acc1), _mm512_loadu_ps(mult + c0 + 16));

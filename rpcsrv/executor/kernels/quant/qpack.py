@@ -125,11 +125,12 @@ class PackedDepthwise:
     """A depthwise conv's weights (C, 1, KH, KW) less their zero points, its int32 bias and float32 multipliers per
     channel, and the output's requantization (``qconv.c``'s DG_* block): as (KH * KW, C) int32 for the plain C
     kernel, and for the AVX-512 one as int16 pairs of taps (tap 2p, tap 2p + 1 of each channel side by side, what
-    vpmaddwd multiplies and adds) over channels padded to 32, in :data:`DW_ORDER`, with the bias and multipliers in
-    that order too."""
+    vpmaddwd multiplies and adds) over channels padded to 32, in :data:`DW_ORDER`, with the multipliers in that order
+    too and the bias less ``za`` (the activation zero point) times each channel's weight sum (that kernel sums x * w
+    over every tap, a padded one reading the zero point)."""
 
     def __init__(self, w: np.ndarray, wzp: np.ndarray, bias: Optional[np.ndarray], mult: np.ndarray, out: np.dtype,
-                 yzp: int, lo: int, hi: int):
+                 yzp: int, lo: int, hi: int, za: int):
         c = w.shape[0]
         zps = np.broadcast_to(np.asarray(wzp).reshape(-1), (c,)).astype(np.int32)
         centred = w.astype(np.int32) - zps[:, None, None, None]
@@ -141,7 +142,8 @@ class PackedDepthwise:
         wide = np.zeros((taps + taps % 2, cp), np.int16)
         wide[:taps, :c] = self.w
         self.w16 = np.ascontiguousarray(wide.reshape(-1, 2, cp)[:, :, perm].transpose(0, 2, 1))
-        self.bias16 = np.ascontiguousarray(np.pad(self.bias, (0, cp - c))[perm])
+        folded = self.bias.astype(np.int64) - za * self.w.astype(np.int64).sum(axis=0)  # (the zero points' taps)
+        self.bias16 = np.ascontiguousarray(np.pad(folded.astype(np.int32), (0, cp - c))[perm])
         self.mult16 = np.ascontiguousarray(np.pad(self.mult, (0, cp - c))[perm])
         self._block, self.ptr = block(ctypes.c_long, (self.w.ctypes.data, self.bias.ctypes.data,
                                                       self.mult.ctypes.data, OUT_KIND[np.dtype(out)], int(yzp),
