@@ -35,11 +35,21 @@ static long conv_block_rows(long kp, long mr) { long r = (131072 / kp) / mr * mr
 
 static inline void copy_run(uint8_t *dst, const uint8_t *src, long len, uint8_t flip)
 {
-    if (flip)
+    if (len <= 32) {  /* a few channels (a stem's 3): no call */
         for (long i = 0; i < len; i++)
             dst[i] = src[i] ^ flip;
-    else
+    } else if (flip) {
+        for (long i = 0; i < len; i++)
+            dst[i] = src[i] ^ flip;
+    } else {
         memcpy(dst, src, (size_t)len);
+    }
+}
+
+static inline void fill_run(uint8_t *dst, uint8_t fill, long len)
+{
+    for (long i = 0; i < len; i++)
+        dst[i] = fill;
 }
 
 /* the patch of output pixel ``row`` as the GEMM reads it: for each tap (ky, kx) its C channels, a tap in the
@@ -62,9 +72,9 @@ static void gather(const long *geom, const uint8_t *x, long b, long oy, long ox,
             long lo = ix0 < 0 ? -ix0 : 0, hi = w - ix0;  /* the taps inside the row: [lo, hi) */
             lo = lo > kw ? kw : lo;
             hi = hi > kw ? kw : hi < lo ? lo : hi;
-            memset(dst + k, fill, (size_t)(lo * c));
+            fill_run(dst + k, fill, lo * c);
             copy_run(dst + k + lo * c, src + (ix0 + lo) * c, (hi - lo) * c, flip);
-            memset(dst + k + hi * c, fill, (size_t)((kw - hi) * c));
+            fill_run(dst + k + hi * c, fill, (kw - hi) * c);
             continue;
         }
         for (long kx = 0; kx < kw; kx++) {
@@ -75,7 +85,7 @@ static void gather(const long *geom, const uint8_t *x, long b, long oy, long ox,
                 copy_run(dst + k + kx * c, src + ix * c, c, flip);
         }
     }
-    memset(dst + k, 0, (size_t)(kp - k));
+    fill_run(dst + k, 0, kp - k);
 }
 
 /* a dense conv of x (geom) by the plan's packed weights g into y (N, OH, OW, M): 0, or -1 without memory */
@@ -178,15 +188,18 @@ static void dw_plain(const long *dg, const long *geom, const uint8_t *x, uint8_t
 #if defined(__x86_64__)
 #include <immintrin.h>
 extern const qkernel rpcsrv_qk_vnni512;
-#define T512 __attribute__((target("avx512f,avx512bw,avx512vl")))
+#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 
 /* 32 channels of one pixel at a time: the bytes of two taps interleaved (vpunpck*bw), widened to 16 bits, and
- * multiplied and added in pairs by vpmaddwd into 2 x 16 int32 lanes (channels in DW_ORDER).  A tap in the padding
+ * multiplied and added in pairs into 2 x 16 int32 lanes by vpdpwssd (AVX-512 VNNI: taken with the VNNI GEMM), the
+ * channels in DW_ORDER.  A tap in the padding
  * reads a row of zero points, so every pixel sums x * w over all its taps, and the bias of this kernel already holds
  * - zero point * (the sum of each channel's weights): sum (x - zero point) * w without a subtraction per tap */
-T512 static void dw_avx512(const long *dg, const long *geom, const uint8_t *x, uint8_t *y, const uint8_t *zrow)
+static inline __attribute__((always_inline)) T512 void dw_avx512_k(const long *dg, const long *geom, const uint8_t *x,
+                                                                    uint8_t *y, const uint8_t *zrow, const long kh,
+                                                                    const long kw)
 {
-    const long n = geom[CG_N], h = geom[CG_H], w = geom[CG_W], c = geom[CG_C], kh = geom[CG_KH], kw = geom[CG_KW];
+    const long n = geom[CG_N], h = geom[CG_H], w = geom[CG_W], c = geom[CG_C];
     const long oh = geom[CG_OH], ow = geom[CG_OW], sh = geom[CG_SH], sw = geom[CG_SW], dh = geom[CG_DH];
     const long dw = geom[CG_DW], pt = geom[CG_PT], pl = geom[CG_PL], cp = dg[DG_CP], taps = kh * kw;
     const int16_t *w16 = (const int16_t *)dg[DG_W16];
@@ -223,8 +236,8 @@ T512 static void dw_avx512(const long *dg, const long *geom, const uint8_t *x, u
                         __m512i l16 = is_signed ? _mm512_cvtepi8_epi16(l8) : _mm512_cvtepu8_epi16(l8);
                         __m512i h16 = is_signed ? _mm512_cvtepi8_epi16(h8) : _mm512_cvtepu8_epi16(h8);
                         const int16_t *wp = w16 + (p * cp + c0) * 2;
-                        acc0 = _mm512_add_epi32(acc0, _mm512_madd_epi16(l16, _mm512_loadu_si512((const void *)wp)));
-                        acc1 = _mm512_add_epi32(acc1, _mm512_madd_epi16(h16, _mm512_loadu_si512((const void *)(wp + 32))));
+                        acc0 = _mm512_dpwssd_epi32(acc0, l16, _mm512_loadu_si512((const void *)wp));
+                        acc1 = _mm512_dpwssd_epi32(acc1, h16, _mm512_loadu_si512((const void *)(wp + 32)));
                     }
                     __m512 f0 = _mm512_mul_ps(_mm512_cvtepi32_ps(acc0), _mm512_loadu_ps(mult + c0));
                     __m512 f1 = _mm512_mul_ps(_mm512_cvtepi32_ps(acc1), _mm512_loadu_ps(mult + c0 + 16));
@@ -236,6 +249,17 @@ T512 static void dw_avx512(const long *dg, const long *geom, const uint8_t *x, u
                     _mm256_mask_storeu_epi8(yp + c0, mk, out);
                 }
             }
+}
+
+/* the kernel sizes of nearly every depthwise conv as constants (their tap loops unrolled), any other as variables */
+T512 static void dw_avx512(const long *dg, const long *geom, const uint8_t *x, uint8_t *y, const uint8_t *zrow)
+{
+    if (geom[CG_KH] == 3 && geom[CG_KW] == 3)
+        dw_avx512_k(dg, geom, x, y, zrow, 3, 3);
+    else if (geom[CG_KH] == 5 && geom[CG_KW] == 5)
+        dw_avx512_k(dg, geom, x, y, zrow, 5, 5);
+    else
+        dw_avx512_k(dg, geom, x, y, zrow, geom[CG_KH], geom[CG_KW]);
 }
 #endif
 

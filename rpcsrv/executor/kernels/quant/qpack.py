@@ -125,7 +125,7 @@ class PackedDepthwise:
     """A depthwise conv's weights (C, 1, KH, KW) less their zero points, its int32 bias and float32 multipliers per
     channel, and the output's requantization (``qconv.c``'s DG_* block): as (KH * KW, C) int32 for the plain C
     kernel, and for the AVX-512 one as int16 pairs of taps (tap 2p, tap 2p + 1 of each channel side by side, what
-    vpmaddwd multiplies and adds) over channels padded to 32, in :data:`DW_ORDER`, with the multipliers in that order
+    vpdpwssd multiplies and adds) over channels padded to 32, in :data:`DW_ORDER`, with the multipliers in that order
     too and the bias less ``za`` (the activation zero point) times each channel's weight sum (that kernel sums x * w
     over every tap, a padded one reading the zero point)."""
 
