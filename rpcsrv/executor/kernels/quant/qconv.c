@@ -88,6 +88,43 @@ static void gather(const long *geom, const uint8_t *x, long b, long oy, long ox,
     fill_run(dst + k, 0, kp - k);
 }
 
+/* the conv by the kernel's in-place tiles (qkernel.ipanel): per block of output pixels, a pointer per (pixel, tap)
+ * into the channels-last input, or to a row of zero points for a tap in the padding */
+static int conv_in_place(const long *g, const long *geom, const uint8_t *x, void *y, uint8_t fill, long zan, long m)
+{
+    const long h = geom[CG_H], w = geom[CG_W], c = geom[CG_C], kh = geom[CG_KH], kw = geom[CG_KW];
+    const long taps = kh * kw, mb = 240, esize = g[QG_OUT] >= QOUT_I32 ? 4 : 1;
+    const uint8_t **ptrs = malloc(sizeof *ptrs * (size_t)(mb * taps));
+    uint8_t *zrow = malloc((size_t)c);
+    if (!ptrs || !zrow) {
+        free(ptrs), free(zrow);
+        return -1;
+    }
+    memset(zrow, fill, (size_t)c);
+    long b = 0, oy = 0, ox = 0;
+    for (long r0 = 0; r0 < m; r0 += mb) {
+        const long nrows = m - r0 < mb ? m - r0 : mb;
+        for (long r = 0; r < nrows; r++) {
+            const uint8_t **p = ptrs + r * taps;
+            for (long ky = 0; ky < kh; ky++) {
+                const long iy = oy * geom[CG_SH] - geom[CG_PT] + ky * geom[CG_DH];
+                for (long kx = 0; kx < kw; kx++) {
+                    const long ix = ox * geom[CG_SW] - geom[CG_PL] + kx * geom[CG_DW];
+                    p[ky * kw + kx] = iy < 0 || iy >= h || ix < 0 || ix >= w ? zrow : x + ((b * h + iy) * w + ix) * c;
+                }
+            }
+            if (++ox == geom[CG_OW]) {
+                ox = 0;
+                if (++oy == geom[CG_OH])
+                    oy = 0, b++;
+            }
+        }
+        rpcsrv_qgemm_taps(g, ptrs, nrows, taps, c, zan, (char *)y + r0 * g[QG_N] * esize, g[QG_N]);
+    }
+    free(ptrs), free(zrow);
+    return 0;
+}
+
 /* a dense conv of x (geom) by the plan's packed weights g into y (N, OH, OW, M): 0, or -1 without memory */
 int rpcsrv_qconv(const long *g, const long *geom, const uint8_t *x, void *y)
 {
@@ -113,6 +150,11 @@ int rpcsrv_qconv(const long *g, const long *geom, const uint8_t *x, void *y)
         x = nhwc;
     }
     const uint8_t fill = (uint8_t)zan;  /* a padded tap: the zero point, as the kernel reads it */
+    if (!direct && kn->ipanel && !flip && !sums && c % 4 == 0) {
+        int rc = conv_in_place(g, geom, x, y, fill, zan, m);
+        free(pack), free(rows), free(rowsum), free(nhwc);
+        return rc;
+    }
     long b = 0, oy = 0, ox = 0;  /* the output pixel of the next row */
     for (long r0 = 0; r0 < m; r0 += mb) {
         const long nrows = m - r0 < mb ? m - r0 : mb;

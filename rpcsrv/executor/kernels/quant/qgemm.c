@@ -34,7 +34,7 @@ static void tile_generic(const uint8_t *const *a, const int8_t *b, long kp, long
 
 static int always(void) { return 1; }
 
-static const qkernel generic = {"generic C", 4, 4, 0, tile_generic, always, NULL};
+static const qkernel generic = {"generic C", 4, 4, 0, tile_generic, always, NULL, NULL};
 
 #if defined(__x86_64__)
 extern const qkernel rpcsrv_qk_vnni512, rpcsrv_qk_avxvnni, rpcsrv_qk_vnni256, rpcsrv_qk_avx2;
@@ -147,27 +147,33 @@ static void epilogue(const int32_t *acc, long rows, const qepi *e, char *y, long
     }
 }
 
+/* the store's parameters for the columns [n0, n0 + cols) (the activation zero point's terms and the bias in corr) */
+static void chunk(const long *g, long n0, long cols, long zan, float ascale, qepi *e)
+{
+    const int32_t *bias = (const int32_t *)g[QG_BIAS], *colsum = (const int32_t *)g[QG_COLSUM];
+    const int32_t *bzp = (const int32_t *)g[QG_BZP];
+    const float *mult = (const float *)g[QG_MULT], *fbias = (const float *)g[QG_FBIAS];
+    for (long j = 0; j < cols; j++) {
+        e->corr[j] = (bias ? bias[n0 + j] : 0) - (int32_t)zan * colsum[n0 + j] +
+                     (bzp ? (int32_t)(g[QG_K] * zan) * bzp[n0 + j] : 0);
+        e->mult[j] = ascale * mult[n0 + j];
+    }
+    e->cols = cols, e->bzp = bzp ? bzp + n0 : NULL, e->fbias = fbias ? fbias + n0 : NULL;
+    e->out = g[QG_OUT], e->yzp = (int32_t)g[QG_YZP];
+    e->flo = (float)(g[QG_LO] - g[QG_YZP]), e->fhi = (float)(g[QG_HI] - g[QG_YZP]);
+}
+
 void rpcsrv_qgemm_rows(const long *g, const uint8_t *const *rows, long m, const int32_t *rowsum, long zan,
                        float ascale, void *y, long ldy)
 {
     const qkernel *kn = rpcsrv_qkernel();
-    const long n = g[QG_N], k = g[QG_K], kp = g[QG_KP], mr = kn->mr, esize = g[QG_OUT] >= QOUT_I32 ? 4 : 1;
+    const long n = g[QG_N], kp = g[QG_KP], mr = kn->mr, esize = g[QG_OUT] >= QOUT_I32 ? 4 : 1;
     const int8_t *b = (const int8_t *)g[QG_B];
-    const int32_t *bias = (const int32_t *)g[QG_BIAS], *colsum = (const int32_t *)g[QG_COLSUM];
-    const int32_t *bzp = (const int32_t *)g[QG_BZP];
-    const float *mult = (const float *)g[QG_MULT], *fbias = (const float *)g[QG_FBIAS];
     int32_t acc[QMR_MAX * QACC] __attribute__((aligned(64)));
     qepi e;
-    e.out = g[QG_OUT], e.yzp = (int32_t)g[QG_YZP], e.rowsum = rowsum;
-    e.flo = (float)(g[QG_LO] - g[QG_YZP]), e.fhi = (float)(g[QG_HI] - g[QG_YZP]);
     for (long n0 = 0; n0 < n; n0 += QSTRIP * kn->nvmax) {
         const long cols = n - n0 < QSTRIP * kn->nvmax ? n - n0 : QSTRIP * kn->nvmax, nv = (cols + QSTRIP - 1) / QSTRIP;
-        for (long j = 0; j < cols; j++) {  /* the activation zero point's terms, and the bias */
-            e.corr[j] = (bias ? bias[n0 + j] : 0) - (int32_t)zan * colsum[n0 + j] +
-                        (bzp ? (int32_t)(k * zan) * bzp[n0 + j] : 0);
-            e.mult[j] = ascale * mult[n0 + j];
-        }
-        e.cols = cols, e.bzp = bzp ? bzp + n0 : NULL, e.fbias = fbias ? fbias + n0 : NULL;
+        chunk(g, n0, cols, zan, ascale, &e);
         const int8_t *bchunk = b + (n0 / QSTRIP) * kp * QSTRIP;
         char *ychunk = (char *)y + n0 * esize;
         if (kn->panel) {
@@ -184,6 +190,21 @@ void rpcsrv_qgemm_rows(const long *g, const uint8_t *const *rows, long m, const 
             e.rowsum = rowsum ? rowsum + r0 : NULL;
             epilogue(acc, nrows, &e, ychunk + r0 * ldy * esize, ldy);
         }
+    }
+}
+
+void rpcsrv_qgemm_taps(const long *g, const uint8_t *const *ptrs, long m, long taps, long c, long zan, void *y,
+                       long ldy)
+{
+    const qkernel *kn = rpcsrv_qkernel();
+    const long n = g[QG_N], kp = g[QG_KP], esize = g[QG_OUT] >= QOUT_I32 ? 4 : 1;
+    qepi e;
+    e.rowsum = NULL;
+    for (long n0 = 0; n0 < n; n0 += QSTRIP * kn->nvmax) {
+        const long cols = n - n0 < QSTRIP * kn->nvmax ? n - n0 : QSTRIP * kn->nvmax, nv = (cols + QSTRIP - 1) / QSTRIP;
+        chunk(g, n0, cols, zan, 1.0f, &e);
+        kn->ipanel(ptrs, m, taps, c, (const int8_t *)g[QG_B] + (n0 / QSTRIP) * kp * QSTRIP, kp, nv, &e,
+                   (char *)y + n0 * esize, ldy);
     }
 }
 

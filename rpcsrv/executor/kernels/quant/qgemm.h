@@ -47,6 +47,9 @@ typedef struct {
     qtile_fn tile;
     int (*supported)(void);  /* whether this CPU has its instructions */
     qpanel_fn panel;    /* the tiles of a whole block with the store in registers, or NULL: tile + qgemm.c's store */
+    /* the same, each row's depth read as taps of c bytes from a pointer per (row, tap); NULL: patches gathered */
+    void (*ipanel)(const uint8_t *const *ptrs, long m, long taps, long c, const int8_t *b, long kp, long nv,
+                   const qepi *e, char *y, long ldy);
 } qkernel;
 
 /* the block a plan prepares (a long array; pointers as longs), read by rpcsrv_qgemm* */
@@ -74,6 +77,9 @@ const qkernel *rpcsrv_qkernel(void);
 /* one block of A rows (already packed or read in place) times every column of B, requantized into y */
 void rpcsrv_qgemm_rows(const long *g, const uint8_t *const *rows, long m, const int32_t *rowsum, long za_native,
                        float ascale, void *y, long ldy);
+/* rows [0, m) given as m x taps pointers of c bytes each (qkernel.ipanel); the zero point of the activations */
+void rpcsrv_qgemm_taps(const long *g, const uint8_t *const *ptrs, long m, long taps, long c, long zan, void *y,
+                       long ldy);
 /* the flip of activations of type ``asigned`` to the kernel's native type (0 or 0x80), and the zero point's move */
 int rpcsrv_qflip(int asigned);
 #endif

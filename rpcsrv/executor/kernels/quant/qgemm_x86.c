@@ -40,17 +40,20 @@ static inline __attribute__((always_inline)) int32_t load4(const uint8_t *p)
         if (nv > 3) _mm512_storeu_si512((void *)(acc + r * QACC + 48), c##r##3);      \
     }
 
-/* the k loop of a 6-row tile over nv strips (a0..a5: the rows, b: the chunk, strip: its strips' pitch) */
-#define VNNI512_LOOP                                                                    \
-    ZERO4(0) ZERO4(1) ZERO4(2) ZERO4(3) ZERO4(4) ZERO4(5)                               \
-    for (long k = 0; k < kp; k += 4) {                                                  \
-        const int8_t *bk = b + k * QSTRIP;                                              \
+/* the k loop of a 6-row tile over nv strips from BASE (a0..a5: the rows, read from a##r + k; strip: the pitch of
+ * the chunk's strips) for k in [0, KEND) */
+#define VNNI512_KLOOP(BASE, KEND)                                                       \
+    for (long k = 0; k < (KEND); k += 4) {                                              \
+        const int8_t *bk = (BASE) + k * QSTRIP;                                         \
         __m512i b0 = _mm512_loadu_si512((const void *)bk), b1 = b0, b2 = b0, b3 = b0;   \
         if (nv > 1) b1 = _mm512_loadu_si512((const void *)(bk + strip));                \
         if (nv > 2) b2 = _mm512_loadu_si512((const void *)(bk + 2 * strip));            \
         if (nv > 3) b3 = _mm512_loadu_si512((const void *)(bk + 3 * strip));            \
         DOT4(0) DOT4(1) DOT4(2) DOT4(3) DOT4(4) DOT4(5)                                 \
     }
+#define VNNI512_LOOP                                                                    \
+    ZERO4(0) ZERO4(1) ZERO4(2) ZERO4(3) ZERO4(4) ZERO4(5)                               \
+    VNNI512_KLOOP(b, kp)
 
 static inline __attribute__((always_inline)) T512 void vnni512(const uint8_t *const *a, const int8_t *b, long kp,
                                                                int32_t *acc, const int nv)
@@ -113,6 +116,46 @@ static inline __attribute__((always_inline)) T512 void panel512(const uint8_t *c
         const uint8_t *a5 = rows[r0 + (nrows > 5 ? 5 : 0)];
         VNNI512_LOOP
         STOREROW(0) STOREROW(1) STOREROW(2) STOREROW(3) STOREROW(4) STOREROW(5)
+    }
+}
+
+/* the same tiles with each row's depth read as taps of c bytes each, from a pointer per (row, tap) (ptrs: m x taps):
+ * a conv's patches read in place from its channels-last input, no gathered copy (c a multiple of 4) */
+static inline __attribute__((always_inline)) T512 void ipanel512(const uint8_t *const *ptrs, long m, long taps, long c,
+                                                                 const int8_t *b, long kp, const qepi *e, char *y,
+                                                                 long ldy, const int nv)
+{
+    const long strip = kp * QSTRIP, esize = e->out >= QOUT_I32 ? 4 : 1;
+    __mmask16 mk[4];
+    for (int v = 0; v < 4; v++) {
+        long left = e->cols - 16 * v;
+        mk[v] = left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
+    }
+    const __mmask16 m0 = mk[0], m1 = mk[1], m2 = mk[2], m3 = mk[3];
+    for (long r0 = 0; r0 < m; r0 += 6) {
+        const long nrows = m - r0 < 6 ? m - r0 : 6;
+        const uint8_t *const *p0 = ptrs + r0 * taps, *const *p1 = ptrs + (r0 + (nrows > 1 ? 1 : 0)) * taps;
+        const uint8_t *const *p2 = ptrs + (r0 + (nrows > 2 ? 2 : 0)) * taps;
+        const uint8_t *const *p3 = ptrs + (r0 + (nrows > 3 ? 3 : 0)) * taps;
+        const uint8_t *const *p4 = ptrs + (r0 + (nrows > 4 ? 4 : 0)) * taps;
+        const uint8_t *const *p5 = ptrs + (r0 + (nrows > 5 ? 5 : 0)) * taps;
+        ZERO4(0) ZERO4(1) ZERO4(2) ZERO4(3) ZERO4(4) ZERO4(5)
+        for (long t = 0; t < taps; t++) {
+            const uint8_t *a0 = p0[t], *a1 = p1[t], *a2 = p2[t], *a3 = p3[t], *a4 = p4[t], *a5 = p5[t];
+            VNNI512_KLOOP(b + t * c * QSTRIP, c)
+        }
+        STOREROW(0) STOREROW(1) STOREROW(2) STOREROW(3) STOREROW(4) STOREROW(5)
+    }
+}
+
+T512 static void ipanel_vnni512(const uint8_t *const *ptrs, long m, long taps, long c, const int8_t *b, long kp,
+                                long nv, const qepi *e, char *y, long ldy)
+{
+    switch (nv) {
+    case 1: ipanel512(ptrs, m, taps, c, b, kp, e, y, ldy, 1); break;
+    case 2: ipanel512(ptrs, m, taps, c, b, kp, e, y, ldy, 2); break;
+    case 3: ipanel512(ptrs, m, taps, c, b, kp, e, y, ldy, 3); break;
+    default: ipanel512(ptrs, m, taps, c, b, kp, e, y, ldy, 4); break;
     }
 }
 
@@ -204,8 +247,8 @@ static int has_vnni256(void) { return __builtin_cpu_supports("avx2") && has_vnni
 static int has_avx2(void) { return __builtin_cpu_supports("avx2"); }
 
 const qkernel rpcsrv_qk_vnni512 = {"AVX-512 VNNI (vpdpbusd, 16 lanes)", 6, 4, 0, tile_vnni512, has_vnni512,
-                                   panel_vnni512};
-const qkernel rpcsrv_qk_avxvnni = {"AVX-VNNI (vpdpbusd, 8 lanes)", 6, 1, 0, tile_avxvnni, has_avxvnni, NULL};
-const qkernel rpcsrv_qk_vnni256 = {"AVX-512VL VNNI (vpdpbusd, 8 lanes)", 6, 1, 0, tile_vnni256, has_vnni256, NULL};
-const qkernel rpcsrv_qk_avx2 = {"AVX2 (vpmaddwd, 16-bit products)", 2, 1, 0, tile_avx2, has_avx2, NULL};
+                                   panel_vnni512, ipanel_vnni512};
+const qkernel rpcsrv_qk_avxvnni = {"AVX-VNNI (vpdpbusd, 8 lanes)", 6, 1, 0, tile_avxvnni, has_avxvnni, NULL, NULL};
+const qkernel rpcsrv_qk_vnni256 = {"AVX-512VL VNNI (vpdpbusd, 8 lanes)", 6, 1, 0, tile_vnni256, has_vnni256, NULL, NULL};
+const qkernel rpcsrv_qk_avx2 = {"AVX2 (vpmaddwd, 16-bit products)", 2, 1, 0, tile_avx2, has_avx2, NULL, NULL};
 #endif
