@@ -258,7 +258,7 @@ def status() -> dict:
     lib = library()
     return {"in_use": lib is not None, "reason": _state.get("reason", "") if lib is None else
             "compiled kernels in use (depthwise convolution, sigmoid, swish, conv epilogue, "
-            "stem convolution, max and average pooling, winograd transforms, int8 GEMM and convolutions)",
+            "stem convolution, max and average pooling, winograd transforms)",
             "library": _state.get("path"), "origin": _state.get("origin") if lib is not None else None}
 
 
