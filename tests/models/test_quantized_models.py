@@ -1,7 +1,8 @@
 """Models quantized by onnxruntime's own quantizer (``bench/quant_models.py``: ``quant_pre_process``, then
 ``quantize_static`` in the QDQ and QOperator formats, per tensor and per channel, uint8 and int8 activations, or
 ``quantize_dynamic``) compile with ``byoc compile`` (``client.compile_onnx``; the CLI once) and run through the
-real apache-tvm client on ``rpcsrv serve``: ResNet- and MobileNetV2-style CNNs, and a MiniLM-style encoder.  Their
+real apache-tvm client on ``rpcsrv serve``: ResNet- and MobileNetV2-style CNNs, a MiniLM-style encoder, and the
+ResNet by ``quantize_dynamic`` too (DynamicQuantizeLinear + ConvInteger).  Their
 outputs are within one quantization step of onnxruntime's on at least 99% of the elements, with the same classes.
 Small sizes here; the real ones are in the benchmark (``bench/quant_bench.py``).
 
@@ -32,7 +33,8 @@ CASES = [("resnet18", fmt, pc, act) for fmt in ("qdq", "qoperator") for pc in (F
          for act in ("QUInt8", "QInt8")]
 CASES += [("mobilenetv2", "qdq", False, "QUInt8"), ("mobilenetv2", "qdq", True, "QInt8"),
           ("mobilenetv2", "qoperator", True, "QUInt8"), ("mobilenetv2", "qoperator", False, "QInt8"),
-          ("minilm", "dynamic", False, "QUInt8"), ("minilm", "dynamic", True, "QUInt8")]
+          ("minilm", "dynamic", False, "QUInt8"), ("minilm", "dynamic", True, "QUInt8"),
+          ("resnet18", "dynamic", False, "QUInt8")]  # DynamicQuantizeLinear + ConvInteger
 
 
 def _id(case) -> str:
