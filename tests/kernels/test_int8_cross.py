@@ -1,6 +1,6 @@
 """The int8 kernels (``kernels/quant/qgemm*.c``, ``qconv.c``) on the boards' targets: ``int8_check.c`` (every
 micro-kernel the CPU runs against exact integer sums at the types' extremes, the requantization rule, dense and
-depthwise convs against naive loops) built for this CPU, for generic x86_64 (the runtime dispatch still finds
+depthwise convs against naive loops) built for this CPU (gcc and clang), for generic x86_64 (the runtime dispatch still finds
 VNNI/AVX2), and with the Debian cross compilers for aarch64 (qemu's ``-cpu max`` has the dot product extension:
 sdot, then NEON, then generic C) and armv7 with NEON (vmull/vpadal) and without, run under qemu-user."""
 
@@ -19,6 +19,7 @@ SOURCES = [str(HERE / "int8_check.c")] + [str(kbuild.source(name)) for name in (
                                                                                   "qgemm_arm.c", "qconv.c")]
 TARGETS = {  # name: (compiler, flags, runner or None, kernels it must have run)
     "native": ("cc", ["-march=native"], None, 2),
+    "clang": ("clang", ["-march=native"], None, 2),
     "x86_64-generic": ("cc", [], None, 2),
     "aarch64": ("aarch64-linux-gnu-gcc", ["-static"], ("qemu-aarch64-static", "-cpu", "max"), 3),
     "armv7-neon": ("arm-linux-gnueabihf-gcc", ["-static", "-mfpu=neon"], ("qemu-arm-static",), 2),

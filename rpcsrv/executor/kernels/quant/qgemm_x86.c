@@ -8,6 +8,7 @@
  *   to 16 bits and multiplied by vpmaddwd (two products per int32 lane, at most 2 x 255 x 128): 2 rows x 1 strip,
  *   each column's two lanes added at the end. */
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #include <string.h>
 
@@ -242,7 +243,12 @@ static int has_vnni512(void)
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
 }
-static int has_avxvnni(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avxvnni"); }
+/* AVX-VNNI: cpuid leaf 7, sub-leaf 1, eax bit 4 (not every compiler's __builtin_cpu_supports knows its name) */
+static int has_avxvnni(void)
+{
+    unsigned a, b, c, d;
+    return __builtin_cpu_supports("avx2") && __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 4) & 1);
+}
 static int has_vnni256(void) { return __builtin_cpu_supports("avx2") && has_vnni512(); }
 static int has_avx2(void) { return __builtin_cpu_supports("avx2"); }
 
