@@ -78,7 +78,7 @@ static void gemm_check(const char *kname, long m, long k, long n, int asigned, i
             continue;
         long lo = out == QOUT_U8 ? 0 : -128, hi = out == QOUT_U8 ? 255 : 127, yzp = out == QOUT_U8 ? 100 : -7;
         const long fields[QG_SIZE] = {n, k, kp, (long)packed, (long)bias, (long)colsum, any_zp ? (long)bzp : 0,
-                                      (long)mult, 0, out, yzp, lo, hi};
+                                      (long)mult, 0, out, yzp, lo, hi, (long)(state & 1)};  /* (either store) */
         memcpy(g, fields, sizeof g);
         void *y = out == QOUT_I32 ? (void *)y32 : (void *)y8;
         if (rpcsrv_qgemm(g, a, m, k, asigned, za, 1.0f, y, n) != 0) {

@@ -1,8 +1,8 @@
 """The int8 kernels (``kernels/quant/qgemm*.c``, ``qconv.c``) on the boards' targets: ``int8_check.c`` (every
 micro-kernel the CPU runs against exact integer sums at the types' extremes, the requantization rule, dense and
-depthwise convs against naive loops) built for this CPU (gcc and clang), for generic x86_64 (the runtime dispatch still finds
-VNNI/AVX2), and with the Debian cross compilers for aarch64 (qemu's ``-cpu max`` has the dot product extension:
-sdot, then NEON, then generic C) and armv7 with NEON (vmull/vpadal) and without, run under qemu-user."""
+depthwise convs against naive loops) built for this CPU (gcc and clang), for generic x86_64 (the runtime dispatch
+still finds VNNI/AVX2), and with the Debian cross compilers for aarch64 (qemu's ``-cpu max`` has the dot product
+extension: sdot, then NEON, then generic C) and armv7 with NEON (vmull/vpadal) and without, run under qemu-user."""
 
 from __future__ import annotations
 

@@ -160,7 +160,7 @@ static void chunk(const long *g, long n0, long cols, long zan, float ascale, qep
     }
     e->cols = cols, e->bzp = bzp ? bzp + n0 : NULL, e->fbias = fbias ? fbias + n0 : NULL;
     e->out = g[QG_OUT], e->yzp = (int32_t)g[QG_YZP];
-    e->flo = (float)(g[QG_LO] - g[QG_YZP]), e->fhi = (float)(g[QG_HI] - g[QG_YZP]);
+    e->flo = (float)(g[QG_LO] - g[QG_YZP]), e->fhi = (float)(g[QG_HI] - g[QG_YZP]), e->sat = g[QG_SAT];
 }
 
 void rpcsrv_qgemm_rows(const long *g, const uint8_t *const *rows, long m, const int32_t *rowsum, long zan,

@@ -33,6 +33,7 @@ typedef struct {
     long out, cols;
     int32_t yzp;
     float flo, fhi;
+    long sat;  /* the clamp is the output type's range and |sum * mult| < 2^30: a saturating narrowing does it */
 } qepi;
 
 /* rows [0, m) of A (row pointers) times a chunk of nv strips, stored through e into y (row pitch ldy) */
@@ -55,7 +56,7 @@ typedef struct {
 /* the block a plan prepares (a long array; pointers as longs), read by rpcsrv_qgemm* */
 enum {
     QG_N, QG_K, QG_KP, QG_B, QG_BIAS, QG_COLSUM, QG_BZP, QG_MULT, QG_FBIAS, QG_OUT, QG_YZP, QG_LO, QG_HI,
-    QG_SIZE
+    QG_SAT, QG_SIZE
 };
 enum { QOUT_U8, QOUT_S8, QOUT_I32, QOUT_F32 };
 

@@ -25,6 +25,13 @@ static inline __attribute__((always_inline)) int32_t load4(const uint8_t *p)
 
 /* the accumulators are named variables (an array of them was spilled to the stack by GCC 12) */
 #define ZERO4(r) __m512i c##r##0 = _mm512_setzero_si512(), c##r##1 = c##r##0, c##r##2 = c##r##0, c##r##3 = c##r##0;
+/* the panels' sums start from the store's per-column terms (qepi.corr: bias and zero points), not from 0 */
+#define INIT4(r) __m512i c##r##0 = k0, c##r##1 = k1, c##r##2 = k2, c##r##3 = k3;
+#define CORR4                                                                                       \
+    const __m512i k0 = _mm512_loadu_si512((const void *)e->corr);                                   \
+    const __m512i k1 = _mm512_loadu_si512((const void *)(e->corr + 16));                            \
+    const __m512i k2 = _mm512_loadu_si512((const void *)(e->corr + 32));                            \
+    const __m512i k3 = _mm512_loadu_si512((const void *)(e->corr + 48));
 #define DOT4(r)                                                          \
     {                                                                    \
         __m512i av = _mm512_set1_epi32(load4(a##r + k));                 \
@@ -65,11 +72,12 @@ static inline __attribute__((always_inline)) T512 void vnni512(const uint8_t *co
     STORE4(0) STORE4(1) STORE4(2) STORE4(3) STORE4(4) STORE4(5)
 }
 
-/* qgemm.h's store of 16 columns (from 16 * v) of one row, in registers; mask: the columns that exist */
+/* qgemm.h's store of 16 columns (from 16 * v) of one row, in registers (the sums c already hold qepi.corr); mask:
+ * the columns that exist */
 static inline __attribute__((always_inline)) T512 void store16(__m512i c, const qepi *e, int v, char *yr,
                                                                __mmask16 mask, int32_t rowsum)
 {
-    __m512i t = _mm512_add_epi32(c, _mm512_loadu_si512((const void *)(e->corr + 16 * v)));
+    __m512i t = c;
     if (e->bzp)
         t = _mm512_sub_epi32(t, _mm512_mullo_epi32(_mm512_maskz_loadu_epi32(mask, e->bzp + 16 * v),
                                                    _mm512_set1_epi32(rowsum)));
@@ -82,6 +90,14 @@ static inline __attribute__((always_inline)) T512 void store16(__m512i c, const 
         if (e->fbias)
             f = _mm512_add_ps(f, _mm512_maskz_loadu_ps(mask, e->fbias + 16 * v));
         _mm512_mask_storeu_ps(yr + 64 * v, mask, f);
+        return;
+    }
+    if (e->sat) {  /* rounded, then narrowed with saturation: the same as clamping first to the type's range */
+        __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(f), _mm512_set1_epi32(e->yzp));
+        if (e->out == QOUT_U8)
+            _mm512_mask_cvtusepi32_storeu_epi8(yr + 16 * v, mask, _mm512_max_epi32(q, _mm512_setzero_si512()));
+        else
+            _mm512_mask_cvtsepi32_storeu_epi8(yr + 16 * v, mask, q);
         return;
     }
     f = _mm512_min_ps(_mm512_max_ps(f, _mm512_set1_ps(e->flo)), _mm512_set1_ps(e->fhi));
@@ -110,12 +126,14 @@ static inline __attribute__((always_inline)) T512 void panel512(const uint8_t *c
         mk[v] = left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
     }
     const __mmask16 m0 = mk[0], m1 = mk[1], m2 = mk[2], m3 = mk[3];
+    CORR4
     for (long r0 = 0; r0 < m; r0 += 6) {
         const long nrows = m - r0 < 6 ? m - r0 : 6;
         const uint8_t *a0 = rows[r0], *a1 = rows[r0 + (nrows > 1 ? 1 : 0)], *a2 = rows[r0 + (nrows > 2 ? 2 : 0)];
         const uint8_t *a3 = rows[r0 + (nrows > 3 ? 3 : 0)], *a4 = rows[r0 + (nrows > 4 ? 4 : 0)];
         const uint8_t *a5 = rows[r0 + (nrows > 5 ? 5 : 0)];
-        VNNI512_LOOP
+        INIT4(0) INIT4(1) INIT4(2) INIT4(3) INIT4(4) INIT4(5)
+        VNNI512_KLOOP(b, kp)
         STOREROW(0) STOREROW(1) STOREROW(2) STOREROW(3) STOREROW(4) STOREROW(5)
     }
 }
@@ -133,6 +151,7 @@ static inline __attribute__((always_inline)) T512 void ipanel512(const uint8_t *
         mk[v] = left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
     }
     const __mmask16 m0 = mk[0], m1 = mk[1], m2 = mk[2], m3 = mk[3];
+    CORR4
     for (long r0 = 0; r0 < m; r0 += 6) {
         const long nrows = m - r0 < 6 ? m - r0 : 6;
         const uint8_t *const *p0 = ptrs + r0 * taps, *const *p1 = ptrs + (r0 + (nrows > 1 ? 1 : 0)) * taps;
@@ -140,7 +159,7 @@ static inline __attribute__((always_inline)) T512 void ipanel512(const uint8_t *
         const uint8_t *const *p3 = ptrs + (r0 + (nrows > 3 ? 3 : 0)) * taps;
         const uint8_t *const *p4 = ptrs + (r0 + (nrows > 4 ? 4 : 0)) * taps;
         const uint8_t *const *p5 = ptrs + (r0 + (nrows > 5 ? 5 : 0)) * taps;
-        ZERO4(0) ZERO4(1) ZERO4(2) ZERO4(3) ZERO4(4) ZERO4(5)
+        INIT4(0) INIT4(1) INIT4(2) INIT4(3) INIT4(4) INIT4(5)
         for (long t = 0; t < taps; t++) {
             const uint8_t *a0 = p0[t], *a1 = p1[t], *a2 = p2[t], *a3 = p3[t], *a4 = p4[t], *a5 = p5[t];
             VNNI512_KLOOP(b + t * c * QSTRIP, c)

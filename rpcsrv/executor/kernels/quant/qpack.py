@@ -27,10 +27,11 @@ from ..plan_support import address, block
 
 U8, S8, I32, F32 = np.dtype(np.uint8), np.dtype(np.int8), np.dtype(np.int32), np.dtype(np.float32)
 Q8 = (U8, S8)
+QTYPE_BOUNDS = {U8: (0, 255), S8: (-128, 127)}
 #: the output kinds of the C epilogue (qgemm.h: QOUT_*)
 OUT_KIND = {U8: 0, S8: 1, I32: 2, F32: 3}
 #: qgemm.h's block (QG_*) and qconv.c's geometry block (CG_*) are long arrays in this order
-QG_FIELDS = ("n", "k", "kp", "b", "bias", "colsum", "bzp", "mult", "fbias", "out", "yzp", "lo", "hi")
+QG_FIELDS = ("n", "k", "kp", "b", "bias", "colsum", "bzp", "mult", "fbias", "out", "yzp", "lo", "hi", "sat")
 CG_FIELDS = ("n", "h", "w", "c", "kh", "kw", "sh", "sw", "dh", "dw", "pt", "pl", "oh", "ow", "signed", "za",
              "nchw")
 
@@ -109,9 +110,14 @@ class PackedGemm:
         lib.rpcsrv_qgemm_pack(src.ctypes.data, k, n, n, 1, flip, self.packed.ctypes.data)
         kp = (k + 3) // 4 * 4
         addr = lambda a: 0 if a is None else a.ctypes.data  # noqa: E731
+        # the clamp is the type's own and no sum times its multiplier reaches 2^30 (|x - x_zp|, |w - w_zp| <= 255):
+        # the kernels may narrow with saturation instead of clamping first
+        most = k * 255 * 255 + (0 if self.bias is None else int(np.abs(self.bias.astype(np.int64)).max(initial=0)))
+        sat = np.dtype(out) in Q8 and (lo, hi) == QTYPE_BOUNDS[np.dtype(out)] and \
+            most * float(np.abs(self.mult).max(initial=0)) < 2.0 ** 30
         values = dict(n=n, k=k, kp=kp, b=self.packed.ctypes.data, bias=addr(self.bias), colsum=addr(self.colsum),
                       bzp=addr(self.bzp), mult=addr(self.mult), fbias=addr(self.fbias), out=OUT_KIND[np.dtype(out)],
-                      yzp=int(yzp), lo=int(lo), hi=int(hi))
+                      yzp=int(yzp), lo=int(lo), hi=int(hi), sat=int(sat))
         self._block, self.ptr = block(ctypes.c_long, [values[f] for f in QG_FIELDS])
         self.n, self.k = n, k
 
