@@ -223,3 +223,24 @@ def test_every_kernel_is_listed_with_its_instructions(lib):
     assert qpack.isa(lib) == next(name for name, ok in listed if ok)
     assert lib.rpcsrv_qgemm_select(len(listed)) == -1
     assert ctypes.c_long  # (the listing reads the support flag through ctypes)
+
+
+def test_a_plan_given_other_arrays_runs_the_table_kernel(lib):
+    """A planned conv called with weights that are not the bound array (equal or not), or an input of another
+    layout, gives what the table kernel gives for those arguments."""
+    xshape, wshape = (1, 8, 6, 6), (8, 8, 3, 3)
+    x = RNG.integers(0, 256, xshape).astype(U8)
+    w = RNG.integers(-128, 128, wshape).astype(S8)
+    args = [x, _a(np.float32(0.05)), _a(np.uint8(3)), w, _a(np.float32(0.01)), _a(np.int8(0)), _a(np.float32(0.3)),
+            _a(np.uint8(9))]
+    attrs = dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    ref = KERNELS["q_linear_conv"]
+    plan = q_conv_plan(ref, attrs, [(xshape, U8)] + args[1:], xshape, U8)
+    np.testing.assert_array_equal(plan(*args), ref(*args, **attrs))
+    other = args[:3] + [np.ascontiguousarray(w[::-1])] + args[4:]  # another weight array: not the packed one
+    np.testing.assert_array_equal(plan(*other), ref(*other, **attrs))
+    same_values = args[:3] + [w.copy()] + args[4:]
+    np.testing.assert_array_equal(plan(*same_values), ref(*args, **attrs))
+    strided = np.zeros((1, 8, 6, 12), U8)[..., ::2]  # neither layout: copied first
+    strided[...] = x
+    np.testing.assert_array_equal(plan(strided, *args[1:]), ref(*args, **attrs))
