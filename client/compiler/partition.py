@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from rpcsrv.loader.opset import OPS, node_problems, onnx_op_to_kernel
 
 from .errors import CompileError
+from .contrib_shapes import MS_DOMAIN, SURROGATES  # onnxruntime's quantized contrib ops
 from .onnx_import import ONNX_DOMAINS, Graph
 from .ops import Op, consumers  # noqa: F401  (codegens build on them)
 
@@ -69,7 +70,7 @@ def annotate(op: Op, ops: frozenset, graph: Graph | None = None) -> str:
     codegen's ``Pattern``) each of its nodes as its own op.
     """
     node = op.nodes[0]
-    if node.domain not in ONNX_DOMAINS:
+    if node.domain not in ONNX_DOMAINS and not (node.domain == MS_DOMAIN and node.op_type in SURROGATES):
         return f"operator domain {node.domain!r} is not supported (only the default ONNX domain)"
     if op.kernel not in OPS:
         return f"no kernel {op.kernel!r} on the board"

@@ -17,6 +17,7 @@ import numpy as np
 
 from .concat_chain import chain_kernels
 from .concat_fold import fold_concats
+from .qdq_fold import fold_quantized
 from .text import RUNTIME_ATTRS, ExampleJSONError, Kernel, Node, Subgraph, parse_examplejson
 from ..module import STEP_HOOK, ExecutorError, RuntimeModule
 from .residual_fold import fold_residuals
@@ -46,10 +47,16 @@ class SubgraphFunction:
     """The packed function of one subgraph: ``f(*inputs, *outputs)``, outputs written in place."""
 
     def __init__(self, graph: Subgraph, kernels: Mapping[str, Kernel], constants: dict[int, np.ndarray]):
-        self.graph = graph
+        self.source = graph  # as written; ``graph`` is it after the int8 fold (see ``prepare``)
         self.constants = constants  # node ID -> bound array (filled by ExampleJSONRuntime.bind)
         self.inputs = graph.inputs
         self.outputs = [graph.nodes[i] for i in graph.outputs]
+        self._kernels = kernels
+        self._build(graph)
+
+    def _build(self, graph: Subgraph) -> None:
+        """The steps of ``graph`` (the rewrites below made), bound to the table's kernels."""
+        self.graph, kernels = graph, self._kernels
         # squeeze-and-excitation's Mul goes into the 1x1 conv that reads it (see scale_fold)
         ops, folded = fold_scales(graph, kernels)
         # a residual Add goes into the 1x1 conv whose output it adds (see residual_fold)
@@ -95,6 +102,9 @@ class SubgraphFunction:
                                last_of_key[key] == k, node.attrs.get("output_index", 0),
                                tuple(drops.get(k, ()))))
         self._table_steps = list(self.steps)  # the kernels of the table, before any plan (``prepare``)
+        read = {i for node in ops for i in node.inputs} | set(graph.outputs)
+        self._read_consts = [n for n in graph.consts if n.id in read]  # (what __call__ puts in place)
+        self._bound = None
         # kernels of the table, and the folded convs (planned as ``scaled_conv``); not the concat chains
         self._plannable = {node.id for node in ops if node.id not in in_place or node.id in folded}
         self._plannable -= set(into_kernels)
@@ -102,13 +112,22 @@ class SubgraphFunction:
     def prepare(self) -> None:
         """Derive what kernels cache from the constants bound so far (``kernels.load_time``), so the
         first run after loading does not."""
+        from ..kernels.clib import compiled
         from ..kernels.load_time import prepare_constants
 
+        # quantized chains into int8 ops, once the constants they read are bound (see qdq_fold)
+        folded = fold_quantized(self.source, self.constants) if compiled.library() is not None else None
+        if folded is not None:
+            self.constants.update(folded[1])
+        graph = self.source if folded is None else folded[0]
+        if graph is not self.graph and (folded is not None or self.graph is not self.source):
+            self._build(graph)
         ops = self.graph.ops  # as declared (a folded conv's weights are scaled at each call: nothing to prepare)
         prepare_constants(ops, self.graph.nodes, self.constants,
                           [{k: v for k, v in node.attrs.items() if k not in RUNTIME_ATTRS} for node in ops])
         self.steps = self._table_steps  # the old plans (and what they keep) freed before the new are made
         self.steps = [self._planned(step) for step in self._table_steps]
+        self._bound = None
 
     def _planned(self, step: tuple) -> tuple:
         """``step`` with its kernel bound to its node's shapes and constants when ``kernels.plans`` has a
@@ -138,10 +157,11 @@ class SubgraphFunction:
             values[node.id] = _check_array(args[k], node, f"{g.name} argument {k} (input {node.id})")
         outs = [_check_array(args[n_in + k], node, f"{g.name} argument {n_in + k} (output {node.id})")
                 for k, node in enumerate(self.outputs)]
-        for node in g.consts:
-            if node.id not in self.constants:
-                raise ExecutorError(f"{g.name}: constant {node.name!r} (node {node.id}) is not bound")
-            values[node.id] = self.constants[node.id]
+        bound = self._bound if self._bound is not None else self._bind_steps()
+        if len(bound) != len(self._read_consts):
+            node = next(n for n in self._read_consts if n.id not in self.constants)
+            raise ExecutorError(f"{g.name}: constant {node.name!r} (node {node.id}) is not bound")
+        values.update(bound)
         shared: dict[tuple, Any] = {}  # results of multi-output ops until their last node
         node = None
         hook = STEP_HOOK.get()
@@ -169,6 +189,12 @@ class SubgraphFunction:
             raise ExecutorError(f"{g.name} {node.describe()} failed: {type(exc).__name__}: {exc}") from exc
         for out, onode in zip(outs, self.outputs):
             np.copyto(out, values[onode.id], casting="no")
+
+    def _bind_steps(self) -> dict:
+        """The bound constants the steps read, by node ID (worked out once per binding, not at each call: a folded
+        int8 graph keeps hundreds of constants only its dropped nodes read)."""
+        self._bound = {n.id: self.constants[n.id] for n in self._read_consts if n.id in self.constants}
+        return self._bound
 
     def _pick(self, node: Node, result: Any, index: int) -> np.ndarray:
         """The node's tensor from a kernel result that is not simply the declared array (the
