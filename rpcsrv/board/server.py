@@ -339,7 +339,7 @@ async def serve(cfg: ServerConfig, task_status=trio.TASK_STATUS_IGNORED) -> None
     state = shared_state(cfg)
     _ignore_sigio()
     # threads computing in this process yield to its event loop, which answers every session
-    compute.POLICY.nice = compute.env_int("RPCSRV_COMPUTE_NICE", compute.COMPUTE_NICE)
+    compute.POLICY.configure(compute.ComputeSettings.from_environment("RPCSRV_COMPUTE_NICE"))
 
     async def handler(stream: trio.SocketStream) -> None:
         if state.connections >= cfg.limits.max_connections:

@@ -32,7 +32,7 @@ from ..protocol import (BadPacket, CallFunc, CallFuncEnd, CallFuncStart, Connect
                        Dialect, FunctionHandle, InitServer, ModuleHandle,
                        ObjectHandle, OpaqueHandle, RemoteTensor, Syscall, TensorHeader)
 from ..protocol.codes import PROTOCOL_VERSION
-from ..protocol.dtypes import HOST_DEVICE_TYPES, DLDataTypeCode
+from ..protocol.dtypes import HOST_DEVICE_TYPES
 from .streaming import StreamedCall
 from .syscalls import SyscallsMixin
 from .workspace import Workspace
@@ -123,10 +123,7 @@ class Session(SyscallsMixin):
         return buf[t.byte_offset:t.byte_offset + nbytes].view(dtype).reshape(t.shape)
 
     def _dtype_for_client(self, dtype: np.dtype) -> DataType:
-        dt = DataType.from_numpy(dtype)
-        if dt.is_bool and self.conn.wire_dialect is Dialect.FFI:
-            return DataType(DLDataTypeCode.BOOL, 8, 1)
-        return dt
+        return DataType.from_numpy(dtype, ffi=self.conn.wire_dialect is Dialect.FFI)
 
     def export_array(self, arr: np.ndarray) -> RemoteTensor:
         """Hand an array to the client as an NDArray (its memory gets a data handle).  Its bytes are

@@ -405,11 +405,11 @@ def main(argv: list[str]) -> int:
     from ..executor import compute
 
     # a model run here takes its slot (and BLAS threads) from the server's compute policy
-    compute.POLICY.set_remote(lambda: _slot(sock), lambda: _send(sock, ("slot-done",)))
+    compute.POLICY.configure(compute.ComputeSettings.from_environment(), slots=(lambda: _slot(sock), lambda: _send(sock, ("slot-done",))))
     # every thread of the worker but this one (BLAS's exist by now; later ones inherit it from their
     # creator); this one at its first model run (``_slot``): until then it answers requests and runs
     # kernels called one by one at the server's priority, as the server's threads do
-    nice = compute.env_int("RPCSRV_WORKER_NICE", WORKER_NICE)
+    nice = compute.ComputeSettings.from_environment("RPCSRV_WORKER_NICE").nice
     compute.lower_priority([t for t in compute.thread_ids() if t != threading.get_native_id()], nice)
     _NICE.append(nice)
     state = WorkerState(session_arena, own)
