@@ -10,7 +10,7 @@ from __future__ import annotations
 from common import run
 
 from rpcsrv.executor.examplejson.text import parse_examplejson
-from rpcsrv.executor.graph.graph_json import parse_graph_json
+from rpcsrv.loader.graph_json import parse_graph_json
 from rpcsrv.executor.kernels import KERNELS
 from rpcsrv.executor.module import ExecutorError
 

@@ -62,7 +62,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from .farm.registration import parse_hostport
 
     configure(args.verbose, args.log_json)
-    logging.getLogger("rpcsrv.plugins").info(plugin_line(load_plugins(args, export=True)))  # issue 23
+    logging.getLogger("rpcsrv.plugins").info(plugin_line(load_plugins(args)))  # issue 23
     _configure_confinement(args)
     try:
         opts = BoardOptions(tracker=parse_hostport(args.tracker, "--tracker") if args.tracker else None,

@@ -22,13 +22,14 @@ def add_plugin_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-plugins", action="store_true", help="load no installed plugin (built-in kinds only)")
 
 
-def load_plugins(args: argparse.Namespace, export: bool = False) -> dict:
-    """Load the plugins the flags choose (a broken one is one log line); returns the registry's report."""
+def load_plugins(args: argparse.Namespace) -> dict:
+    """Load the plugins the flags choose (a broken one is one log line); returns the registry's report.  The
+    choice stays with the registry (``rpcsrv.loader.plugins.choice``): a server's native workers load the same."""
     from .loader.plugins import load_plugins as load
 
     if args.plugin and args.no_plugins:
         raise CLIError("--plugin and --no-plugins exclude each other")
-    return load(args.plugin, enabled=not args.no_plugins, export=export)
+    return load(args.plugin, enabled=not args.no_plugins)
 
 
 def plugin_line(report: dict) -> str:

@@ -23,7 +23,6 @@ cross-built library fails at ``load_module`` naming its architecture and the fun
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
@@ -33,6 +32,7 @@ from typing import Any, Optional
 
 from ..executor import RuntimeModule, build_runtime
 from ..loader import load_library
+from ..loader.graph_json import GraphJSONError, parse_graph_json
 from ..loader.modules import GraphExecutorFactoryModule, HostLibraryModule
 from .library import NativeError, inspect_native
 from .machine import board
@@ -250,13 +250,11 @@ def graphs_call_host_code(root: Any, libraries: list[HostLibraryModule]) -> bool
     symbols = {s for lib in libraries for s in lib.symbols}
     for factory in factories:
         try:
-            nodes = json.loads(factory.graph_json).get("nodes", [])
-        except (ValueError, AttributeError):
-            return True  # let the executor report the bad graph
-        for node in nodes:
-            name = (node.get("attrs") or {}).get("func_name") if isinstance(node, dict) else None
-            if name and (name in symbols or f"__tvm_ffi_{name}" in symbols):
-                return True
+            called = parse_graph_json(factory.graph_json).called()
+        except GraphJSONError:
+            return True  # the executor reports the bad graph, wherever it loads
+        if any(name in symbols or f"__tvm_ffi_{name}" in symbols for name in called):
+            return True
     return False
 
 

@@ -19,10 +19,9 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rpcsrv.executor.examplejson.text import parse_examplejson
-from rpcsrv.executor.graph.graph_json import parse_graph_json
+from rpcsrv.loader.examplejson_text import ExampleJSONError, parse_examplejson
+from rpcsrv.loader.graph_json import GraphJSONError, parse_graph_json
 from rpcsrv.executor.kernels import KERNELS
-from rpcsrv.executor.module import ExecutorError
 from rpcsrv.board.limits import Limits
 from rpcsrv.board.server import ServerConfig, serve_connection
 
@@ -126,7 +125,7 @@ def test_mutated_graph_json_is_parsed_or_refused(data):
     text = _mutate_text(data.draw, seed_graph_json())
     try:
         parse_graph_json(text)
-    except ExecutorError as exc:
+    except GraphJSONError as exc:
         assert str(exc)
 
 
@@ -136,7 +135,7 @@ def test_mutated_examplejson_is_parsed_or_refused(data):
     text = _mutate_text(data.draw, SEED)
     try:
         parse_examplejson(text, KERNELS)
-    except ExecutorError as exc:
+    except ExampleJSONError as exc:
         assert str(exc)
 
 
@@ -151,5 +150,5 @@ def test_graph_json_values_of_every_json_type_are_refused_cleanly():
                 g[key] = value
             try:
                 parse_graph_json(json.dumps(g))
-            except ExecutorError:
+            except GraphJSONError:
                 pass
