@@ -12,7 +12,7 @@ class CLIError(Exception):
     """A problem with what the user asked for: printed as one line, exit status 2."""
 
 
-# -------------------------------------------------------------------------------- plugins (issue 23)
+# ----------------------------------------------------------------------------------------- plugins
 
 def add_plugin_flags(p: argparse.ArgumentParser) -> None:
     """``--plugin NAME`` / ``--no-plugins``: which installed board plugins (entry-point group
@@ -42,7 +42,6 @@ def plugin_line(report: dict) -> str:
     return line
 
 
-# ------------------------------------------------------------------------- end plugins (issue 23)
 
 # ---------------------------------------------------------------------------------------------- serve
 
@@ -77,10 +76,10 @@ def check_serve_args(args: argparse.Namespace) -> None:
             raise CLIError(f"--workdir {args.workdir!r} is not writable")
         if not path.exists() and not path.parent.is_dir():
             raise CLIError(f"--workdir {args.workdir!r}: its parent folder does not exist")
-    _check_metrics_args(args)  # obs
+    _check_metrics_args(args)
 
 
-# obs (issue 28): the metrics endpoint's flags ---------------------------------------------------------
+# the metrics endpoint's flags ------------------------------------------------------------------------
 def _check_metrics_args(args: argparse.Namespace) -> None:
     if args.metrics_port is None:
         if args.metrics_host is not None:
@@ -101,7 +100,6 @@ def _add_metrics_flags(s: argparse.ArgumentParser) -> None:
                         "(default: off; needs the 'metrics' extra)")
     s.add_argument("--metrics-host", default=None,
                    help="address of the metrics port (default: --host)")
-# obs end
 
 
 #: the limit flags (``_add_limit_flags``) that are rpcsrv.board.limits.Limits fields as given, and those in MB
@@ -110,7 +108,7 @@ _LIMIT_MB_FLAGS = {"max_total_memory_mb": "max_total_memory", "max_packet_mb": "
 
 
 def _hardening_limits(args: argparse.Namespace) -> dict:
-    """The limits of issue 11 given on the command line (absent ones keep rpcsrv.board.limits' defaults)."""
+    """The limits given on the command line (absent ones keep rpcsrv.board.limits' defaults)."""
     out = {name: getattr(args, name) for name in _LIMIT_FLAGS if getattr(args, name, None) is not None}
     for flag, field in _LIMIT_MB_FLAGS.items():
         if getattr(args, flag, None) is not None:

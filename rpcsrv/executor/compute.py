@@ -16,8 +16,8 @@ model run (``GraphExecutorModule.run``) is a *job*:
   (through threadpoolctl's controller, a cheap call) only when it differs from the current one.
 
 In a native worker process (``rpcsrv.native``) the slots are the server's: the worker's policy is
-*remote* (the ``slots`` of :meth:`ComputePolicy.configure`), a job there asks the server for a slot and its thread count over the
-worker's socket, and the server holds the slot in its own policy for it.  So sessions whose models
+*remote* (the ``slots`` of :meth:`ComputePolicy.configure`), a job there asks the server for a slot and its
+thread count over the worker's socket, and the server holds the slot in its own policy for it.  So sessions whose models
 compute in worker processes share the same cores' slots as those computing in server threads.
 
 More BLAS threads are not always faster: a model of many small products (ShuffleNet) ran 20% slower

@@ -177,7 +177,8 @@ def _parse_node(text: str, line: int, graph: Subgraph, kernels: Mapping[str, Ker
         raise ExampleJSONError(f"line {line}: op node {nid} needs 'shape: d0 d1 ...'")
     if word not in kernels:
         raise ExampleJSONError(f"line {line}: unknown op {word!r} ("
-                               + ("not in rpcsrv's op catalogue)" if kernels is OPS else "this board has no kernel for it)"))
+                               + ("not in rpcsrv's op catalogue)" if kernels is OPS
+                                  else "this board has no kernel for it)"))
     inputs = tuple(_int(t, "input ID", line, minimum=-1) for t in sections.get("inputs:", []))
     for i in inputs:
         if i >= 0 and i not in graph.nodes:

@@ -101,7 +101,8 @@ _CONSTS = PayloadCodec(ConstLoaderPayload, _decode_consts, _encode_consts)
 #: rpcsrv.executor.graph.factory, rpcsrv.executor.const_loader; ``rpcsrv inspect`` knows them by class, ``inspect.py``)
 FACTORY = ModuleKind(("GraphExecutorFactory", "GraphRuntimeFactory"), _FACTORY)
 CONST_LOADER = ModuleKind(("const_loader", "metadata"), _CONSTS)
-GRAPH_EXECUTOR = RuntimePlugin("graph_executor", (FACTORY, CONST_LOADER), "TVM's graph executor factory and const loader")
+GRAPH_EXECUTOR = RuntimePlugin("graph_executor", (FACTORY, CONST_LOADER),
+                               "TVM's graph executor factory and const loader")
 #: the host library (no payload: the blob's ``_lib`` entry, or a library without a blob); its runtime, attached by
 #: the executor, runs native code as the board's policy says (``BuildOptions.host_library``)
 HOST_LIBRARY = ModuleKind((LIB_KEY, "library"), None)

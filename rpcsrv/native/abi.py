@@ -9,7 +9,8 @@ not copied): ``c_runtime_api.h`` of TVM <= 0.20 (``TVMValue`` and the classic ty
 from __future__ import annotations
 
 import ctypes
-from ctypes import CFUNCTYPE, POINTER, Structure, Union, c_char_p, c_double, c_int, c_int32, c_int64, c_uint32, c_uint64, c_void_p
+from ctypes import (CFUNCTYPE, POINTER, Structure, Union, c_char_p, c_double, c_int, c_int32, c_int64, c_uint32,
+                    c_uint64, c_void_p)
 
 from ..protocol.structs import DLDataTypeC, DLDeviceC, DLTensorC  # noqa: F401  (re-exported: the ABI's structs)
 

@@ -66,13 +66,13 @@ def message_limit(account: Any) -> int:
 
 
 def recv(sock: socket.socket, limit: int) -> Any:
-    """One message from a worker (``worker._send``'s framing), checked as above."""
-    from .worker import _recv_exact
+    """One message from a worker (``wire.send``'s framing), checked as above."""
+    from .wire import recv_exact
 
-    n = int.from_bytes(_recv_exact(sock, 8), "little")
+    n = int.from_bytes(recv_exact(sock, 8), "little")
     if n > limit:
         raise ProtocolViolation(f"the native worker announced a {n}-byte message (limit {limit})")
-    data = _recv_exact(sock, n)
+    data = recv_exact(sock, n)
     if data[:1] == b"R":  # a binary result frame (wire.py): checked field by field as it is decoded
         from .wire import FrameError, decode_result
 

@@ -95,6 +95,7 @@ class Connection(RegionReceiver, PacketParser, PacketWriter):
     #: the bytes a repeated request is known by (``rpcsrv.board.baton``)
     last_packet: Optional[bytes] = None
     _calls: dict = field(default_factory=dict)  # call packets decoded, by their bytes (``parsing.py``)
+    _lent: bool = False  # the socket is with a borrower (``lend``)
 
     def __post_init__(self):
         # this end's transitions, per state: what a received event type and a sent action lead to
@@ -308,6 +309,25 @@ class Connection(RegionReceiver, PacketParser, PacketWriter):
         self._go("refuse")
         self._closed_event = ConnectionClosed(clean=True)
         return _I32.pack(RPC_CODE_MISMATCH)
+
+    # -- a loan of the socket
+    def lend(self) -> None:
+        """(server) The socket goes to a borrower that answers requests it has recorded byte for byte (a
+        backend, for repeated native calls: ``rpcsrv.board.baton``).  Only between requests, with nothing
+        buffered: the borrower moves no state (each request it takes it answers whole), and until
+        :meth:`take_back` this end reads nothing."""
+        if self._state is not State.IDLE or not self.drained() or self._lent:
+            raise LocalProtocolError("the connection can only be lent between requests, with nothing buffered")
+        self._lent = True
+
+    def take_back(self, unread: bytes = b"") -> None:
+        """(server) The socket is back; ``unread``: what the borrower read of a request it did not answer,
+        which this end now reads as if from the socket."""
+        if not self._lent:
+            raise LocalProtocolError("the connection was not lent")
+        self._lent = False
+        if unread:
+            self.receive_data(unread)
 
     def start(self, key: str = "") -> bytes:
         """(client) The opening bytes: magic and ``client:<key>``."""

@@ -23,7 +23,8 @@ from rpcsrv.loader.examplejson_text import ExampleJSONError, parse_examplejson
 from rpcsrv.loader.graph_json import GraphJSONError, parse_graph_json
 from rpcsrv.executor.kernels import KERNELS
 from rpcsrv.board.limits import Limits
-from rpcsrv.board.server import ServerConfig, serve_connection
+from rpcsrv.board.options import ServeOptions
+from rpcsrv.board.server import Server, serve_connection
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "executor"))
@@ -59,7 +60,7 @@ def mutated(draw, data: bytes):
 async def _drive(data: bytes, tmp: Path) -> bytes:
     """Serve one connection whose client sends ``data`` then closes; returns what the server sent."""
     a, b = socket.socketpair()
-    cfg = ServerConfig(workdir=tmp, limits=Limits(max_memory=64 << 20, max_total_memory=128 << 20))
+    cfg = Server(ServeOptions(workdir=tmp, limits=Limits(max_memory=64 << 20, max_total_memory=128 << 20)))
     out = bytearray()
     with a, b:
         a.setblocking(False)
@@ -83,8 +84,8 @@ async def _drive(data: bytes, tmp: Path) -> bytes:
                     if not chunk:
                         break
                     out += chunk
-    assert cfg.state is not None and cfg.state.account.used == 0  # everything the session held is released
-    assert cfg.state.sessions == 0
+    assert cfg.account.used == 0  # everything the session held is released
+    assert cfg.sessions == 0
     return bytes(out)
 
 
