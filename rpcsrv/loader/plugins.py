@@ -25,12 +25,12 @@ import re
 from contextlib import contextmanager
 from dataclasses import replace
 from types import MappingProxyType
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from .node import PAYLOADS, REGISTRY, ModuleKind, ModuleNode, PayloadCodec, RuntimeFactory, RuntimePlugin
 
-__all__ = ["GROUP", "KINDS", "OWNERS", "ModuleKind", "RuntimePlugin", "PluginError", "add_codec", "attach_runtime",
-           "choice", "claimant", "install", "isolated", "kind_of", "load_plugins", "refusal", "report"]
+__all__ = ["GROUP", "KINDS", "OWNERS", "ModuleKind", "RuntimePlugin", "PluginError", "add_codec", "adopt",
+           "attach_runtime", "choice", "claimant", "install", "isolated", "kind_of", "load_plugins", "refusal", "report"]
 
 #: the entry-point group of board plugins
 GROUP = "rpcsrv.runtimes"
@@ -159,13 +159,39 @@ def _fail(name: str, error: str) -> None:
 def load_plugins(select: Sequence[str] | None = None, enabled: bool = True) -> dict:
     """Load the installed plugins of :data:`GROUP` (only those named in ``select`` if given; none
     if not ``enabled``); returns :func:`report`.  Loading again skips the plugins already installed.
-    The choice is kept (:func:`choice`): a server hands it to its native workers."""
+    The choice is kept (:func:`choice`): a server hands it to its native workers (:func:`adopt`)."""
     wanted = None if select is None else list(dict.fromkeys(select))
     REGISTRY.choice = (None if wanted is None else tuple(wanted), enabled)
+    return _load(lambda name: enabled and (wanted is None or name in wanted), (wanted or ()) if enabled else ())
+
+
+def choice() -> Optional[dict]:
+    """The plugin choice this process made, None when it made none: ``{"select": names or None, "enabled":
+    bool, "loaded": the installed packages' plugins it loaded}``, what a server's native worker gets in its
+    start message (:func:`adopt`)."""
+    if REGISTRY.choice is None:
+        return None
+    select, enabled = REGISTRY.choice
+    loaded = [name for name, info in REGISTRY.installed.items() if info["source"] != "built-in"]
+    return {"select": None if select is None else list(select), "enabled": enabled, "loaded": loaded}
+
+
+def adopt(chosen: dict) -> dict:
+    """Load the plugins a server loaded, under its choice (``chosen``: its :func:`choice`): what its native
+    worker does with its start message (a plugin that failed in the server is not tried again)."""
+    select, enabled = chosen["select"], chosen["enabled"]
+    REGISTRY.choice = (None if select is None else tuple(select), enabled)
+    loaded = set(chosen["loaded"])
+    return _load(lambda name: name in loaded, ())
+
+
+def _load(take: Callable[[str], bool], wanted: Sequence[str]) -> dict:
+    """Install the entry points ``take`` accepts (the others are skipped); a name of ``wanted`` that no entry
+    point has fails."""
     found = set()
     for ep in _entry_points():
         found.add(ep.name)
-        if not enabled or (wanted is not None and ep.name not in wanted):
+        if not take(ep.name):
             if ep.name not in REGISTRY.skipped:
                 REGISTRY.skipped.append(ep.name)
             continue
@@ -182,20 +208,11 @@ def load_plugins(select: Sequence[str] | None = None, enabled: bool = True) -> d
             REGISTRY.failed.pop(ep.name, None)
             if ep.name in REGISTRY.skipped:
                 REGISTRY.skipped.remove(ep.name)
-    for name in wanted or ():
-        if enabled and name not in found:
+    for name in wanted:
+        if name not in found:
             _fail(name, f"no such plugin installed (entry-point group {GROUP}; installed: "
                         f"{', '.join(sorted(found)) or 'none'})")
     return report()
-
-
-def choice() -> Optional[dict]:
-    """The plugin choice this process made (``{"select": names or None, "enabled": bool}``), None when it made
-    none: what a server's native worker gets in its start message, and loads with :func:`load_plugins`."""
-    if REGISTRY.choice is None:
-        return None
-    select, enabled = REGISTRY.choice
-    return {"select": None if select is None else list(select), "enabled": enabled}
 
 
 def report() -> dict:

@@ -310,11 +310,11 @@ def main(argv: list[str]) -> int:
     own = Arena(WORKER_ARENA, name="rpcsrv-worker")
     from ..executor import compute
     from ..executor.memory import ALLOCATION_HOOK
-    from ..loader.plugins import load_plugins
+    from ..loader.plugins import adopt
     from .backend import LocalBackend
 
     if config.plugins is not None:
-        load_plugins(config.plugins["select"], enabled=config.plugins["enabled"])  # the server's choice
+        adopt(config.plugins)  # the plugins the server loaded, under its choice
     # a model run here takes its slot (and BLAS threads) from the server's compute policy; every thread of the
     # worker but this one at the workers' priority (BLAS's exist by now; later ones inherit it from their
     # creator); this one at its first model run (``_Slots``): until then it answers requests and runs kernels

@@ -78,11 +78,14 @@ def test_unknown_plugin_name_is_reported(site):
 
 
 def test_the_choice_is_kept_for_the_workers(site):
-    """What a server's native workers get in their start message: the choice itself, which loads the same."""
+    """What a server's native workers get in their start message: the choice and what it loaded, which a
+    worker loads the same (``adopt``; tests/plugins/test_plugin_server.py runs the vendor library there)."""
     plugins.load_plugins(["vendor_npu"])
-    assert plugins.choice() == {"select": ["vendor_npu"], "enabled": True}
+    chosen = plugins.choice()
+    assert chosen == {"select": ["vendor_npu"], "enabled": True, "loaded": ["vendor_npu"]}
     plugins.load_plugins(enabled=False)
-    assert plugins.choice() == {"select": None, "enabled": False}
+    assert plugins.choice() == {"select": None, "enabled": False, "loaded": ["vendor_npu"]}
+    assert _names(plugins.adopt(chosen)) == _names(plugins.report())  # (installed already: nothing more)
 
 
 def test_duplicate_type_key_names_both_plugins(site):
