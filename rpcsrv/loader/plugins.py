@@ -30,7 +30,8 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 from .node import PAYLOADS, REGISTRY, ModuleKind, ModuleNode, PayloadCodec, RuntimeFactory, RuntimePlugin
 
 __all__ = ["GROUP", "KINDS", "OWNERS", "ModuleKind", "RuntimePlugin", "PluginError", "add_codec", "adopt",
-           "attach_runtime", "choice", "claimant", "install", "isolated", "kind_of", "load_plugins", "refusal", "report"]
+           "attach_runtime", "choice", "claimant", "install", "isolated", "kind_of", "load_plugins", "refusal",
+           "report"]
 
 #: the entry-point group of board plugins
 GROUP = "rpcsrv.runtimes"

@@ -80,14 +80,13 @@ def advance(role: Role, state: State, action: str) -> State:
 
 # what each received event means for the state machine (None: part of a request still arriving)
 ALWAYS_TRACKED = frozenset({"hello", "handshake", "accept", "refuse", "accepted", "refused", "close"})
-SERVER_RECEIVES = {HandshakeRequest: "handshake", CallFunc: "request", Syscall: "request", InitServer: "request",
-                   CopyToRemote: "request", CopyFromRemote: "request", CallFuncEnd: "request",
-                   BadPacket: "request", Shutdown: "close", ConnectionClosed: "close",
-                   Return: "answer", RemoteError: "answer", CopyAck: "answer"}  # answers: never valid here
-CLIENT_RECEIVES = {HandshakeDone: "accepted", HandshakeRefused: "refused", Return: "answer",
-                   RemoteError: "answer", CopyAck: "answer", BadPacket: "answer", ConnectionClosed: "close",
-                   CallFunc: "request", Syscall: "request", InitServer: "request", CopyToRemote: "request",
-                   CopyFromRemote: "request", Shutdown: "close"}  # requests: never valid here
+#: what arrives as a request, and as an answer (a side receiving the other side's kind ends the connection)
+REQUESTS = (CallFunc, Syscall, InitServer, CopyToRemote, CopyFromRemote)
+ANSWERS = (Return, RemoteError, CopyAck)
+SERVER_RECEIVES = {HandshakeRequest: "handshake", CallFuncEnd: "request", BadPacket: "request", Shutdown: "close",
+                   ConnectionClosed: "close", **dict.fromkeys(REQUESTS, "request"), **dict.fromkeys(ANSWERS, "answer")}
+CLIENT_RECEIVES = {HandshakeDone: "accepted", HandshakeRefused: "refused", BadPacket: "answer", Shutdown: "close",
+                   ConnectionClosed: "close", **dict.fromkeys(ANSWERS, "answer"), **dict.fromkeys(REQUESTS, "request")}
 SENDS = {S: frozenset({"accept", "refuse", "answer", "notice", "close"}),
           C: frozenset({"hello", "request", "close"})}
 TRANSITIONS_GET = TRANSITIONS.get
