@@ -100,10 +100,10 @@ def limits(args: argparse.Namespace) -> dict:
     from dataclasses import asdict
 
     from .board.limits import Limits
-    from .serveopts import _hardening_limits
+    from .serveopts import hardening_limits
 
     values = asdict(Limits(max_memory=args.max_memory_mb << 20, max_workspace=args.max_workspace_mb << 20,
-                           **_hardening_limits(args)))
+                           **hardening_limits(args)))
     values.update(native="off" if args.no_native else args.native, isolate=args.isolate)
     return values
 

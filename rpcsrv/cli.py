@@ -19,7 +19,7 @@ from typing import Callable
 import trio
 
 from .clikit import broken_pipe, command_parser, package_version, verbose_after
-from .serveopts import (CLIError, _add_limit_flags, _add_metrics_flags, _hardening_limits, add_plugin_flags,
+from .serveopts import (CLIError, add_limit_flags, add_metrics_flags, hardening_limits, add_plugin_flags,
                         check_serve_args, load_plugins, plugin_line)
 
 try:
@@ -53,7 +53,7 @@ def serve_options(args: argparse.Namespace):
         workdir=Path(args.workdir) if args.workdir else None,
         dialect=None if args.dialect == "auto" else Dialect(args.dialect),
         limits=Limits(max_memory=args.max_memory_mb << 20, max_workspace=args.max_workspace_mb << 20,
-                      **_hardening_limits(args)),
+                      **hardening_limits(args)),
         native=NativeOptions("off" if args.no_native else args.native, args.isolate,
                              ConfineOptions(args.native_confine == "on", args.native_user, tuple(args.native_env))),
         poll_us=args.poll_us, compute=ComputeSettings.from_environment("RPCSRV_COMPUTE_NICE"),
@@ -132,7 +132,7 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                    help="packed-argument encoding: detect per client, or fix it to one TVM generation")
     s.add_argument("--max-memory-mb", type=int, default=4096, help="device memory per session, MB")
     s.add_argument("--max-workspace-mb", type=int, default=4096, help="workspace (uploaded files) per session, MB")
-    _add_limit_flags(s)
+    add_limit_flags(s)
     s.add_argument("--tracker", metavar="HOST:PORT", help="register with this TVM RPC tracker under --key")
     s.add_argument("--custom-addr", help="address the tracker hands to clients (default: what it sees)")
     s.add_argument("--proxy", metavar="HOST:PORT", help="serve through this TVM RPC proxy instead of listening")
@@ -142,7 +142,7 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                         "microseconds per call for a faster round trip; 0 sleeps at once, as TVM's server does "
                         "(default 300)")
     s.add_argument("--log-json", action="store_true", help="log one JSON object per line")
-    _add_metrics_flags(s)
+    add_metrics_flags(s)
     s.add_argument("--native", choices=["isolated", "inprocess", "off"], default="isolated",
                    help="native host code in uploaded libraries: run it in a worker process per session "
                         "(a crash ends only that session; confined, see --native-confine), in the server "

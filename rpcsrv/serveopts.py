@@ -94,7 +94,7 @@ def _check_metrics_args(args: argparse.Namespace) -> None:
             raise CLIError(f"--metrics-port needs the Python package {name}: pip install 'rpcsrv[metrics]'") from None
 
 
-def _add_metrics_flags(s: argparse.ArgumentParser) -> None:
+def add_metrics_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                    help="serve Prometheus metrics (/metrics), a status page (/) and /healthz on this port "
                         "(default: off; needs the 'metrics' extra)")
@@ -102,12 +102,12 @@ def _add_metrics_flags(s: argparse.ArgumentParser) -> None:
                    help="address of the metrics port (default: --host)")
 
 
-#: the limit flags (``_add_limit_flags``) that are rpcsrv.board.limits.Limits fields as given, and those in MB
+#: the limit flags (``add_limit_flags``) that are rpcsrv.board.limits.Limits fields as given, and those in MB
 _LIMIT_FLAGS = ("max_connections", "max_sessions", "max_handles", "max_ndim", "idle_timeout", "max_threads")
 _LIMIT_MB_FLAGS = {"max_total_memory_mb": "max_total_memory", "max_packet_mb": "max_packet"}
 
 
-def _hardening_limits(args: argparse.Namespace) -> dict:
+def hardening_limits(args: argparse.Namespace) -> dict:
     """The limits given on the command line (absent ones keep rpcsrv.board.limits' defaults)."""
     out = {name: getattr(args, name) for name in _LIMIT_FLAGS if getattr(args, name, None) is not None}
     for flag, field in _LIMIT_MB_FLAGS.items():
@@ -116,7 +116,7 @@ def _hardening_limits(args: argparse.Namespace) -> dict:
     return out
 
 
-def _add_limit_flags(s: argparse.ArgumentParser) -> None:
+def add_limit_flags(s: argparse.ArgumentParser) -> None:
     """Flags of rpcsrv.board.limits.Limits (defaults and their reasons are documented there and in the README)."""
     s.add_argument("--max-total-memory-mb", type=int, default=None,
                    help="memory budget of all sessions together (default: half of physical memory)")
