@@ -141,13 +141,13 @@ class NativeSession:
             from .proxy import take_worker
 
             if self.worker is not None:
-                self._count_end(self.worker)  # obs
+                self._count_end(self.worker)
                 self.worker.close()
                 self.worker = None  # closed: not closed again if no new worker can be taken
             self._open_arena()
             self.worker = take_worker(self.arena, self._deadline, self.account, self.confine)
             self.confined = None
-            self.workers_started += 1  # obs
+            self.workers_started += 1
         path = os.path.abspath(path)
         if self.worker.confining:
             path = self._confine_worker(path)
@@ -224,7 +224,7 @@ class NativeSession:
         with _HERE_LOCK:
             _HERE.discard(self)
         if self.worker is not None:
-            self._count_end(self.worker)  # obs
+            self._count_end(self.worker)
             self.worker.close()
             self.worker = None
         if self.arena is not None:
@@ -248,7 +248,6 @@ class NativeSession:
             return 0, self.workers_started, self.workers_crashed
         gone = 0 if w.alive or w.dead == "closed" else 1
         return (1 if w.alive else 0), self.workers_started, self.workers_crashed + gone
-    # obs end
 
 
 def graphs_call_host_code(root: Any, libraries: list[HostLibraryModule]) -> bool:

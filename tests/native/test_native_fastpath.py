@@ -1,4 +1,4 @@
-"""Native calls without the detours (issue 26): binary call frames, bound calls reused by argument
+"""Native calls without the detours: binary call frames, bound calls reused by argument
 signature, worker calls awaited on the event loop, short in-process calls inline.
 
 The frames are checked both ways (every encodable call decodes to what pickle would have carried,

@@ -1,5 +1,5 @@
 """The small-call path's shortcuts say nothing new: each is checked against the general path it
-stands for (issue 26).
+stands for.
 
 * a plain value's return packet, made from a head fixed per dialect and type, is byte for byte what
   encoding ``pack_return``'s sequence gives, and the client reads the value back;

@@ -1,4 +1,4 @@
-"""Bounded fuzzing in the suite (issue 11): mutated packets of both dialects against a live session,
+"""Bounded fuzzing in the suite: mutated packets of both dialects against a live session,
 mutated graph JSON and ExampleJSON against their parsers.  (Mutated libraries against the loader:
 tests/loader/test_loader_bad_input.py.)  Long runs by hand: fuzz/ (atheris).
 
