@@ -1,5 +1,5 @@
-"""What a session answers one request with (``Session.handle``), and its bytes in the connection's dialect
-(:func:`encode`).  Apart from the session so that what only reads or sends answers (the server, the metrics,
+"""What a session answers one request with (``Session.handle``); the server encodes it in the connection's
+dialect (``server.encode``).  Apart from the session so that what only reads answers (the metrics,
 ``baton.py``) needs nothing of the session's."""
 
 from __future__ import annotations
@@ -48,17 +48,3 @@ def message(exc: BaseException) -> str:
         return text
     return f"{name}: {text}"
 
-
-def encode(conn: Any, answer: Answer) -> list:
-    """The bytes of a session's answer, in the connection's dialect."""
-    if isinstance(answer, Returned):
-        if answer.call:  # a function's result: the common case
-            return conn.send_value(answer.value)
-        if answer is INIT_DONE:
-            return conn.send_init_reply()
-        return conn.send_return([answer.value])
-    if isinstance(answer, CopyData):
-        return conn.send_copy_ack(answer.data)
-    if isinstance(answer, Failed):
-        return conn.send_exception(answer.message)
-    raise TypeError(f"not an answer: {answer!r}")

@@ -31,7 +31,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .answers import Failed, Returned, encode, message
+from .answers import Answer, Failed, Returned, message
 from .handles import PackedFunction
 from ..native.backend import LoanDied
 from ..native.library import NativeError
@@ -147,10 +147,11 @@ class Baton:
         return {h: self._count(h) for h in {r.entry.handle for r in recorded}}
 
     # ------------------------------------------------------------------ lending
-    async def lend(self, io: Any, conn: Any, record: Any = None, stats: Any = None, live: Any = None) -> Optional[list]:
+    async def lend(self, io: Any, conn: Any, record: Any = None, stats: Any = None,
+                   live: Any = None) -> Optional[Answer]:
         """Lend the connection until the backend gives it back.  Returns None, or the answer the server still
-        owes (its buffers, to send): the answer to a request the backend took off the socket and did not
-        answer (an error, a value, or its worker's death), worded as on the server's own path."""
+        owes: to a request the backend took off the socket and did not answer (an error, a value, or its
+        worker's death), worded as on the server's own path; the connection has taken that request in."""
         if not conn.drained():
             return None
         recorded = list(self.recorded.values())
@@ -170,7 +171,7 @@ class Baton:
             # anyway: native code in the worker may change the flag at any time)
         return self._returned(result, recorded, counts, io, conn, record, stats, live)
 
-    def _died(self, died: LoanDied, recorded: list, conn: Any, record: Any) -> Optional[list]:
+    def _died(self, died: LoanDied, recorded: list, conn: Any, record: Any) -> Optional[Answer]:
         """The worker is gone during a loan: the request it was running, if it was, owes its crash."""
         self.forget()
         if died.state == CALLING and 0 <= died.index < len(recorded):
@@ -181,7 +182,7 @@ class Baton:
         return None
 
     def _returned(self, result: Optional[dict], recorded: list, counts: dict, io: Any, conn: Any, record: Any,
-                  stats: Any, live: Any) -> Optional[list]:
+                  stats: Any, live: Any) -> Optional[Answer]:
         """Take in what the backend served (accounts, metrics, handle counts); what is owed, if anything."""
         if not result:  # busy, or refused to serve (a worker that cannot): lend no more
             conn.take_back()
@@ -220,14 +221,14 @@ class Baton:
         answer = Failed(message(NativeError(value))) if kind == "err" else Returned(self.session.to_wire(value), True)
         return self._owed(conn, record, recorded[index].entry.packet, answer)
 
-    def _owed(self, conn: Any, record: Any, packet: bytes, answer: Any) -> list:
+    def _owed(self, conn: Any, record: Any, packet: bytes, answer: Answer) -> Answer:
         """The answer to a request the backend took off the socket: the connection takes the request's bytes
         back, as if from the socket, and moves on it as on any request."""
         conn.take_back(packet)
         conn.next_event()
         if record is not None:
             record.calls += 1
-        return encode(conn, answer)
+        return answer
 
     def _settle_counts(self, reported: Any, before: dict, served: list, recorded: list) -> None:
         """The handle counts the backend leaves, within what its gets and frees could have made them."""

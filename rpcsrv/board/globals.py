@@ -107,7 +107,7 @@ def _module_get_function(sess: Session, mod, name: str, query_imports=False):
     if func is not None and func.fn is fn:  # the same function again: the same handle, counted
         sess.handles.reissue(known[0], func, f"get_function {name}")
         return FunctionHandle(known[0])
-    func = PackedFunction(fn, name, blocking=True, run=backend.runner(fn, sess.limiter))
+    func = PackedFunction(fn, name, blocking=True, run=backend.runner(fn, sess.limiter), backend=backend)
     handle = sess.put_object(func)
     if len(sess.module_functions) >= MODULE_FUNCTIONS:
         sess.module_functions.clear()

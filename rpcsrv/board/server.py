@@ -24,7 +24,7 @@ from typing import Any, Optional
 import trio
 
 from .accounts import MemoryAccount
-from .answers import encode  # noqa: F401  (the bytes of an answer: also what benchmarks time)
+from .answers import INIT_DONE, Answer, CopyData, Failed, Returned
 from ..executor import compute
 from .records import SessionRecord
 from .globals import REGISTRY, Registry
@@ -68,6 +68,21 @@ class Server:
         if self._limiter is None:
             self._limiter = trio.CapacityLimiter(self.options.limits.max_threads)
         return self._limiter
+
+
+def encode(conn: Connection, answer: Answer) -> list:
+    """The bytes of a session's answer, in the connection's dialect."""
+    if isinstance(answer, Returned):
+        if answer.call:  # a function's result: the common case
+            return conn.send_value(answer.value)
+        if answer is INIT_DONE:
+            return conn.send_init_reply()
+        return conn.send_return([answer.value])
+    if isinstance(answer, CopyData):
+        return conn.send_copy_ack(answer.data)
+    if isinstance(answer, Failed):
+        return conn.send_exception(answer.message)
+    raise TypeError(f"not an answer: {answer!r}")
 
 
 async def serve_connection(stream: trio.SocketStream, server: Server, answered: bool = False) -> None:
@@ -239,8 +254,8 @@ async def _session_loop(io: Transport, conn: Connection, session: Session, peer:
         if baton is not None:  # its backend may answer the client's repeated native calls (baton.py)
             if baton.note(ev, answer, conn.last_packet, out):
                 owed = await baton.lend(io, conn, record, stats, live)
-                if owed is not None:
-                    await io.send_all(owed)
+                if owed is not None:  # a request the borrower took off the socket and left to the session
+                    await io.send_all(encode(conn, owed))
 
 
 async def _refuse_session(io: Transport, conn: Connection, peer: str, reason: str) -> None:

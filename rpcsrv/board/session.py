@@ -116,11 +116,15 @@ class Session(SyscallsMixin):
         """A numpy view of the remote tensor ``t`` (bounds- and device-checked)."""
         if t.device.device_type not in HOST_DEVICE_TYPES:
             raise RPCUserError(f"device {t.device} is not available on this board (cpu and ext_dev only)")
-        buf = self.handles.get_buffer(t.data, "tensor argument")
-        try:
-            dtype = t.dtype.numpy()
-        except ValueError as exc:
-            raise RPCUserError(str(exc)) from None
+        buf = self.handles.buffers.get(t.data)
+        if buf is None:
+            buf = self.handles.get_buffer(t.data, "tensor argument")  # (it raises: not this session's)
+        dtype = _DTYPES.get(t.dtype)
+        if dtype is None:
+            try:
+                dtype = _DTYPES[t.dtype] = t.dtype.numpy()
+            except ValueError as exc:
+                raise RPCUserError(str(exc)) from None
         nbytes = int(np.prod(t.shape, dtype=np.int64)) * dtype.itemsize
         if t.byte_offset + nbytes > buf.nbytes:
             raise RPCUserError(f"tensor of {nbytes} bytes at offset {t.byte_offset} exceeds its "
@@ -258,7 +262,7 @@ class Session(SyscallsMixin):
         if func.run is not None:
             done, result = await func.run(*args)
             if done:
-                backend = self.native.backend_of(func.fn)
+                backend = func.backend
                 if self.baton is None or self.baton.backend is not backend:
                     from .baton import Baton  # native code called: repeated calls may be lent
 
@@ -313,5 +317,7 @@ class Session(SyscallsMixin):
 
 #: values that cross as they are, both ways (arguments to functions, results to the client)
 _PLAIN = frozenset({type(None), bool, int, float, str})
+#: the numpy dtype of each DataType a tensor argument named (looked up per argument)
+_DTYPES: dict = {}
 
 

@@ -6,10 +6,10 @@ process and 732 us through the isolated worker that way, against 42 us on TVM's 
 calls a kernel over and over (a tuner, a script) pays that on every call.  So each backend gives the native
 functions it hands out a *runner* (``Backend.runner``), which the session awaits instead of the thread:
 
-* a function of the session's native worker (``proxy.WorkerFunction``): the request goes into the
+* a function of the session's native worker (``remote.WorkerFunction``): the request goes into the
   worker's socket as one binary frame and the loop waits for the answer as for any socket
-  (:func:`worker_call`), so the loop serves other sessions while the kernel runs and no thread of the
-  server wakes up.  What cannot go this way (copied arrays, objects to free first) takes the thread;
+  (``proxy.Worker.call_async``), so the loop serves other sessions while the kernel runs and no thread of
+  the server wakes up.  What cannot go this way (copied arrays, objects to free first) takes the thread;
 * a native function in the server process (``--native inprocess``): run right on the loop while it
   has proven short (:class:`Inline`): its first call runs in a thread and is timed (the CPU time of
   the calling thread); calls that took less than :data:`INLINE_LIMIT` run inline from then on, timed
@@ -21,15 +21,9 @@ A runner returns ``(done, value)``; ``done`` False sends the call down the usual
 
 from __future__ import annotations
 
-import math
-import select
 import time
 import weakref
 from typing import Any, Callable, Optional
-
-from .library import NativeError
-from .proxy import BROKEN, DEADLINE
-from .wire import encode_call, send
 
 #: a native call at most this long (seconds) may run on the event loop (``--native inprocess``)
 INLINE_LIMIT = 0.0005
@@ -73,64 +67,3 @@ class Inline:
 
 #: what was learned of each function (``Inline``), for as long as the function lives
 _SEEN: "weakref.WeakKeyDictionary[Any, list]" = weakref.WeakKeyDictionary()
-
-
-async def wait_answer(worker: Any) -> bool:
-    """Wait on the event loop for ``worker``'s next message, until the session's deadline: False when the
-    deadline came first (the worker is then stopped: its answer would never be read)."""
-    import trio
-
-    deadline = worker.deadline()
-    until = math.inf if deadline is None else trio.current_time() + deadline - time.monotonic()
-    with trio.move_on_at(until) as waited:
-        await trio.lowlevel.wait_readable(worker.sock)
-    if waited.cancelled_caught:
-        worker.kill("stopped at the session deadline")
-        return False
-    return True
-
-
-async def worker_call(worker: Any, oid: int, args: tuple, what: str) -> tuple[bool, Any]:
-    """Call function ``oid`` of ``worker`` (a ``proxy.Worker``) from the event loop: ``(True, value)``;
-    ``(False, None)`` when the call must take the blocking path (``Worker.call`` in a thread):
-    arguments that are copied or need pickle, objects to free first, or the worker busy with another
-    thread's request.
-
-    The request is one binary frame (``wire.py``) into an idle worker's socket, so the send never
-    blocks; the loop then waits for the answer.  A compute slot asked for meanwhile (a model run in the
-    worker) is held from a thread, as ``Worker.request`` does; a crash, the deadline: the same errors
-    as there.  Cancelled (the session ends while native code runs), the worker is stopped, as at the
-    deadline: its answer would never be read."""
-    import trio
-
-    worker.last_frame = None  # the frame of a call that went this way, for a loan's record
-    copied: list = []
-    wire_args = [worker.values.encode(a, copied) for a in args]
-    if copied or worker._garbage or worker.dead is not None:
-        return False, None
-    frame = encode_call(oid, worker._budget(), wire_args)
-    if frame is None or not worker.lock.acquire(blocking=False):
-        return False, None
-    try:
-        try:
-            send(worker.sock, None, data=frame)
-            # not answered at once: wait on the loop (a plain ``select`` first: waiting through trio is an
-            # epoll registration, a cancel scope and a task switch, ~40 Python calls a request)
-            if not select.select([worker.sock], [], [], worker.quick_wait)[0]:
-                if not await wait_answer(worker):
-                    raise NativeError(f"{what}: {DEADLINE}")
-            answer = worker._recv()  # read as from an untrusted peer (confine_wire.py)
-            if answer[0] in ("slot", "slot-done"):  # a model run in the worker: its slot is held in a thread
-                answer = await trio.to_thread.run_sync(worker._answer, what, answer)
-            answer = worker._settle(answer)
-        except BROKEN as exc:
-            raise worker._failure(exc, what) from None
-        except BaseException:
-            if worker.dead is None:  # cancelled with native code running
-                worker.kill("stopped: its session ended during a native call")
-            raise
-    finally:
-        worker.lock.release()
-    value = worker.values.decode(worker._result(answer, what)[0], [])
-    worker.last_frame = frame
-    return True, value

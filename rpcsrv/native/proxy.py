@@ -1,9 +1,10 @@
-"""The session's worker process as a backend: :class:`Worker`, and proxies for what it hosts.
+"""The session's worker process as a backend: :class:`Worker`.
 
 :class:`Worker` is the :class:`~rpcsrv.native.backend.Backend` whose modules live in the session's worker
 process (``process.py`` starts it; ``worker.py`` serves it with a ``LocalBackend``): each of its methods is one
 request over the socket pair (``wire.py``).  Requests are made from the session's threads (module functions
-are blocking calls) or, for a native call, from the event loop (``fastpath.worker_call``), one at a time.
+are blocking calls) or, for a native call, from the event loop (:meth:`Worker.call_async`, no thread hop: the
+request is one binary frame and the loop waits on the worker's socket), one at a time.
 Each waits at most until the session's deadline: a crash (closed socket) or a missed deadline (the worker is
 killed) becomes a :class:`NativeError` naming what happened; the worker is gone, later requests on its
 proxies fail clearly, and the next ``load_module`` starts a fresh worker.  :func:`take_worker` hands out the
@@ -14,33 +15,33 @@ own footprint), and so is what it holds for the session: each request carries th
 the worker refuses allocations beyond it before making them (``budget.py``), and each answer's
 ``held`` is charged (or released) here.  All of it goes back to the account when the worker ends.
 
-:class:`WorkerModule` and :class:`WorkerFunction` are the session's handles on the worker's objects; they are
-``RuntimeModule``/callables like any other, so the server hands them out unchanged.  Dropping a proxy frees
-the worker's object with the next request.
+What the worker hosts, the session holds as proxies (``remote.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import math
 import mmap
 import os
+import select
 import threading
 import time
-import weakref
 from typing import Any, Callable, Optional
 
 import numpy as np
 
 from ..config import environment
 from ..executor import compute
-from ..executor.module import RuntimeModule
 from .backend import Backend, LoanDied
 from .confine import ConfineOptions
-from .confine_wire import ProtocolViolation, message_limit, recv
+from .confine_wire import ProtocolViolation
 from .library import NativeError
 from .process import SPARES, START_TIMEOUT, WorkerConfig, WorkerProcess, worker_config
+from .remote import SessionValues, WorkerFunction, WorkerModule
 from .shm import Arena, seal
-from .wire import FrameError, Ref, Values, encode_call, send
+from .wire import FrameError, Ref, encode_call, message_limit, recv_checked, send
 
 #: what a native worker itself costs its session: a started worker holds ~25 MiB of private memory
 #: (Python, numpy, the executor; measured on x86-64 Linux), and the libraries and kernels it loads add more
@@ -53,26 +54,6 @@ COPY_COST = 3
 DEADLINE = "native code was still running at the session deadline; its worker was stopped"
 #: the errors that mean the worker is broken (crashed, forged a message): it is stopped
 BROKEN = (ProtocolViolation, EOFError, OSError, ConnectionError, FrameError)
-
-
-class _SessionValues(Values):
-    """The session's end of the link: the worker's objects as proxies; the server's own cannot cross."""
-
-    def __init__(self, worker: "Worker"):
-        super().__init__({"session": worker.arena, "worker": worker.worker_arena})
-        self.worker = worker
-
-    def reference(self, obj: Any) -> Optional[Ref]:
-        if isinstance(obj, (WorkerModule, WorkerFunction)):
-            if obj.worker is not self.worker:
-                raise NativeError("a module or function of another native worker cannot be passed here")
-            return Ref(obj.kind, obj.oid, "")
-        if isinstance(obj, RuntimeModule) or callable(obj):
-            raise NativeError(f"{type(obj).__name__} objects of the server cannot be passed to native modules")
-        return None
-
-    def dereference(self, ref: Ref) -> Any:
-        return (WorkerModule if ref.kind == "mod" else WorkerFunction)(self.worker, ref.id, ref.name)
 
 
 class Worker(Backend):
@@ -91,23 +72,24 @@ class Worker(Backend):
         self._garbage: list[int] = []
         self._garbage_lock = threading.RLock()  # reentrant: a finalizer may run inside the swap below
         self.account: Any = None  # the session's MemoryAccount (rpcsrv.board.accounts), once taken by a session
+        self.limit = message_limit(None)  # the longest message it may send (``wire.message_limit``: its account's)
         self.charged = 0  # bytes the worker holds for the session, as last reported and charged
         self.cost = 0  # WORKER_COST, while charged to ``account``
-        self.last_frame: Optional[bytes] = None  # the last call frame that answered (``fastpath``)
+        self.last_frame: Optional[bytes] = None  # the last call frame that answered (``call_async``)
         self.page: Optional[mmap.mmap] = None  # the loans' shared page, once the connection was lent
         try:
             self.worker_arena = Arena(self.process.arena_size, fd=self.process.arena_fd)
         except BaseException:
             self.kill("failed to start")
             raise
-        self.values = _SessionValues(self)
+        self.values = SessionValues(self)
         #: seconds the event loop waits for an answer in a plain ``select`` before waiting through trio
         self.quick_wait = environment.seconds("RPCSRV_NATIVE_QUICK_WAIT")
 
     # ---------------------------------------------------------------------------- requests
     def _recv(self) -> Any:
-        """The worker's next message, read as from an untrusted peer (``confine_wire.py``)."""
-        return recv(self.sock, message_limit(self.account))
+        """The worker's next message, read as from an untrusted peer (``wire.recv_checked``)."""
+        return recv_checked(self.sock, self.limit)
 
     def _wait(self, until: Optional[float]) -> bool:
         return self.process.wait(until)
@@ -257,6 +239,65 @@ class Worker(Backend):
         self.arena, self.deadline = arena, deadline
         self.values.regions["session"] = arena
 
+    async def wait_answer(self) -> bool:
+        """Wait on the event loop for the worker's next message, until the session's deadline: False when the
+        deadline came first (the worker is then stopped: its answer would never be read)."""
+        import trio
+
+        deadline = self.deadline()
+        until = math.inf if deadline is None else trio.current_time() + deadline - time.monotonic()
+        with trio.move_on_at(until) as waited:
+            await trio.lowlevel.wait_readable(self.sock)
+        if waited.cancelled_caught:
+            self.kill("stopped at the session deadline")
+            return False
+        return True
+
+    async def call_async(self, oid: int, what: str, *args: Any) -> tuple[bool, Any]:
+        """Call this worker's function ``oid`` (named ``what``) from the event loop: ``(True, value)``;
+        ``(False, None)`` when the call must take the blocking path (``Worker.call`` in a thread):
+        arguments that are copied or need pickle, objects to free first, or the worker busy with another
+        thread's request.
+
+        The request is one binary frame (``wire.py``) into an idle worker's socket, so the send never
+        blocks; the loop then waits for the answer.  A compute slot asked for meanwhile (a model run in the
+        worker) is held from a thread, as ``Worker.request`` does; a crash, the deadline: the same errors
+        as there.  Cancelled (the session ends while native code runs), the worker is stopped, as at the
+        deadline: its answer would never be read."""
+        import trio
+
+        self.last_frame = None  # the frame of a call that went this way, for a loan's record
+        copied: list = []
+        wire_args = [self.values.encode(a, copied) for a in args]
+        if copied or self._garbage or self.dead is not None:
+            return False, None
+        frame = encode_call(oid, self._budget(), wire_args)
+        if frame is None or not self.lock.acquire(blocking=False):
+            return False, None
+        try:
+            try:
+                send(self.sock, None, data=frame)
+                # not answered at once: wait on the loop (a plain ``select`` first: waiting through trio is an
+                # epoll registration, a cancel scope and a task switch, ~40 Python calls a request)
+                if not select.select([self.sock], [], [], self.quick_wait)[0]:
+                    if not await self.wait_answer():
+                        raise NativeError(f"{what}: {DEADLINE}")
+                answer = self._recv()  # read as from an untrusted peer (wire.recv_checked)
+                if answer[0] in ("slot", "slot-done"):  # a model run in the worker: its slot is held in a thread
+                    answer = await trio.to_thread.run_sync(self._answer, what, answer)
+                answer = self._settle(answer)
+            except BROKEN as exc:
+                raise self._failure(exc, what) from None
+            except BaseException:
+                if self.dead is None:  # cancelled with native code running
+                    self.kill("stopped: its session ended during a native call")
+                raise
+        finally:
+            self.lock.release()
+        value = self.values.decode(self._result(answer, what)[0], [])
+        self.last_frame = frame
+        return True, value
+
     # ---------------------------------------------------------------------------- the backend
     def load(self, path: str) -> "WorkerModule":
         return self.load_module(path)
@@ -272,7 +313,9 @@ class Worker(Backend):
         return fn(*args)
 
     def runner(self, fn: Any, limiter: Any = None) -> Optional[Callable]:
-        return fn.acall if isinstance(fn, WorkerFunction) and fn.worker is self else None
+        if isinstance(fn, WorkerFunction) and fn.worker is self:
+            return functools.partial(self.call_async, fn.oid, fn.name)
+        return None
 
     def call_global(self, name: str, args: Any) -> Any:
         return self.call_request(("global", name), args, name)
@@ -292,7 +335,6 @@ class Worker(Backend):
         """The loan served by the worker: the client's socket and the shared page go with the first one
         (``SCM_RIGHTS``), then ``("hold", entries, counts, spin)``; the event loop waits on the worker's socket
         as for a long native call.  Cancelled while the worker holds the connection, the worker is stopped."""
-        from .fastpath import wait_answer
         from .replay import PAGE_FORMAT, PAGE_SIZE
 
         if self.dead is not None or not self.lock.acquire(blocking=False):
@@ -312,7 +354,7 @@ class Worker(Backend):
                 if len(fds) == 2:
                     os.close(fds[1])
             try:
-                if not await wait_answer(self):
+                if not await self.wait_answer():
                     raise LoanDied(NativeError(DEADLINE), *PAGE_FORMAT.unpack_from(self.page, 0))
                 reply = self._settle(self._recv())
             except BROKEN as exc:
@@ -344,7 +386,7 @@ def take_worker(arena: Optional[Arena], deadline: Callable[[], Optional[float]],
         except BaseException:
             account.release(WORKER_COST)
             raise
-        worker.account, worker.cost = account, WORKER_COST
+        worker.account, worker.cost, worker.limit = account, WORKER_COST, message_limit(account)
         return worker
     config = worker_config(confine)
     spare = SPARES.take(config)
@@ -356,64 +398,3 @@ def take_worker(arena: Optional[Arena], deadline: Callable[[], Optional[float]],
         except (NativeError, OSError, EOFError):  # the spare died or refused its session: a fresh worker
             worker.close()
     return Worker(arena, deadline, config)
-
-
-class _Proxy:
-    kind = ""
-
-    def __init__(self, worker: Worker, oid: int, name: str):
-        self.worker, self.oid, self.name = worker, oid, name
-        weakref.finalize(self, worker.forget, oid)
-
-
-class WorkerFunction(_Proxy):
-    """A function that lives in the worker; calling it is one request."""
-
-    kind = "fn"
-
-    @property
-    def __name__(self) -> str:  # noqa: A003 - the server names handles after their function
-        return self.name
-
-    def __call__(self, *args: Any) -> Any:
-        return self.worker.call_request(("call", Ref("fn", self.oid, "")), args, self.name)
-
-    async def acall(self, *args: Any) -> tuple[bool, Any]:
-        """The call from the event loop (``fastpath.worker_call``): ``(done, value)``."""
-        from .fastpath import worker_call
-
-        return await worker_call(self.worker, self.oid, args, self.name)
-
-    def time_evaluator(self, params: tuple, f_preproc: str) -> "WorkerFunction":
-        """TVM's time evaluator for this function, run inside the worker (no IPC in the timings)."""
-        return self.worker.time_evaluator(self, params, f_preproc)
-
-
-class WorkerModule(_Proxy, RuntimeModule):
-    """A module that lives in the worker (its imports stay there: lookups ask the worker)."""
-
-    kind = "mod"
-
-    def __init__(self, worker: Worker, oid: int, type_key: str):
-        RuntimeModule.__init__(self)
-        _Proxy.__init__(self, worker, oid, type_key)
-        self.type_key = type_key
-        #: functions found, by (name, query_imports): a client that looks a function up before every
-        #: call (``lib["f"](...)``) asks the worker once
-        self._found: dict[tuple[str, bool], WorkerFunction] = {}
-
-    def get_function(self, name: str) -> Optional[WorkerFunction]:
-        return self.find_function(name, False)
-
-    def find_function(self, name: str, query_imports: bool = True) -> Optional[WorkerFunction]:
-        key = (name, bool(query_imports))
-        fn = self._found.get(key)
-        if fn is None or not self.worker.alive:
-            result, _ = self.worker.request(("get", Ref("mod", self.oid, ""), name, key[1]), f"get_function {name}")
-            fn = self.worker.values.decode(result, [])
-            if fn is not None:
-                self._found[key] = fn
-        return fn
-
-    def __repr__(self) -> str:
-        return f"<WorkerModule {self.type_key!r} #{self.oid} in worker {self.worker.pid}>"

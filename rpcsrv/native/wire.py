@@ -39,6 +39,7 @@ from __future__ import annotations
 import pickle
 import socket
 import struct
+import sys
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional
 
@@ -46,6 +47,7 @@ import numpy as np
 from construct import Int8ul, Int16ul, Int64sl, Int64ul, Struct
 
 from ..protocol.structs import fixed_struct
+from .confine_wire import ProtocolViolation, loads
 
 
 class Ref(NamedTuple):  # named tuples: built and pickled several times faster than dataclasses
@@ -138,6 +140,37 @@ class Values:
 
 
 # ---------------------------------------------------------------------------- framing
+#: the largest message a worker may send without a session budget to size it by
+DEFAULT_LIMIT = (4 << 30) if sys.maxsize > 2 ** 32 else (512 << 20)
+
+
+def message_limit(account: Any) -> int:
+    """Bytes one message from a worker may hold: the session's memory limit (its largest answer is an array it
+    could hold), plus room for the message around it."""
+    if account is None:
+        return DEFAULT_LIMIT
+    try:
+        limits = [limit for _name, _used, limit in account.room()]
+    except Exception:
+        return DEFAULT_LIMIT
+    return (min(limits) if limits else DEFAULT_LIMIT) + (1 << 20)
+
+
+def recv_checked(sock: socket.socket, limit: int) -> Any:
+    """One message from a worker, read as from an untrusted peer (its native code can forge them): a length
+    beyond ``limit`` is refused before anything is allocated, a binary frame is checked field by field, a
+    pickle builds only what an answer is made of (``confine_wire.loads``).  Either refusal is a
+    ``ProtocolViolation``: the session stops the worker, as after a crash."""
+    n = int.from_bytes(recv_exact(sock, 8), "little")
+    if n > limit:
+        raise ProtocolViolation(f"the native worker announced a {n}-byte message (limit {limit})")
+    data = recv_exact(sock, n)
+    if data[:1] == b"R":
+        try:
+            return decode_result(bytes(data))
+        except FrameError as exc:
+            raise ProtocolViolation(f"the native worker sent a malformed result frame: {exc}") from None
+    return loads(data)
 def send(sock: socket.socket, obj: Any, fds: list[int] = (), data: Optional[bytes] = None) -> None:
     """Send ``obj`` pickled, or ``data`` (a binary frame) as it is, with ``fds`` (``SCM_RIGHTS``)."""
     if data is None:

@@ -38,7 +38,7 @@ from .codes import RPC_CODE_MISMATCH, RPC_CODE_SUCCESS, RPC_MAGIC, Dialect
 from .events import NEED_DATA, ConnectionClosed, Event, HandshakeRefused
 from .outgoing import PacketWriter
 from .parsing import PacketParser
-from .readers import AGAIN, CHUNK, LENT, PREFIX, READERS, STREAM_MIN, Awaiting, small_packet
+from .readers import AGAIN, CHUNK, LENT, PREFIX, READERS, STREAM_MIN, Awaiting
 from .states import RECEIVE_MOVES, SEND_MOVES, STAY, LocalProtocolError, Role, State, refusal
 
 __all__ = ["CHUNK", "DEFAULT_MAX_PACKET", "PREFIX", "RECV_INTO_MIN", "RECV_SIZE", "STREAM_MIN", "Connection",
@@ -47,6 +47,7 @@ __all__ = ["CHUNK", "DEFAULT_MAX_PACKET", "PREFIX", "RECV_INTO_MIN", "RECV_SIZE"
 DEFAULT_MAX_PACKET = 1 << 32  # 4 GiB: larger packets are refused before any allocation
 
 _I32 = struct.Struct("<i")
+_I64 = struct.Struct("<q")
 #: the states in which what arrives is packets (before: the handshake)
 _FRAMED = frozenset({State.IDLE, State.ANSWERING, State.AWAITING, State.CLOSED})
 
@@ -180,8 +181,7 @@ class Connection(PacketParser, PacketWriter):
         """:meth:`receive_data` then :meth:`next_event`, for bytes read while :meth:`drained`: when they are
         one whole small packet (the common case: a request, read by one ``recv``), its event straight from
         them, never copied into the buffer (the bytes it is known by are ``data`` itself)."""
-        if type(data) is bytes and self._state in _FRAMED and self.drained() \
-                and small_packet(data, 0, self.max_packet) == len(data) - 8:
+        if type(data) is bytes and self._state in _FRAMED and self.drained() and self._small(data, 0) == len(data) - 8:
             if self._state is State.ANSWERING and self.strict:
                 raise LocalProtocolError("the server must answer the last request before reading the next")
             return self._moved(self._packet(data))
@@ -189,6 +189,16 @@ class Connection(PacketParser, PacketWriter):
         return self.next_event()
 
     # -- what the readers ask of the connection
+    def _small(self, buf, pos: int) -> int:
+        """The framing rule for the common case: the length of the packet at ``pos`` of ``buf`` when it is small
+        (under ``STREAM_MIN``, within ``max_packet``) and all in ``buf``, else -1 (a region reads it, or a
+        reader refuses its length).  Applied to the buffer (``readers.Framing``) and to bytes as read."""
+        if len(buf) - pos >= 8:
+            (n,) = _I64.unpack_from(buf, pos)
+            if 4 <= n < STREAM_MIN and n <= self.max_packet and len(buf) - pos >= 8 + n:
+                return n
+        return -1
+
     def _packet(self, raw: bytes) -> Event:
         """The event of the small packet ``raw`` (its length prefix included): a call the client repeats (a
         loop, a tuner, ``lib["f"]`` lookups) is decoded once, and known by its bytes."""

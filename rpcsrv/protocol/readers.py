@@ -4,8 +4,8 @@ As h11's ``_readers.py``: the connection holds its current reader and asks it fo
 (:meth:`Reader.next`: an event, :data:`~rpcsrv.protocol.events.NEED_DATA`, or :data:`AGAIN` after it handed over
 to the next reader). Between packets (``Connection._reader`` None) the reader is the one :data:`READERS` gives
 the connection's state (the handshake; then :class:`Framing`). :class:`Framing` takes a small packet that is all
-in the buffer in one step (:func:`small_packet`: the one framing rule, which ``Connection.next_event_in`` applies
-to bytes as read); a packet too large for that, or not all here yet, is received into a *region*, memory the
+in the buffer in one step (``Connection._small``: the one framing rule, which ``Connection.next_event_in``
+applies to bytes as read); a packet too large for that, or not all here yet, is received into a *region*, memory the
 driver may ``recv_into`` (:meth:`Reader.region`), phase by phase, each its own reader with its own state: the
 packet whole (:class:`WholePacket`), or first its head (:class:`Prefix`, ``PREFIX`` bytes), which decides where
 the body goes: growing as it arrives (:class:`Growing`), straight into a copy's target (:class:`IntoTarget`:
@@ -38,17 +38,6 @@ AGAIN = object()
 _I32 = struct.Struct("<i")
 _I64 = struct.Struct("<q")
 _COPY_ACK, _COPY_TO_REMOTE, _CALL_FUNC = int(RPCCode.COPY_ACK), int(RPCCode.COPY_TO_REMOTE), int(RPCCode.CALL_FUNC)
-
-
-def small_packet(buf: Any, pos: int, max_packet: int) -> int:
-    """The framing rule for the common case: the length of the packet at ``pos`` of ``buf`` when it is small
-    (under ``STREAM_MIN``, within ``max_packet``) and all in ``buf``, else -1 (a region reads it, or a
-    reader refuses its length)."""
-    if len(buf) - pos >= 8:
-        (n,) = _I64.unpack_from(buf, pos)
-        if 4 <= n < STREAM_MIN and n <= max_packet and len(buf) - pos >= 8 + n:
-            return n
-    return -1
 
 
 class Reader:
@@ -103,7 +92,7 @@ class Framing(Reader):
 
     def next(self, conn: Any) -> Any:
         buf, pos = conn._buf, conn._pos
-        n = small_packet(buf, pos, conn.max_packet)
+        n = conn._small(buf, pos)
         if n >= 0:
             raw = bytes(buf[pos:pos + 8 + n])  # a copy: events may keep views into it
             conn._take_packet(8 + n)

@@ -91,7 +91,7 @@ class ErrorEntry:
 
 
 class ServerStats:
-    """One server's counters (``ServerConfig.stats``); made only when the board serves metrics."""
+    """One server's counters (``Server.stats``); made only when the board serves metrics."""
 
     def __init__(self):
         self.started = time.time()

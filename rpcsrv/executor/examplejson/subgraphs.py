@@ -48,7 +48,7 @@ class SubgraphFunction:
     def __init__(self, graph: Subgraph, kernels: Mapping[str, Kernel], constants: dict[int, np.ndarray]):
         self.graph = graph
         self.constants = constants  # node ID -> bound array (filled by ExampleJSONRuntime.bind)
-        self.inputs = graph.inputs
+        self.inputs, self.consts = graph.inputs, graph.consts
         self.outputs = [graph.nodes[i] for i in graph.outputs]
         # squeeze-and-excitation's Mul goes into the 1x1 conv that reads it (see scale_fold)
         ops, folded = fold_scales(graph, kernels)
@@ -138,7 +138,7 @@ class SubgraphFunction:
             values[node.id] = _check_array(args[k], node, f"{g.name} argument {k} (input {node.id})")
         outs = [_check_array(args[n_in + k], node, f"{g.name} argument {n_in + k} (output {node.id})")
                 for k, node in enumerate(self.outputs)]
-        for node in g.consts:
+        for node in self.consts:
             if node.id not in self.constants:
                 raise ExecutorError(f"{g.name}: constant {node.name!r} (node {node.id}) is not bound")
             values[node.id] = self.constants[node.id]
