@@ -46,12 +46,16 @@ _SERVE_ONLY = {"help", "verbose", "host", "port", "port_end", "key", "workdir", 
                "proxy", "log_json"}
 
 
+#: ``rpcsrv check --help``: what it does, in one line and in a paragraph
+SUMMARY = "self-test this board: machine, BLAS, native code, limits, smoke runs"
+DESCRIPTION = ("Print what this board is and can run (machine, Python, numpy's BLAS, native code: shim and compiler, "
+               "the limits the flags set) and run an ExampleJSON and a native smoke test.  Takes the limit and "
+               "native flags of `rpcsrv serve`; exits 1 if something they enable is missing.")
+
+
 def add_parser(sub, serve_parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    c = sub.add_parser("check", help="self-test this board: machine, BLAS, native code, limits, smoke runs",
-                       description="Print what this board is and can run (machine, Python, numpy's BLAS, "
-                                   "native code: shim and compiler, the limits the flags set) and run an "
-                                   "ExampleJSON and a native smoke test.  Takes the limit and native flags of "
-                                   "`rpcsrv serve`; exits 1 if something they enable is missing.")
+    """The ``check`` subcommand, with ``serve``'s limit and native flags (``serve_parser``'s actions)."""
+    c = sub.add_parser("check", help=SUMMARY, description=DESCRIPTION)
     c.add_argument("--json", action="store_true", help="one JSON object instead of text")
     for action in serve_parser._actions:
         if action.dest not in _SERVE_ONLY:
