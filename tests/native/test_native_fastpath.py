@@ -163,10 +163,11 @@ async def test_a_crash_on_the_event_loop_path_ends_only_the_worker(native):
 
 
 async def test_the_deadline_and_a_cancelled_call_stop_the_worker(c_target):
-    ns = NativeSession("isolated", timeout=1.5)
+    ns = NativeSession("isolated", timeout=60)
     ns.isolate_all = True
     try:
         lib = ns.load(str(c_target))  # (kept: a dropped module is freed in the worker with the next request)
+        ns.deadline = time.monotonic() + 1.5  # the session ends 1.5 s from now (however long its worker took to start)
         spin = lib.find_function("spin")
         start = time.monotonic()
         with pytest.raises(NativeError, match="session deadline"):
