@@ -139,12 +139,13 @@ class KindRegistry:
                 self.choice, dict(self.claims))
 
     def restore(self, state: tuple) -> None:
-        for table, old in zip((self.kinds, self.owners, self.installed, self.failed, self.skipped), state):
+        """Put back what :meth:`state` copied (in place: the views of ``plugins.py`` stay valid)."""
+        kinds, owners, installed, failed, skipped, self.choice, claims = state
+        for table, old in ((self.kinds, kinds), (self.owners, owners), (self.installed, installed),
+                           (self.failed, failed), (self.claims, claims)):
             table.clear()
-            table.update(old) if isinstance(table, dict) else table.extend(old)
-        self.choice = state[5]
-        self.claims.clear()
-        self.claims.update(state[6])
+            table.update(old)
+        self.skipped[:] = skipped
 
 
 #: the one registry of module kinds
