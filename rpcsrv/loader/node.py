@@ -125,7 +125,6 @@ class KindRegistry:
         self.failed: dict[str, str] = {}  # plugin name -> error
         self.skipped: list[str] = []  # installed packages' plugins not loaded (the choice left them out)
         self.choice: Optional[tuple[Optional[tuple[str, ...]], bool]] = None  # load_plugins' (select, enabled)
-        self.claims: dict[str, tuple[str, str]] = {}  # type key -> (plugin, source) of plugins not loaded
 
     def kind_of(self, node: Any) -> Optional[ModuleKind]:
         """The kind of a decoded node (None for a module no kind of this process decoded)."""
@@ -136,13 +135,13 @@ class KindRegistry:
     def state(self) -> tuple:
         """A copy of everything, for :meth:`restore` (``plugins.isolated``)."""
         return (dict(self.kinds), dict(self.owners), dict(self.installed), dict(self.failed), list(self.skipped),
-                self.choice, dict(self.claims))
+                self.choice)
 
     def restore(self, state: tuple) -> None:
         """Put back what :meth:`state` copied (in place: the views of ``plugins.py`` stay valid)."""
-        kinds, owners, installed, failed, skipped, self.choice, claims = state
+        kinds, owners, installed, failed, skipped, self.choice = state
         for table, old in ((self.kinds, kinds), (self.owners, owners), (self.installed, installed),
-                           (self.failed, failed), (self.claims, claims)):
+                           (self.failed, failed)):
             table.clear()
             table.update(old)
         self.skipped[:] = skipped

@@ -102,7 +102,6 @@ def install(plugin: Any, source: str = "built-in") -> None:
         for key in kind.type_keys:
             REGISTRY.kinds[key] = kind
             REGISTRY.owners[key] = plugin.name
-            REGISTRY.claims.pop(key, None)
     REGISTRY.installed[plugin.name] = {"source": source, "type_keys": sorted(seen), "description": plugin.description}
 
 
@@ -226,21 +225,19 @@ def report() -> dict:
 
 def claimant(key: str) -> Optional[tuple[str, str]]:
     """``(plugin, source)`` of an installed package's plugin, not loaded here, that registers ``key``.  Read
-    from the entry points when a library needs it (the plugin's module is imported then, and not installed)."""
-    if key not in REGISTRY.claims:
-        for ep in _entry_points():
-            if ep.name in REGISTRY.installed or ep.name in REGISTRY.failed:
-                continue
-            try:
-                plugin = _plugin_of(ep)
-                keys = [k for kind in plugin.kinds for k in kind.type_keys]
-            except Exception:  # a plugin that cannot even say its keys claims none
-                continue
-            for k in keys:
-                REGISTRY.claims.setdefault(k, (ep.name, _source(ep)))
-        REGISTRY.claims.setdefault(key, ("", ""))
-    found = REGISTRY.claims[key]
-    return found if found[0] else None
+    from the entry points when a library needs it (the plugin's module is imported then, and not installed),
+    each time: what is installed may change while a process runs."""
+    for ep in _entry_points():
+        if ep.name in REGISTRY.installed or ep.name in REGISTRY.failed:
+            continue
+        try:
+            plugin = _plugin_of(ep)
+            keys = [k for kind in plugin.kinds for k in kind.type_keys]
+        except Exception:  # a plugin that cannot even say its keys claims none
+            continue
+        if key in keys:
+            return ep.name, _source(ep)
+    return None
 
 
 def refusal(key: str) -> Optional[str]:

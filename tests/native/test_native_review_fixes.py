@@ -103,6 +103,7 @@ def test_a_worker_that_fails_its_hello_leaves_no_process_or_descriptor(script, m
         return started[-1]
 
     monkeypatch.setattr(process.subprocess, "Popen", fake)
+    process.SPARES.close()  # (a spare an earlier test started would open descriptors meanwhile)
     before = set(os.listdir("/proc/self/fd"))
     with pytest.raises(Exception, match="failed to start|truncated|pickle|invalid load key"):
         proxy.Worker(None)

@@ -17,7 +17,7 @@ import pytest
 from conftest import ServerProcess, need_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "plugins"))
-from plugin_helpers import cnn_model, fake_site  # noqa: E402
+from plugin_helpers import VENDOR, cnn_model, fake_site  # noqa: E402
 
 from rpcsrv.executor import ExecutorError, load_module  # noqa: E402
 from rpcsrv.loader import LoaderError, load_library, plugins  # noqa: E402
@@ -48,8 +48,15 @@ def site(tmp_path_factory):
 def board_without_the_plugin(site):
     """This process as a board whose flags left the vendor plugin out (its kinds unknown here)."""
     with plugins.isolated():
-        PAYLOADS.pop("vendor_npu", None)  # (the compiler's codec, if a test before put it in)
+        _forget_the_vendor_plugin()
         yield
+
+
+def _forget_the_vendor_plugin() -> None:
+    """The registry as in a process that never loaded the plugin (a test before may have: its codec, a
+    compiler's, or the plugin itself; restored after the test by ``plugins.isolated``)."""
+    PAYLOADS.pop("vendor_npu", None)
+    plugins.REGISTRY.installed.pop("vendor_npu", None)
 
 
 @pytest.mark.parametrize("choice, why", [({"enabled": False}, "--no-plugins"),
@@ -73,10 +80,11 @@ def test_without_the_plugin_installed_no_plugin_is_named(site, tmp_path, monkeyp
     from rpcsrv.protocol.dtypes import Device
 
     _paths, libs = site
-    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in site[0]])
+    installs = [p for p in sys.path
+                if p in site[0] or p == str(VENDOR) or (Path(p) / "fake_plugins-0.1.dist-info").is_dir()]
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in installs])  # no vendor plugin installed
     with plugins.isolated():
-        PAYLOADS.pop("vendor_npu", None)
-        plugins.REGISTRY.claims.clear()
+        _forget_the_vendor_plugin()
         plugins.load_plugins()
         with pytest.raises(LoaderError) as classic:
             load_library(str(libs["classic"]))
