@@ -44,7 +44,7 @@ import time
 from typing import Any, Callable, NamedTuple, Optional
 
 from ..config import environment
-from .wire import decode_head
+from .wire import FrameError, decode_head
 
 IDLE, CALLING, ANSWERING, READING = 0, 1, 2, 3
 PAGE_SIZE = 64
@@ -94,7 +94,7 @@ def _callable(state: Any, frame: bytes) -> Any:
     """The bound native call a call frame runs here (None: not one this worker holds bound)."""
     try:
         _budget, oid, _nargs, at = decode_head(bytearray(frame))
-    except Exception:
+    except FrameError:
         return None
     return state.bound.get((oid, bytes(frame[at:])))
 

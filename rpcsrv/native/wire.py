@@ -149,10 +149,7 @@ def message_limit(account: Any) -> int:
     could hold), plus room for the message around it."""
     if account is None:
         return DEFAULT_LIMIT
-    try:
-        limits = [limit for _name, _used, limit in account.room()]
-    except Exception:
-        return DEFAULT_LIMIT
+    limits = [limit for _name, _used, limit in account.room()]
     return (min(limits) if limits else DEFAULT_LIMIT) + (1 << 20)
 
 
