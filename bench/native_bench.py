@@ -130,37 +130,33 @@ def _confine_ab(lib_path: Path, calls: int, starts: int) -> dict[str, float]:
     """Worker start-up, the confine request and a call, unconfined and confined, interleaved."""
     from rpcsrv.native import confine, proxy
     from rpcsrv.native.host import NativeSession
+    from rpcsrv.native.process import worker_config
 
     runs: dict[str, list[float]] = {}
-    refill, proxy._refill = proxy._refill, lambda: None  # no background spare during the timings
-    try:
-        for _ in range(starts):
-            for on in (False, True):
-                label = "confined" if on else "unconfined"
-                confine.configure(enabled=on)
+    for _ in range(starts):
+        for on in (False, True):
+            label = "confined" if on else "unconfined"
+            config = worker_config(confine.ConfineOptions(enabled=on))
+            t0 = time.perf_counter()
+            worker = proxy.Worker(None, config=config)
+            runs.setdefault(f"start, {label} (ms)", []).append((time.perf_counter() - t0) * 1e3)
+            worker.close()
+            session = NativeSession("isolated", max_memory=1 << 30, confine=confine.ConfineOptions(enabled=on))
+            try:
+                session._open_arena()
+                session.worker = proxy.Worker(session.arena, session._deadline, config)
                 t0 = time.perf_counter()
-                worker = proxy.Worker(None)
-                runs.setdefault(f"start, {label} (ms)", []).append((time.perf_counter() - t0) * 1e3)
-                worker.close()
-                session = NativeSession("isolated", max_memory=1 << 30)
-                try:
-                    session._open_arena()
-                    session.worker = proxy.Worker(session.arena, session._deadline)
-                    t0 = time.perf_counter()
-                    path = session._confine_worker(str(lib_path)) if on else str(lib_path)
-                    if on:
-                        runs.setdefault("confine (ms)", []).append((time.perf_counter() - t0) * 1e3)
-                    wfn = session.worker.load(path).get_function("add_one")
-                    sa, sb = session.zeros(64).view(np.float32), session.zeros(64).view(np.float32)
-                    cpu0 = _cpu_ns(session.worker.pid)
-                    runs.setdefault(f"call, {label} (us)", []).append(_per_call(lambda: wfn(sa, sb), calls, 1))
-                    runs.setdefault(f"worker CPU/call, {label} (us)", []).append(
-                        (_cpu_ns(session.worker.pid) - cpu0) / calls / 1e3)
-                finally:
-                    session.close()
-    finally:
-        proxy._refill = refill
-        confine.configure()
+                path = session._confine_worker(str(lib_path)) if on else str(lib_path)
+                if on:
+                    runs.setdefault("confine (ms)", []).append((time.perf_counter() - t0) * 1e3)
+                wfn = session.worker.load(path).get_function("add_one")
+                sa, sb = session.zeros(64).view(np.float32), session.zeros(64).view(np.float32)
+                cpu0 = _cpu_ns(session.worker.pid)
+                runs.setdefault(f"call, {label} (us)", []).append(_per_call(lambda: wfn(sa, sb), calls, 1))
+                runs.setdefault(f"worker CPU/call, {label} (us)", []).append(
+                    (_cpu_ns(session.worker.pid) - cpu0) / calls / 1e3)
+            finally:
+                session.close()
     return {name: statistics.median(r) for name, r in runs.items()}
 
 
@@ -222,10 +218,10 @@ def breakdown(lib_path: Path, calls: int, repeat: int) -> dict[str, float]:
     arena = Arena(1 << 20)
     state = WorkerState(arena, None)
     ref = state.to_wire(load_native_module(str(lib_path)))
-    fn = state.handle(("get", ref.id, "add_one", True))[0]
+    fn = state.handle(("get", ref, "add_one", True))[0]
     a, b = arena.zeros(64).view(np.float32), arena.zeros(64).view(np.float32)
     args = [Shared("session", arena.offset_of(x), "<f4", (16,), (4,)) for x in (a, b)]
-    req = (None, ("call", fn.id, args))
+    req = (None, ("call", fn, args))
     answer = ("ok", None, [], 0)
     rows["pickle request+answer"] = [_per_call(lambda: pickle.loads(pickle.dumps(req, 5)) and pickle.loads(
         pickle.dumps(answer, 5)), calls, 1) for _ in range(repeat)]

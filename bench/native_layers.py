@@ -121,7 +121,7 @@ def _loan_round_trip(fn, args: tuple, n: int, use_c: bool) -> float:
     pid = os.fork()
     if pid == 0:
         ours.close()
-        replay.USE_C = use_c
+        os.environ["RPCSRV_LOAN_LOOP"] = "c" if use_c else "python"  # (this forked child's setting)
         replay.hold(State(), theirs, mmap.mmap(-1, replay.PAGE_SIZE), [(packet, "call", 1, frame, answer)], {1: 1})
         os._exit(0)
     theirs.close()
@@ -152,11 +152,12 @@ def layers(n: int = 2000) -> dict[str, tuple[float, float]]:
             wf = remote.find_function("add_one")
             worker = wf.worker
             rows["function lookup (lib[name])"] = (
-                _per_call(lambda: worker.request(("get", remote.oid, "add_one", False), "get"), n // 4),
+                _per_call(lambda: worker.request(("get", wire.Ref("mod", remote.oid, ""), "add_one", False), "get"),
+                          n // 4),
                 _per_call(lambda: remote.find_function("add_one", False), n))
-            to_wire = _per_call(lambda: [worker.to_wire(x, []) for x in (a, b)], n)
+            to_wire = _per_call(lambda: [worker.values.encode(x, []) for x in (a, b)], n)
             rows["arguments to the wire (2 arrays)"] = (to_wire, to_wire)
-            args = [worker.to_wire(x, []) for x in (a, b)]
+            args = [worker.values.encode(x, []) for x in (a, b)]
             budget = (0, (("session", 0, 1 << 30), ("server", 0, 4 << 30)))
             old = (budget, ("call", wf.oid, [OldShared(*x) for x in args]))  # the records as they were pickled
             frame = wire.encode_call(wf.oid, budget, args)

@@ -29,7 +29,6 @@ import os
 import platform
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -47,12 +46,16 @@ _SERVE_ONLY = {"help", "verbose", "host", "port", "port_end", "key", "workdir", 
                "proxy", "log_json"}
 
 
+#: ``rpcsrv check --help``: what it does, in one line and in a paragraph
+SUMMARY = "self-test this board: machine, BLAS, native code, limits, smoke runs"
+DESCRIPTION = ("Print what this board is and can run (machine, Python, numpy's BLAS, native code: shim and compiler, "
+               "the limits the flags set) and run an ExampleJSON and a native smoke test.  Takes the limit and "
+               "native flags of `rpcsrv serve`; exits 1 if something they enable is missing.")
+
+
 def add_parser(sub, serve_parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    c = sub.add_parser("check", help="self-test this board: machine, BLAS, native code, limits, smoke runs",
-                       description="Print what this board is and can run (machine, Python, numpy's BLAS, "
-                                   "native code: shim and compiler, the limits the flags set) and run an "
-                                   "ExampleJSON and a native smoke test.  Takes the limit and native flags of "
-                                   "`rpcsrv serve`; exits 1 if something they enable is missing.")
+    """The ``check`` subcommand, with ``serve``'s limit and native flags (``serve_parser``'s actions)."""
+    c = sub.add_parser("check", help=SUMMARY, description=DESCRIPTION)
     c.add_argument("--json", action="store_true", help="one JSON object instead of text")
     for action in serve_parser._actions:
         if action.dest not in _SERVE_ONLY:
@@ -101,12 +104,19 @@ def limits(args: argparse.Namespace) -> dict:
     from dataclasses import asdict
 
     from .board.limits import Limits
-    from .serveopts import _hardening_limits
+    from .serveopts import hardening_limits
 
     values = asdict(Limits(max_memory=args.max_memory_mb << 20, max_workspace=args.max_workspace_mb << 20,
-                           **_hardening_limits(args)))
+                           **hardening_limits(args)))
     values.update(native="off" if args.no_native else args.native, isolate=args.isolate)
     return values
+
+
+def _confine(args: argparse.Namespace) -> Any:
+    """The confinement the serve flags ask for."""
+    from .native.confine import ConfineOptions
+
+    return ConfineOptions(args.native_confine == "on", args.native_user, tuple(args.native_env))
 
 
 def hooks() -> dict:
@@ -188,10 +198,12 @@ def _check_kernel() -> tuple[Path | None, str]:
     return (path, "built with this board's compiler") if path else (None, "no prebuilt kernel and no compiler")
 
 
-def smoke_native(mode: str, max_memory: int) -> dict:
-    """The prebuilt check kernel through the server's own loading policy (a worker when isolated)."""
+def smoke_native(mode: str, max_memory: int, confine: Any = None) -> dict:
+    """The prebuilt check kernel through the server's own loading policy (a worker when isolated, confined
+    as ``confine``, the serve flags' ``ConfineOptions``, says)."""
     import numpy as np
 
+    from .native.confine import ConfineOptions
     from .native.host import NativeSession
 
     if mode == "off":
@@ -201,7 +213,7 @@ def smoke_native(mode: str, max_memory: int) -> dict:
         return {"ok": False, "detail": f"not run: {origin}"}
 
     def run() -> str:
-        session = NativeSession(mode=mode, max_memory=max_memory)
+        session = NativeSession(mode=mode, max_memory=max_memory, confine=confine or ConfineOptions())
         try:
             fn = session.load(str(path)).get_function("rpcsrv_check")
             a = np.linspace(-1, 1, 1000, dtype="float32")
@@ -243,15 +255,9 @@ def _loan(session) -> str:
 
 def _stop_spare() -> None:
     """The server keeps a warm spare worker; ``check`` is not a server: stop it, and its starter."""
-    proxy = sys.modules.get("rpcsrv.native.proxy")
-    if proxy is None:
-        return
-    for thread in threading.enumerate():
-        if thread.name == "rpcsrv-spare-worker":
-            thread.join(30)
-    spare, proxy._spare = proxy._spare, None
-    if spare is not None:
-        spare.close()
+    process = sys.modules.get("rpcsrv.native.process")
+    if process is not None:
+        process.SPARES.close()
 
 
 # -------------------------------------------------------------------------------------------- report
@@ -269,7 +275,7 @@ def collect(args: argparse.Namespace) -> dict:
                                       "required": bool(args.plugin), **plugins}, **hooks()}
     with tempfile.TemporaryDirectory(prefix="rpcsrv-check-") as folder:
         report["smoke"] = {"examplejson": smoke_examplejson(Path(folder)),
-                           "native": smoke_native(lim["native"], lim["max_memory"])}
+                           "native": smoke_native(lim["native"], lim["max_memory"], _confine(args))}
     problems = [f"examplejson smoke run: {report['smoke']['examplejson']['detail']}"] \
         if not report["smoke"]["examplejson"]["ok"] else []
     if report["native"]["required"]:

@@ -19,7 +19,7 @@ from typing import Callable
 import trio
 
 from .clikit import broken_pipe, command_parser, package_version, verbose_after
-from .serveopts import (CLIError, _add_limit_flags, _add_metrics_flags, _hardening_limits, add_plugin_flags,
+from .serveopts import (CLIError, add_limit_flags, add_metrics_flags, hardening_limits, add_plugin_flags,
                         check_serve_args, load_plugins, plugin_line)
 
 try:
@@ -39,22 +39,31 @@ def _first_oserror(exc: BaseException) -> OSError | None:
     return None
 
 
-def run_serve(args: argparse.Namespace) -> int:
-    from .protocol import Dialect
-    from .board.server import ServerConfig
+def serve_options(args: argparse.Namespace):
+    """The ``ServeOptions`` the flags say (checked first), and how the server computes as its environment says."""
     from .board.limits import Limits
+    from .board.options import NativeOptions, ServeOptions
+    from .executor.compute import ComputeSettings
+    from .native.confine import ConfineOptions
+    from .protocol import Dialect
 
     check_serve_args(args)
-    cfg = ServerConfig(
+    return ServeOptions(
         host=args.host, port=args.port, port_end=args.port_end, key=args.key or "",
         workdir=Path(args.workdir) if args.workdir else None,
         dialect=None if args.dialect == "auto" else Dialect(args.dialect),
         limits=Limits(max_memory=args.max_memory_mb << 20, max_workspace=args.max_workspace_mb << 20,
-                      **_hardening_limits(args)),
-        native="off" if args.no_native else args.native,
-        isolate=args.isolate, poll_us=args.poll_us,
-        metrics_port=args.metrics_port, metrics_host=args.metrics_host,  # obs (issue 28)
-    )
+                      **hardening_limits(args)),
+        native=NativeOptions("off" if args.no_native else args.native, args.isolate,
+                             ConfineOptions(args.native_confine == "on", args.native_user, tuple(args.native_env))),
+        poll_us=args.poll_us, compute=ComputeSettings.from_environment("RPCSRV_COMPUTE_NICE"),
+        metrics_port=args.metrics_port, metrics_host=args.metrics_host)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from .board.server import Server
+
+    options = serve_options(args)
 
     # deployment (rpcsrv/farm/): tracker, proxy, graceful SIGTERM/SIGINT, farm logs
     from .farm.run import BoardOptions, run_board
@@ -62,47 +71,44 @@ def run_serve(args: argparse.Namespace) -> int:
     from .farm.registration import parse_hostport
 
     configure(args.verbose, args.log_json)
-    logging.getLogger("rpcsrv.plugins").info(plugin_line(load_plugins(args, export=True)))  # issue 23
-    _configure_confinement(args)
+    logging.getLogger("rpcsrv.plugins").info(plugin_line(load_plugins(args)))
+    _log_confinement(options)
     try:
         opts = BoardOptions(tracker=parse_hostport(args.tracker, "--tracker") if args.tracker else None,
                             custom_addr=args.custom_addr,
                             proxy=parse_hostport(args.proxy, "--proxy") if args.proxy else None)
     except ValueError as exc:
         raise CLIError(str(exc)) from None
-    if (opts.tracker or opts.proxy) and not cfg.key:
+    if (opts.tracker or opts.proxy) and not options.key:
         raise CLIError("--tracker and --proxy need --key")
     try:
-        trio.run(run_board, cfg, opts)
+        trio.run(run_board, Server(options), opts)
     except KeyboardInterrupt:
         print("rpcsrv: stopped", file=sys.stderr)
     except (OSError, OverflowError, _Group) as exc:
         err = _first_oserror(exc)
         if err is None:
             if isinstance(exc, OverflowError):
-                raise CLIError(f"cannot listen on {cfg.host}:{cfg.port}: {exc}") from None
+                raise CLIError(f"cannot listen on {options.host}:{options.port}: {exc}") from None
             raise
-        where = f"{cfg.host}:{cfg.port}" + (f"-{cfg.port_end - 1}" if cfg.port_end else "")
+        where = f"{options.host}:{options.port}" + (f"-{options.port_end - 1}" if options.port_end else "")
         raise CLIError(f"cannot listen on {where}: {err.strerror or err}") from None
     return 0
 
 
-def _configure_confinement(args: argparse.Namespace) -> None:
-    """--native-confine/--native-user/--native-env: set, checked and logged once at start-up."""
-    import logging
-
+def _log_confinement(options) -> None:
+    """--native-confine/--native-user/--native-env: checked and logged once at start-up."""
     from .native import confine
 
-    confine.configure(args.native_confine == "on", args.native_user, args.native_env)
-    mode = "off" if args.no_native else args.native
+    native = options.native
     log = logging.getLogger("rpcsrv.native")
-    if mode == "inprocess":
+    if native.mode == "inprocess":
         log.warning("native code runs unconfined in the server process (--native inprocess): it has all the "
                     "server's rights")
-    if mode != "isolated":
+    if native.mode != "isolated":
         return
-    layers = confine.layers()
-    if args.native_confine == "on" and layers["identity"].startswith("absent"):
+    layers = confine.layers(native.confine)
+    if native.confine.enabled and layers["identity"].startswith("absent"):
         raise CLIError(layers["identity"][len("absent: "):])
     log.info("native worker confinement:\n%s", confine.report(layers))
     for name, state in layers.items():
@@ -126,7 +132,7 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                    help="packed-argument encoding: detect per client, or fix it to one TVM generation")
     s.add_argument("--max-memory-mb", type=int, default=4096, help="device memory per session, MB")
     s.add_argument("--max-workspace-mb", type=int, default=4096, help="workspace (uploaded files) per session, MB")
-    _add_limit_flags(s)
+    add_limit_flags(s)
     s.add_argument("--tracker", metavar="HOST:PORT", help="register with this TVM RPC tracker under --key")
     s.add_argument("--custom-addr", help="address the tracker hands to clients (default: what it sees)")
     s.add_argument("--proxy", metavar="HOST:PORT", help="serve through this TVM RPC proxy instead of listening")
@@ -136,7 +142,7 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                         "microseconds per call for a faster round trip; 0 sleeps at once, as TVM's server does "
                         "(default 300)")
     s.add_argument("--log-json", action="store_true", help="log one JSON object per line")
-    _add_metrics_flags(s)  # obs
+    add_metrics_flags(s)
     s.add_argument("--native", choices=["isolated", "inprocess", "off"], default="isolated",
                    help="native host code in uploaded libraries: run it in a worker process per session "
                         "(a crash ends only that session; confined, see --native-confine), in the server "
@@ -149,7 +155,7 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                         "own: sessions share no interpreter lock, any crash ends only its session; a "
                         "process per session and one message per call); or auto: all for a session that "
                         "loads while another session computes in the server, else native")
-    add_plugin_flags(s)  # issue 23
+    add_plugin_flags(s)
     # --- native worker confinement (rpcsrv/native/confine.py) ---
     s.add_argument("--native-confine", choices=["on", "off"], default="on",
                    help="confine each session's native worker (--native isolated) before it loads uploaded "
@@ -173,13 +179,13 @@ def run_inspect(args: argparse.Namespace) -> int:
     from .loader import LoaderError
     from .loader.inspect import format_inspection, inspect_library
 
-    plugins = load_plugins(args)  # issue 23
+    plugins = load_plugins(args)
     try:
         info = inspect_library(args.file)
     except (LoaderError, OSError) as exc:
         text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise CLIError(text if text.startswith(f"{args.file}:") else f"{args.file}: {text}") from None
-    info["plugins"] = plugins  # issue 23
+    info["plugins"] = plugins
     print(json.dumps(info, indent=2) if args.json else
           format_inspection(info, disasm=args.disasm) + "\n" + plugin_line(plugins))
     return 0
@@ -192,7 +198,7 @@ def add_inspect_parser(sub) -> argparse.ArgumentParser:
     i.add_argument("file", help="the library (.so, .dylib, .o, .tar or raw blob)")
     i.add_argument("--json", action="store_true", help="machine-readable output")
     i.add_argument("--disasm", action="store_true", help="disassemble Relax VM executables")
-    add_plugin_flags(i)  # issue 23
+    add_plugin_flags(i)
     i.set_defaults(func=run_inspect)
     return i
 
@@ -203,7 +209,7 @@ def run_extract(args: argparse.Namespace) -> int:
     from .extract import extract_library
     from .loader import LoaderError
 
-    load_plugins(args)  # issue 23
+    load_plugins(args)
     try:
         manifest = extract_library(args.file, args.output, only=args.only)
     except (LoaderError, OSError, ValueError) as exc:
@@ -224,7 +230,7 @@ def add_extract_parser(sub) -> argparse.ArgumentParser:
     e.add_argument("-o", "--output", required=True, metavar="DIR", help="folder to write (created)")
     e.add_argument("--only", metavar="TYPE_KEY", default=None,
                    help="only the modules of this type key (e.g. examplejson, GraphExecutorFactory)")
-    add_plugin_flags(e)  # issue 23
+    add_plugin_flags(e)
     e.set_defaults(func=run_extract)
     return e
 

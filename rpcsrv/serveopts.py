@@ -12,7 +12,7 @@ class CLIError(Exception):
     """A problem with what the user asked for: printed as one line, exit status 2."""
 
 
-# -------------------------------------------------------------------------------- plugins (issue 23)
+# ----------------------------------------------------------------------------------------- plugins
 
 def add_plugin_flags(p: argparse.ArgumentParser) -> None:
     """``--plugin NAME`` / ``--no-plugins``: which installed board plugins (entry-point group
@@ -22,13 +22,14 @@ def add_plugin_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-plugins", action="store_true", help="load no installed plugin (built-in kinds only)")
 
 
-def load_plugins(args: argparse.Namespace, export: bool = False) -> dict:
-    """Load the plugins the flags choose (a broken one is one log line); returns the registry's report."""
+def load_plugins(args: argparse.Namespace) -> dict:
+    """Load the plugins the flags choose (a broken one is one log line); returns the registry's report.  The
+    choice stays with the registry (``rpcsrv.loader.plugins.choice``): a server's native workers load the same."""
     from .loader.plugins import load_plugins as load
 
     if args.plugin and args.no_plugins:
         raise CLIError("--plugin and --no-plugins exclude each other")
-    return load(args.plugin, enabled=not args.no_plugins, export=export)
+    return load(args.plugin, enabled=not args.no_plugins)
 
 
 def plugin_line(report: dict) -> str:
@@ -41,7 +42,6 @@ def plugin_line(report: dict) -> str:
     return line
 
 
-# ------------------------------------------------------------------------- end plugins (issue 23)
 
 # ---------------------------------------------------------------------------------------------- serve
 
@@ -76,10 +76,10 @@ def check_serve_args(args: argparse.Namespace) -> None:
             raise CLIError(f"--workdir {args.workdir!r} is not writable")
         if not path.exists() and not path.parent.is_dir():
             raise CLIError(f"--workdir {args.workdir!r}: its parent folder does not exist")
-    _check_metrics_args(args)  # obs
+    _check_metrics_args(args)
 
 
-# obs (issue 28): the metrics endpoint's flags ---------------------------------------------------------
+# the metrics endpoint's flags ------------------------------------------------------------------------
 def _check_metrics_args(args: argparse.Namespace) -> None:
     if args.metrics_port is None:
         if args.metrics_host is not None:
@@ -94,22 +94,21 @@ def _check_metrics_args(args: argparse.Namespace) -> None:
             raise CLIError(f"--metrics-port needs the Python package {name}: pip install 'rpcsrv[metrics]'") from None
 
 
-def _add_metrics_flags(s: argparse.ArgumentParser) -> None:
+def add_metrics_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                    help="serve Prometheus metrics (/metrics), a status page (/) and /healthz on this port "
                         "(default: off; needs the 'metrics' extra)")
     s.add_argument("--metrics-host", default=None,
                    help="address of the metrics port (default: --host)")
-# obs end
 
 
-#: the limit flags (``_add_limit_flags``) that are rpcsrv.board.limits.Limits fields as given, and those in MB
+#: the limit flags (``add_limit_flags``) that are rpcsrv.board.limits.Limits fields as given, and those in MB
 _LIMIT_FLAGS = ("max_connections", "max_sessions", "max_handles", "max_ndim", "idle_timeout", "max_threads")
 _LIMIT_MB_FLAGS = {"max_total_memory_mb": "max_total_memory", "max_packet_mb": "max_packet"}
 
 
-def _hardening_limits(args: argparse.Namespace) -> dict:
-    """The limits of issue 11 given on the command line (absent ones keep rpcsrv.board.limits' defaults)."""
+def hardening_limits(args: argparse.Namespace) -> dict:
+    """The limits given on the command line (absent ones keep rpcsrv.board.limits' defaults)."""
     out = {name: getattr(args, name) for name in _LIMIT_FLAGS if getattr(args, name, None) is not None}
     for flag, field in _LIMIT_MB_FLAGS.items():
         if getattr(args, flag, None) is not None:
@@ -117,7 +116,7 @@ def _hardening_limits(args: argparse.Namespace) -> dict:
     return out
 
 
-def _add_limit_flags(s: argparse.ArgumentParser) -> None:
+def add_limit_flags(s: argparse.ArgumentParser) -> None:
     """Flags of rpcsrv.board.limits.Limits (defaults and their reasons are documented there and in the README)."""
     s.add_argument("--max-total-memory-mb", type=int, default=None,
                    help="memory budget of all sessions together (default: half of physical memory)")

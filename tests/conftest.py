@@ -201,8 +201,8 @@ def _docker_engine(children: dict[int, str]) -> set[int]:
 def _spare_worker() -> int | None:
     import sys
 
-    proxy = sys.modules.get("rpcsrv.native.proxy")
-    spare = getattr(proxy, "_spare", None)
+    process = sys.modules.get("rpcsrv.native.process")
+    spare = getattr(getattr(process, "SPARES", None), "spare", None)
     proc = getattr(spare, "proc", None)
     return getattr(proc, "pid", None)
 

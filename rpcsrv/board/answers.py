@@ -1,6 +1,6 @@
-"""What a session answers one request with (``Session.handle``); the server encodes it in the
-connection's dialect (``server.encode``).  Apart from the session so that what only reads answers (the
-metrics, ``baton.py``) needs nothing of the session's."""
+"""What a session answers one request with (``Session.handle``); the server encodes it in the connection's
+dialect (``server.encode``).  Apart from the session so that what only reads answers (the metrics,
+``baton.py``) needs nothing of the session's."""
 
 from __future__ import annotations
 
@@ -37,3 +37,14 @@ class CopyData(Answer):
 
 #: the kInitServer answer (the connection sends it as zero values, which clients of both dialects accept)
 INIT_DONE = Returned(None)
+
+
+def message(exc: BaseException) -> str:
+    """The text of an RPC exception for ``exc``: its message, named by its type unless it is the user's own
+    mistake (``RPCUserError``) or a plain ``RuntimeError``."""
+    text = str(exc) or type(exc).__name__
+    name = type(exc).__name__
+    if name in ("RPCUserError", "RuntimeError"):
+        return text
+    return f"{name}: {text}"
+

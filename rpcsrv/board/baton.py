@@ -1,17 +1,23 @@
-"""Lending a session's connection to its native worker while the client repeats native calls (issue 26).
+"""Lending a session's connection to its backend while the client repeats native calls.
 
-The worker's side, and why, is ``rpcsrv.native.replay``.  Here, per session: :meth:`Baton.note` sees
-every request the session answers.  Requests of the three kinds the worker may repeat (a call of one of
-its native functions that answered nothing, the lookup that handed out that function's handle, the
-free of that handle) are recorded byte for byte with their answers; any other request clears the
-record (it may have changed what those bytes mean: arrays freed, copied, handles gone).  When a call
-comes again while recorded, :meth:`Baton.lend` sends the record and (the first time) the connection
-to the worker, and waits on the worker's socket as for a long native call.  The worker gives the
-connection back at a packet boundary; the session's accounts and metrics then take in what it served,
-the handle table takes the handle counts it leaves, and the session reads on.
+One mechanism, and its one owner of the protocol state: the connection (``protocol.Connection``) is told
+when it is lent and given back, with what the borrower read of a request it did not answer
+(``Connection.lend``, ``take_back``); the borrower matches whole recorded packets and writes recorded answers,
+and never parses or moves the protocol.  The borrower is the backend whose native functions the client calls
+(``rpcsrv.native.backend``): the session's worker process, which takes the client's socket (``replay.py``:
+why, and its loop), or this process, whose loan runs the same loop in a thread.
+
+Per session: :meth:`Baton.note` sees every request the session answers.  Requests of the three kinds the
+backend may repeat (a call of one of its native functions that answered nothing, the lookup that handed out
+that function's handle, the free of that handle) are recorded byte for byte with their answers; any other
+request clears the record (it may have changed what those bytes mean: arrays freed, copied, handles gone).
+When a call comes again while recorded, :meth:`Baton.lend` lends the connection with the record and waits,
+as for a long native call.  The backend gives the connection back at a packet boundary; the session's
+accounts and metrics then take in what it served, the handle table takes the handle counts it leaves, and
+the session reads on.
 
 Lending never takes what the server must see: it needs nothing buffered ahead, no stream in progress,
-and a worker that is idle.  A loan that served nothing doubles the number of repeats the next one waits
+and a backend that is idle.  A loan that served nothing doubles the number of repeats the next one waits
 for (up to :data:`MAX_SKIP`), so a client that mixes calls with other requests pays at most a few
 round trips more, and then nothing.  If the worker dies during a loan, the shared page says where: in
 a native call, that request is answered with the crash, as on the usual path, and the session goes
@@ -20,23 +26,16 @@ on; in the middle of an answer, the connection ends (the client would read a bro
 
 from __future__ import annotations
 
-import mmap
-import os
 import socket
+import struct
 from dataclasses import dataclass
 from typing import Any, Optional
 
-import trio
-
-from .answers import Returned
+from .answers import Answer, Failed, Returned, message
 from .handles import PackedFunction
-from ..native.confine_wire import ProtocolViolation
-from ..native.fastpath import DEADLINE, wait_answer
-from ..native.library import NativeError, NativeFunction
-from ..native.replay import CALLING, IDLE, PAGE_FORMAT, PAGE_SIZE, Entry, hold
-from ..native.shm import _seal
-from ..native.wire import FrameError
-from ..native.worker import _send
+from ..native.backend import LoanDied
+from ..native.library import NativeError
+from ..native.replay import CALLING, IDLE, Entry
 from ..protocol import CallFunc, FunctionHandle, RPCCode, Syscall
 
 #: the global the clients of both dialects call to look a function up in a module
@@ -53,24 +52,10 @@ def harden(sock: Any) -> None:
     when the worker is gone, just before the server closes the connection.  (Its other settings,
     buffer sizes, time-outs, ``O_NONBLOCK``, touch only this session; the owner that receives ``SIGIO``
     is refused by the worker's filter, and the server ignores ``SIGIO``.)"""
-    import struct
-
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 0, 0))
     except OSError:
         pass
-
-
-class _Here:
-    """The state ``replay.hold`` reads, for a loan served in the server's own process (its calls are
-    given to it bound: only results are converted, and here they stay as they are)."""
-
-    @staticmethod
-    def to_wire(value: Any) -> Any:
-        return value
-
-
-_HERE = _Here()
 
 
 class LoanBroken(ConnectionError):
@@ -83,40 +68,38 @@ class Recorded:
     event: Any  # the request, for the metrics
     answer: Any  # the session's answer, for the metrics
     what: str  # the function's name, for errors
-    args: Any = None  # in process: (the native function, its arguments), bound when first lent
-    call: Any = None  # in process: that bound call
+    call: Any = None  # a call's record, what the backend repeats it with (``Backend.last_call``)
 
 
 class Baton:
-    def __init__(self, session: Any, worker: Any):
-        self.session, self.worker = session, worker
+    def __init__(self, session: Any, backend: Any):
+        self.session, self.backend = session, backend
         self.recorded: dict[bytes, Recorded] = {}
-        self.functions: dict[int, PackedFunction] = {}  # the worker's function handles the record names
-        self.page: Optional[mmap.mmap] = None
+        self.functions: dict[int, PackedFunction] = {}  # the backend's function handles the record names
         self.skip, self.backoff = 0, 1
-        self.lent = False  # the worker holds the client's socket (sent once)
-        self.served = 0  # requests the worker answered, over the session
+        self.lent = False  # the connection was lent (a worker may hold the client's socket since)
+        self.served = 0  # requests the backend answered, over the session
 
     # ------------------------------------------------------------------ recording
     def note(self, ev: Any, answer: Any, packet: Optional[bytes], out: list) -> bool:
-        """Record the request just answered; True when the worker should take the connection now."""
+        """Record the request just answered; True when the connection should be lent now."""
         kind = self._kind(ev, answer) if packet is not None else None
         if kind is None:
             if self.recorded:
                 self.forget()
             return False
-        k, handle, frame, what, args = kind
+        k, handle, frame, what, call = kind
         answer_bytes = b"".join(bytes(b) for b in out)
         seen = self.recorded.get(packet)
         entry = Entry(packet, k, handle, frame, answer_bytes)
-        if seen is not None and seen.entry == entry and (args is None or seen.args[0] is args[0]):
-            seen.event, seen.answer = ev, answer  # (an in-process call keeps its bound call)
+        if seen is not None and seen.entry == entry and (type(call) is not tuple or seen.call[0] is call[0]):
+            seen.event, seen.answer = ev, answer  # (a call in this process keeps its record: its bound call)
         else:
-            self.recorded[packet] = Recorded(entry, ev, answer, what, args)
+            self.recorded[packet] = Recorded(entry, ev, answer, what, call)
         if len(self.recorded) > MAX_ENTRIES:
             self.forget()
             return False
-        if k != "call" or seen is None or seen.entry != entry or self.worker is not None and self.worker.dead:
+        if k != "call" or seen is None or seen.entry != entry or getattr(self.backend, "dead", None):
             return False
         if self.skip:
             self.skip -= 1
@@ -130,28 +113,22 @@ class Baton:
         self.functions.clear()
 
     def _kind(self, ev: Any, answer: Any) -> Optional[tuple]:
-        """``(kind, handle, frame, name)`` of a request the worker may repeat, else None."""
+        """``(kind, handle, frame, name, call record)`` of a request the backend may repeat, else None."""
         handles = self.session.handles
         if type(ev) is CallFunc:
             func = handles.objects.get(ev.handle)
             if type(func) is not PackedFunction or type(answer) is not Returned:
                 return None
-            if self._ours(func.fn):  # one of the native functions, called
-                if self.worker is None:  # in process: the call's arguments, as the session ran it
-                    last, self.session.last_native = self.session.last_native, None
-                    if last is None or last[0] is not func.fn or answer.value is not None:
-                        return None
-                    self.functions[ev.handle] = func
-                    return "call", ev.handle, b"", func.name, last
-                frame, self.worker.last_frame = self.worker.last_frame, None
-                if frame is None or answer.value is not None:
+            if self.backend.owns(func.fn):  # one of the native functions, called
+                call = self.backend.last_call(func.fn)
+                if call is None or answer.value is not None:
                     return None
                 self.functions[ev.handle] = func
-                return "call", ev.handle, frame, func.name, None
+                return "call", ev.handle, call if type(call) is bytes else b"", func.name, call
             value = answer.value
             if func.name == GET_FUNCTION and type(value) is FunctionHandle:
                 found = handles.objects.get(value.value)
-                if type(found) is PackedFunction and self._ours(found.fn):
+                if type(found) is PackedFunction and self.backend.owns(found.fn):
                     self.functions[value.value] = found
                     return "get", value.value, b"", found.name, None
             return None
@@ -160,12 +137,6 @@ class Baton:
             if handle in self.functions and type(answer) is Returned:
                 return "free", handle, b"", self.functions[handle].name, None
         return None
-
-    def _ours(self, fn: Any) -> bool:
-        """A function the loan may run: the worker's, or (in process) a native function."""
-        if self.worker is None:
-            return type(fn) is NativeFunction
-        return getattr(fn, "worker", None) is self.worker
 
     def _count(self, handle: int) -> int:
         handles = self.session.handles
@@ -176,107 +147,47 @@ class Baton:
         return {h: self._count(h) for h in {r.entry.handle for r in recorded}}
 
     # ------------------------------------------------------------------ lending
-    def _page_fd(self) -> int:
-        fd = os.memfd_create("rpcsrv-loan", os.MFD_CLOEXEC | getattr(os, "MFD_ALLOW_SEALING", 2))
-        os.ftruncate(fd, PAGE_SIZE)
-        _seal(fd)  # the worker cannot shrink it under the server's mapping
-        self.page = mmap.mmap(fd, PAGE_SIZE)
-        return fd
-
     async def lend(self, io: Any, conn: Any, record: Any = None, stats: Any = None,
-                   live: Any = None) -> Optional[tuple]:
-        """Lend the connection until the worker gives it back.  Returns None, or what the server still
-        owes: ``(packet, kind, value)`` for a request the worker took off the socket and could not
-        answer (``err``: the call's error text, ``value``: its wire value, ``crash``: the error of its
-        worker's death); the server answers it as if it had read ``packet`` itself."""
-        worker = self.worker
-        if worker is None:
-            return await self._lend_here(io, conn, record, stats, live)
-        if worker.dead is not None or not conn.drained() or not worker.lock.acquire(blocking=False):
-            return None
-        recorded = list(self.recorded.values())
-        counts = self._counts(recorded)
-        try:
-            fds: list[int] = []
-            try:
-                if not self.lent:
-                    io.share()  # before the worker can touch the descriptor's flags
-                    fds = [io.sock.fileno(), self._page_fd()]
-                _send(worker.sock, (worker._budget(), ("hold", [tuple(r.entry) for r in recorded], counts, io.spin)),
-                      fds)
-                self.lent = True
-            finally:
-                if len(fds) == 2:
-                    os.close(fds[1])
-            try:
-                if not await wait_answer(worker):
-                    return self._died(NativeError(DEADLINE), recorded)
-                reply = worker._settle(worker._recv())
-            except (ProtocolViolation, EOFError, OSError, ConnectionError, FrameError) as exc:
-                return self._died(worker._failure(exc, "native call"), recorded)
-            except BaseException:
-                if worker.dead is None:  # cancelled (the session ends) while the worker holds the connection
-                    worker.kill("stopped: its session ended while it served the connection")
-                raise
-        finally:
-            worker.lock.release()
-            io.sock.setblocking(False)  # the worker read it blocking (the server's reads say MSG_DONTWAIT
-            # anyway: native code in the worker may change the flag at any time)
-        return self._returned(reply, recorded, counts, io, conn, record, stats, live)
-
-    async def _lend_here(self, io: Any, conn: Any, record: Any, stats: Any, live: Any) -> Optional[tuple]:
-        """``--native inprocess``: the loan's loop runs in a thread of the server (the same loop, in C:
-        it holds no interpreter lock while it waits or calls), with the native calls bound here."""
+                   live: Any = None) -> Optional[Answer]:
+        """Lend the connection until the backend gives it back.  Returns None, or the answer the server still
+        owes: to a request the backend took off the socket and did not answer (an error, a value, or its
+        worker's death), worded as on the server's own path; the connection has taken that request in."""
         if not conn.drained():
             return None
         recorded = list(self.recorded.values())
-        bound = {}
-        for i, r in enumerate(recorded):
-            if r.entry.kind == "call":
-                if r.call is None:
-                    fn, args = r.args
-                    r.call = fn.bind(*args, hold=True, returns=True)
-                bound[i] = r.call
         counts = self._counts(recorded)
-        if self.page is None:
-            self.page = mmap.mmap(-1, PAGE_SIZE)
+        calls = {i: r.call for i, r in enumerate(recorded) if r.entry.kind == "call"}
+        conn.lend()
         self.lent = True
-        done: list = []
-
-        async def serve() -> None:
-            done.append(await trio.to_thread.run_sync(hold, _HERE, io.sock, self.page,
-                                                      [tuple(r.entry) for r in recorded], counts, bound, io.spin))
-            nursery.cancel_scope.cancel()
-
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(serve)
-                try:
-                    await trio.sleep_forever()
-                except trio.Cancelled:
-                    if not done:  # the session ends (deadline, shutdown) while the thread holds the
-                        io.sock.shutdown(socket.SHUT_RDWR)  # connection: its loop sees the close
-                    raise
+            result = await self.backend.lend(io, [r.entry for r in recorded], counts, calls)
+        except LoanDied as died:
+            return self._died(died, recorded, conn, record)
+        except BaseException:
+            conn.take_back()
+            raise
         finally:
-            io.sock.setblocking(False)
-        return self._returned(("ok", done[0]), recorded, counts, io, conn, record, stats, live)
+            io.sock.setblocking(False)  # the borrower read it blocking (the server's reads say MSG_DONTWAIT
+            # anyway: native code in the worker may change the flag at any time)
+        return self._returned(result, recorded, counts, io, conn, record, stats, live)
 
-    def _died(self, error: Exception, recorded: list) -> Optional[tuple]:
+    def _died(self, died: LoanDied, recorded: list, conn: Any, record: Any) -> Optional[Answer]:
         """The worker is gone during a loan: the request it was running, if it was, owes its crash."""
         self.forget()
-        state, index = PAGE_FORMAT.unpack_from(self.page, 0) if self.page is not None else (0, 0)
-        if state == CALLING and 0 <= index < len(recorded):
-            return recorded[index].entry.packet, "crash", error
-        if state != IDLE:  # bytes of the client's read and lost, or half an answer sent
-            raise LoanBroken(f"the native worker died holding the client's connection mid-request: {error}")
+        if died.state == CALLING and 0 <= died.index < len(recorded):
+            return self._owed(conn, record, recorded[died.index].entry.packet, Failed(message(died.error)))
+        if died.state != IDLE:  # bytes of the client's read and lost, or half an answer sent
+            raise LoanBroken(f"the native worker died holding the client's connection mid-request: {died.error}")
+        conn.take_back()
         return None
 
-    def _returned(self, reply: tuple, recorded: list, counts: dict, io: Any, conn: Any, record: Any,
-                  stats: Any, live: Any) -> Optional[tuple]:
-        """Take in what the worker served (accounts, metrics, handle counts); what is owed, if anything."""
-        result = reply[1] if reply[0] == "ok" and type(reply[1]) is dict else None
-        if result is None:  # refused to serve (a worker that cannot): lend no more
-            self.skip = self.backoff = MAX_SKIP
+    def _returned(self, result: Optional[dict], recorded: list, counts: dict, io: Any, conn: Any, record: Any,
+                  stats: Any, live: Any) -> Optional[Answer]:
+        """Take in what the backend served (accounts, metrics, handle counts); what is owed, if anything."""
+        if not result:  # busy, or refused to serve (a worker that cannot): lend no more
+            conn.take_back()
+            if result is not None:
+                self.skip = self.backoff = MAX_SKIP
             return None
         served = _ints(result.get("served"), len(recorded))
         seconds = result.get("seconds") or []
@@ -292,25 +203,35 @@ class Baton:
                 if n:
                     stats.observe_many(r.event, r.answer, n, float(s), live)
         self.skip, self.backoff = (self.backoff, min(2 * self.backoff, MAX_SKIP)) if not total else (0, 1)
-        unread = result.get("unread")
-        if unread:  # what the worker read of a request it left to the server
+        unread = result.get("unread") or b""
+        if unread:  # what the backend read of a request it left to the server
             if type(unread) is not bytes or len(unread) > max(len(r.entry.packet) for r in recorded) + 1:
+                conn.take_back()
                 raise LoanBroken("the native worker gave back more than it may have read")
             io.bytes_in += len(unread)
-            conn.receive_data(unread)
         pending = result.get("pending")
         if result.get("why") != "pending" or type(pending) is not tuple or len(pending) != 3:
+            conn.take_back(unread)
             return None
         self.forget()  # the call answered otherwise than recorded
         kind, value, index = pending
         if kind not in ("err", "value") or type(index) is not int or not 0 <= index < len(recorded):
+            conn.take_back()
             raise LoanBroken("the native worker named no request it had taken")
-        if kind == "value" and self.worker is not None:
-            value = self.worker.from_wire(value)
-        return recorded[index].entry.packet, kind, value
+        answer = Failed(message(NativeError(value))) if kind == "err" else Returned(self.session.to_wire(value), True)
+        return self._owed(conn, record, recorded[index].entry.packet, answer)
+
+    def _owed(self, conn: Any, record: Any, packet: bytes, answer: Answer) -> Answer:
+        """The answer to a request the backend took off the socket: the connection takes the request's bytes
+        back, as if from the socket, and moves on it as on any request."""
+        conn.take_back(packet)
+        conn.next_event()
+        if record is not None:
+            record.calls += 1
+        return answer
 
     def _settle_counts(self, reported: Any, before: dict, served: list, recorded: list) -> None:
-        """The handle counts the worker leaves, within what its gets and frees could have made them."""
+        """The handle counts the backend leaves, within what its gets and frees could have made them."""
         if type(reported) is not dict:
             return
         gets = sum(n for r, n in zip(recorded, served) if r.entry.kind == "get")

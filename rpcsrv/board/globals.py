@@ -4,6 +4,11 @@ The names are TVM's (``python/tvm/rpc/server.py``, ``src/runtime/rpc/rpc_server_
 ``src/runtime/rpc/rpc_module.cc``).  Each entry builds the session's own function object, so file
 functions are confined to that session's workspace and modules land in that session's handle table.
 Unknown names answer a null handle, as TVM does (the client then raises its own "not found").
+
+What works on modules goes to the backend the module belongs to (``rpcsrv.native.backend``: this process or
+the session's worker, ``Session.native.backend_of``): looking a function up, timing it, and the global
+functions over modules (the graph executor's ``create``), which are registered once, in the backends'
+table (``backend.GLOBALS``), and handed out here by name.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from functools import partial
 from typing import Any, Callable, Optional
 
 from ..executor.module import RuntimeModule
+from ..native.backend import GLOBALS
 from ..protocol import Device, FunctionHandle
 from .session import PackedFunction, RPCUserError, Session
 
@@ -92,7 +98,8 @@ def _load_module(sess: Session, path: str) -> RuntimeModule:
 def _module_get_function(sess: Session, mod, name: str, query_imports=False):
     if not isinstance(mod, RuntimeModule):
         raise RPCUserError(f"ModuleGetFunction expects a module, got {type(mod).__name__}")
-    fn = mod.find_function(name, bool(query_imports))
+    backend = sess.native.backend_of(mod)
+    fn = backend.get_function(mod, name, bool(query_imports))
     if fn is None:
         return None
     known = sess.module_functions.get(id(fn))
@@ -100,9 +107,7 @@ def _module_get_function(sess: Session, mod, name: str, query_imports=False):
     if func is not None and func.fn is fn:  # the same function again: the same handle, counted
         sess.handles.reissue(known[0], func, f"get_function {name}")
         return FunctionHandle(known[0])
-    from ..native.fastpath import runner
-
-    func = PackedFunction(fn, name, blocking=True, run=runner(fn, sess.limiter))
+    func = PackedFunction(fn, name, blocking=True, run=backend.runner(fn, sess.limiter), backend=backend)
     handle = sess.put_object(func)
     if len(sess.module_functions) >= MODULE_FUNCTIONS:
         sess.module_functions.clear()
@@ -121,22 +126,16 @@ def _import_module(sess: Session, parent, child) -> None:
     parent.imports.append(child)
 
 
-def _create_executor(debug: bool):
-    def create(sess: Session, *args) -> RuntimeModule:
-        from ..executor.graph import debug as debug_executor, executor as graph  # lazily: numpy kernels
-        from ..native.proxy import WorkerModule
-
-        worker_lib = next((a for a in args if isinstance(a, WorkerModule)), None)
-        if worker_lib is not None:  # the library's native code lives in a worker: build the executor there
-            name = "tvm.graph_executor_debug.create" if debug else "tvm.graph_executor.create"
-            return worker_lib.worker.call_global(name, args)
-        return (debug_executor.create_graph_executor_debug if debug else graph.create_graph_executor)(*args)
-    return create
+def _module_global(name: str):
+    """The backends' global function ``name``, run by the backend of its module argument."""
+    def run(sess: Session, *args) -> Any:
+        module = next((a for a in args if isinstance(a, RuntimeModule)), None)
+        return sess.native.backend_of(module).call_global(name, list(args))
+    return run
 
 
-for _name, _debug in (("tvm.graph_executor.create", False), ("tvm.graph_runtime.create", False),
-                      ("tvm.graph_executor_debug.create", True), ("tvm.graph_runtime_debug.create", True)):
-    reg(_name, blocking=True)(_create_executor(_debug))
+for _name in GLOBALS:
+    reg(_name, blocking=True)(_module_global(_name))
 
 
 @reg("runtime.RPCTimeEvaluator")
@@ -146,11 +145,8 @@ def _time_evaluator(sess: Session, mod, name: str, device_type: int, device_id: 
                     cache_flush_bytes: int = 0, f_preproc: str = "") -> PackedFunction:
     """TVM's time evaluator: returns a function whose result is ``repeat`` float64 seconds-per-call.
 
-    The loop is ``rpcsrv.native.measure.time_evaluator``; for a module in a native worker it runs in
-    the worker, so the timings hold no IPC."""
-    from ..native.measure import PREPROC, time_evaluator
-    from ..native.proxy import WorkerFunction
-
+    The loop is ``rpcsrv.native.measure.time_evaluator``, run by the backend of the function (in a native
+    worker for its functions, so the timings hold no IPC); ``f_preproc`` names one of ``measure.PREPROC``."""
     if mod is None:
         target = sess.registry.get(name, sess)
         fn = target.fn if target else None
@@ -163,15 +159,8 @@ def _time_evaluator(sess: Session, mod, name: str, device_type: int, device_id: 
     Device(device_type, device_id)  # validated by the caller's device use
     params = (number, repeat, min_repeat_ms, limit_zero_time_iterations, cooldown_interval_ms,
               repeats_to_cooldown, cache_flush_bytes)
-    if isinstance(fn, WorkerFunction):
-        return PackedFunction(fn.time_evaluator(params, f_preproc), f"time_evaluator({name})", blocking=True)
-    preproc = None
-    if f_preproc:
-        preproc = PREPROC.get(f_preproc) or getattr(sess.registry.get(f_preproc, sess), "fn", None)
-        if preproc is None:
-            raise RPCUserError(f"Cannot find {f_preproc} in the global function")
     try:
-        evaluate = time_evaluator(fn, *params, f_preproc=preproc)
+        evaluate = sess.native.backend_of(fn).time_evaluator(fn, params, f_preproc)
     except ValueError as exc:
         raise RPCUserError(str(exc)) from None
     return PackedFunction(evaluate, f"time_evaluator({name})", blocking=True)

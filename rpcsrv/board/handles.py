@@ -44,6 +44,7 @@ class PackedFunction:
     that takes those bytes piece by piece as they arrive, so a large call never sits in memory whole.
     ``run``: for native code, an async runner the session awaits instead of a worker thread
     (``rpcsrv.native.fastpath``), answering ``(done, value)``; not done, the call takes the thread.
+    ``backend``: the backend the function belongs to, for a module's function (``rpcsrv.native.backend``).
     """
 
     fn: Callable[..., Any]
@@ -51,6 +52,7 @@ class PackedFunction:
     blocking: bool = True
     stream: Optional[Callable[..., Any]] = None
     run: Optional[Callable[..., Any]] = None
+    backend: Any = None
 
 
 class HandleTable:

@@ -32,7 +32,7 @@ from ..protocol.codec import MAX_NDIM
 from ..protocol.connection import DEFAULT_MAX_PACKET
 
 
-@dataclass
+@dataclass(frozen=True)
 class Limits:
     max_memory: int = 4 << 30
     max_workspace: int = 4 << 30

@@ -6,9 +6,15 @@ What the client can name lives in the session's :class:`~rpcsrv.board.handles.Ha
 the client makes the server hold is charged to the session's :class:`~rpcsrv.board.accounts.MemoryAccount`
 (a child of the server-wide one) before it is allocated.
 
+What it does with its board (loading a library, looking a function up, calling it) goes to a backend
+(``rpcsrv.native.backend``: this process, or the session's native worker process), chosen for each library by
+the board's policy (``Session.native``, a ``NativeSession``) and, for what a library holds, by where it was
+loaded (``NativeSession.backend_of``); the session never asks which one it has.
+
 Every error a request causes becomes an RPC exception with a message; the session goes on.  Heavy
 calls (module functions: inference, loading) run in a worker thread via ``trio.to_thread``, under the
-server's thread limiter, so other sessions keep being served.  ``close`` releases everything.
+server's thread limiter, so other sessions keep being served; a native function's backend may give it a
+runner that the event loop awaits instead (no thread hop).  ``close`` releases everything.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import numpy as np
 import trio
 
 from .accounts import BudgetError, MemoryAccount, RPCUserError
-from .answers import INIT_DONE, Answer, CopyData, Failed, Returned
+from .answers import INIT_DONE, Answer, CopyData, Failed, Returned, message
 from ..executor.memory import ALLOCATION_HOOK
 from ..executor.module import RuntimeModule
 from .handles import HandleTable, NDArrayRef, PackedFunction
@@ -32,7 +38,7 @@ from ..protocol import (BadPacket, CallFunc, CallFuncEnd, CallFuncStart, Connect
                        Dialect, FunctionHandle, InitServer, ModuleHandle,
                        ObjectHandle, OpaqueHandle, RemoteTensor, Syscall, TensorHeader)
 from ..protocol.codes import PROTOCOL_VERSION
-from ..protocol.dtypes import HOST_DEVICE_TYPES, DLDataTypeCode
+from ..protocol.dtypes import HOST_DEVICE_TYPES
 from .streaming import StreamedCall
 from .syscalls import SyscallsMixin
 from .workspace import Workspace
@@ -58,8 +64,7 @@ class Session(SyscallsMixin):
         self.limiter = limiter
         self.globals: dict[str, int] = {}  # global function name -> its handle
         self.module_functions: dict[int, tuple] = {}  # id(module function) -> (its handle, weakref)
-        self.baton: Any = None  # lends the connection to the native worker (``baton.py``), once it calls
-        self.last_native: Any = None  # (function, arguments) of the last in-process native call (``baton.py``)
+        self.baton: Any = None  # lends the connection for repeated native calls (``baton.py``), once one is made
         self.initialized = False
         self.closed = False
         self._stream: Optional[StreamedCall] = None  # the streamed call in progress (see open_stream)
@@ -111,11 +116,15 @@ class Session(SyscallsMixin):
         """A numpy view of the remote tensor ``t`` (bounds- and device-checked)."""
         if t.device.device_type not in HOST_DEVICE_TYPES:
             raise RPCUserError(f"device {t.device} is not available on this board (cpu and ext_dev only)")
-        buf = self.handles.get_buffer(t.data, "tensor argument")
-        try:
-            dtype = t.dtype.numpy()
-        except ValueError as exc:
-            raise RPCUserError(str(exc)) from None
+        buf = self.handles.buffers.get(t.data)
+        if buf is None:
+            buf = self.handles.get_buffer(t.data, "tensor argument")  # (it raises: not this session's)
+        dtype = _DTYPES.get(t.dtype)
+        if dtype is None:
+            try:
+                dtype = _DTYPES[t.dtype] = t.dtype.numpy()
+            except ValueError as exc:
+                raise RPCUserError(str(exc)) from None
         nbytes = int(np.prod(t.shape, dtype=np.int64)) * dtype.itemsize
         if t.byte_offset + nbytes > buf.nbytes:
             raise RPCUserError(f"tensor of {nbytes} bytes at offset {t.byte_offset} exceeds its "
@@ -123,10 +132,7 @@ class Session(SyscallsMixin):
         return buf[t.byte_offset:t.byte_offset + nbytes].view(dtype).reshape(t.shape)
 
     def _dtype_for_client(self, dtype: np.dtype) -> DataType:
-        dt = DataType.from_numpy(dtype)
-        if dt.is_bool and self.conn.wire_dialect is Dialect.FFI:
-            return DataType(DLDataTypeCode.BOOL, 8, 1)
-        return dt
+        return DataType.from_numpy(dtype, ffi=self.conn.wire_dialect is Dialect.FFI)
 
     def export_array(self, arr: np.ndarray) -> RemoteTensor:
         """Hand an array to the client as an NDArray (its memory gets a data handle).  Its bytes are
@@ -217,7 +223,7 @@ class Session(SyscallsMixin):
             if not isinstance(exc, (RPCUserError, ValueError, TypeError, KeyError, IndexError,
                                     FileNotFoundError, PermissionError, RuntimeError)):
                 log.exception("internal error serving %s", self.peer)
-            return Failed(_message(exc))
+            return Failed(message(exc))
 
     def _init(self, ev: InitServer) -> Answer:
         if self.initialized:
@@ -256,13 +262,11 @@ class Session(SyscallsMixin):
         if func.run is not None:
             done, result = await func.run(*args)
             if done:
-                worker = getattr(func.fn, "worker", None)
-                if worker is None:  # a native function in this process: a loan may bind the call
-                    self.last_native = (func.fn, args)
-                if self.baton is None or self.baton.worker is not worker:
+                backend = func.backend
+                if self.baton is None or self.baton.backend is not backend:
                     from .baton import Baton  # native code called: repeated calls may be lent
 
-                    self.baton = Baton(self, worker)
+                    self.baton = Baton(self, backend)
                 return result if type(result) in _PLAIN else self.to_wire(result)
         result = await trio.to_thread.run_sync(self._run_charged, func.fn, args, limiter=self.limiter)
         return result if type(result) in _PLAIN else self.to_wire(result)
@@ -313,12 +317,7 @@ class Session(SyscallsMixin):
 
 #: values that cross as they are, both ways (arguments to functions, results to the client)
 _PLAIN = frozenset({type(None), bool, int, float, str})
+#: the numpy dtype of each DataType a tensor argument named (looked up per argument)
+_DTYPES: dict = {}
 
 
-
-def _message(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    name = type(exc).__name__
-    if name in ("RPCUserError", "RuntimeError"):
-        return text
-    return f"{name}: {text}"

@@ -17,7 +17,7 @@ may clear ``O_NONBLOCK``), every read says ``MSG_DONTWAIT`` itself.  Bytes are c
 syscalls report them.  Large bodies are received straight into the memory the protocol names
 (``recv_into``) and sent from the caller's buffers without joining them.
 
-Failure rules (issue 11):
+Failure rules:
 
 * idle: a wait for the peer (to send, or to take what we send) longer than ``idle_timeout`` raises
   :class:`IdleTimeout` (an ``OSError``), and the server drops the connection;

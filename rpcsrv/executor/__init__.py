@@ -3,8 +3,9 @@
 This package's namespace is its public interface (the names below, for the board, the native layer,
 plugins, tests and benches); each job has its own module (docs/architecture.md, docs/executor.md):
 
-* ``build.py``: :func:`build_runtime`, :func:`load_module`, :class:`BuildOptions`, ``RUNTIME_KINDS`` and
-  :func:`register_runtime` (a runtime module per node of the tree, by its plugin kind);
+* ``build.py``: :func:`build_runtime`, :func:`load_module`, :class:`BuildOptions` (a runtime module per node of
+  the tree, by its kind in the one registry of kinds); ``runtimes.py``: the built-in kinds' runtimes, attached
+  to the registry when this package is imported;
 * ``module.py``: the runtime object model: :class:`RuntimeModule`, :class:`ExecutorError`, ``STEP_HOOK``;
 * ``placeholders.py`` (the host library without native code, unknown modules), ``const_loader.py``;
 * ``graph/``: the graph executor, its factory and its debug variant; ``examplejson/``: the ExampleJSON
@@ -15,19 +16,20 @@ plugins, tests and benches); each job has its own module (docs/architecture.md, 
 
 from __future__ import annotations
 
-from .build import RUNTIME_KINDS, BuildOptions, build_runtime, load_module, register_runtime
+from . import runtimes  # noqa: F401  (attaches the built-in kinds' runtimes to the registry)
+from .build import BuildOptions, build_runtime, load_module
 from .const_loader import ConstLoaderRuntime
 from .examplejson.subgraphs import ExampleJSONRuntime
 from .examplejson.text import ExampleJSONError
 from .graph.executor import GraphExecutorModule
 from .graph.factory import GraphExecutorFactoryRuntime
-from .graph.graph_json import GraphJSONError
+from ..loader.graph_json import GraphJSONError
 from .memory import tune_allocator
 from .module import ExecutorError, RuntimeModule
 from .placeholders import HostLibraryRuntime, OpaqueRuntime
 
 __all__ = [
-    "build_runtime", "load_module", "register_runtime", "BuildOptions", "RUNTIME_KINDS", "ExecutorError",
+    "build_runtime", "load_module", "BuildOptions", "ExecutorError",
     "ExampleJSONError", "GraphJSONError", "RuntimeModule", "GraphExecutorModule", "GraphExecutorFactoryRuntime",
     "ExampleJSONRuntime", "ConstLoaderRuntime", "HostLibraryRuntime", "OpaqueRuntime", "tune_allocator",
 ]

@@ -5,38 +5,34 @@ library without loading it (``rpcsrv.loader``), then :func:`build_runtime` makes
 for each node of the module tree, keeping the import structure, and checks everything that can
 be checked before any data arrives (graph JSON, ExampleJSON text and ops, constants).
 
-Module kinds: plugins, one walk
--------------------------------
-Each node's runtime module comes from its kind (``rpcsrv.loader.plugins``: ``ModuleKind.runtime``,
-``factory(node, imports, options) -> RuntimeModule``), installed as a plugin: the built-in kinds
-(graph executor factory: ``graph/factory.py``; const loader: ``const_loader.py``; ExampleJSON:
-``examplejson/subgraphs.py``; the Relax VM: ``vm/``) and those of installed packages (entry-point group
-``rpcsrv.runtimes``).  Two nodes are not payload kinds and stay in ``RUNTIME_KINDS`` (by node class, and
-its bases):
-
-==========================  =================================================================
-HostLibraryModule           ``options.host_library(node, imports)``: native functions by symbol
-                            (``rpcsrv.native``), or by default ``HostLibraryRuntime``, which
-                            lists the symbols and refuses to run them
-UnknownModule (any other)   ``OpaqueRuntime`` (kept in the tree, exports nothing)
-==========================  =================================================================
-
-``register_runtime(NodeClass, factory)`` still adds a kind by node class (code written before the
-plugin interface).  ``build_runtime`` converts the tree once, imports first, each node once (a DAG
-stays a DAG), then links constants through the modules' own hooks (``RuntimeModule.bind_constants``,
-``bind_params``, ``check_constants``): no kind is special here.  Lookup is TVM's everywhere:
-``RuntimeModule.find_function`` asks the module itself, then its imports depth-first
-(``rpcsrv.loader.modules.walk_imports``, the one walk shared by loader nodes and runtime modules).
+Module kinds: one registry, one walk
+------------------------------------
+Each node's runtime module comes from its kind (the one registry, ``rpcsrv.loader.node.REGISTRY``:
+``ModuleKind.runtime``, ``factory(node, imports, options) -> RuntimeModule``): the built-in kinds, whose
+runtimes the executor attaches (``runtimes.py``: the graph executor factory, the const loader, ExampleJSON,
+the Relax VM, the JSON runtime, and the host library, which becomes ``options.host_library(node, imports)``:
+native functions by symbol (``rpcsrv.native``), or by default ``HostLibraryRuntime``, which lists the
+symbols and refuses to run them), and those of installed packages (entry-point group ``rpcsrv.runtimes``).
+A module no kind decodes (``UnknownModule``) becomes ``OpaqueRuntime``, kept in the tree and exporting
+nothing, unless an installed plugin that is turned off would take it: then the library is refused here,
+naming the plugin (``rpcsrv.loader.plugins.refusal``).  A kind that decodes but has no runtime (a
+codec a compiler added) is refused the same way.  ``build_runtime`` converts the tree once, imports first,
+each node once (a DAG stays a DAG), then links constants through the modules' own hooks
+(``RuntimeModule.bind_constants``, ``bind_params``, ``check_constants``): no kind is special here.  Lookup
+is TVM's everywhere: ``RuntimeModule.find_function`` asks the module itself, then its imports depth-first
+(``rpcsrv.loader.node.walk_imports``, the one walk shared by loader nodes and runtime modules).
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..loader.modules import HostLibraryModule, ModuleNode
-from ..loader.plugins import kind_of
+import numpy as np
+
+from ..loader.modules import HostLibraryModule
+from ..loader.node import REGISTRY, UnknownModule
+from ..loader.plugins import claimant, refusal
 from .const_loader import ConstLoaderRuntime
 from .graph.factory import GraphExecutorFactoryRuntime
 from .memory import tune_allocator
@@ -48,57 +44,39 @@ def _placeholder_library(node: HostLibraryModule, imports: list[RuntimeModule]) 
     return HostLibraryRuntime(list(node.symbols), imports, node.type_key)
 
 
-@dataclass
-class BuildOptions:
-    """How the nodes that depend on the board's policy are built.
+def _zeros(nbytes: int) -> np.ndarray:
+    return np.zeros(nbytes, dtype=np.uint8)
 
-    ``host_library(node, imports)`` makes the runtime module of a host library (native code);
-    the default lists its symbols and refuses to run them (``rpcsrv serve --no-native``).
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """How the runtime modules of a tree are built where they run: the board's policy, passed down.
+
+    * ``host_library(node, imports)`` makes the runtime module of a host library (native code); the
+      default lists its symbols and refuses to run them (``rpcsrv serve --no-native``);
+    * ``allocate(nbytes)`` gives the zero-filled ``uint8`` storage pools of the graph executors built from
+      the tree (a native worker's: its shared arena, so that the session maps their outputs without a copy).
     """
 
     host_library: Callable[[HostLibraryModule, list[RuntimeModule]], RuntimeModule] = _placeholder_library
+    allocate: Callable[[int], np.ndarray] = _zeros
 
 
 RuntimeFactory = Callable[[Any, list[RuntimeModule], BuildOptions], RuntimeModule]
 
-RUNTIME_KINDS: dict[type, RuntimeFactory] = {
-    HostLibraryModule: lambda n, imports, o: o.host_library(n, imports),
-    ModuleNode: lambda n, imports, _o: OpaqueRuntime(n.type_key, imports),  # UnknownModule and the rest
-}
-
-
-def register_runtime(node_class: type, factory: RuntimeFactory) -> None:
-    """Add a module kind: loader nodes of ``node_class`` become ``factory(node, imports, options)``."""
-    RUNTIME_KINDS[node_class] = factory
-
-
-_RESOLVED: dict[str, RuntimeFactory] = {}
-
-
-def _resolve(ref: str) -> RuntimeFactory:
-    """A plugin's ``"module:attribute"`` runtime factory, imported once."""
-    if ref not in _RESOLVED:
-        module, _, attr = ref.partition(":")
-        try:
-            factory = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ExecutorError(f"runtime factory {ref!r} cannot be imported: {exc}") from None
-        _RESOLVED[ref] = factory
-    return _RESOLVED[ref]
-
 
 def _factory(node: Any) -> RuntimeFactory:
-    kind = kind_of(node)
-    if kind is not None:
-        return _resolve(kind.runtime) if isinstance(kind.runtime, str) else kind.runtime
-    for cls in type(node).__mro__:
-        factory = RUNTIME_KINDS.get(cls)
-        if factory is not None:
-            if cls is ModuleNode and type(node).__name__ != "UnknownModule":  # decoded, but nothing runs it
-                raise ExecutorError(f"module of type key {node.type_key!r}: this board has no runtime for it "
-                                    f"(no installed plugin registers it)")
-            return factory
-    raise ExecutorError(f"{type(node).__name__} is not a module of the loader's tree")
+    """The runtime factory of ``node``'s kind (see the module doc)."""
+    kind = REGISTRY.kind_of(node)
+    if kind is not None and kind.runtime is not None:
+        return kind.runtime
+    if isinstance(node, UnknownModule) and claimant(node.type_key) is None:
+        return _opaque  # kept: the tree keeps its shape
+    raise ExecutorError(f"{refusal(node.type_key)}; this board cannot load the library")
+
+
+def _opaque(node: Any, imports: list[RuntimeModule], _options: BuildOptions) -> RuntimeModule:
+    return OpaqueRuntime(node.type_key, imports)
 
 
 def build_runtime(root: Any, options: BuildOptions | None = None) -> RuntimeModule:

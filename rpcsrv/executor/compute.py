@@ -2,7 +2,7 @@
 
 Every session runs its calls in a worker thread of its own, and numpy's BLAS (OpenBLAS) would start
 as many threads per product as the machine has cores: K sessions then ask for K x cores threads on
-``cores`` cores, and the board does less work in total the more sessions compute (issue 16).  So a
+``cores`` cores, and the board does less work in total the more sessions compute.  So a
 model run (``GraphExecutorModule.run``) is a *job*:
 
 * at most ``CORES`` jobs compute at once (a semaphore; the others wait in their worker thread, so
@@ -16,8 +16,8 @@ model run (``GraphExecutorModule.run``) is a *job*:
   (through threadpoolctl's controller, a cheap call) only when it differs from the current one.
 
 In a native worker process (``rpcsrv.native``) the slots are the server's: the worker's policy is
-*remote* (``set_remote``), a job there asks the server for a slot and its thread count over the
-worker's socket, and the server holds the slot in its own policy for it.  So sessions whose models
+*remote* (the ``slots`` of :meth:`ComputePolicy.configure`), a job there asks the server for a slot and its
+thread count over the worker's socket, and the server holds the slot in its own policy for it.  So sessions whose models
 compute in worker processes share the same cores' slots as those computing in server threads.
 
 More BLAS threads are not always faster: a model of many small products (ShuffleNet) ran 20% slower
@@ -28,7 +28,7 @@ between one thread and the allowed count, and from then on it uses whichever was
 A job inside a job (a VM function that runs a graph executor, a profiler around a call) is part of
 the outer one: ``job()`` is reentrant per thread and takes no second slot.
 
-Jobs that compute in this interpreter run one at a time (``INTERPRETER_JOBS``), each with the BLAS
+Jobs that compute in this interpreter run one at a time (``ComputeSettings.interpreter_jobs``), each with the BLAS
 threads of every core left free; only jobs that compute elsewhere (a native worker's, held here with
 ``job(local=False)``) take the other slots.  Two model runs in two threads of one interpreter contend
 for its lock at every kernel call: ShuffleNet, 78 kernel calls of 20-600 us, ran 0.8x as many runs
@@ -37,9 +37,12 @@ at a time, K=2..32 ran 0.99-1.13x of one session.  A BLAS-bound model (ResNet-50
 at once with 1 BLAS thread each did no more than one with 2 threads.
 
 ``fixed_threads(n)`` pins the BLAS threads per job (benchmarks compare 1 and 2 threads with it);
-``None`` leaves the policy in charge.  The environment variable ``RPCSRV_BLAS_THREADS`` pins it for
-the whole process (a deployment's choice; the concurrency benchmark's single-thread reference).
-Without threadpoolctl the policy only limits concurrency.
+``None`` leaves the policy in charge.  How the process computes (:class:`ComputeSettings`: the priority of
+its computing threads, BLAS threads pinned for the whole process, jobs per interpreter) is set once by
+whoever owns the process, before its first job: a server from its options, a native worker from its start
+message (:meth:`ComputePolicy.configure`); a program that merely uses the executor keeps the defaults,
+which the environment may set (``rpcsrv.config.environment``).  Without threadpoolctl the policy only
+limits concurrency.
 """
 
 from __future__ import annotations
@@ -48,28 +51,42 @@ import contextlib
 import os
 import threading
 import time
+from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
+
+from ..config import environment
 
 #: the shortest window over which other processes' CPU use is measured, and how long a reading is used
 BUSY_WINDOW = 0.1
 
-#: how much lower the priority of threads that compute in the server is than its event loop's (a nice
-#: increment the server sets as ``POLICY.nice``; RPCSRV_COMPUTE_NICE overrides it): see
-#: ``ComputePolicy._yield_to_event_loop``
-COMPUTE_NICE = 5
-
-def env_int(name: str, default: int) -> int:
-    """The environment variable ``name`` as a non-negative int; ``default`` when unset or not a number."""
-    value = os.environ.get(name, "").strip()
-    return int(value) if value.isdigit() else default
-
-
-#: jobs that compute in this interpreter at once (see the module doc; the environment variable
-#: RPCSRV_INTERPRETER_JOBS sets it for a deployment whose models are BLAS-bound enough to gain from more)
-INTERPRETER_JOBS = max(1, env_int("RPCSRV_INTERPRETER_JOBS", 1))
-
 #: cores this process may run on
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class ComputeSettings:
+    """How one process computes.
+
+    * ``nice``: how much lower the threads that compute run than the one that answers (a nice increment;
+      0: no change): a server's event loop answers every session's small calls while jobs hold the cores
+      (``ComputePolicy._yield_to_event_loop``), a native worker's computing thread yields to its server;
+    * ``blas_threads``: BLAS threads per job, pinned for the whole process (None: the policy's choice; a
+      deployment's choice, and the concurrency benchmark's single-thread reference);
+    * ``interpreter_jobs``: jobs that compute in this interpreter at once (see the module doc; more for a
+      deployment whose models are BLAS-bound enough to gain from it).
+    """
+
+    nice: int = 0
+    blas_threads: Optional[int] = None
+    interpreter_jobs: int = 1
+
+    @classmethod
+    def from_environment(cls, nice: str = "") -> "ComputeSettings":
+        """The settings the environment gives (``nice``: the variable that sets the priority, if any)."""
+        pinned = environment.count("RPCSRV_BLAS_THREADS")
+        return cls(nice=(environment.count(nice) or 0) if nice else 0,
+                   blas_threads=None if pinned is None else max(1, pinned),
+                   interpreter_jobs=max(1, environment.count("RPCSRV_INTERPRETER_JOBS") or 1))
 
 
 class _Blas:
@@ -211,22 +228,29 @@ def _acquire(semaphore: threading.Semaphore, deadline: Optional[float]) -> None:
 class ComputePolicy:
     """A pool of ``cores`` job slots and the BLAS thread count that goes with the jobs running."""
 
-    def __init__(self, cores: int = CORES):
+    def __init__(self, cores: int = CORES, settings: Optional[ComputeSettings] = None):
         self.cores = max(1, cores)
         self._slots = threading.BoundedSemaphore(self.cores)
-        self._interpreter = threading.BoundedSemaphore(INTERPRETER_JOBS)
         self._lock = threading.Lock()
-        pinned = os.environ.get("RPCSRV_BLAS_THREADS", "")
-        self._fixed: Optional[int] = max(1, int(pinned)) if pinned.isdigit() else None
         self.running = 0
         self.blas = _Blas()
         self.others = OthersBusy()
         self._depth = threading.local()  # jobs this thread is inside (a nested job takes no slot)
-        self._remote: Optional[tuple[Callable[[], int], Callable[[], None]]] = None
-        #: nice increment for the threads that compute here (0: none; the server sets COMPUTE_NICE)
-        self.nice = 0
         self._niced = threading.local()  # whether this thread's priority was lowered (_yield_to_event_loop)
         self._blas_niced = False
+        self.configure(settings or ComputeSettings())
+
+    def configure(self, settings: ComputeSettings,
+                  slots: Optional[tuple[Callable[[], int], Callable[[], None]]] = None) -> None:
+        """How this process computes, set by its owner before the first job.  ``slots``: take job slots from
+        elsewhere, ``(acquire, release)``: ``acquire()`` blocks until a slot is granted and returns the BLAS
+        threads for it, ``release()`` gives it back (a native worker asks its server's policy)."""
+        self.settings = settings
+        #: nice increment for the threads that compute here (0: none)
+        self.nice = settings.nice
+        self._fixed: Optional[int] = settings.blas_threads
+        self._interpreter = threading.BoundedSemaphore(settings.interpreter_jobs)
+        self._remote = slots
 
     def threads_for(self, running: int) -> int:
         """BLAS threads per job while ``running`` jobs compute: the cores shared among the jobs, and only
@@ -322,11 +346,6 @@ class ComputePolicy:
             self.running -= 1
         self._slots.release()
 
-    def set_remote(self, acquire: Callable[[], int], release: Callable[[], None]) -> None:
-        """Take job slots from elsewhere: ``acquire()`` blocks until a slot is granted and returns the
-        BLAS threads for it, ``release()`` gives it back (a native worker asks the server's policy)."""
-        self._remote = (acquire, release)
-
     @contextlib.contextmanager
     def fixed_threads(self, n: Optional[int]) -> Iterator[None]:
         """Pin the BLAS threads per job to ``n`` (``None``: the policy) inside the block."""
@@ -339,7 +358,7 @@ class ComputePolicy:
             self.blas.current = None
 
 
-#: the process's policy, used by the graph executor's ``run``
-POLICY = ComputePolicy()
+#: the process's policy, used by the graph executor's ``run`` (configured by the process's owner: ``configure``)
+POLICY = ComputePolicy(settings=ComputeSettings.from_environment())
 job = POLICY.job
 fixed_threads = POLICY.fixed_threads

@@ -66,7 +66,7 @@ def tune_allocator() -> bool:
         return _state["done"]
 
 
-# Accounting hook (issue 11): the server sets ALLOCATION_HOOK around a session's calls; executors
+# Accounting hook: the server sets ALLOCATION_HOOK around a session's calls; executors
 # report storage they are about to allocate, so an over-budget graph is refused before allocation.
 ALLOCATION_HOOK: contextvars.ContextVar = contextvars.ContextVar("rpcsrv_allocation_hook", default=None)
 

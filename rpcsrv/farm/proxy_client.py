@@ -16,7 +16,7 @@ import socket
 import trio
 
 from ..protocol import tracker as tp
-from ..board.server import ServerConfig, serve_connection
+from ..board.server import Server, serve_connection
 
 log = logging.getLogger("rpcsrv.proxy")
 
@@ -32,7 +32,7 @@ async def _peek_code(stream: trio.SocketStream) -> int:
         await trio.sleep(0.01)
 
 
-async def serve_via_proxy(host: str, port: int, cfg: ServerConfig, first_backoff: float = 0.25,
+async def serve_via_proxy(host: str, port: int, server: Server, first_backoff: float = 0.25,
                           max_backoff: float = 5.0, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Wait at the proxy for clients and serve each; runs until cancelled."""
     backoff = first_backoff
@@ -42,11 +42,11 @@ async def serve_via_proxy(host: str, port: int, cfg: ServerConfig, first_backoff
             stream = None
             try:
                 stream = await trio.open_tcp_stream(host, port)
-                await stream.send_all(tp.proxy_hello(cfg.key))
+                await stream.send_all(tp.proxy_hello(server.options.key))
                 if not started:
                     task_status.started()
                     started = True
-                log.info("waiting at proxy %s:%d under key %r", host, port, cfg.key)
+                log.info("waiting at proxy %s:%d under key %r", host, port, server.options.key)
                 await _peek_code(stream)
             except tp.TrackerError as exc:
                 log.warning("proxy %s:%d: %s", host, port, exc)
@@ -54,7 +54,7 @@ async def serve_via_proxy(host: str, port: int, cfg: ServerConfig, first_backoff
                 log.warning("proxy %s:%d unreachable (%s); retry in %.2gs", host, port, exc, backoff)
             else:
                 backoff = first_backoff
-                sessions.start_soon(serve_connection, stream, cfg, True)
+                sessions.start_soon(serve_connection, stream, server, True)
                 continue
             if stream is not None:
                 await stream.aclose()

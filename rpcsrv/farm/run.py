@@ -22,7 +22,7 @@ from typing import Optional
 import trio
 
 from .registration import TrackerRegistration
-from ..board.server import ServerConfig, open_metrics, serve
+from ..board.server import Server, open_metrics, serve
 
 log = logging.getLogger("rpcsrv.farm.run")
 
@@ -35,43 +35,44 @@ class BoardOptions:
     drain_seconds: float = 10.0
 
 
-async def run_board(cfg: ServerConfig, opts: BoardOptions) -> None:
+async def run_board(server: Server, opts: BoardOptions) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             registration = None
             if opts.proxy:
                 from .proxy_client import serve_via_proxy
 
-                metrics = await open_metrics(cfg)  # obs: serve() starts it when it listens itself
+                metrics = await open_metrics(server)  # (serve() starts it when it listens itself)
                 if metrics is not None:
-                    await nursery.start(metrics[0], cfg, metrics[1])
-                await nursery.start(serve_via_proxy, opts.proxy[0], opts.proxy[1], cfg)
+                    await nursery.start(metrics[0], server, metrics[1])
+                await nursery.start(serve_via_proxy, opts.proxy[0], opts.proxy[1], server)
                 where = "through proxy %s:%d" % opts.proxy
             else:
-                port = await nursery.start(serve, cfg)
-                where = f"on {cfg.host}:{port}"
+                port = await nursery.start(serve, server)
+                where = f"on {server.options.host}:{port}"
                 if opts.tracker:
-                    registration = TrackerRegistration(opts.tracker[0], opts.tracker[1], cfg.key, port,
+                    registration = TrackerRegistration(opts.tracker[0], opts.tracker[1], server.options.key, port,
                                                        opts.custom_addr)
-                    cfg.gate = registration
+                    server.gate = registration
                     await nursery.start(registration.run)
                     where += " registered with tracker %s:%d" % opts.tracker
-            print(f"rpcsrv: serving {where}" + (f" with key {cfg.key!r}" if cfg.key else ""), flush=True)
-            if cfg.metrics_bound is not None:  # obs (issue 28): a line of its own, after the board's port
-                print(f"rpcsrv: metrics and status page on http://{cfg.metrics_host or cfg.host}:{cfg.metrics_bound}/",
-                      flush=True)
+            key = server.options.key
+            print(f"rpcsrv: serving {where}" + (f" with key {key!r}" if key else ""), flush=True)
+            if server.metrics_bound is not None:  # a line of its own, after the board's port
+                host = server.options.metrics_host or server.options.host
+                print(f"rpcsrv: metrics and status page on http://{host}:{server.metrics_bound}/", flush=True)
             async for signum in signals:
-                log.warning("signal %d: stopping (leave tracker, close %d session(s))", signum, len(cfg.sessions))
+                log.warning("signal %d: stopping (leave tracker, close %d session(s))", signum, len(server.running))
                 break
             if registration is not None:
                 registration.leave()
-            cfg.draining = True
-            for scope in list(cfg.sessions):
+            server.draining = True
+            for scope in list(server.running):
                 scope.cancel()
             with trio.move_on_after(opts.drain_seconds):
                 async with trio.open_nursery() as waiter:
                     waiter.start_soon(_second_signal, signals, waiter.cancel_scope)
-                    while cfg.sessions:
+                    while server.running:
                         await trio.sleep(0.02)
                     waiter.cancel_scope.cancel()
             nursery.cancel_scope.cancel()

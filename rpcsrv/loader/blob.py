@@ -29,6 +29,7 @@ from .formats import DmlcBytes, DmlcString, Expect, FormatError, ImportTree, Vec
 from .modules import (
     IMPORT_TREE_KEY, LIB_KEY, PAYLOADS, HostLibraryModule, ModuleNode, UnknownModule,
 )
+from .plugins import refusal
 
 LAYOUTS = ("classic", "legacy", "ffi")
 
@@ -37,9 +38,7 @@ class _UnknownKey(Construct):
     """Switch default of the classic layout: an unknown payload cannot be skipped."""
 
     def _parse(self, stream, context, path):
-        fail(stream, context.offset, f"unknown module type key {context.type_key!r} (no installed plugin "
-                                     f"registers it): its payload has no length and cannot be skipped; expected one of "
-                                     f"{', '.join(sorted(PAYLOADS))}, {LIB_KEY} or {IMPORT_TREE_KEY}")
+        fail(stream, context.offset, refusal(context.type_key))
 
     def _build(self, obj, stream, context, path):
         raise FormatError(f"cannot write a payload for unknown type key {context.type_key!r}")

@@ -3,14 +3,16 @@
 Its loader half: the node (:class:`ExampleJSONModule`, the subgraphs as one text, ``docs/examplejson.md``),
 the payload codec (one dmlc string) and what ``rpcsrv inspect`` shows (each subgraph's inputs,
 constants, op counts, outputs; read tolerantly, since the executor is the authority on whether the
-text runs).  The runtime is ``rpcsrv.executor.examplejson.subgraphs``; :data:`PLUGIN` ties the two together
-through the same interface an installed plugin uses (``plugins.py``).
+text runs).  The runtime is ``rpcsrv.executor.examplejson.subgraphs``, which the executor attaches to
+:data:`KIND` through the registry (``plugins.attach_runtime``); :data:`PLUGIN` installs the kind through the
+same interface an installed plugin uses (``plugins.py``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .examplejson_text import is_header, lex
 from .formats import ExampleJSONPayload
 from .node import ModuleNode, PayloadCodec
 from .plugins import ModuleKind, RuntimePlugin, file_name
@@ -25,20 +27,17 @@ class ExampleJSONModule(ModuleNode):
 
 
 def summarize_examplejson(code: str) -> list[dict]:
-    """Each subgraph of an ExampleJSON text: name, inputs, constants, op counts, outputs."""
+    """Each subgraph of an ExampleJSON text: name, inputs, constants, op counts, outputs (from its lexed
+    lines, ``examplejson_text.lex``: a text the board would refuse is still described)."""
     subgraphs: list[dict] = []
-    for raw in code.splitlines():
-        words = raw.split()
-        if not words or words[0].startswith("#"):
-            continue
-        if len(words) == 1 and words[0] != "output":
-            subgraphs.append({"name": words[0], "inputs": [], "consts": [], "ops": {}, "nodes": 0,
-                              "outputs": []})
+    for _line, kind, _text, words in lex(code):
+        if kind == "header":
+            subgraphs.append({"name": words[0], "inputs": [], "consts": [], "ops": {}, "nodes": 0, "outputs": []})
             continue
         if not subgraphs:
             subgraphs.append({"name": "(unnamed)", "inputs": [], "consts": [], "ops": {}, "nodes": 0,
                               "outputs": []})
-        sg, kind = subgraphs[-1], words[0]
+        sg = subgraphs[-1]
         if kind == "input":
             dims = [w for w in words[2:] if w.lstrip("-").isdigit()]
             dtype = words[words.index("dtype:") + 1] if "dtype:" in words[:-1] else "float32"
@@ -49,7 +48,7 @@ def summarize_examplejson(code: str) -> list[dict]:
         elif kind == "output":
             sg["outputs"] = words[1:]
         else:
-            sg["ops"][kind] = sg["ops"].get(kind, 0) + 1
+            sg["ops"][words[0]] = sg["ops"].get(words[0], 0) + 1
             sg["nodes"] += 1
     return subgraphs
 
@@ -69,9 +68,8 @@ def split_examplejson(code: str) -> list[tuple[str, str]]:
     """(symbol, text) of each subgraph of an ExampleJSON text (a one-token line starts one)."""
     parts: list[tuple[str, list[str]]] = []
     for line in code.splitlines():
-        words = line.split()
-        if len(words) == 1 and not words[0].startswith("#") and words[0] != "output":
-            parts.append((words[0], [line]))
+        if is_header(line.split()):
+            parts.append((line.split()[0], [line]))
         elif parts:
             parts[-1][1].append(line)
     return [(name, "\n".join(lines) + "\n") for name, lines in parts]
@@ -86,7 +84,6 @@ def _extract(m: ExampleJSONModule):
 KIND = ModuleKind(
     type_keys=("examplejson",),
     codec=PayloadCodec(ExampleJSONPayload, lambda v, key: ExampleJSONModule(v, type_key=key), lambda m: m.code),
-    runtime="rpcsrv.executor.examplejson.subgraphs:examplejson_runtime",
     summarize=lambda m: {"subgraphs": summarize_examplejson(m.code)},
     format=_format,
     functions=lambda m: [sg["name"] for sg in summarize_examplejson(m.code)],

@@ -11,17 +11,17 @@ tolerant: a graph JSON that does not parse is reported as such instead of failin
 
 from __future__ import annotations
 
-import json
 import re
 
 import numpy as np
 
 from ..protocol.dtypes import dtype_str
+from .graph_json import GraphJSONError, parse_graph_json
 from .library import load_library
 from .vm_executable import VMExecutableModule
 from .vm_text import format_vm, summarize_vm
 from .modules import ConstLoaderModule, GraphExecutorFactoryModule, HostLibraryModule, UnknownModule
-from .plugins import KINDS, OWNERS, kind_of
+from .plugins import KINDS, OWNERS, kind_of, refusal
 
 
 def _array_info(name: str, arr: np.ndarray) -> dict:
@@ -29,32 +29,25 @@ def _array_info(name: str, arr: np.ndarray) -> dict:
 
 
 def summarize_graph(graph_json: str, params: dict) -> dict:
-    """Inputs, outputs, op nodes and params of a graph executor JSON."""
+    """Inputs, outputs, op nodes and params of a graph executor JSON (``graph_json.py``, the one reader)."""
     info = {"params": [_array_info(n, a) for n, a in params.items()],
             "param_bytes": int(sum(a.nbytes for a in params.values()))}
     try:
-        g = json.loads(graph_json)
-        nodes, attrs = g["nodes"], g.get("attrs", {})
-        row_ptr = g.get("node_row_ptr") or list(range(len(nodes) + 1))
-        shapes = attrs.get("shape", [None, []])[1]
-        dtypes = attrs.get("dltype", [None, []])[1]
+        g = parse_graph_json(graph_json)
+    except GraphJSONError as exc:
+        info["graph_error"] = f"graph JSON not understood: {exc}"
+        return info
 
-        def entry(nid: int, index: int, name: str) -> dict:
-            eid = row_ptr[nid] + index
-            return {"name": name, "shape": shapes[eid] if eid < len(shapes) else None,
-                    "dtype": dtypes[eid] if eid < len(dtypes) else None}
+    def entry(nid: int, index: int, name: str) -> dict:
+        eid = g.entry_id(nid, index)
+        return {"name": name, "shape": list(g.shape[eid]), "dtype": g.dltype[eid]}
 
-        info["inputs"] = [entry(nid, 0, nodes[nid]["name"]) for nid in g.get("arg_nodes", [])
-                          if nodes[nid]["name"] not in params]
-        names = (g.get("metadata") or {}).get("output_names") or []  # the model's names, when kept
-        info["outputs"] = [entry(h[0], h[1], names[i] if i < len(names) and isinstance(names[i], str)
-                                 else f"output {i} ({nodes[h[0]]['name']})")
-                           for i, h in enumerate(g.get("heads", []))]
-        info["ops"] = [{"name": n["name"], "func_name": n.get("attrs", {}).get("func_name"),
-                        "inputs": len(n.get("inputs", []))}
-                       for n in nodes if n.get("op") == "tvm_op"]
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError) as exc:
-        info["graph_error"] = f"graph JSON not understood: {type(exc).__name__}: {exc}"
+    info["inputs"] = [entry(nid, 0, g.nodes[nid].name) for nid in g.arg_nodes if g.nodes[nid].name not in params]
+    names = g.output_names()  # the model's names, when kept
+    info["outputs"] = [entry(nid, index, names[i] if names else f"output {i} ({g.nodes[nid].name})")
+                       for i, (nid, index) in enumerate(g.heads)]
+    info["ops"] = [{"name": n.name, "func_name": n.func_name, "inputs": len(n.inputs)}
+                   for n in g.nodes if n.op == "tvm_op"]
     return info
 
 
@@ -73,7 +66,7 @@ def _module_info(mod, index: dict) -> dict:
         info["vm"] = summarize_vm(mod)
     elif isinstance(mod, UnknownModule):
         info["payload_bytes"] = len(mod.payload)
-        info["note"] = "unknown type key (no installed plugin registers it): rpcsrv cannot run this module"
+        info["note"] = f"{refusal(mod.type_key)}: rpcsrv cannot run this module"
     kind = kind_of(mod)
     if kind is not None:
         info["plugin"] = OWNERS[mod.type_key]

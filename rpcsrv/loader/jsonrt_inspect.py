@@ -65,8 +65,7 @@ def format_json_runtime(head: str, info: dict) -> list[str]:
 
 KIND = ModuleKind(
     type_keys=tuple(JSON_RUNTIME_KEYS),
-    codec=CODEC,
-    runtime="rpcsrv.executor.jsonrt:jsonrt_runtime",
+    codec=CODEC,  # (its runtime: rpcsrv.executor.jsonrt, attached by the executor)
     summarize=lambda m: {"json_graph": summarize_json_runtime(m)},
     format=lambda head, info: format_json_runtime(head, info["json_graph"]),
     functions=lambda m: [m.symbol],

@@ -1,11 +1,12 @@
 """The module tree a library carries, and the built-in module kinds.
 
 A blob holds a tree (a DAG in general) of modules.  Each node here is one module with its type
-key, its imports and the decoded payload.  ``PAYLOADS`` (``node.py``) maps every type key we
-understand to the construct declaration of its payload (``formats.py``) and two small functions that
-turn the parsed value into a node and back; ``blob.py`` uses it for every layout.  Every kind reaches
-it through ``plugins.install``: the built-in ones here (:data:`BUILTIN`), installed plugins when the
-board starts (``plugins.load_plugins``).
+key, its imports and the decoded payload.  The registry of kinds (``node.py``) maps every type key we
+understand to its kind: the construct declaration of its payload (``formats.py``) and two small functions
+that turn the parsed value into a node and back, which ``blob.py`` reads for every layout (``PAYLOADS``),
+the runtime factory and what ``inspect`` says.  Every kind reaches it through ``plugins.install``: the
+built-in ones here (:data:`BUILTIN`; their runtimes are the executor's, which attaches them), installed
+plugins when the board starts (``plugins.load_plugins``).
 
 Type keys (TVM's ``type_key()`` / ``kind()``):
 
@@ -17,7 +18,8 @@ Type keys (TVM's ``type_key()`` / ``kind()``):
 * ``tensorrt``, ``arm_compute_lib``, ``dnnl_json``, ``clml``, ``bnns_json``, ``json``: TVM's
   JSON-runtime BYOC modules, their own module kind (``jsonrt.py``, ``jsonrt_inspect.py``);
 * ``_lib``: placeholder for the host library itself (the shared object the blob sits in); it has
-  no payload, its functions are the library's symbols.
+  no payload, its functions are the library's symbols (type key ``library``: a host library with no blob
+  at all).  A kind like any other (:data:`HOST_LIBRARY`), without a codec.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ import numpy as np
 from .examplejson import PLUGIN as _EXAMPLEJSON
 from .formats import ConstLoaderPayload, GraphExecutorFactoryPayload
 from .jsonrt_inspect import PLUGIN as _JSON_RUNTIME
-from .node import PAYLOADS, ModuleNode, PayloadCodec, walk_imports  # noqa: F401  (declared in the leaf node.py)
-from .plugins import ModuleKind, RuntimePlugin, install
+from .node import PAYLOADS, ModuleNode, PayloadCodec, UnknownModule, walk_imports  # noqa: F401  (declared in the leaf)
+from .plugins import ModuleKind, RuntimePlugin, install, refusal
 from .vm_executable import PLUGIN as _VM_EXECUTABLE
 
 LIB_KEY = "_lib"
@@ -67,16 +69,6 @@ class HostLibraryModule(ModuleNode):
     path: str | None = field(default=None, kw_only=True)
 
 
-@dataclass(eq=False, repr=False)
-class UnknownModule(ModuleNode):
-    """A module whose type key we cannot decode (tvm-ffi layout only, where it can be skipped).
-
-    Using it must fail: ``require_known`` raises a clear error naming the type key.
-    """
-
-    payload: bytes = b""
-
-
 def _decode_factory(v, key: str) -> ModuleNode:
     if len(set(v.names)) != len(v.names):
         raise ValueError("duplicate parameter names")
@@ -105,24 +97,25 @@ def _encode_consts(m: ConstLoaderModule):
 _FACTORY = PayloadCodec(GraphExecutorFactoryPayload, _decode_factory, _encode_factory)
 _CONSTS = PayloadCodec(ConstLoaderPayload, _decode_consts, _encode_consts)
 
-#: TVM's graph executor libraries: the factory and the const loader (their runtimes: rpcsrv.executor.graph.factory,
-#: rpcsrv.executor.const_loader; ``rpcsrv inspect`` knows them by class, ``inspect.py``)
-GRAPH_EXECUTOR = RuntimePlugin("graph_executor", (
-    ModuleKind(("GraphExecutorFactory", "GraphRuntimeFactory"), _FACTORY,
-               "rpcsrv.executor.graph.factory:factory_runtime"),
-    ModuleKind(("const_loader", "metadata"), _CONSTS, "rpcsrv.executor.const_loader:const_loader_runtime"),
-), "TVM's graph executor factory and const loader")
+#: TVM's graph executor libraries: the factory and the const loader (their runtimes, attached by the executor:
+#: rpcsrv.executor.graph.factory, rpcsrv.executor.const_loader; ``rpcsrv inspect`` knows them by class, ``inspect.py``)
+FACTORY = ModuleKind(("GraphExecutorFactory", "GraphRuntimeFactory"), _FACTORY)
+CONST_LOADER = ModuleKind(("const_loader", "metadata"), _CONSTS)
+GRAPH_EXECUTOR = RuntimePlugin("graph_executor", (FACTORY, CONST_LOADER),
+                               "TVM's graph executor factory and const loader")
+#: the host library (no payload: the blob's ``_lib`` entry, or a library without a blob); its runtime, attached by
+#: the executor, runs native code as the board's policy says (``BuildOptions.host_library``)
+HOST_LIBRARY = ModuleKind((LIB_KEY, "library"), None)
+HOST = RuntimePlugin("host_library", (HOST_LIBRARY,), "the host library a blob sits in (its native functions)")
 
 #: the built-in kinds, installed through the plugin interface like any other
-BUILTIN = (GRAPH_EXECUTOR, _EXAMPLEJSON, _VM_EXECUTABLE, _JSON_RUNTIME)
+BUILTIN = (GRAPH_EXECUTOR, _EXAMPLEJSON, _VM_EXECUTABLE, _JSON_RUNTIME, HOST)
 for _plugin in BUILTIN:
     install(_plugin)
 
 
 def require_known(mod: ModuleNode) -> ModuleNode:
-    """``mod`` itself, or a ValueError when it is a module we could not decode."""
+    """``mod`` itself, or a ValueError naming its type key when it is a module we could not decode."""
     if isinstance(mod, UnknownModule):
-        raise ValueError(f"module of type key {mod.type_key!r} ({len(mod.payload)} bytes) is not "
-                         f"supported by rpcsrv (no installed plugin registers it); known: "
-                         f"{', '.join(sorted(PAYLOADS))}")
+        raise ValueError(f"{refusal(mod.type_key)} ({len(mod.payload)} bytes)")
     return mod

@@ -302,9 +302,7 @@ def decode_instructions(exe: VMExecutableModule) -> list[Instruction]:
 #: the loader's codec for this type key
 PAYLOAD = PayloadCodec(VMExecutablePayload, decode, encode)
 
-#: the built-in plugin of this kind (installed by ``modules.py``; its runtime is ``rpcsrv.executor.vm``;
-#: ``rpcsrv inspect`` shows it through ``vm_text.py``)
-PLUGIN = RuntimePlugin("relax_vm", (ModuleKind(("relax.VMExecutable",), PAYLOAD,
-                                                "rpcsrv.executor.vm.loading:vm_executable_runtime",
-                                                label="Relax VM function"),),
-                       "Relax VM executables (TVM >= 0.21)")
+#: the built-in kind (installed by ``modules.py``; its runtime is ``rpcsrv.executor.vm``, attached by the
+#: executor; ``rpcsrv inspect`` shows it through ``vm_text.py``)
+KIND = ModuleKind(("relax.VMExecutable",), PAYLOAD, label="Relax VM function")
+PLUGIN = RuntimePlugin("relax_vm", (KIND,), "Relax VM executables (TVM >= 0.21)")

@@ -21,11 +21,12 @@ Contract (stable; the graph executor and the Relax VM build on it)
 Module tree: ``native_options()`` is the ``BuildOptions`` that makes ``HostLibraryModule`` nodes
 ``NativeLibraryRuntime`` modules in this process; ``load_native_module(path)`` loads a file that way.
 
-Isolation: the server does not call native code in its own process by default.  A session whose
-library has native code gets a worker process (``rpcsrv.native.worker``) that loads the whole
-module tree with ``load_native_module`` and runs every call there (so executors call native
-functions in-process inside the worker); the session holds proxies (``rpcsrv.native.proxy``).
-Code running inside the worker (e.g. a Relax VM) just uses the contract above.
+Isolation: the server does not call native code in its own process by default.  A session's board is one
+of two backends (``rpcsrv.native.backend``: this process, ``LocalBackend``; the session's worker process,
+``proxy.Worker``), and a session whose library has native code gets a worker process
+(``rpcsrv.native.worker``) that loads the whole module tree with its own ``LocalBackend`` and runs every
+call there (so executors call native functions in-process inside the worker); the session holds proxies
+(``rpcsrv.native.remote``).  Code running inside the worker (e.g. a Relax VM) just uses the contract above.
 
 Runtime symbols come from our C shim (``shim.c``, built by the board's cc at first use; see
 ``shim.py`` for why and for boards without a compiler).

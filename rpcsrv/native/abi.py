@@ -1,40 +1,30 @@
-"""The C structures native TVM code exchanges, declared once with ctypes.
+"""The C structures native TVM code exchanges besides DLPack's, declared once with ctypes.
 
-Facts from TVM's headers (read, not copied): ``dlpack.h`` (DLDevice, DLDataType, DLTensor),
-``c_runtime_api.h`` of TVM <= 0.20 (``TVMValue`` and the classic type codes) and tvm-ffi's
+DLPack's own (``DLDevice``, ``DLDataType``, ``DLTensor``) are derived from the protocol's declarations
+(``rpcsrv.protocol.structs``: ``DLDeviceC``, ``DLDataTypeC``, ``DLTensorC``).  Facts from TVM's headers (read,
+not copied): ``c_runtime_api.h`` of TVM <= 0.20 (``TVMValue`` and the classic type codes) and tvm-ffi's
 ``c_api.h`` (``TVMFFIAny``, its type indices, the object header and the shape cell).
 """
 
 from __future__ import annotations
 
 import ctypes
-from ctypes import (CFUNCTYPE, POINTER, Structure, Union, c_char_p, c_double, c_int, c_int32, c_int64, c_uint8,
-                    c_uint16, c_uint32, c_uint64, c_void_p)
+from ctypes import (CFUNCTYPE, POINTER, Structure, Union, c_char_p, c_double, c_int, c_int32, c_int64, c_uint32,
+                    c_uint64, c_void_p)
 
-
-class DLDevice(Structure):
-    _fields_ = [("device_type", c_int32), ("device_id", c_int32)]
-
-
-class DLDataType(Structure):
-    _fields_ = [("code", c_uint8), ("bits", c_uint8), ("lanes", c_uint16)]
-
-
-class DLTensor(Structure):
-    _fields_ = [("data", c_void_p), ("device", DLDevice), ("ndim", c_int32), ("dtype", DLDataType),
-                ("shape", POINTER(c_int64)), ("strides", POINTER(c_int64)), ("byte_offset", c_uint64)]
+from ..protocol.structs import DLDataTypeC, DLDeviceC, DLTensorC  # noqa: F401  (re-exported: the ABI's structs)
 
 
 class TVMValue(Union):
     """Classic packed argument value (8 bytes)."""
 
     _fields_ = [("v_int64", c_int64), ("v_float64", c_double), ("v_handle", c_void_p), ("v_str", c_char_p),
-                ("v_type", DLDataType), ("v_device", DLDevice)]
+                ("v_type", DLDataTypeC), ("v_device", DLDeviceC)]
 
 
 class _AnyValue(Union):
     _fields_ = [("v_int64", c_int64), ("v_float64", c_double), ("v_ptr", c_void_p), ("v_c_str", c_char_p),
-                ("v_dtype", DLDataType), ("v_device", DLDevice), ("v_bytes", ctypes.c_char * 8)]
+                ("v_dtype", DLDataTypeC), ("v_device", DLDeviceC), ("v_bytes", ctypes.c_char * 8)]
 
 
 class TVMFFIAny(Structure):

@@ -19,13 +19,14 @@ syscalls    seccomp (``confine_seccomp.py``): no sockets, no connect, no  ``EPER
             signals, limits or scheduling of others, no mounts,
             namespaces, io_uring, bpf
 environment the worker starts with a scrubbed environment (:func:`worker_env`): only :data:`PASS_ENV`
-            and ``--native-env`` names pass
+            and ``--native-env`` names pass (rpcsrv's own settings come in its start message)
 =========== ===================================================================================
 
-``no_new_privs`` is set with the first of Landlock/seccomp.  :func:`layers` says what this kernel
-and configuration give (``rpcsrv check``, the server's start-up log); :func:`apply` is the worker's
-half and returns what it put in force.  ``--native inprocess`` runs native code in the server:
-nothing here applies to it.
+``no_new_privs`` is set with the first of Landlock/seccomp.  The server's choices (``--native-confine``,
+``--native-user``, ``--native-env``) are a :class:`ConfineOptions`, part of its options and handed to what
+needs them.  :func:`layers` says what this kernel and those options give (``rpcsrv check``, the server's
+start-up log); :func:`apply` is the worker's half and returns what it put in force.  ``--native inprocess``
+runs native code in the server: nothing here applies to it.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import ctypes
 import os
 import resource
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from . import confine_landlock, confine_seccomp
@@ -43,14 +44,11 @@ from . import confine_landlock, confine_seccomp
 #: Relax VM's and the graph executor's own objects, pickled messages (docs/native.md: measured peak 91 MiB
 #: over the native test flows on x86-64, 2 BLAS threads; 32-bit boards have smaller stacks and buffers)
 HEADROOM = (256 << 20) if sys.maxsize > 2 ** 32 else (128 << 20)
-#: environment variables that pass to the worker without being named (thread settings of BLAS and OpenMP,
-#: the worker's own knobs, the dynamic loader's path); anything else of the server's stays behind
-PASS_ENV = ("LD_LIBRARY_PATH", "PYTHONPATH", "OPENBLAS_*", "OMP_*", "GOTO_NUM_THREADS", "MKL_NUM_THREADS",
-            "RPCSRV_WORKER_NICE", "RPCSRV_WORKER_TRACE", "RPCSRV_BLAS_THREADS", "RPCSRV_INTERPRETER_JOBS",
-            # the server's choices the worker must share: its plugins (``loader.plugins.ENV``; their
-            # packages may sit on PYTHONPATH), the compiled executor kernels, the native call path
-            "RPCSRV_PLUGINS", "RPCSRV_COMPILED_KERNELS", "RPCSRV_KERNELS_LIB", "RPCSRV_NATIVE_QUICK_WAIT",
-            "RPCSRV_LOAN_LOOP")
+#: environment variables that pass to the worker without being named: what must be set before Python starts
+#: (the dynamic loader's path, Python's, the thread settings of BLAS and OpenMP, read when they load); anything
+#: else of the server's stays behind.  rpcsrv's own settings, the server's plugin choice and the rest of the
+#: worker's configuration come in its start message (``proxy.WorkerConfig``), never through the environment
+PASS_ENV = ("LD_LIBRARY_PATH", "PYTHONPATH", "OPENBLAS_*", "OMP_*", "GOTO_NUM_THREADS", "MKL_NUM_THREADS")
 #: read-only trees beyond Python's own (sys.prefix, sys.path): system libraries and what the C library,
 #: OpenBLAS and Python read at run time
 SYSTEM_READ = ("/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/local/lib", "/lib", "/lib32", "/lib64",
@@ -59,20 +57,13 @@ SYSTEM_READ = ("/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/local/lib", "/lib",
 LAYERS = ("memory", "identity", "files", "syscalls", "environment")
 
 
-@dataclass
-class Settings:
+@dataclass(frozen=True)
+class ConfineOptions:
     """The server's confinement options (``rpcsrv serve --native-confine/--native-user/--native-env``)."""
 
     enabled: bool = True
     user: str = "nobody"
-    env: list[str] = field(default_factory=list)
-
-
-SETTINGS = Settings()
-
-
-def configure(enabled: bool = True, user: str = "nobody", env: Optional[list[str]] = None) -> None:
-    SETTINGS.enabled, SETTINGS.user, SETTINGS.env = enabled, user, list(env or [])
+    env: tuple[str, ...] = ()
 
 
 # ----------------------------------------------------------------------------------- the server side
@@ -81,41 +72,34 @@ def _passes(name: str, names: list[str]) -> bool:
     return any(name == p or (p.endswith("*") and name.startswith(p[:-1])) for p in names)
 
 
-def worker_env(environ: dict[str, str]) -> dict[str, str]:
+def worker_env(environ: dict[str, str], options: ConfineOptions = ConfineOptions()) -> dict[str, str]:
     """The environment a confined worker starts with: the passing names of ``environ`` only.  BLAS
     starts single-threaded unless told otherwise, so no thread exists before the worker confines its main
     thread (Landlock binds the threads started after it); the server's slots raise it per run."""
-    names = list(PASS_ENV) + SETTINGS.env
+    names = list(PASS_ENV) + list(options.env)
     env = {k: v for k, v in environ.items() if _passes(k, names)}
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
     env["PYTHONDONTWRITEBYTECODE"] = "1"
-    env["RPCSRV_CONFINE"] = "1"  # the worker refuses to load a library before it is confined
-    from .shim import ShimUnavailable, shim_path
-
-    try:  # built (or found) by the server: the worker neither compiles nor looks in the server's home
-        env["RPCSRV_NATIVE_SHIM"] = str(shim_path())
-    except (ShimUnavailable, OSError):
-        pass  # the worker tries itself; its load_module then names the symbols the library needed
     return env
 
 
-def _user_ids() -> Optional[tuple[int, int]]:
+def _user_ids(options: ConfineOptions) -> Optional[tuple[int, int]]:
     """(uid, gid) the worker drops to: only when the server runs as root."""
     if os.geteuid() != 0:
         return None
     import pwd
 
     try:
-        pw = pwd.getpwnam(SETTINGS.user)
+        pw = pwd.getpwnam(options.user)
     except KeyError:
-        raise ValueError(f"--native-user {SETTINGS.user!r}: no such user") from None
+        raise ValueError(f"--native-user {options.user!r}: no such user") from None
     return pw.pw_uid, pw.pw_gid
 
 
-def policy(workspace: str, budget: int) -> dict[str, Any]:
+def policy(workspace: str, budget: int, options: ConfineOptions) -> dict[str, Any]:
     """What the session sends its worker (``("confine", policy)``); the workspace is made the
     worker user's (the server keeps its own rights over it)."""
-    ids = _user_ids()
+    ids = _user_ids(options)
     if ids is not None and confine_landlock.abi_version() > 0:
         os.chown(workspace, *ids)  # Landlock keeps symlinks, FIFOs and sockets out of it (confine_landlock.py)
         os.chmod(workspace, 0o700)
@@ -129,18 +113,18 @@ def policy(workspace: str, budget: int) -> dict[str, Any]:
             "ids": ids, "budget": int(budget), "headroom": HEADROOM}
 
 
-def layers() -> dict[str, str]:
+def layers(options: ConfineOptions = ConfineOptions()) -> dict[str, str]:
     """Each layer and what a worker started now gets: ``"in force: ..."``, or ``"absent: why"`` /
     ``"off: why"`` (``rpcsrv check``; the server logs it at start-up)."""
-    if not SETTINGS.enabled:
+    if not options.enabled:
         return {name: "off: --native-confine off" for name in LAYERS}
     if not sys.platform.startswith("linux"):
         return {name: f"absent: no worker confinement on {sys.platform}" for name in LAYERS}
     abi = confine_landlock.abi_version()
     seccomp = _seccomp_available()
     try:
-        ids = _user_ids()
-        identity = (f"in force: the worker runs as {SETTINGS.user} (uid {ids[0]}), no capabilities"
+        ids = _user_ids(options)
+        identity = (f"in force: the worker runs as {options.user} (uid {ids[0]}), no capabilities"
                     if ids else f"in force: the server is not root (uid {os.geteuid()}); no_new_privs")
     except ValueError as exc:
         identity = f"absent: {exc}"
@@ -150,13 +134,13 @@ def layers() -> dict[str, str]:
         "files": f"in force: Landlock ABI {abi}" if abi else "absent: this kernel has no Landlock",
         "syscalls": (f"in force: seccomp filter ({confine_seccomp.machine()})" if seccomp
                      else "absent: no seccomp filter for this kernel or machine"),
-        "environment": f"in force: scrubbed; passing {', '.join(list(PASS_ENV) + SETTINGS.env)}",
+        "environment": f"in force: scrubbed; passing {', '.join(list(PASS_ENV) + list(options.env))}",
     }
 
 
-def report(found: Optional[dict[str, str]] = None) -> str:
-    """One line per layer (``found`` as :func:`layers` or :func:`apply` returns it)."""
-    found = layers() if found is None else found
+def report(found: Optional[dict[str, str]] = None, options: ConfineOptions = ConfineOptions()) -> str:
+    """One line per layer (``found`` as :func:`layers` or :func:`apply` returns it; else what ``options`` give)."""
+    found = layers(options) if found is None else found
     return "\n".join(f"  {name:<12} {found.get(name, 'absent')}" for name in LAYERS)
 
 
@@ -257,11 +241,11 @@ def _status(key: str) -> str:
     return ""
 
 
-def reachable(path: str) -> bool:
+def reachable(path: str, options: ConfineOptions) -> bool:
     """Whether the worker's user can reach ``path``: every folder above it searchable by that user (a
     session workspace under a private folder is not: the session's worker then works in a folder of its
     own, ``host.py``)."""
-    ids = _user_ids() if SETTINGS.enabled else None
+    ids = _user_ids(options) if options.enabled else None
     if ids is None:
         return True
     uid, gid = ids
@@ -276,8 +260,8 @@ def reachable(path: str) -> bool:
         parent = os.path.dirname(parent)
 
 
-def hand_over(path: str) -> None:
+def hand_over(path: str, options: ConfineOptions) -> None:
     """Make a library the worker is about to load readable by the worker's user (a root server's
     uploads are root's, and may be private under its umask); it stays the server's."""
-    if SETTINGS.enabled and _user_ids() is not None:
+    if options.enabled and _user_ids(options) is not None:
         os.chmod(path, os.stat(path).st_mode | 0o044)

@@ -1,16 +1,15 @@
 """Native kernel calls from the server's event loop, without a thread hop.
 
 A session runs a blocking function in a worker thread (``trio.to_thread``): two thread wake-ups per
-call, which on a busy board cost more than a small kernel itself (issue 26: ``add_one`` on 16 floats
-took 225 us in process and 732 us through the isolated worker, against 42 us on TVM's own server).
-A client that calls a kernel over and over (a tuner, a script) pays that on every call.  So the server
-gives the functions it hands out for native code a *runner* (:func:`runner`), which the session
-awaits instead of the thread:
+call, which on a busy board cost more than a small kernel itself (``add_one`` on 16 floats took 225 us in
+process and 732 us through the isolated worker that way, against 42 us on TVM's own server).  A client that
+calls a kernel over and over (a tuner, a script) pays that on every call.  So each backend gives the native
+functions it hands out a *runner* (``Backend.runner``), which the session awaits instead of the thread:
 
-* a function of the session's native worker (``proxy.WorkerFunction``): the request goes into the
+* a function of the session's native worker (``remote.WorkerFunction``): the request goes into the
   worker's socket as one binary frame and the loop waits for the answer as for any socket
-  (:func:`worker_call`), so the loop serves other sessions while the kernel runs and no thread of the
-  server wakes up.  What cannot go this way (copied arrays, objects to free first) takes the thread;
+  (``proxy.Worker.call_async``), so the loop serves other sessions while the kernel runs and no thread of
+  the server wakes up.  What cannot go this way (copied arrays, objects to free first) takes the thread;
 * a native function in the server process (``--native inprocess``): run right on the loop while it
   has proven short (:class:`Inline`): its first call runs in a thread and is timed (the CPU time of
   the calling thread); calls that took less than :data:`INLINE_LIMIT` run inline from then on, timed
@@ -22,46 +21,24 @@ A runner returns ``(done, value)``; ``done`` False sends the call down the usual
 
 from __future__ import annotations
 
-import math
-import os
-import select
 import time
 import weakref
-from typing import Any, Awaitable, Callable, Optional
-
-from .library import NativeError, NativeFunction
-from .wire import FrameError, encode_call
-from .confine_wire import ProtocolViolation
-from .worker import _send
+from typing import Any, Callable, Optional
 
 #: a native call at most this long (seconds) may run on the event loop (``--native inprocess``)
 INLINE_LIMIT = 0.0005
 #: calls over the limit after which a function never runs inline again
 STRIKES = 3
-#: how long (seconds) the loop waits for a worker's answer in a plain ``select`` before it waits through
-#: trio (an epoll registration, a cancel scope and a task switch: ~40 Python calls a request)
-QUICK_WAIT = float(os.environ.get("RPCSRV_NATIVE_QUICK_WAIT", "0.0001"))
-
-Runner = Callable[..., Awaitable[tuple[bool, Any]]]
-
-
-def runner(fn: Any, limiter: Any = None) -> Optional[Runner]:
-    """The runner for ``fn`` (see the module doc), or None for a function that takes the usual path."""
-    acall = getattr(fn, "acall", None)  # a worker's function (proxy.WorkerFunction) awaits its worker
-    if acall is not None:
-        return acall
-    if isinstance(fn, NativeFunction):
-        return Inline(fn, limiter)
-    return None
 
 
 class Inline:
     """A native function of the server process, run on the event loop while it is short.  What was
     learned of a function (timed yet, strikes) stays with the function: a client that looks it up
-    before every call gets a new runner each time, and the same verdict."""
+    before every call gets a new runner each time, and the same verdict.  ``called(fn, args)`` hears of
+    every call made (the backend keeps the last one for a loan)."""
 
-    def __init__(self, fn: Any, limiter: Any = None):
-        self.fn, self.limiter = fn, limiter
+    def __init__(self, fn: Any, limiter: Any = None, called: Optional[Callable[[Any, tuple], None]] = None):
+        self.fn, self.limiter, self.called = fn, limiter, called
         self.seen = _SEEN.setdefault(fn, [False, 0])  # [timed yet, calls over the limit]
 
     def _timed(self, args: tuple) -> Any:
@@ -78,74 +55,15 @@ class Inline:
         if strikes >= STRIKES:
             return False, None  # the usual path (a thread)
         if known:
-            return True, self._timed(args)
-        import trio
+            value = self._timed(args)
+        else:
+            import trio
 
-        return True, await trio.to_thread.run_sync(self._timed, args, limiter=self.limiter)
+            value = await trio.to_thread.run_sync(self._timed, args, limiter=self.limiter)
+        if self.called is not None:
+            self.called(self.fn, args)
+        return True, value
 
 
 #: what was learned of each function (``Inline``), for as long as the function lives
 _SEEN: "weakref.WeakKeyDictionary[Any, list]" = weakref.WeakKeyDictionary()
-
-
-#: why a call in a worker ended at the session deadline
-DEADLINE = "native code was still running at the session deadline; its worker was stopped"
-
-
-async def wait_answer(worker: Any) -> bool:
-    """Wait on the event loop for ``worker``'s next message, until the session's deadline: False when the
-    deadline came first (the worker is then stopped: its answer would never be read)."""
-    import trio
-
-    deadline = worker.deadline()
-    until = math.inf if deadline is None else trio.current_time() + deadline - time.monotonic()
-    with trio.move_on_at(until) as waited:
-        await trio.lowlevel.wait_readable(worker.sock)
-    if waited.cancelled_caught:
-        worker.kill("stopped at the session deadline")
-        return False
-    return True
-
-
-async def worker_call(worker: Any, oid: int, args: tuple, what: str) -> tuple[bool, Any]:
-    """Call function ``oid`` of ``worker`` (a ``proxy.Worker``) from the event loop: ``(True, value)``;
-    ``(False, None)`` when the call must take the blocking path (``Worker.call`` in a thread):
-    arguments that are copied or need pickle, objects to free first, or the worker busy with another
-    thread's request.
-
-    The request is one binary frame (``wire.py``) into an idle worker's socket, so the send never
-    blocks; the loop then waits for the answer.  A compute slot asked for meanwhile (a model run in the
-    worker) is held from a thread, as ``Worker.request`` does; a crash, the deadline: the same errors
-    as there.  Cancelled (the session ends while native code runs), the worker is stopped, as at the
-    deadline: its answer would never be read."""
-    import trio
-
-    worker.last_frame = None  # the frame of a call that went this way, for a baton's record
-    copied: list = []
-    wire_args = [worker.to_wire(a, copied) for a in args]
-    if copied or worker._garbage or worker.dead is not None:
-        return False, None
-    frame = encode_call(oid, worker._budget(), wire_args)
-    if frame is None or not worker.lock.acquire(blocking=False):
-        return False, None
-    try:
-        try:
-            _send(worker.sock, None, data=frame)
-            if not select.select([worker.sock], [], [], QUICK_WAIT)[0]:  # not answered at once: wait on the loop
-                if not await wait_answer(worker):
-                    raise NativeError(f"{what}: {DEADLINE}")
-            answer = worker._recv()  # read as from an untrusted peer (confine_wire.py)
-            if answer[0] in ("slot", "slot-done"):  # a model run in the worker: its slot is held in a thread
-                answer = await trio.to_thread.run_sync(worker._answer, what, answer)
-            answer = worker._settle(answer)
-        except (ProtocolViolation, EOFError, OSError, ConnectionError, FrameError) as exc:
-            raise worker._failure(exc, what) from None
-        except BaseException:
-            if worker.dead is None:  # cancelled with native code running
-                worker.kill("stopped: its session ended during a native call")
-            raise
-    finally:
-        worker.lock.release()
-    value = worker.from_wire(worker._result(answer, what)[0])
-    worker.last_frame = frame
-    return True, value

@@ -1,5 +1,9 @@
 """How a server session loads libraries with native code: the board's policy, in one place.
 
+A session's modules live in one of two backends (``backend.py``): this process (:class:`LocalBackend`) or
+the session's worker process (``proxy.Worker``).  :class:`NativeSession` decides which loads a library, and
+a module or function belongs to the backend that handed it out (:meth:`NativeSession.backend_of`).
+
 ``mode`` (``rpcsrv serve --native``):
 
 * ``isolated`` (default): the library's whole module tree lives in the session's worker process
@@ -23,7 +27,6 @@ cross-built library fails at ``load_module`` naming its architecture and the fun
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
@@ -31,12 +34,15 @@ import time
 import weakref
 from typing import Any, Optional
 
-from ..executor import RuntimeModule, build_runtime
+from ..executor import RuntimeModule
 from ..loader import load_library
+from ..loader.graph_json import GraphJSONError, parse_graph_json
 from ..loader.modules import GraphExecutorFactoryModule, HostLibraryModule
+from .backend import Backend, LocalBackend
+from .confine import ConfineOptions
 from .library import NativeError, inspect_native
 from .machine import board
-from .runtime import has_native_code, link_roots, native_options
+from .runtime import has_native_code
 
 MODES = ("isolated", "inprocess", "off")
 ISOLATE = ("native", "all", "auto")
@@ -48,15 +54,18 @@ _HERE_LOCK = threading.Lock()
 
 
 class NativeSession:
-    """One session's native state: the mode, its shared arena and its worker (started lazily)."""
+    """One session's native state: the mode, its backends (this process's; its worker, started lazily) and its
+    shared arena.  ``confine``: how its workers are confined (the server's options)."""
 
     def __init__(self, mode: str = "isolated", max_memory: int = 4 << 30, timeout: float = float("inf"),
-                 isolate: str = "native"):
+                 isolate: str = "native", confine: ConfineOptions = ConfineOptions()):
         if mode not in MODES:
             raise ValueError(f"native mode must be one of {', '.join(MODES)}, got {mode!r}")
         if isolate not in ISOLATE:
             raise ValueError(f"isolate must be one of {', '.join(ISOLATE)}, got {isolate!r}")
         self.mode = mode
+        self.confine = confine
+        self.local = LocalBackend(native=mode == "inprocess")
         # every library in the worker (always, or while another session computes here): only where
         # workers run (isolated mode, Linux)
         workers = mode == "isolated" and sys.platform.startswith("linux")
@@ -72,7 +81,7 @@ class NativeSession:
         self.workspace: Optional[str] = None  # the session's workspace (set by the session): the worker's files
         self._own_workspace: Optional[str] = None  # else one of its own (sessions made without a server)
         self.confined: Optional[dict] = None  # the layers in force in the current worker (confine.py)
-        # obs (issue 28): workers this session took, and those that ended other than by closing (read by
+        # workers this session took, and those that ended other than by closing (read by
         # rpcsrv.board.observe through worker_counts, at scrape time)
         self.workers_started = 0
         self.workers_crashed = 0
@@ -106,41 +115,43 @@ class NativeSession:
     def _deadline(self) -> Optional[float]:
         return self.deadline
 
+    def backend_of(self, obj: Any) -> Backend:
+        """The backend a module or function belongs to (the one that handed it out)."""
+        return getattr(obj, "worker", None) or self.local
+
     def load(self, path: str) -> RuntimeModule:
-        """``tvm.rpc.server.load_module`` under this session's policy."""
+        """``tvm.rpc.server.load_module`` under this session's policy: the backend that loads it, and how."""
         loaded = load_library(path)
         libraries = [n for n in loaded.root.walk() if isinstance(n, HostLibraryModule) and has_native_code(n)]
         if (not libraries or not graphs_call_host_code(loaded.root, libraries)) and self._claim_here():
             try:
-                return build_runtime(loaded.root)
+                return self.local.build(loaded.root, native=False)  # host symbols listed, not loaded
             except BaseException:
                 self._unclaim()
                 raise
         for node in libraries:
             check_loadable(node)
-        if self.mode == "off":
-            if isinstance(loaded.root, HostLibraryModule):  # nothing but native code
-                names = sorted({f for n in libraries for f in inspect_native(n.path).public_functions()})
-                raise NativeError(f"{os.path.basename(path)}: this server does not run native code "
-                                  f"(--no-native); the library has native functions: {', '.join(names)}")
-            return self._here(build_runtime(loaded.root))  # its host functions refuse to run, with the reason
-        if self.mode == "inprocess":
-            return self._here(link_roots(build_runtime(loaded.root, native_options())))
+        if self.mode == "off" and isinstance(loaded.root, HostLibraryModule):  # nothing but native code
+            names = sorted({f for n in libraries for f in inspect_native(n.path).public_functions()})
+            raise NativeError(f"{os.path.basename(path)}: this server does not run native code "
+                              f"(--no-native); the library has native functions: {', '.join(names)}")
+        if self.mode != "isolated":  # in this process; with --no-native its host functions refuse to run
+            return self._here(self.local.build(loaded.root))
         if self.worker is None or not self.worker.alive:
             from .proxy import take_worker
 
             if self.worker is not None:
-                self._count_end(self.worker)  # obs
+                self._count_end(self.worker)
                 self.worker.close()
                 self.worker = None  # closed: not closed again if no new worker can be taken
             self._open_arena()
-            self.worker = take_worker(self.arena, self._deadline, self.account)
+            self.worker = take_worker(self.arena, self._deadline, self.account, self.confine)
             self.confined = None
-            self.workers_started += 1  # obs
+            self.workers_started += 1
         path = os.path.abspath(path)
         if self.worker.confining:
             path = self._confine_worker(path)
-        return self.worker.load(path)
+        return self.worker.load_module(path)
 
     def _confine_worker(self, path: str) -> str:
         """Confine the worker (once) to this session's workspace and budget (``confine.py``), before it
@@ -151,17 +162,18 @@ class NativeSession:
 
         from . import confine
 
-        root = self.workspace if self.workspace is not None and confine.reachable(self.workspace) else None
+        options = self.confine
+        root = self.workspace if self.workspace is not None and confine.reachable(self.workspace, options) else None
         if root is None:
             if self._own_workspace is None:
                 self._own_workspace = tempfile.mkdtemp(prefix="rpcsrv-native-")
             root = self._own_workspace
-            if not confine.reachable(root):
-                raise NativeError(f"the native worker's user ({confine.SETTINGS.user}) cannot reach {root}: make "
+            if not confine.reachable(root, options):
+                raise NativeError(f"the native worker's user ({options.user}) cannot reach {root}: make "
                                   f"its parent folders searchable by others (chmod o+x) or start the server "
                                   f"with --workdir or TMPDIR under such a folder")
         if self.confined is None:
-            self.confined, _ = self.worker.request(("confine", confine.policy(root, self.max_memory)),
+            self.confined, _ = self.worker.request(("confine", confine.policy(root, self.max_memory, options)),
                                                    "confining the native worker")
             absent = {k: v for k, v in self.confined.items() if not v.startswith("in force") and k != "loan"}
             import logging
@@ -180,7 +192,7 @@ class NativeSession:
             os.close(fd)
             shutil.copyfile(real, copy)
             real = copy
-        confine.hand_over(real)
+        confine.hand_over(real, options)
         return real
 
     def _claim_here(self) -> bool:
@@ -212,7 +224,7 @@ class NativeSession:
         with _HERE_LOCK:
             _HERE.discard(self)
         if self.worker is not None:
-            self._count_end(self.worker)  # obs
+            self._count_end(self.worker)
             self.worker.close()
             self.worker = None
         if self.arena is not None:
@@ -223,7 +235,7 @@ class NativeSession:
             shutil.rmtree(self._own_workspace, ignore_errors=True)
             self._own_workspace = None
 
-    # obs (issue 28): worker counts for the board's metrics ------------------------------------------
+    # worker counts for the board's metrics ------------------------------------------------------------
     def _count_end(self, worker) -> None:
         if not worker.alive and worker.dead != "closed":
             self.workers_crashed += 1
@@ -236,7 +248,6 @@ class NativeSession:
             return 0, self.workers_started, self.workers_crashed
         gone = 0 if w.alive or w.dead == "closed" else 1
         return (1 if w.alive else 0), self.workers_started, self.workers_crashed + gone
-    # obs end
 
 
 def graphs_call_host_code(root: Any, libraries: list[HostLibraryModule]) -> bool:
@@ -250,13 +261,11 @@ def graphs_call_host_code(root: Any, libraries: list[HostLibraryModule]) -> bool
     symbols = {s for lib in libraries for s in lib.symbols}
     for factory in factories:
         try:
-            nodes = json.loads(factory.graph_json).get("nodes", [])
-        except (ValueError, AttributeError):
-            return True  # let the executor report the bad graph
-        for node in nodes:
-            name = (node.get("attrs") or {}).get("func_name") if isinstance(node, dict) else None
-            if name and (name in symbols or f"__tvm_ffi_{name}" in symbols):
-                return True
+            called = parse_graph_json(factory.graph_json).called()
+        except GraphJSONError:
+            return True  # the executor reports the bad graph, wherever it loads
+        if any(name in symbols or f"__tvm_ffi_{name}" in symbols for name in called):
+            return True
     return False
 
 

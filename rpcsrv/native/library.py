@@ -34,7 +34,7 @@ from elftools.elf.sections import SymbolTableSection
 
 from ..executor.module import ExecutorError
 from ..protocol.dtypes import DataType, Device
-from .abi import (ABI_CLASSIC, ABI_FFI, FFI, Classic, ClassicPackedFunc, DLTensor, FunctionHandle,
+from .abi import (ABI_CLASSIC, ABI_FFI, FFI, Classic, ClassicPackedFunc, DLTensorC, FunctionHandle,
                   LookupFunc, SafeCallFunc, ShapeObject, TVMFFIAny, TVMFFIObject, TVMValue)
 from .machine import Machine, board, machine_of
 from .shm import address_of
@@ -123,23 +123,7 @@ _LOOKUP = LookupFunc(_lookup)
 
 
 # ---------------------------------------------------------------------------- argument conversion
-_DL_DTYPES: dict[tuple, tuple[int, int, int]] = {}
-
-
-def _dl_dtype(dtype: np.dtype, abi: int) -> tuple[int, int, int]:
-    key = (dtype, abi)
-    found = _DL_DTYPES.get(key)
-    if found is None:
-        if dtype == np.bool_:
-            found = (6, 8, 1) if abi == ABI_FFI else (1, 1, 1)
-        else:
-            dt = DataType.from_numpy(dtype)
-            found = (int(dt.code), dt.bits, dt.lanes)
-        _DL_DTYPES[key] = found
-    return found
-
-
-def dltensor(arr: np.ndarray, abi: int, keep: list) -> DLTensor:
+def dltensor(arr: np.ndarray, abi: int, keep: list) -> DLTensorC:
     """A DLTensor over ``arr``'s memory (strides only when it is not C-contiguous)."""
     shape = (ctypes.c_int64 * arr.ndim)(*arr.shape)
     keep.append(shape)
@@ -150,7 +134,9 @@ def dltensor(arr: np.ndarray, abi: int, keep: list) -> DLTensor:
         strides = (ctypes.c_int64 * arr.ndim)(*(s // arr.itemsize for s in arr.strides))
         keep.append(strides)
     data = arr.__array_interface__["data"][0] if arr.size else None
-    t = DLTensor(data, (1, 0), arr.ndim, _dl_dtype(arr.dtype, abi), shape, strides, 0)
+    dt = DataType.from_numpy(arr.dtype, ffi=abi == ABI_FFI)
+    t = DLTensorC(data, (1, 0), arr.ndim, (dt.code, dt.bits, dt.lanes), ctypes.addressof(shape),
+                  None if strides is None else ctypes.addressof(strides), 0)
     keep.append(t)
     return t
 

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import functools
 import struct
 import time
 from typing import Any, Callable, Optional
@@ -24,25 +25,25 @@ import numpy as np
 
 from ..executor import compute
 
-_EVICT = None  # scratch buffer used when the shim cannot flush lines
-
-
 def cache_flush_cpu_non_first_arg(*args: Any) -> None:
     arrays = [a for a in args[1:] if isinstance(a, np.ndarray) and a.size]
-    try:
-        from .shim import load_shim
+    from .shim import ShimUnavailable, load_shim
 
+    try:
         flush = load_shim().rpcsrv_cache_flush
-    except Exception:
+    except ShimUnavailable:  # no shim on this board: stream over a scratch buffer instead
         flush = None
     if flush is not None:
         for a in arrays:
             flush(a.ctypes.data, a.nbytes)
         return
-    global _EVICT
-    if _EVICT is None:
-        _EVICT = np.ones(64 << 20 >> 3, np.float64)
-    _EVICT += 1.0  # touch 64 MiB: whatever the arrays had cached is gone
+    _evict_buffer()[:] += 1.0  # touch 64 MiB: whatever the arrays had cached is gone
+
+
+@functools.lru_cache(maxsize=1)
+def _evict_buffer() -> np.ndarray:
+    """The scratch streamed over when the shim cannot flush lines (made once)."""
+    return np.ones(64 << 20 >> 3, np.float64)
 
 
 def random_fill_for_measure(arr: Any) -> None:

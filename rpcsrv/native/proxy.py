@@ -1,49 +1,48 @@
-"""The session's side of native isolation: a worker process and proxies for what it hosts.
+"""The session's worker process as a backend: :class:`Worker`.
 
-:class:`Worker` starts ``python -m rpcsrv.native.worker`` with one end of a socket pair and the
-session's arena (``shm.py``), and sends it one request at a time (``wire.py``).  Requests are
-made from the session's worker threads (module functions are blocking calls), never on the trio
-loop.  Each request waits at most until the session's deadline: a crash (closed socket) or a
-missed deadline (the worker is killed) becomes a :class:`NativeError` naming what happened; the
-worker is gone, later requests on its proxies fail clearly, and the next ``load_module`` starts a
-fresh worker.  :func:`take_worker` hands out a warm spare (the server keeps one; an idle spare costs
-one Python process) and starts the next in the background.
+:class:`Worker` is the :class:`~rpcsrv.native.backend.Backend` whose modules live in the session's worker
+process (``process.py`` starts it; ``worker.py`` serves it with a ``LocalBackend``): each of its methods is one
+request over the socket pair (``wire.py``).  Requests are made from the session's threads (module functions
+are blocking calls) or, for a native call, from the event loop (:meth:`Worker.call_async`, no thread hop: the
+request is one binary frame and the loop waits on the worker's socket), one at a time.
+Each waits at most until the session's deadline: a crash (closed socket) or a missed deadline (the worker is
+killed) becomes a :class:`NativeError` naming what happened; the worker is gone, later requests on its
+proxies fail clearly, and the next ``load_module`` starts a fresh worker.  :func:`take_worker` hands out the
+warm spare (``process.SPARES``) when it has the session's configuration.
 
 Memory: a worker taken for a session is charged to the session's account (:data:`WORKER_COST`, its
 own footprint), and so is what it holds for the session: each request carries the account's room,
 the worker refuses allocations beyond it before making them (``budget.py``), and each answer's
 ``held`` is charged (or released) here.  All of it goes back to the account when the worker ends.
 
-:class:`WorkerModule` and :class:`WorkerFunction` are the session's handles on the worker's
-objects; they are ``RuntimeModule``/callables like any other, so the server hands them out
-unchanged.  Dropping a proxy frees the worker's object with the next request.
+What the worker hosts, the session holds as proxies (``remote.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import math
+import mmap
 import os
 import select
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
-import weakref
 from typing import Any, Callable, Optional
 
 import numpy as np
 
+from ..config import environment
 from ..executor import compute
-from ..executor.module import RuntimeModule
+from .backend import Backend, LoanDied
+from .confine import ConfineOptions
+from .confine_wire import ProtocolViolation
 from .library import NativeError
-from .shm import Arena
-from .wire import Copied, FrameError, Ref, Shared, encode_call
-from .confine_wire import ProtocolViolation, loads, message_limit, recv
-from .worker import _send
+from .process import SPARES, START_TIMEOUT, WorkerConfig, WorkerProcess, worker_config
+from .remote import SessionValues, WorkerFunction, WorkerModule
+from .shm import Arena, seal
+from .wire import FrameError, Ref, encode_call, message_limit, recv_checked, send
 
-START_TIMEOUT = 30.0
 #: what a native worker itself costs its session: a started worker holds ~25 MiB of private memory
 #: (Python, numpy, the executor; measured on x86-64 Linux), and the libraries and kernels it loads add more
 WORKER_COST = 32 << 20
@@ -51,106 +50,54 @@ WORKER_COST = 32 << 20
 #: session buffer allocated before its worker started), while the call runs: the pickled request, the
 #: worker's received message and its unpickled array
 COPY_COST = 3
+#: why a call in a worker ended at the session deadline
+DEADLINE = "native code was still running at the session deadline; its worker was stopped"
+#: the errors that mean the worker is broken (crashed, forged a message): it is stopped
+BROKEN = (ProtocolViolation, EOFError, OSError, ConnectionError, FrameError)
 
 
-class Worker:
-    def __init__(self, arena: Optional[Arena], deadline: Callable[[], Optional[float]] = lambda: None):
-        self.arena = arena
+class Worker(Backend):
+    """The session's worker process, as a backend.  ``process``: a started one (the spare), else one is started
+    with ``config`` (default: the server's confinement on)."""
+
+    def __init__(self, arena: Optional[Arena], deadline: Callable[[], Optional[float]] = lambda: None,
+                 config: Optional[WorkerConfig] = None, process: Optional[WorkerProcess] = None):
+        self.process = process or WorkerProcess(config or worker_config(ConfineOptions()), arena)
+        self.sock, self.pid, self.proc = self.process.sock, self.process.pid, self.process.proc
+        self.confining = self.process.config.confine  # confined before its first load (``host.py``)
+        self.arena = arena if process is None else None  # (a spare is given its session's arena: ``attach``)
         self.deadline = deadline
         self.lock = threading.Lock()
         self.dead: Optional[str] = None
         self._garbage: list[int] = []
         self._garbage_lock = threading.RLock()  # reentrant: a finalizer may run inside the swap below
         self.account: Any = None  # the session's MemoryAccount (rpcsrv.board.accounts), once taken by a session
+        self.limit = message_limit(None)  # the longest message it may send (``wire.message_limit``: its account's)
         self.charged = 0  # bytes the worker holds for the session, as last reported and charged
-        self.last_frame: Optional[bytes] = None  # the last call frame that answered (``fastpath``)
         self.cost = 0  # WORKER_COST, while charged to ``account``
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        fds = [theirs.fileno()] + ([arena.fd] if arena else [])
-        from . import confine
-
-        self.confining = confine.SETTINGS.enabled  # a scrubbed environment; confined before its first load
-        env = confine.worker_env(os.environ) if self.confining else dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
+        self.last_frame: Optional[bytes] = None  # the last call frame that answered (``call_async``)
+        self.page: Optional[mmap.mmap] = None  # the loans' shared page, once the connection was lent
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "rpcsrv.native.worker", str(theirs.fileno()),
-                 str(arena.fd if arena else -1), str(arena.capacity if arena else 0)],
-                pass_fds=fds, env=env, stdin=subprocess.DEVNULL)
+            self.worker_arena = Arena(self.process.arena_size, fd=self.process.arena_fd)
         except BaseException:
-            ours.close()
+            self.kill("failed to start")
             raise
-        finally:
-            theirs.close()
-        self.sock = ours
-        self.worker_arena: Optional[Arena] = None
-        self._start()
+        self.values = SessionValues(self)
+        #: seconds the event loop waits for an answer in a plain ``select`` before waiting through trio
+        self.quick_wait = environment.seconds("RPCSRV_NATIVE_QUICK_WAIT")
 
-    def _start(self) -> None:
-        """The worker's hello: its arena's descriptor and (ready, pid, arena size).  Whatever goes wrong
-        on the way, the process is killed and reaped and every descriptor received or held is closed."""
-        fds: list[int] = []
-        why = "failed to start"
-        try:
-            if not self._wait(time.monotonic() + START_TIMEOUT):
-                why = "did not start"
-                raise NativeError(f"the native worker did not start within {START_TIMEOUT:.0f}s")
-            msg, fds, _flags, _addr = socket.recv_fds(self.sock, 8, 1)
-            if len(msg) < 8 or not fds:
-                raise NativeError("the native worker failed to start")
-            n = int.from_bytes(msg, "little")
-            data = b""
-            while len(data) < n:
-                chunk = self.sock.recv(n - len(data))
-                if not chunk:
-                    raise NativeError("the native worker failed to start (it closed its socket)")
-                data += chunk
-            _ready, self.pid, size = loads(data)  # a worker's word is checked (confine_wire.py)
-            self.worker_arena = Arena(size, fd=fds[0])
-        except BaseException as exc:
-            for fd in fds:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-            self.kill(why)
-            if isinstance(exc, NativeError) and why == "failed to start":
-                raise NativeError(f"{exc} ({self._exit_text()})") from None
-            raise
-
+    # ---------------------------------------------------------------------------- requests
     def _recv(self) -> Any:
-        """The worker's next message, read as from an untrusted peer (``confine_wire.py``)."""
-        return recv(self.sock, message_limit(self.account))
+        """The worker's next message, read as from an untrusted peer (``wire.recv_checked``)."""
+        return recv_checked(self.sock, self.limit)
 
     def _wait(self, until: Optional[float]) -> bool:
-        poller = select.poll()
-        poller.register(self.sock, select.POLLIN | select.POLLHUP | select.POLLERR)
-        while True:
-            timeout = None if until is None else max(0, int((until - time.monotonic()) * 1000) + 1)
-            if poller.poll(timeout):
-                return True
-            if until is not None and time.monotonic() >= until:
-                return False
-
-    def _exit_text(self) -> str:
-        try:
-            code = self.proc.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            return "still running"
-        if code < 0:
-            try:
-                return f"killed by {signal.Signals(-code).name}"
-            except ValueError:
-                return f"killed by signal {-code}"
-        return f"exit code {code}"
+        return self.process.wait(until)
 
     def kill(self, why: str) -> None:
         if self.dead is None:
             self.dead = why
-        try:
-            self.proc.kill()
-        except OSError:
-            pass
-        self.proc.wait()
-        self.sock.close()
+        self.process.kill()
         self._unbill()
 
     def _unbill(self) -> None:
@@ -184,31 +131,35 @@ class Worker:
         return self.dead is None
 
     def request(self, req: tuple, what: str) -> tuple[Any, list]:
+        """One request (``wire.py``): its value and copied-back arguments, or its error raised."""
         with self.lock:
             if self.dead is not None:
                 raise NativeError(f"{what}: the native worker of this session is gone ({self.dead}); "
                                   f"load the module again")
             try:
-                if self._garbage:
-                    with self._garbage_lock:
-                        garbage, self._garbage = self._garbage, []
-                    _send(self.sock, (None, ("free", garbage)))
-                    if self._settle(self._recv())[0] != "ok":
-                        raise EOFError
+                self._free_garbage()
                 budget = self._budget()
-                frame = encode_call(req[1], budget, req[2]) if req[0] == "call" else None
-                _send(self.sock, (budget, req), data=frame)
+                frame = encode_call(req[1].id, budget, req[2]) if req[0] == "call" else None
+                send(self.sock, (budget, req), data=frame)
                 answer = self._settle(self._answer(what))
-            except (ProtocolViolation, EOFError, OSError, ConnectionError, FrameError) as exc:
+            except BROKEN as exc:
                 raise self._failure(exc, what) from None
         return self._result(answer, what)
+
+    def _free_garbage(self) -> None:
+        if self._garbage:
+            with self._garbage_lock:
+                garbage, self._garbage = self._garbage, []
+            send(self.sock, (None, ("free", garbage)))
+            if self._settle(self._recv())[0] != "ok":
+                raise EOFError
 
     def _failure(self, exc: BaseException, what: str) -> NativeError:
         """The worker is killed after a request failed with ``exc``: the error that says why."""
         if isinstance(exc, ProtocolViolation):  # forged by native code: the worker goes, as after a crash
             self.kill(f"broke the protocol: {exc}")
             return NativeError(f"{what}: {exc}; its worker was stopped, load the module again")
-        text = self._exit_text()
+        text = self.process.exit_text()
         self.kill(f"crashed: {text}")
         return NativeError(f"{what}: native code crashed ({text}); this session's native modules are gone, "
                            f"load the module again")
@@ -234,8 +185,7 @@ class Worker:
                     answer, first = first, None
                 elif not self._wait(self.deadline()):
                     self.kill("stopped at the session deadline")
-                    raise NativeError(f"{what}: native code was still running at the session deadline; "
-                                      f"its worker was stopped")
+                    raise NativeError(f"{what}: {DEADLINE}")
                 else:
                     answer = self._recv()
                 if answer[0] == "slot":
@@ -246,7 +196,7 @@ class Worker:
                         self.kill("stopped at the session deadline")
                         raise NativeError(f"{what}: no compute slot came free before the session deadline "
                                           f"(other sessions held them all); its worker was stopped") from None
-                    _send(self.sock, ("slot", threads))
+                    send(self.sock, ("slot", threads))
                 elif answer[0] == "slot-done":
                     held.close()
                 else:
@@ -259,191 +209,192 @@ class Worker:
     def close(self) -> None:
         if self.dead is None:
             self.kill("closed")
-        if self.worker_arena is not None:
-            self.worker_arena.close()
+        self.worker_arena.close()
 
-    # values ---------------------------------------------------------------
-    def to_wire(self, v: Any, copied: list) -> Any:
-        if isinstance(v, np.ndarray):
-            for region, arena in (("session", self.arena), ("worker", self.worker_arena)):
-                if arena is not None:
-                    off = arena.offset_of(v)
-                    if off is not None:
-                        return Shared(region, off, v.dtype.str, v.shape, v.strides)
-            copied.append(v)
-            return Copied(v)
-        if isinstance(v, (WorkerModule, WorkerFunction)):
-            if v.worker is not self:
-                raise NativeError("a module or function of another native worker cannot be passed here")
-            return Ref(v.kind, v.oid, "")
-        if isinstance(v, RuntimeModule) or callable(v):
-            raise NativeError(f"{type(v).__name__} objects of the server cannot be passed to native modules")
-        if isinstance(v, (list, tuple)):
-            return [self.to_wire(x, copied) for x in v]
-        if isinstance(v, (memoryview, bytearray)):  # bytes arguments (load_params) arrive as views
-            return bytes(v)
-        return v
-
-    def from_wire(self, v: Any) -> Any:
-        if isinstance(v, Shared):
-            arena = self.arena if v.region == "session" else self.worker_arena
-            return arena.view(v.offset, v.dtype, v.shape, v.strides)
-        if isinstance(v, Copied):
-            return v.array
-        if isinstance(v, Ref):
-            return WorkerModule(self, v.id, v.name) if v.kind == "mod" else WorkerFunction(self, v.id, v.name)
-        if isinstance(v, dict):
-            return {k: self.from_wire(x) for k, x in v.items()}
-        if isinstance(v, (list, tuple)):
-            return type(v)(self.from_wire(x) for x in v)
-        return v
-
-    def call(self, req_head: tuple, args: tuple, what: str) -> Any:
+    def call_request(self, head: tuple, args: Any, what: str) -> Any:
+        """A request whose last field is arguments (``call``, ``global``): arrays outside the shared arenas
+        (and bytes, e.g. load_params) cross as copies, charged while the request runs, and written back."""
         copied: list = []
-        wire_args = [self.to_wire(a, copied) for a in args]
-        # arrays outside the shared arenas (and bytes, e.g. load_params) cross as copies: charged while
-        # the request runs
+        wire_args = self.values.encode(list(args), copied)
         transient = 0 if self.account is None else COPY_COST * (
             sum(a.nbytes for a in copied) + sum(len(w) for w in wire_args if isinstance(w, bytes)))
         if transient:
             self.account.charge(transient, "arguments copied to the native worker")
         try:
-            result, outs = self.request(req_head + (wire_args,), what)
+            result, outs = self.request(head + (wire_args,), what)
         finally:
             if transient:
                 self.account.release(transient)
         for mine, theirs in zip(copied, outs):
             if mine.flags.writeable:
                 np.copyto(mine, theirs)
-        return self.from_wire(result)
+        return self.values.decode(result, [])
 
     def attach(self, arena: Optional[Arena], deadline: Callable[[], Optional[float]]) -> None:
         """Give a spare worker its session: the session's arena (mapped there) and deadline."""
         with self.lock:
-            _send(self.sock, (None, ("attach", arena.capacity if arena else 0)), [arena.fd] if arena else [])
+            send(self.sock, (None, ("attach", arena.capacity if arena else 0)), [arena.fd] if arena else [])
             if not self._wait(time.monotonic() + START_TIMEOUT) or self._recv()[0] != "ok":
                 raise NativeError("the spare native worker did not take its session")
         self.arena, self.deadline = arena, deadline
+        self.values.regions["session"] = arena
 
-    def call_global(self, name: str, args: tuple) -> Any:
-        """Global function ``name`` run in the worker (its module arguments live there)."""
-        return self.call(("global", name), args, name)
+    async def wait_answer(self) -> bool:
+        """Wait on the event loop for the worker's next message, until the session's deadline: False when the
+        deadline came first (the worker is then stopped: its answer would never be read)."""
+        import trio
 
+        deadline = self.deadline()
+        until = math.inf if deadline is None else trio.current_time() + deadline - time.monotonic()
+        with trio.move_on_at(until) as waited:
+            await trio.lowlevel.wait_readable(self.sock)
+        if waited.cancelled_caught:
+            self.kill("stopped at the session deadline")
+            return False
+        return True
+
+    async def call_async(self, oid: int, what: str, *args: Any) -> tuple[bool, Any]:
+        """Call this worker's function ``oid`` (named ``what``) from the event loop: ``(True, value)``;
+        ``(False, None)`` when the call must take the blocking path (``Worker.call`` in a thread):
+        arguments that are copied or need pickle, objects to free first, or the worker busy with another
+        thread's request.
+
+        The request is one binary frame (``wire.py``) into an idle worker's socket, so the send never
+        blocks; the loop then waits for the answer.  A compute slot asked for meanwhile (a model run in the
+        worker) is held from a thread, as ``Worker.request`` does; a crash, the deadline: the same errors
+        as there.  Cancelled (the session ends while native code runs), the worker is stopped, as at the
+        deadline: its answer would never be read."""
+        import trio
+
+        self.last_frame = None  # the frame of a call that went this way, for a loan's record
+        copied: list = []
+        wire_args = [self.values.encode(a, copied) for a in args]
+        if copied or self._garbage or self.dead is not None:
+            return False, None
+        frame = encode_call(oid, self._budget(), wire_args)
+        if frame is None or not self.lock.acquire(blocking=False):
+            return False, None
+        try:
+            try:
+                send(self.sock, None, data=frame)
+                # not answered at once: wait on the loop (a plain ``select`` first: waiting through trio is an
+                # epoll registration, a cancel scope and a task switch, ~40 Python calls a request)
+                if not select.select([self.sock], [], [], self.quick_wait)[0]:
+                    if not await self.wait_answer():
+                        raise NativeError(f"{what}: {DEADLINE}")
+                answer = self._recv()  # read as from an untrusted peer (wire.recv_checked)
+                if answer[0] in ("slot", "slot-done"):  # a model run in the worker: its slot is held in a thread
+                    answer = await trio.to_thread.run_sync(self._answer, what, answer)
+                answer = self._settle(answer)
+            except BROKEN as exc:
+                raise self._failure(exc, what) from None
+            except BaseException:
+                if self.dead is None:  # cancelled with native code running
+                    self.kill("stopped: its session ended during a native call")
+                raise
+        finally:
+            self.lock.release()
+        value = self.values.decode(self._result(answer, what)[0], [])
+        self.last_frame = frame
+        return True, value
+
+    # ---------------------------------------------------------------------------- the backend
     def load(self, path: str) -> "WorkerModule":
+        return self.load_module(path)
+
+    def load_module(self, path: str) -> "WorkerModule":
         result, _ = self.request(("load", path), "load_module")
-        return self.from_wire(result)
+        return self.values.decode(result, [])
+
+    def get_function(self, module: Any, name: str, query_imports: bool = False) -> Optional["WorkerFunction"]:
+        return module.find_function(name, bool(query_imports))
+
+    def call(self, fn: Any, args: list) -> Any:
+        return fn(*args)
+
+    def runner(self, fn: Any, limiter: Any = None) -> Optional[Callable]:
+        if isinstance(fn, WorkerFunction) and fn.worker is self:
+            return functools.partial(self.call_async, fn.oid, fn.name)
+        return None
+
+    def call_global(self, name: str, args: Any) -> Any:
+        return self.call_request(("global", name), args, name)
+
+    def time_evaluator(self, fn: Any, params: tuple, f_preproc: str = "") -> "WorkerFunction":
+        result, _ = self.request(("timer", Ref("fn", fn.oid, ""), tuple(params), f_preproc), "time_evaluator")
+        return self.values.decode(result, [])
+
+    def owns(self, fn: Any) -> bool:
+        return getattr(fn, "worker", None) is self
+
+    def last_call(self, fn: Any) -> Any:
+        frame, self.last_frame = self.last_frame, None
+        return frame
+
+    async def lend(self, io: Any, entries: list, counts: dict, calls: dict) -> Optional[dict]:
+        """The loan served by the worker: the client's socket and the shared page go with the first one
+        (``SCM_RIGHTS``), then ``("hold", entries, counts, spin)``; the event loop waits on the worker's socket
+        as for a long native call.  Cancelled while the worker holds the connection, the worker is stopped."""
+        from .replay import PAGE_FORMAT, PAGE_SIZE
+
+        if self.dead is not None or not self.lock.acquire(blocking=False):
+            return None
+        try:
+            fds: list[int] = []
+            try:
+                if self.page is None:
+                    io.share()  # before the worker can touch the descriptor's flags
+                    fd = os.memfd_create("rpcsrv-loan", os.MFD_CLOEXEC | getattr(os, "MFD_ALLOW_SEALING", 2))
+                    fds = [io.sock.fileno(), fd]
+                    os.ftruncate(fd, PAGE_SIZE)
+                    seal(fd)  # the worker cannot shrink it under the server's mapping
+                    self.page = mmap.mmap(fd, PAGE_SIZE)
+                send(self.sock, (self._budget(), ("hold", [tuple(e) for e in entries], counts, io.spin)), fds)
+            finally:
+                if len(fds) == 2:
+                    os.close(fds[1])
+            try:
+                if not await self.wait_answer():
+                    raise LoanDied(NativeError(DEADLINE), *PAGE_FORMAT.unpack_from(self.page, 0))
+                reply = self._settle(self._recv())
+            except BROKEN as exc:
+                raise LoanDied(self._failure(exc, "native call"), *PAGE_FORMAT.unpack_from(self.page, 0)) from None
+            except BaseException:
+                if self.dead is None:  # cancelled (the session ends) while the worker holds the connection
+                    self.kill("stopped: its session ended while it served the connection")
+                raise
+        finally:
+            self.lock.release()
+        if reply[0] == "ok" and type(reply[1]) is dict:
+            result = reply[1]
+            pending = result.get("pending")
+            if type(pending) is tuple and len(pending) == 3 and pending[0] == "value":
+                result["pending"] = ("value", self.values.decode(pending[1], []), pending[2])
+            return result
+        return {}  # refused to serve (a worker that cannot)
 
 
-_pool_lock = threading.Lock()
-_spare: Optional[Worker] = None
-
-
-def take_worker(arena: Optional[Arena], deadline: Callable[[], Optional[float]], account: Any = None) -> Worker:
-    """A worker for a session: the warm spare if there is one (Python and numpy already started,
-    about a second saved on a small board), else a new one; a new spare starts in the background.
-    With ``account`` (the session's), the worker is charged to it first (BudgetError when no room)."""
-    global _spare
+def take_worker(arena: Optional[Arena], deadline: Callable[[], Optional[float]], account: Any = None,
+                confine: ConfineOptions = ConfineOptions()) -> Worker:
+    """A worker for a session: the warm spare if it has this configuration (Python and numpy already started,
+    about a second saved on a small board), else a new one.  With ``account`` (the session's), the worker is
+    charged to it first (BudgetError when no room)."""
     if account is not None:
         account.charge(WORKER_COST, "native worker")
         try:
-            worker = take_worker(arena, deadline)
+            worker = take_worker(arena, deadline, confine=confine)
         except BaseException:
             account.release(WORKER_COST)
             raise
-        worker.account, worker.cost = account, WORKER_COST
+        worker.account, worker.cost, worker.limit = account, WORKER_COST, message_limit(account)
         return worker
-    with _pool_lock:
-        worker, _spare = _spare, None
-    try:
-        from .confine import SETTINGS
-
-        if worker is not None and worker.confining != SETTINGS.enabled:  # started under other settings
-            worker.close()
-            worker = None
-        if worker is not None and worker.alive and worker.proc.poll() is None:
+    config = worker_config(confine)
+    spare = SPARES.take(config)
+    if spare is not None:
+        worker = Worker(None, process=spare)
+        try:
             worker.attach(arena, deadline)
-        else:
-            if worker is not None:
-                worker.close()  # a dead spare: its process reaped, its arena descriptor closed
-            worker = Worker(arena, deadline)
-    except (NativeError, OSError, EOFError):  # the spare died or refused its session: a fresh worker
-        if worker is not None:
+            return worker
+        except (NativeError, OSError, EOFError):  # the spare died or refused its session: a fresh worker
             worker.close()
-        worker = Worker(arena, deadline)
-    threading.Thread(target=_refill, name="rpcsrv-spare-worker", daemon=True).start()
-    return worker
-
-
-def _refill() -> None:
-    global _spare
-    try:
-        worker = Worker(None)
-    except Exception:  # no spare this time; the next session starts its own
-        return
-    with _pool_lock:
-        if _spare is None:
-            _spare = worker
-            return
-    worker.close()
-
-
-class _Proxy:
-    kind = ""
-
-    def __init__(self, worker: Worker, oid: int, name: str):
-        self.worker, self.oid, self.name = worker, oid, name
-        weakref.finalize(self, worker.forget, oid)
-
-
-class WorkerFunction(_Proxy):
-    """A function that lives in the worker; calling it is one request."""
-
-    kind = "fn"
-
-    @property
-    def __name__(self) -> str:  # noqa: A003 - the server names handles after their function
-        return self.name
-
-    def __call__(self, *args: Any) -> Any:
-        return self.worker.call(("call", self.oid), args, self.name)
-
-    async def acall(self, *args: Any) -> tuple[bool, Any]:
-        """The call from the event loop (``fastpath.worker_call``): ``(done, value)``."""
-        from .fastpath import worker_call
-
-        return await worker_call(self.worker, self.oid, args, self.name)
-
-    def time_evaluator(self, params: tuple, f_preproc: str) -> "WorkerFunction":
-        """TVM's time evaluator for this function, run inside the worker (no IPC in the timings)."""
-        result, _ = self.worker.request(("timer", self.oid, params, f_preproc), "time_evaluator")
-        return self.worker.from_wire(result)
-
-
-class WorkerModule(_Proxy, RuntimeModule):
-    """A module that lives in the worker (its imports stay there: lookups ask the worker)."""
-
-    kind = "mod"
-
-    def __init__(self, worker: Worker, oid: int, type_key: str):
-        RuntimeModule.__init__(self)
-        _Proxy.__init__(self, worker, oid, type_key)
-        self.type_key = type_key
-        #: functions found, by (name, query_imports): a client that looks a function up before every
-        #: call (``lib["f"](...)``) asks the worker once
-        self._found: dict[tuple[str, bool], WorkerFunction] = {}
-
-    def get_function(self, name: str) -> Optional[WorkerFunction]:
-        return self.find_function(name, False)
-
-    def find_function(self, name: str, query_imports: bool = True) -> Optional[WorkerFunction]:
-        key = (name, bool(query_imports))
-        fn = self._found.get(key)
-        if fn is None or not self.worker.alive:
-            result, _ = self.worker.request(("get", self.oid, name, key[1]), f"get_function {name}")
-            fn = self.worker.from_wire(result)
-            if fn is not None:
-                self._found[key] = fn
-        return fn
-
-    def __repr__(self) -> str:
-        return f"<WorkerModule {self.type_key!r} #{self.oid} in worker {self.worker.pid}>"
+    return Worker(arena, deadline, config)

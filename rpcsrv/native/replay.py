@@ -1,4 +1,4 @@
-"""Repeated native calls answered by the session's worker straight from the client's socket (issue 26).
+"""Repeated native calls answered by the session's worker straight from the client's socket.
 
 A client that calls a kernel over and over (a tuner, a script: ``f(a, b)`` or ``lib["f"](a, b)``)
 sends the same request bytes every time and gets the same answer bytes back.  Through the server, each
@@ -43,7 +43,8 @@ import struct
 import time
 from typing import Any, Callable, NamedTuple, Optional
 
-from .wire import decode_head
+from ..config import environment
+from .wire import FrameError, decode_head
 
 IDLE, CALLING, ANSWERING, READING = 0, 1, 2, 3
 PAGE_SIZE = 64
@@ -93,7 +94,7 @@ def _callable(state: Any, frame: bytes) -> Any:
     """The bound native call a call frame runs here (None: not one this worker holds bound)."""
     try:
         _budget, oid, _nargs, at = decode_head(bytearray(frame))
-    except Exception:
+    except FrameError:
         return None
     return state.bound.get((oid, bytes(frame[at:])))
 
@@ -129,7 +130,7 @@ def hold(state: Any, client: socket.socket, page: Any, entries: list, counts: di
     longest = max(len(p) for p in table)
     word = memoryview(page).cast("B").cast("I")  # [state, entry index]
     word[0] = IDLE
-    loop = _c_loop(entries, bound) if USE_C else None
+    loop = _c_loop(entries, bound) if use_c() else None
     client.setblocking(True)
     client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(IDLE_RETURN))
     if loop is not None:
@@ -200,7 +201,7 @@ def readiness() -> str:
     (what a worker reports once confined; ``rpcsrv check`` and the server's log show it)."""
     if not hasattr(socket, "recv_fds") or not hasattr(os, "memfd_create"):
         return "absent: this system cannot pass a socket to another process with its shared page"
-    if not USE_C:
+    if not use_c():
         return "in force: Python loop (RPCSRV_LOAN_LOOP=python)"
     try:
         from .shim import load_shim
@@ -304,8 +305,10 @@ class _LoanEntry(ctypes.Structure):
 
 #: entry kinds as ``shim.c`` numbers them (3: never matched)
 KINDS = {"call": 0, "get": 1, "free": 2}
-#: the loop in C when the shim has it (``RPCSRV_LOAN_LOOP=python``: the Python loop, for tests)
-USE_C = os.environ.get("RPCSRV_LOAN_LOOP", "c") != "python"
+def use_c() -> bool:
+    """Whether a loan's loop runs in C when the shim has it (``RPCSRV_LOAN_LOOP=python``: the Python loop, for
+    tests; a worker has its server's setting)."""
+    return environment.text("RPCSRV_LOAN_LOOP") != "python"
 
 
 def _timeval(seconds: float) -> bytes:

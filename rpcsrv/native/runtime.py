@@ -14,7 +14,7 @@ from typing import Any, Optional
 from ..executor import BuildOptions, HostLibraryRuntime, RuntimeModule, build_runtime
 from ..loader import load_library
 from ..loader.modules import HostLibraryModule
-from .library import NativeFunction, NativeLibrary, inspect_native, open_library
+from .library import NativeError, NativeFunction, NativeLibrary, inspect_native, open_library
 
 
 class NativeLibraryRuntime(RuntimeModule):
@@ -39,7 +39,7 @@ def has_native_code(node: HostLibraryModule) -> bool:
         return False
     try:
         return bool(inspect_native(node.path).public_functions())
-    except Exception:
+    except NativeError:
         return False
 
 

@@ -32,32 +32,21 @@ import threading
 from pathlib import Path
 from typing import Iterator
 
+from ..config import environment
+from ..config.toolchain import c_compiler as host_compiler, cache_dir
 from .abi import LookupFunc
 from .machine import board, machine_of
 
 SOURCE = Path(__file__).with_name("shim.c")
 PREBUILT = Path(__file__).with_name("prebuilt")
 _lock = threading.Lock()
-_shim: ctypes.CDLL | None = None
-_origin = ""  # how the loaded shim was found (status)
-_path: Path | None = None  # the loaded shim's file (shim_path)
+#: the loaded shim: "lib" (the CDLL), "origin" (how it was found, for status), "path" (its file, shim_path)
+_loaded: dict = {}
 _tried: list[str] = []  # why earlier candidates were passed over (status, error messages)
 
 
 class ShimUnavailable(RuntimeError):
     """No shim could be found or built (no compiler, no prebuilt shim for this board)."""
-
-
-def host_compiler() -> str | None:
-    # shimbuild is imported where used: `python -m rpcsrv.native.shimbuild` must find it not yet imported
-    from .shimbuild import host_compiler as find
-
-    return find()
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("RPCSRV_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "rpcsrv")
-    return Path(root)
 
 
 def prebuilt(name: str = "libshim.so") -> list[tuple[str, Path, bool]]:
@@ -85,6 +74,7 @@ def compiled(name: str = "libshim.so") -> Path | None:
         return target
     if cc is None:
         return None
+    # shimbuild is imported where used: `python -m rpcsrv.native.shimbuild` must find it not yet imported
     from .shimbuild import compile_library
 
     return compile_library(cc, name, target)
@@ -98,7 +88,7 @@ def advice() -> str:
 
 
 def _candidates(tried: list[str]) -> Iterator[tuple[Path, str]]:
-    explicit = os.environ.get("RPCSRV_NATIVE_SHIM")
+    explicit = environment.text("RPCSRV_NATIVE_SHIM")
     if explicit:
         if not os.path.isfile(explicit):
             raise ShimUnavailable(f"RPCSRV_NATIVE_SHIM={explicit} does not exist")
@@ -128,9 +118,8 @@ def _candidates(tried: list[str]) -> Iterator[tuple[Path, str]]:
 
 def load_shim() -> ctypes.CDLL:
     """The shim, loaded once per process with RTLD_GLOBAL (its symbols serve every library)."""
-    global _shim, _origin, _path
     with _lock:
-        if _shim is None:
+        if "lib" not in _loaded:
             _tried.clear()
             for path, origin in _candidates(_tried):
                 try:
@@ -145,16 +134,16 @@ def load_shim() -> ctypes.CDLL:
                 lib.rpcsrv_workspace_outstanding.restype = ctypes.c_long
                 lib.rpcsrv_cache_flush.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
                 lib.rpcsrv_cache_flush.restype = None
-                _shim, _origin, _path = lib, f"{path} ({origin})", path
+                _loaded.update(lib=lib, origin=f"{path} ({origin})", path=path)
                 break
-        return _shim
+        return _loaded["lib"]
 
 
 def shim_path() -> Path:
     """The file of the shim this process loaded (loading it if need be): what a confined worker is told
     to load, since it can neither compile nor read the server's cache."""
     load_shim()
-    return _path
+    return _loaded["path"]
 
 
 def status() -> dict:
@@ -163,7 +152,7 @@ def status() -> dict:
            "prebuilt": {target: ("this machine" if fits else "other machine") for target, _, fits in prebuilt()}}
     try:
         load_shim()
-        out["shim"], out["error"] = _origin, None
+        out["shim"], out["error"] = _loaded["origin"], None
     except (ShimUnavailable, OSError) as exc:  # (a compiler's failure is in ShimUnavailable's message)
         out["shim"], out["error"] = None, str(exc)
     out["passed_over"] = list(_tried)

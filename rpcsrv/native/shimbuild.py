@@ -5,7 +5,8 @@ One place for the compile command, used three ways:
 * at wheel-build time by ``setup.py``: every compiler of :data:`COMPILERS` found on PATH builds both
   libraries into ``rpcsrv/native/prebuilt/<target>/`` of the wheel (``<target>`` is the compiler's
   ``-dumpmachine``, e.g. ``aarch64-linux-gnu``), so a board without a compiler finds its shim;
-* at run time by ``shim.py``, where no prebuilt shim fits the board and a compiler exists;
+* at run time by ``shim.py``, where no prebuilt shim fits the board and a compiler exists (the board's
+  compiler and cache folder: ``rpcsrv.config.toolchain``, which the compiled kernels use too);
 * by hand, for a board nothing fits: ``python -m rpcsrv.native.shimbuild OUT --cc <cross gcc>``
   (or ``python rpcsrv/native/shimbuild.py ...`` from a checkout), then on the board
   ``RPCSRV_NATIVE_SHIM=OUT/<target>/libshim.so``.
@@ -38,14 +39,6 @@ PORTABLE = ["-DRPCSRV_PORTABLE_GLIBC", "-Wl,--no-as-needed", "-l:libpthread.so.0
 
 class BuildError(RuntimeError):
     """A compiler was found but failed (its message)."""
-
-
-def host_compiler() -> str | None:
-    """The board's C compiler: ``$RPCSRV_CC``, ``$CC``, then cc, gcc, clang on PATH (None: none)."""
-    for name in (os.environ.get("RPCSRV_CC"), os.environ.get("CC"), "cc", "gcc", "clang"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
 
 
 def target_of(cc: str) -> str:

@@ -24,7 +24,7 @@ ALIGN = 64
 PAGE = mmap.PAGESIZE
 
 
-def _seal(fd: int) -> None:
+def seal(fd: int) -> None:
     """Fix the arena's size for good: the other process (native code in a worker) cannot shrink it under
     the server's mapping, where a read past the end would kill the server with SIGBUS."""
     import fcntl
@@ -60,7 +60,7 @@ class Arena:
         if fd is None:
             fd = os.memfd_create(name, os.MFD_CLOEXEC | getattr(os, "MFD_ALLOW_SEALING", 0))
             os.ftruncate(fd, capacity)
-            _seal(fd)
+            seal(fd)
         else:
             _check_sealed(fd, capacity)
         self.fd = fd

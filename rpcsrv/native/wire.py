@@ -1,23 +1,29 @@
-"""The messages between a session and its native worker (both sides of ``proxy.py``/``worker.py``).
+"""The link between a session and its native worker: the backend interface over a Unix socket pair.
 
-One request at a time over a Unix socket pair, each a pickled tuple (the server loads the worker's
-messages with a restricted unpickler, ``confine_wire.py``: native code in the worker can forge them),
-sent as ``(budget, request)``: ``budget`` is the session's
-room for what the worker allocates (``budget.Budget``, None for no limit).  Requests: ``("load",
-path)``, ``("get", obj, name, query_imports)``, ``("call", obj, args)``, ``("global", name, args)``
-(executor creation over a worker's module), ``("timer", obj, params, f_preproc)``, ``("free",
-ids)``, ``("stats",)``, ``("attach", capacity)`` (with the session arena's descriptor).  Answers:
-``("ok", value, outs, held)``, ``("err", message, None, held)`` or ``("budget", (what, nbytes,
-name, used, limit), None, held)`` (an allocation refused before it was made); ``held`` is what the
-worker holds for the session after the request, in bytes.  While a request runs, the worker may ask
-for a compute slot, ``("slot",)`` (answered ``("slot", threads)``), and give it back, ``("slot-done",)``.
+The worker serves the session the same :class:`~rpcsrv.native.backend.Backend` a session has in its own
+process (``worker.py`` runs a ``LocalBackend``; ``proxy.py`` is the session's side, ``WorkerBackend``): each
+request names one of its methods, the answer is its result.  One request at a time, each a message: an
+8-byte length, then a pickled tuple (the server loads the worker's messages with a restricted unpickler,
+``confine_wire.py``: native code in the worker can forge them) or a binary frame (below).  A request is sent
+as ``(budget, request)``: ``budget`` is the session's room for what the worker allocates (``budget.Budget``,
+None for no limit).  The backend's requests: ``("load", path)``, ``("get", module, name, query_imports)``,
+``("call", function, args)``, ``("global", name, args)`` (a global function over the worker's modules:
+executor creation), ``("timer", function, params, f_preproc)``; the worker process's own: ``("free", ids)``,
+``("stats",)``, ``("attach", capacity)`` (with the session arena's descriptor), ``("confine", policy)`` and
+``("hold", ...)`` (a loan of the client's connection, ``replay.py``).  Answers: ``("ok", value, outs, held)``,
+``("err", message, None, held)`` or ``("budget", (what, nbytes, name, used, limit), None, held)`` (an
+allocation refused before it was made); ``held`` is what the worker holds for the session after the request,
+in bytes.  While a request runs, the worker may ask for a compute slot, ``("slot",)`` (answered ``("slot",
+threads)``), and give it back, ``("slot-done",)``.  The first message of all is the server's: the worker's
+start message (its configuration, ``proxy.WorkerConfig``); the worker answers it with its hello.
 
-Values cross as themselves (ints, floats, str, bytes, Device, DataType, None), except:
+Values cross as themselves (ints, floats, str, bytes, Device, DataType, None), except (:class:`Values`, one
+conversion for both ends, each with its own references):
 
 * arrays: ``Shared(region, offset, dtype, shape, strides)`` when they live in a region both sides
   map (``shm.py``), so only the handle crosses; otherwise ``Copied(array)``, and the worker sends
   back every copied argument after the call (``outs``) so that writes reach the caller's memory;
-* modules and functions of the worker: ``Ref(kind, id, name)``, turned into proxies on the session side.
+* modules and functions of the worker: ``Ref(kind, id, name)``, proxies on the session's side.
 
 The common request, a call whose arguments are all shared arrays, plain scalars and worker objects,
 and its answer when the value is a scalar or None, travel as fixed binary frames instead
@@ -30,13 +36,18 @@ answers it as an error.
 
 from __future__ import annotations
 
+import pickle
+import socket
 import struct
+import sys
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional
 
+import numpy as np
 from construct import Int8ul, Int16ul, Int64sl, Int64ul, Struct
 
 from ..protocol.structs import fixed_struct
+from .confine_wire import ProtocolViolation, loads
 
 
 class Ref(NamedTuple):  # named tuples: built and pickled several times faster than dataclasses
@@ -56,6 +67,155 @@ class Shared(NamedTuple):
 @dataclass
 class Copied:
     array: Any
+
+
+# ---------------------------------------------------------------------------- values
+#: values that cross as themselves
+_PLAIN = frozenset({type(None), bool, int, float, str, bytes})
+
+
+class Values:
+    """How values cross the link, written once for both ends: arrays by handle where both ends map them
+    (``regions``: name -> ``shm.Arena`` or None) or copied, containers item by item, modules and functions by
+    reference.  Each end gives its own references (:meth:`reference`, :meth:`dereference`) and copies
+    (:meth:`copy`, :meth:`copied`); ``copied`` lists collect the arrays that went as copies (written back)."""
+
+    def __init__(self, regions: dict[str, Any]):
+        self.regions = regions
+
+    def encode(self, v: Any, copied: list) -> Any:
+        if type(v) in _PLAIN:
+            return v
+        if isinstance(v, np.ndarray):
+            if v.dtype.kind != "O":
+                for region, arena in self.regions.items():
+                    offset = arena.offset_of(v) if arena is not None else None
+                    if offset is not None:
+                        return Shared(region, offset, v.dtype.str, v.shape, v.strides)
+            return self.copy(v, copied)
+        if isinstance(v, np.generic):
+            return v.item()
+        if isinstance(v, (bytearray, memoryview)):  # bytes arguments (load_params) arrive as views
+            return bytes(v)
+        if isinstance(v, dict):
+            return {k: self.encode(x, copied) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return type(v)(self.encode(x, copied) for x in v)
+        ref = self.reference(v)
+        return v if ref is None else ref  # (Device, DataType and other plain values as they are)
+
+    def decode(self, v: Any, copied: list) -> Any:
+        t = type(v)
+        if t is Shared:
+            arena = self.regions.get(v.region)
+            if arena is None:
+                raise ValueError(f"unknown shared region {v.region!r}")
+            return arena.view(v.offset, v.dtype, v.shape, v.strides)
+        if t is Copied:
+            return self.copied(v.array, copied)
+        if t is Ref:
+            return self.dereference(v)
+        if isinstance(v, dict):
+            return {k: self.decode(x, copied) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return type(v)(self.decode(x, copied) for x in v)
+        return v
+
+    def reference(self, obj: Any) -> Optional["Ref"]:
+        """This end's object as a reference (None: it crosses as itself)."""
+        raise NotImplementedError
+
+    def dereference(self, ref: "Ref") -> Any:
+        """What a reference names, on this end."""
+        raise NotImplementedError
+
+    def copy(self, array: np.ndarray, copied: list) -> "Copied":
+        """An array outside the shared regions, sent as a copy."""
+        copied.append(array)
+        return Copied(array)
+
+    def copied(self, array: np.ndarray, copied: list) -> np.ndarray:
+        """An array that came as a copy."""
+        return array
+
+
+# ---------------------------------------------------------------------------- framing
+#: the largest message a worker may send without a session budget to size it by
+DEFAULT_LIMIT = (4 << 30) if sys.maxsize > 2 ** 32 else (512 << 20)
+
+
+def message_limit(account: Any) -> int:
+    """Bytes one message from a worker may hold: the session's memory limit (its largest answer is an array it
+    could hold), plus room for the message around it."""
+    if account is None:
+        return DEFAULT_LIMIT
+    limits = [limit for _name, _used, limit in account.room()]
+    return (min(limits) if limits else DEFAULT_LIMIT) + (1 << 20)
+
+
+def recv_checked(sock: socket.socket, limit: int) -> Any:
+    """One message from a worker, read as from an untrusted peer (its native code can forge them): a length
+    beyond ``limit`` is refused before anything is allocated, a binary frame is checked field by field, a
+    pickle builds only what an answer is made of (``confine_wire.loads``).  Either refusal is a
+    ``ProtocolViolation``: the session stops the worker, as after a crash."""
+    n = int.from_bytes(recv_exact(sock, 8), "little")
+    if n > limit:
+        raise ProtocolViolation(f"the native worker announced a {n}-byte message (limit {limit})")
+    data = recv_exact(sock, n)
+    if data[:1] == b"R":
+        try:
+            return decode_result(bytes(data))
+        except FrameError as exc:
+            raise ProtocolViolation(f"the native worker sent a malformed result frame: {exc}") from None
+    return loads(data)
+def send(sock: socket.socket, obj: Any, fds: list[int] = (), data: Optional[bytes] = None) -> None:
+    """Send ``obj`` pickled, or ``data`` (a binary frame) as it is, with ``fds`` (``SCM_RIGHTS``)."""
+    if data is None:
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    header = len(data).to_bytes(8, "little")
+    if fds:
+        socket.send_fds(sock, [header], list(fds))
+        sock.sendall(data)
+    else:
+        sock.sendall(header + data)  # one write: one wake-up of the other side
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytearray:
+    """``n`` bytes (returned as received: a copied array argument is not copied once more here)."""
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if not k:
+            raise EOFError
+        got += k
+    return buf
+
+
+def decode_message(data: bytearray) -> Any:
+    """A message from the server: a binary call or result frame, else a pickle (the worker trusts its server;
+    the server reads the worker's with ``confine_wire.recv``)."""
+    if data[:1] == b"C":
+        return decode_call(data)
+    if data[:1] == b"R":
+        return decode_result(bytes(data))
+    return pickle.loads(data)
+
+
+def recv(sock: socket.socket) -> Any:
+    """One message, decoded (:func:`decode_message`)."""
+    n = int.from_bytes(recv_exact(sock, 8), "little")
+    return decode_message(recv_exact(sock, n))
+
+
+def recv_with_fds(sock: socket.socket) -> tuple[bytearray, list[int]]:
+    """One message's bytes and the descriptors sent with its header (``attach`` carries the session's arena)."""
+    head, fds, _flags, _addr = socket.recv_fds(sock, 8, 4)
+    if not head:
+        raise EOFError
+    head += recv_exact(sock, 8 - len(head)) if len(head) < 8 else b""
+    data = recv_exact(sock, int.from_bytes(head, "little"))
+    return data, list(fds)
 
 
 # ---------------------------------------------------------------------------- binary frames

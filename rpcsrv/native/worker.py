@@ -1,19 +1,20 @@
-"""The native worker: a child process that hosts a session's native module trees.
+"""The native worker: a child process that serves its session the board's backend.
 
-Started by ``proxy.Worker`` as ``python -m rpcsrv.native.worker FD SESSION_ARENA_FD SIZE``: ``FD``
-is its end of a Unix socket pair, the arena is the session's shared memory (``shm.py``).  It loads
-libraries with ``load_native_module`` (so graph executors, and anything else in the tree, call
-native functions in this process), keeps the modules and functions it hands out in a table, and
-answers one request at a time (``wire.py``).  Its own arena (executor storage) is created here and
-its descriptor sent back in the first message.  What it allocates for the session is checked
-against the budget each request carries, before it is allocated, and each answer says how much
-it holds (``budget.py``).  If native code crashes, this process dies and the
-session sees a closed socket; nothing else is affected.
+Started by ``process.WorkerProcess`` as ``python -m rpcsrv.native.worker FD SESSION_ARENA_FD SIZE``: ``FD`` is
+its end of a Unix socket pair, the arena is the session's shared memory (``shm.py``).  Its first message is its
+start message (``process.WorkerConfig``): it takes the server's settings (``rpcsrv.config.environment.adopt``),
+loads the server's choice of plugins and computes as told, and reads nothing of rpcsrv's from its environment.
+Then it serves a :class:`~rpcsrv.native.backend.LocalBackend` (native code on, executor storage in its own
+arena, whose descriptor its hello sends back): each request names a method of the backend (``wire.py``), its
+objects travel as references into this process's table, and the answer is the method's result
+(:class:`WorkerState`).  What it allocates for the session is checked against the budget each request
+carries, before it is allocated, and each answer says how much it holds (``budget.py``).  If native code
+crashes, this process dies and the session sees a closed socket; nothing else is affected.
 
-Started with ``RPCSRV_CONFINE=1`` (``confine.worker_env``), it loads the runtime shim and the modules it
-may need while it can, starts no thread, and refuses to load a library until the session has sent its
-``("confine", policy)``: then it confines itself in its main thread (``confine.apply``) and answers what
-is in force.
+Confined (``WorkerConfig.confine``), it imports the runtime shim and every module it may need while it can,
+starts no thread, and refuses to run anything of the session's until the session has sent its
+``("confine", policy)``: then it confines itself in its main thread (``confine.apply``) and answers what is
+in force.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import gc
 import itertools
 import os
-import pickle
 import signal
 import socket
 import sys
@@ -32,71 +32,69 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ..config import environment
 from .budget import WorkerBudget, refusal_in
-from .wire import Copied, Ref, Shared, decode_args, decode_call, decode_head, decode_result, encode_result
+from .wire import (Ref, Shared, Values, decode_args, decode_head, decode_message, encode_result, recv, recv_with_fds,
+                   send)
 
 WORKER_ARENA = 4 << 30 if sys.maxsize > 2 ** 32 else 256 << 20
 #: seconds between a worker's checks that the server that started it is still there (``watch_parent``)
 PARENT_CHECK = 1.0
+#: the backend's requests: request name -> the ``Backend`` method that serves it
+METHODS = {"load": "load_module", "get": "get_function", "call": "call", "global": "call_global",
+           "timer": "time_evaluator"}
+
+
+class _WorkerValues(Values):
+    """The worker's end of the link: its objects by reference into its table; copied arguments go back."""
+
+    def __init__(self, state: "WorkerState", regions: dict):
+        super().__init__(regions)
+        self.state = state
+
+    def reference(self, obj: Any) -> Optional[Ref]:
+        from ..executor.module import RuntimeModule
+
+        if isinstance(obj, RuntimeModule):
+            return self.state.put("mod", obj, obj.type_key)
+        if callable(obj):
+            return self.state.put("fn", obj, getattr(obj, "__name__", "function"))
+        return None
+
+    def dereference(self, ref: Ref) -> Any:
+        obj = self.state.objects.get(ref.id)
+        if obj is None:
+            raise ValueError(f"unknown worker object {ref.id}")
+        return obj
+
+    def copy(self, array: np.ndarray, copied: list) -> Any:
+        self.state.budget.check(array.nbytes, "returned array")  # the session charges it when it arrives
+        return super().copy(np.ascontiguousarray(array), [])
+
+    def copied(self, array: np.ndarray, copied: list) -> np.ndarray:
+        arr = np.array(array, copy=True)
+        copied.append(arr)  # sent back after the call, so that writes reach the caller's memory
+        return arr
 
 
 class WorkerState:
-    def __init__(self, session_arena, own_arena):
+    def __init__(self, session_arena, own_arena, backend: Any = None, confining: bool = False):
         self.objects: dict[int, Any] = {}
         self.ids = itertools.count(1)
         self.arenas = {"session": session_arena, "worker": own_arena}
+        self.values = _WorkerValues(self, self.arenas)
+        self.backend = backend  # the LocalBackend it serves (``main``)
         self.budget = WorkerBudget()
         self.bound: dict[tuple, Any] = {}  # (function id, wire arguments) -> its bound native call
         self.confined: dict | None = None  # the layers in force, once confined (``_confine``)
         self.ctl: Optional[socket.socket] = None  # the socket to the server (``main``)
-        self.lent: Optional[tuple] = None  # the client's socket and the shared page, once lent (``_hold``)
-        #: a confined worker (``RPCSRV_CONFINE=1``) runs nothing before its session has confined it
-        self.confining = os.environ.get("RPCSRV_CONFINE") == "1"
-
-    # values ---------------------------------------------------------------
-    def to_local(self, v: Any, copied: list) -> Any:
-        if isinstance(v, Shared):
-            arena = self.arenas.get(v.region)
-            if arena is None:
-                raise ValueError(f"unknown shared region {v.region!r}")
-            return arena.view(v.offset, v.dtype, v.shape, v.strides)
-        if isinstance(v, Copied):
-            arr = np.array(v.array, copy=True)
-            copied.append(arr)
-            return arr
-        if isinstance(v, Ref):
-            obj = self.objects.get(v.id)
-            if obj is None:
-                raise ValueError(f"unknown worker object {v.id}")
-            return obj
-        if isinstance(v, list):
-            return [self.to_local(x, copied) for x in v]
-        return v
+        self.lent: Optional[tuple] = None  # the client's socket and the shared page, once lent (``replay.take``)
+        #: a confined worker runs nothing before its session has confined it
+        self.confining = confining
 
     def to_wire(self, v: Any) -> Any:
-        from ..executor.module import RuntimeModule
-
-        if v is None or isinstance(v, (bool, int, float, str, bytes)):
-            return v
-        if isinstance(v, np.ndarray):
-            for region, arena in self.arenas.items():
-                if arena is not None and v.dtype.kind != "O":
-                    off = arena.offset_of(v)
-                    if off is not None:
-                        return Shared(region, off, v.dtype.str, v.shape, v.strides)
-            self.budget.check(v.nbytes, "returned array")  # the session charges it when it arrives
-            return Copied(np.ascontiguousarray(v))
-        if isinstance(v, np.generic):
-            return v.item()
-        if isinstance(v, RuntimeModule):
-            return self.put("mod", v, v.type_key)
-        if callable(v):
-            return self.put("fn", v, getattr(v, "__name__", "function"))
-        if isinstance(v, dict):
-            return {k: self.to_wire(x) for k, x in v.items()}
-        if isinstance(v, (list, tuple)):
-            return type(v)(self.to_wire(x) for x in v)
-        return v  # Device, DataType and other plain values
+        """A value as it goes back to the session (what a loan's pending answer carries: ``replay.py``)."""
+        return self.values.encode(v, [])
 
     def put(self, kind: str, obj: Any, name: str) -> Ref:
         i = next(self.ids)
@@ -106,63 +104,38 @@ class WorkerState:
     # requests -------------------------------------------------------------
     def request(self, data: bytearray, fds: list[int]) -> tuple[Any, list]:
         """The value and copied-back arguments of a pickled request (``fds``: what came with it)."""
-        budget, req = _decode(data)
+        budget, req = decode_message(data)
         self.budget.grant(budget)
-        if req[0] == "attach":  # a spare worker joins a session: map its arena
+        op = req[0]
+        if op == "attach":  # a spare worker joins a session: map its arena
             from .shm import Arena
 
             self.arenas["session"] = Arena(req[1], fd=fds[0]) if fds else None
             self.bound.clear()
             return None, []
-        if req[0] == "confine":
+        if op == "confine":
             return _confine(self, req[1]), []
-        if req[0] == "hold":  # the server lends this worker its client's connection (``replay.py``)
+        self.refuse_unconfined(op)
+        if op == "hold":  # the server lends this worker its client's connection (``replay.py``)
             from .replay import take
 
-            self.refuse_unconfined("call")
             return take(self, req, fds), []
-        self.refuse_unconfined(req[0])
         return self.handle(req)
 
     def refuse_unconfined(self, op: str) -> None:
         """Nothing of a session's runs in a confined worker before it is confined."""
-        if self.confining and self.confined is None and op in ("load", "get", "call", "timer", "global"):
+        if self.confining and self.confined is None and (op in METHODS or op == "hold"):
             raise RuntimeError("the native worker runs nothing before it is confined")
 
     def handle(self, req: tuple) -> tuple[Any, list]:
-        """The value and copied-back arguments of one request (errors raise)."""
+        """The value and copied-back arguments of one request (errors raise): a backend method, or ``free``
+        and ``stats`` of this process."""
         op = req[0]
-        copied: list = []
-        if op == "load":
-            from .runtime import load_native_module
-
-            return self.to_wire(load_native_module(req[1])), []
-        if op == "get":
-            _, oid, name, query_imports = req
-            mod = self.to_local(Ref("mod", oid, ""), copied)
-            fn = mod.find_function(name, bool(query_imports))
-            return (None if fn is None else self.put("fn", fn, name)), []
-        if op == "call":
-            _, oid, args = req
-            fn = self.to_local(Ref("fn", oid, ""), copied)
-            local = [self.to_local(a, copied) for a in args]
-            return self.to_wire(fn(*local)), copied
-        if op == "timer":
-            from .measure import PREPROC, time_evaluator
-
-            _, oid, params, preproc = req
-            fn = self.to_local(Ref("fn", oid, ""), copied)
-            f_pre = PREPROC.get(preproc) if preproc else None
-            if preproc and f_pre is None:
-                raise ValueError(f"Cannot find {preproc} in the global function")
-            return self.put("fn", time_evaluator(fn, *params, f_preproc=f_pre), "time_evaluator"), []
-        if op == "global":  # a global function whose module argument lives here (executor creation)
-            _, name, args = req
-            fn = _worker_globals().get(name)
-            if fn is None:
-                raise ValueError(f"{name} cannot run in the native worker")
-            local = [self.to_local(a, copied) for a in args]
-            return self.to_wire(fn(*local)), copied
+        method = METHODS.get(op)
+        if method is not None:
+            copied: list = []
+            fields = [self.values.decode(f, copied) for f in req[1:]]
+            return self.values.encode(getattr(self.backend, method)(*fields), []), copied
         if op == "free":
             from ..executor.module import RuntimeModule
 
@@ -180,7 +153,6 @@ class WorkerState:
                     "workspace_outstanding": int(load_shim().rpcsrv_workspace_outstanding())}, []
         raise ValueError(f"unknown worker request {op!r}")
 
-
     def call_frame(self, frame: bytearray) -> tuple[Any, list]:
         """The value and copied-back arguments of a binary call frame (``wire.py``).  A native function
         called with the same argument bytes again (a kernel with the same buffers: a tuner's loop) runs
@@ -194,7 +166,7 @@ class WorkerState:
             args = decode_args(frame, at, nargs)
             bound = self._bind(oid, args)
             if bound is None:
-                return self.handle(("call", oid, args))
+                return self.handle(("call", Ref("fn", oid, ""), args))
             if len(self.bound) >= BOUND_CALLS:
                 self.bound.clear()
             self.bound[key] = bound
@@ -209,10 +181,10 @@ class WorkerState:
         fn = self.objects.get(oid)
         if not isinstance(fn, NativeFunction) or not all(type(a) in _BINDABLE for a in args):
             return None
-        return fn.bind(*[self.to_local(a, []) for a in args], hold=False, returns=True)
+        return fn.bind(*[self.values.decode(a, []) for a in args], hold=False, returns=True)
 
 
-#: argument types a bound call may be cached for (``WorkerState._bound``), and how many are kept
+#: argument types a bound call may be cached for (``WorkerState._bind``), and how many are kept
 _BINDABLE = (Shared, int, float, bool, type(None))
 BOUND_CALLS = 256
 
@@ -238,65 +210,6 @@ def _loan_readiness() -> str:
     return replay.readiness()
 
 
-def _worker_globals() -> dict:
-    """Global functions that take a module of this worker and build on it here."""
-    from ..executor.graph import debug, executor as graph
-
-    return {"tvm.graph_executor.create": graph.create_graph_executor,
-            "tvm.graph_runtime.create": graph.create_graph_executor,
-            "tvm.graph_executor_debug.create": debug.create_graph_executor_debug,
-            "tvm.graph_runtime_debug.create": debug.create_graph_executor_debug}
-
-
-def _send(sock: socket.socket, obj: Any, fds: list[int] = (), data: Optional[bytes] = None) -> None:
-    """Send ``obj`` pickled, or ``data`` (a binary frame, ``wire.py``) as it is."""
-    if data is None:
-        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    header = len(data).to_bytes(8, "little")
-    if fds:
-        socket.send_fds(sock, [header], list(fds))
-        sock.sendall(data)
-    else:
-        sock.sendall(header + data)  # one write: one wake-up of the other side
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytearray:
-    """``n`` bytes (returned as received: a copied array argument is not copied once more here)."""
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if not k:
-            raise EOFError
-        got += k
-    return buf
-
-
-def _recv(sock: socket.socket) -> Any:
-    n = int.from_bytes(_recv_exact(sock, 8), "little")
-    return _decode(_recv_exact(sock, n))
-
-
-def _decode(data: bytearray) -> Any:
-    """A message: a binary call or result frame (``wire.py``), else a pickle."""
-    if data[:1] == b"C":
-        return decode_call(data)
-    if data[:1] == b"R":
-        return decode_result(bytes(data))
-    return pickle.loads(data)
-
-
-def _recv_with_fds(sock: socket.socket) -> tuple[Any, list[int]]:
-    """A message (its bytes: ``_decode``) and the descriptors sent with its header (``attach`` carries the
-    session's arena)."""
-    head, fds, _flags, _addr = socket.recv_fds(sock, 8, 4)
-    if not head:
-        raise EOFError
-    head += _recv_exact(sock, 8 - len(head)) if len(head) < 8 else b""
-    data = _recv_exact(sock, int.from_bytes(head, "little"))
-    return data, list(fds)
-
-
 def _error_answer(exc: Exception) -> tuple:
     """The answer to a request that raised ``exc`` (without ``held``, which the loop adds)."""
     refused = refusal_in(exc)
@@ -305,33 +218,33 @@ def _error_answer(exc: Exception) -> tuple:
     text = str(exc) or type(exc).__name__
     if type(exc).__name__ not in ("NativeError", "ExecutorError", "RuntimeError"):
         text = f"{type(exc).__name__}: {text}"
-    if os.environ.get("RPCSRV_WORKER_TRACE"):
+    if environment.is_set("RPCSRV_WORKER_TRACE"):
         traceback.print_exc()
     return ("err", text, None)
 
 
-#: the nice increment this worker's computing thread still has to take at its first model run (``main``)
-_NICE: list[int] = []
+class _Slots:
+    """This worker's compute slots, granted by its server (``ComputePolicy.configure``'s ``slots``): a job asks
+    over the socket and waits.  At its first model run the computing thread takes the workers' priority."""
 
+    def __init__(self, sock: socket.socket, nice: int):
+        self.sock, self.nice = sock, nice
 
-def _slot(sock: socket.socket) -> int:
-    """Ask the server for a compute slot (while a request is being handled) and wait: its BLAS threads."""
-    if _NICE:  # the first model run here: from now on this thread computes at the workers' priority
-        compute_lower = _NICE.pop()
-        from ..executor.compute import lower_priority
+    def acquire(self) -> int:
+        """Ask the server for a compute slot (while a request is being handled) and wait: its BLAS threads."""
+        if self.nice:  # the first model run here: from now on this thread computes at the workers' priority
+            from ..executor.compute import lower_priority
 
-        lower_priority([threading.get_native_id()], compute_lower)
-    _send(sock, ("slot",))
-    answer = _recv(sock)
-    if answer[0] != "slot":
-        raise RuntimeError(f"the server answered {answer[0]!r} to a compute slot request")
-    return int(answer[1])
+            lower_priority([threading.get_native_id()], self.nice)
+            self.nice = 0
+        send(self.sock, ("slot",))
+        answer = recv(self.sock)
+        if answer[0] != "slot":
+            raise RuntimeError(f"the server answered {answer[0]!r} to a compute slot request")
+        return int(answer[1])
 
-
-#: how much lower a worker's scheduling priority is than the server's (a nice increment; the environment
-#: variable RPCSRV_WORKER_NICE overrides it): while workers compute on every core, the server still
-#: answers small calls and hands out compute slots promptly (``bench/concurrency_bench.py --isolate all``)
-WORKER_NICE = 5
+    def release(self) -> None:
+        send(self.sock, ("slot-done",))
 
 
 def watch_parent(interval: float = PARENT_CHECK) -> threading.Thread:
@@ -369,9 +282,9 @@ def _preload() -> None:
         load_shim()
     except (ShimUnavailable, OSError):
         pass  # load_module names what the library needed
-    from .. import executor, loader, native, protocol
+    from .. import config, executor, loader, native, protocol
 
-    for package in (executor, loader, native, protocol):
+    for package in (config, executor, loader, native, protocol):
         for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
             if info.name != __spec__.name:  # (this module runs as __main__)
                 importlib.import_module(info.name)
@@ -383,42 +296,39 @@ def _preload() -> None:
 
 
 def main(argv: list[str]) -> int:
-    from .shm import Arena
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server's Ctrl-C is the server's to handle
-    if os.environ.get("RPCSRV_CONFINE") == "1":
+    sock = socket.socket(fileno=int(argv[0]))
+    config = recv(sock)  # the start message (the server's, trusted: a pickle)
+    environment.adopt(config.settings)
+    if config.confine:
         _preload()
     else:  # a confined worker starts its threads after it has confined itself (Landlock binds those)
         watch_parent()
-    sock = socket.socket(fileno=int(argv[0]))
+    from .shm import Arena
+
     session_arena = Arena(int(argv[2]), fd=int(argv[1])) if int(argv[1]) >= 0 else None
     own = Arena(WORKER_ARENA, name="rpcsrv-worker")
-    from ..executor.graph import executor as graph
-
-    graph.STORAGE_ALLOCATOR = own.zeros  # executor storage lives where the session can map it
-    from ..executor.memory import ALLOCATION_HOOK
-    from . import runtime  # noqa: F401  (the executor and the native layer, imported before "ready")
-    from ..loader.plugins import load_plugins_from_env
-
-    load_plugins_from_env()  # the board plugins the server chose (issue 23)
-
     from ..executor import compute
+    from ..executor.memory import ALLOCATION_HOOK
+    from ..loader.plugins import adopt
+    from .backend import LocalBackend
 
-    # a model run here takes its slot (and BLAS threads) from the server's compute policy
-    compute.POLICY.set_remote(lambda: _slot(sock), lambda: _send(sock, ("slot-done",)))
-    # every thread of the worker but this one (BLAS's exist by now; later ones inherit it from their
-    # creator); this one at its first model run (``_slot``): until then it answers requests and runs
-    # kernels called one by one at the server's priority, as the server's threads do
-    nice = compute.env_int("RPCSRV_WORKER_NICE", WORKER_NICE)
-    compute.lower_priority([t for t in compute.thread_ids() if t != threading.get_native_id()], nice)
-    _NICE.append(nice)
-    state = WorkerState(session_arena, own)
+    if config.plugins is not None:
+        adopt(config.plugins)  # the plugins the server loaded, under its choice
+    # a model run here takes its slot (and BLAS threads) from the server's compute policy; every thread of the
+    # worker but this one at the workers' priority (BLAS's exist by now; later ones inherit it from their
+    # creator); this one at its first model run (``_Slots``): until then it answers requests and runs kernels
+    # called one by one at the server's priority, as the server's threads do
+    slots = _Slots(sock, config.compute.nice)
+    compute.POLICY.configure(config.compute, slots=(slots.acquire, slots.release))
+    compute.lower_priority([t for t in compute.thread_ids() if t != threading.get_native_id()], config.compute.nice)
+    state = WorkerState(session_arena, own, LocalBackend(native=True, allocate=own.zeros), config.confine)
     state.ctl = sock
     ALLOCATION_HOOK.set(state.budget.charge)  # executors check their storage against the session's budget
-    _send(sock, ("ready", os.getpid(), WORKER_ARENA), [own.fd])
+    send(sock, ("ready", os.getpid(), WORKER_ARENA), [own.fd])
     while True:
         try:
-            data, fds = _recv_with_fds(sock)
+            data, fds = recv_with_fds(sock)
         except (EOFError, OSError):
             return 0
         binary = data[:1] == b"C"  # a binary call frame gets a binary answer when its value allows
@@ -428,10 +338,10 @@ def main(argv: list[str]) -> int:
             answer = _error_answer(exc)
         try:
             answer += (state.budget.held,)
-            _send(sock, answer, data=encode_result(answer) if binary else None)
+            send(sock, answer, data=encode_result(answer) if binary else None)
         except Exception as exc:  # an answer pickle refuses (TypeError, ValueError too): an error, not an exit
-            _send(sock, ("err", f"the worker could not send its answer: {type(exc).__name__}: {exc}", None,
-                         state.budget.held))
+            send(sock, ("err", f"the worker could not send its answer: {type(exc).__name__}: {exc}", None,
+                        state.budget.held))
 
 
 if __name__ == "__main__":

@@ -58,6 +58,8 @@ _NAME_BY_CODE = {
     DLDataTypeCode.COMPLEX: "complex",
 }
 _CODE_BY_NAME = {v: k for k, v in _NAME_BY_CODE.items()}
+#: (numpy dtype, ffi) -> its DataType (``DataType.from_numpy``: asked per tensor argument of native calls)
+_FROM_NUMPY: dict = {}
 _DTYPE_RE = re.compile(r"^(int|uint|float|bfloat|handle|complex)(\d*)(?:x(\d+))?$")
 
 
@@ -82,16 +84,23 @@ class DataType:
         return cls(_CODE_BY_NAME[name], int(bits) if bits else default_bits, int(lanes) if lanes else 1)
 
     @classmethod
-    def from_numpy(cls, dtype) -> "DataType":
-        """The DataType TVM uses for a numpy dtype (bool is TVM's ``uint1``)."""
+    def from_numpy(cls, dtype, ffi: bool = False) -> "DataType":
+        """The DataType TVM uses for a numpy dtype.  The one rule for booleans: classic TVM's ``uint1``,
+        tvm-ffi's ``kDLBool`` of 8 bits (``ffi``: what tvm-ffi clients and compiled kernels take)."""
         dt = np.dtype(dtype)
+        found = _FROM_NUMPY.get((dt, ffi))
+        if found is not None:
+            return found
         if dt == np.bool_:
-            return cls(DLDataTypeCode.UINT, 1, 1)
-        kind = {"i": DLDataTypeCode.INT, "u": DLDataTypeCode.UINT, "f": DLDataTypeCode.FLOAT,
-                "c": DLDataTypeCode.COMPLEX}.get(dt.kind)
-        if kind is None:
-            raise ValueError(f"numpy dtype {dt} has no DLPack equivalent")
-        return cls(kind, dt.itemsize * 8, 1)
+            found = cls(DLDataTypeCode.BOOL, 8, 1) if ffi else cls(DLDataTypeCode.UINT, 1, 1)
+        else:
+            kind = {"i": DLDataTypeCode.INT, "u": DLDataTypeCode.UINT, "f": DLDataTypeCode.FLOAT,
+                    "c": DLDataTypeCode.COMPLEX}.get(dt.kind)
+            if kind is None:
+                raise ValueError(f"numpy dtype {dt} has no DLPack equivalent")
+            found = cls(kind, dt.itemsize * 8, 1)
+        _FROM_NUMPY[(dt, ffi)] = found
+        return found
 
     @property
     def is_bool(self) -> bool:

@@ -48,26 +48,20 @@ class LocalProtocolError(RuntimeError):
 
 
 S, C = Role.SERVER, Role.CLIENT
-TRANSITIONS: dict[tuple[Role, State, str], State] = {
-    (S, State.HANDSHAKE, "handshake"): State.AWAIT_ACCEPT,
-    (S, State.AWAIT_ACCEPT, "accept"): State.IDLE,
-    (S, State.AWAIT_ACCEPT, "refuse"): State.CLOSED,
-    (S, State.IDLE, "request"): State.ANSWERING,
-    (S, State.ANSWERING, "answer"): State.IDLE,
-    (S, State.IDLE, "notice"): State.IDLE,
-    (S, State.ANSWERING, "notice"): State.IDLE,
-    (C, State.HANDSHAKE, "hello"): State.HANDSHAKE,
-    (C, State.HANDSHAKE, "accepted"): State.IDLE,
-    (C, State.HANDSHAKE, "refused"): State.CLOSED,
-    (C, State.IDLE, "request"): State.AWAITING,
-    (C, State.AWAITING, "answer"): State.IDLE,
-    (C, State.IDLE, "notice"): State.IDLE,  # the server's unasked exception (timeout, shutdown)
+_HELLO, _KEY, _IDLE, _CLOSED = State.HANDSHAKE, State.AWAIT_ACCEPT, State.IDLE, State.CLOSED  # (for the table)
+#: each role's moves: state -> {action: the state it leads to}; every state a role uses may also "close"
+MOVES = {
+    S: {_HELLO: {"handshake": _KEY}, _KEY: {"accept": _IDLE, "refuse": _CLOSED},
+        _IDLE: {"request": State.ANSWERING, "notice": _IDLE}, State.ANSWERING: {"answer": _IDLE, "notice": _IDLE},
+        _CLOSED: {}},
+    # the client's "notice": an exception the server sends unasked (timeout, shutdown)
+    C: {_HELLO: {"hello": _HELLO, "accepted": _IDLE, "refused": _CLOSED},
+        _IDLE: {"request": State.AWAITING, "notice": _IDLE}, State.AWAITING: {"answer": _IDLE}, _CLOSED: {}},
 }
-_USED = {S: (State.HANDSHAKE, State.AWAIT_ACCEPT, State.IDLE, State.ANSWERING, State.CLOSED),
-         C: (State.HANDSHAKE, State.IDLE, State.AWAITING, State.CLOSED)}
-for _role, _states in _USED.items():
-    for _state in _states:
-        TRANSITIONS[(_role, _state, "close")] = State.CLOSED
+#: (role, state, action) -> the state it leads to: every allowed move, and nothing else
+TRANSITIONS: dict[tuple[Role, State, str], State] = {
+    (role, state, action): new for role, states in MOVES.items() for state, moves in states.items()
+    for action, new in {**moves, "close": _CLOSED}.items()}
 
 
 def advance(role: Role, state: State, action: str) -> State:
@@ -80,14 +74,13 @@ def advance(role: Role, state: State, action: str) -> State:
 
 # what each received event means for the state machine (None: part of a request still arriving)
 ALWAYS_TRACKED = frozenset({"hello", "handshake", "accept", "refuse", "accepted", "refused", "close"})
-SERVER_RECEIVES = {HandshakeRequest: "handshake", CallFunc: "request", Syscall: "request", InitServer: "request",
-                   CopyToRemote: "request", CopyFromRemote: "request", CallFuncEnd: "request",
-                   BadPacket: "request", Shutdown: "close", ConnectionClosed: "close",
-                   Return: "answer", RemoteError: "answer", CopyAck: "answer"}  # answers: never valid here
-CLIENT_RECEIVES = {HandshakeDone: "accepted", HandshakeRefused: "refused", Return: "answer",
-                   RemoteError: "answer", CopyAck: "answer", BadPacket: "answer", ConnectionClosed: "close",
-                   CallFunc: "request", Syscall: "request", InitServer: "request", CopyToRemote: "request",
-                   CopyFromRemote: "request", Shutdown: "close"}  # requests: never valid here
+#: what arrives as a request, and as an answer (a side receiving the other side's kind ends the connection)
+REQUESTS = (CallFunc, Syscall, InitServer, CopyToRemote, CopyFromRemote)
+ANSWERS = (Return, RemoteError, CopyAck)
+SERVER_RECEIVES = {HandshakeRequest: "handshake", CallFuncEnd: "request", BadPacket: "request", Shutdown: "close",
+                   ConnectionClosed: "close", **dict.fromkeys(REQUESTS, "request"), **dict.fromkeys(ANSWERS, "answer")}
+CLIENT_RECEIVES = {HandshakeDone: "accepted", HandshakeRefused: "refused", BadPacket: "answer", Shutdown: "close",
+                   ConnectionClosed: "close", **dict.fromkeys(ANSWERS, "answer"), **dict.fromkeys(REQUESTS, "request")}
 SENDS = {S: frozenset({"accept", "refuse", "answer", "notice", "close"}),
           C: frozenset({"hello", "request", "close"})}
 TRANSITIONS_GET = TRANSITIONS.get

@@ -18,7 +18,7 @@ from rpcsrv.client.demo_models import sample_inputs, small_cnn
 from rpcsrv.client.export import symbol_bytes
 from compiler_helpers import chain_model, make_model, run_compiled
 from conftest import need_program
-from rpcsrv.executor.graph.graph_json import parse_graph_json
+from rpcsrv.loader.graph_json import parse_graph_json
 from rpcsrv.loader import load_library
 from rpcsrv.loader.csource import c_array_source, find_in_c_source
 

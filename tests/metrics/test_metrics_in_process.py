@@ -16,7 +16,8 @@ need_module("prometheus_client", "the metrics endpoint (pip install 'rpcsrv[metr
 
 from prometheus_client import REGISTRY, generate_latest  # noqa: E402
 
-from rpcsrv.board.server import ServerConfig, serve  # noqa: E402
+from rpcsrv.board.options import ServeOptions  # noqa: E402
+from rpcsrv.board.server import Server, serve  # noqa: E402
 from rpcsrv.client import rpc  # noqa: E402
 
 
@@ -36,7 +37,7 @@ def _raw(port: int, request: bytes) -> bytes:
 
 
 async def test_two_servers_keep_their_own_metrics(tmp_path):
-    cfgs = [ServerConfig(port=0, metrics_port=0, workdir=tmp_path) for _ in range(2)]
+    cfgs = [Server(ServeOptions(port=0, metrics_port=0, workdir=tmp_path)) for _ in range(2)]
     async with trio.open_nursery() as nursery:
         ports = [await nursery.start(serve, cfg) for cfg in cfgs]
 

@@ -1,4 +1,4 @@
-"""Native calls without the detours (issue 26): binary call frames, bound calls reused by argument
+"""Native calls without the detours: binary call frames, bound calls reused by argument
 signature, worker calls awaited on the event loop, short in-process calls inline.
 
 The frames are checked both ways (every encodable call decodes to what pickle would have carried,
@@ -22,9 +22,10 @@ from native_helpers import build_c
 from rpcsrv.native import NativeError, load_native_module
 from rpcsrv.native import confine, fastpath
 from rpcsrv.native.host import NativeSession
+from rpcsrv.native.process import worker_config
 from rpcsrv.native.proxy import Worker
 from rpcsrv.native.wire import (Ref, Shared, decode_call, decode_result, encode_call, encode_result)
-from rpcsrv.native.worker import _recv, _send
+from rpcsrv.native.wire import recv as _recv, send as _send
 
 
 @pytest.fixture(scope="module")
@@ -101,15 +102,13 @@ def test_results_that_need_pickle_get_no_frame_and_bad_result_frames_are_errors(
 
 @pytest.fixture
 def unconfined():
-    """A raw ``Worker`` started unconfined: these tests speak the wire to it directly (confinement, which
-    a session applies before the first load, has its own tests in tests/native/hostile)."""
-    confine.configure(enabled=False)
-    yield
-    confine.configure(enabled=True)
+    """The start message of a raw ``Worker`` started unconfined: these tests speak the wire to it directly
+    (confinement, which a session applies before the first load, has its own tests in tests/native/hostile)."""
+    return worker_config(confine.ConfineOptions(enabled=False))
 
 
 def test_worker_answers_malformed_frames_with_errors_and_goes_on(c_target, unconfined):
-    worker = Worker(None)
+    worker = Worker(None, config=unconfined)
     try:
         lib = worker.load(str(c_target))
         fn = lib.find_function("twice_plus_one")
@@ -164,10 +163,11 @@ async def test_a_crash_on_the_event_loop_path_ends_only_the_worker(native):
 
 
 async def test_the_deadline_and_a_cancelled_call_stop_the_worker(c_target):
-    ns = NativeSession("isolated", timeout=1.5)
+    ns = NativeSession("isolated", timeout=60)
     ns.isolate_all = True
     try:
         lib = ns.load(str(c_target))  # (kept: a dropped module is freed in the worker with the next request)
+        ns.deadline = time.monotonic() + 1.5  # the session ends 1.5 s from now (however long its worker took to start)
         spin = lib.find_function("spin")
         start = time.monotonic()
         with pytest.raises(NativeError, match="session deadline"):
@@ -242,7 +242,7 @@ def test_the_worker_answers_at_the_servers_priority_until_its_first_model_run(c_
 
     monkeypatch.setenv("RPCSRV_WORKER_NICE", "3")
     here = os.getpriority(os.PRIO_PROCESS, 0)
-    worker = Worker(None)
+    worker = Worker(None, config=worker_config(confine.ConfineOptions(enabled=False)))  # (with the variable set)
     try:
         pid = worker.pid
         others = [int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid]

@@ -1,5 +1,5 @@
-"""Repeated native calls answered by the session's worker while it holds the connection (issue 26:
-``rpcsrv.board.baton``, ``rpcsrv.native.replay``), driven by the real apache-tvm 0.27 client and by
+"""Repeated native calls answered by the session's worker while it holds the connection
+(``rpcsrv.board.baton``, ``rpcsrv.native.replay``), driven by the real apache-tvm 0.27 client and by
 rpcsrv's own client in the classic dialect.
 
 Both loops run: the worker's loop in C (``shim.c``) and its Python fallback.  The kernels

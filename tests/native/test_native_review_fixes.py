@@ -48,22 +48,22 @@ def test_a_dead_spare_worker_is_closed_and_replaced():
     session gets a fresh worker that works."""
     import time
 
-    from rpcsrv.native import proxy
+    from rpcsrv.native import process, proxy
 
     first = proxy.take_worker(None, lambda: None)  # starts a spare in the background
     try:
         for _ in range(300):
-            if proxy._spare is not None:
+            if process.SPARES.spare is not None:
                 break
             time.sleep(0.1)
-        spare = proxy._spare
+        spare = process.SPARES.spare
         assert spare is not None, "no spare worker started"
         spare.proc.kill()
         spare.proc.wait(10)
         second = proxy.take_worker(None, lambda: None)
         try:
-            assert second is not spare and second.alive and second.proc.poll() is None
-            assert spare.dead is not None  # closed, not left to the garbage collector
+            assert second.process is not spare and second.alive and second.proc.poll() is None
+            assert spare.sock.fileno() == -1  # closed, not left to the garbage collector
         finally:
             second.close()
     finally:
@@ -93,7 +93,7 @@ def test_a_worker_that_fails_its_hello_leaves_no_process_or_descriptor(script, m
     process, the socket and the arena's descriptor open)."""
     import subprocess
 
-    from rpcsrv.native import proxy
+    from rpcsrv.native import process, proxy
 
     real = subprocess.Popen
     started = []
@@ -102,7 +102,8 @@ def test_a_worker_that_fails_its_hello_leaves_no_process_or_descriptor(script, m
         started.append(real([sys.executable, "-c", FAKE_WORKERS[script], argv[3]], **kw))
         return started[-1]
 
-    monkeypatch.setattr(proxy.subprocess, "Popen", fake)
+    monkeypatch.setattr(process.subprocess, "Popen", fake)
+    process.SPARES.close()  # (a spare an earlier test started would open descriptors meanwhile)
     before = set(os.listdir("/proc/self/fd"))
     with pytest.raises(Exception, match="failed to start|truncated|pickle|invalid load key"):
         proxy.Worker(None)

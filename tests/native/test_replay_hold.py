@@ -229,7 +229,7 @@ def _serve(state, pair, counts, sends):
 def test_the_c_loop_runs_each_call_once(pair, native, monkeypatch):
     import numpy as np
 
-    monkeypatch.setattr(replay, "USE_C", True)
+    monkeypatch.delenv("RPCSRV_LOAN_LOOP", raising=False)  # the C loop
     a, b = np.arange(8, dtype="float32"), np.zeros(8, "float32")
     state = _native_state(native[0].get_function("accumulate"), a, b)
     sends = [(CALL, 11), (FREE, 11), (GET, 10), (CALL, 11)] * 50
@@ -244,7 +244,7 @@ def test_the_c_loop_runs_each_call_once(pair, native, monkeypatch):
 def test_the_c_loop_gives_back_what_it_does_not_answer(pair, native, monkeypatch):
     import numpy as np
 
-    monkeypatch.setattr(replay, "USE_C", True)
+    monkeypatch.delenv("RPCSRV_LOAN_LOOP", raising=False)  # the C loop
     a, b = np.ones(8, "float32"), np.zeros(8, "float32")
     state = _native_state(native[0].get_function("accumulate"), a, b)
     other = _packet(b"\x04\x00\x00\x00another-request!!")
@@ -259,7 +259,7 @@ def test_the_c_loop_gives_back_what_it_does_not_answer(pair, native, monkeypatch
 def test_the_c_loop_leaves_errors_and_values_to_the_server(pair, native, monkeypatch):
     import numpy as np
 
-    monkeypatch.setattr(replay, "USE_C", True)
+    monkeypatch.delenv("RPCSRV_LOAN_LOOP", raising=False)  # the C loop
     fn = native[0].get_function("count_or_fail")
     limit, count = np.full(1, 2, "float32"), np.zeros(1, "float32")
     state = _native_state(fn, limit, count)

@@ -1,4 +1,4 @@
-"""Memory budgets cover native workers (issue 11): what a session's worker allocates is refused before
+"""Memory budgets cover native workers: what a session's worker allocates is refused before
 allocation when over the session's or the server's budget, and what it holds is charged to both.
 
 The library is what TVM's ``export_library`` links for a classic graph (the blob and its host

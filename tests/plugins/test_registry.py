@@ -23,7 +23,6 @@ from rpcsrv.protocol.dtypes import Device
 def site(tmp_path, monkeypatch):
     for path in reversed(fake_site(tmp_path).split(":")):
         monkeypatch.syspath_prepend(path)
-    monkeypatch.delenv(plugins.ENV, raising=False)
     with plugins.isolated():
         yield tmp_path
 
@@ -78,13 +77,15 @@ def test_unknown_plugin_name_is_reported(site):
     assert "vendor_npu" in failed["error"]  # what is installed is listed
 
 
-def test_export_hands_the_choice_to_workers(site, monkeypatch):
-    monkeypatch.setenv(plugins.ENV, "")
-    assert "vendor_npu" not in _names(plugins.load_plugins_from_env())
-    plugins.load_plugins(["vendor_npu"], export=True)
-    import os
-
-    assert os.environ[plugins.ENV] == "vendor_npu"
+def test_the_choice_is_kept_for_the_workers(site):
+    """What a server's native workers get in their start message: the choice and what it loaded, which a
+    worker loads the same (``adopt``; tests/plugins/test_plugin_server.py runs the vendor library there)."""
+    plugins.load_plugins(["vendor_npu"])
+    chosen = plugins.choice()
+    assert chosen == {"select": ["vendor_npu"], "enabled": True, "loaded": ["vendor_npu"]}
+    plugins.load_plugins(enabled=False)
+    assert plugins.choice() == {"select": None, "enabled": False, "loaded": ["vendor_npu"]}
+    assert _names(plugins.adopt(chosen)) == _names(plugins.report())  # (installed already: nothing more)
 
 
 def test_duplicate_type_key_names_both_plugins(site):

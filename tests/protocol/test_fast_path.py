@@ -1,5 +1,5 @@
 """The small-call path's shortcuts say nothing new: each is checked against the general path it
-stands for (issue 26).
+stands for.
 
 * a plain value's return packet, made from a head fixed per dialect and type, is byte for byte what
   encoding ``pack_return``'s sequence gives, and the client reads the value back;
@@ -18,7 +18,7 @@ from rpcsrv.protocol import (NEED_DATA, RPC_MAGIC, BadPacket, CallFunc, Connecti
                              Device, Dialect, FunctionHandle, LocalProtocolError, Reader, Return, Role, RPCCode, State,
                              TensorHeader, decode_values, encode_values, pack_return, unpack_return)
 from rpcsrv.protocol.codes import PROTOCOL_VERSION
-from rpcsrv.protocol.regions import STREAM_MIN
+from rpcsrv.protocol.readers import STREAM_MIN
 from rpcsrv.protocol.codec import ProtocolError, Writer, encode_packed_seq
 from rpcsrv.protocol.kinds import TABLES
 from rpcsrv.protocol.states import (CLIENT_RECEIVES, RECEIVE_MOVES, SEND_MOVES, SENDS, SERVER_RECEIVES, STAY,

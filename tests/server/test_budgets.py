@@ -1,4 +1,4 @@
-"""Memory accounts (issue 11): every path by which a client can make the server hold memory is
+"""Memory accounts: every path by which a client can make the server hold memory is
 charged to its session and to the server-wide budget, and refused before allocating when over.
 
 One server with small budgets: 64 MiB per session, 160 MiB for all sessions together."""

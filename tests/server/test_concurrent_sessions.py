@@ -1,4 +1,4 @@
-"""Many sessions at once (issue 11): 32 clients, each in its own session and thread, run the same
+"""Many sessions at once: 32 clients, each in its own session and thread, run the same
 uploaded model 100 times on inputs of their own; every output must be that client's answer, and each
 session's handles stay its own (a handle from one session is unknown in another)."""
 

@@ -1,5 +1,5 @@
 """A client that disconnects mid-packet, mid-upload, mid-copy or mid-run: its handles, buffers and
-partial files are released and the server keeps serving (issue 11).
+partial files are released and the server keeps serving.
 
 The server has a tight server-wide budget (96 MiB) and 64 MiB per session: if a dead session's
 charges leaked, the next client could not allocate 60 MiB.  Its workspace folder must be gone too."""

@@ -1,4 +1,4 @@
-"""Bounded fuzzing in the suite (issue 11): mutated packets of both dialects against a live session,
+"""Bounded fuzzing in the suite: mutated packets of both dialects against a live session,
 mutated graph JSON and ExampleJSON against their parsers.  (Mutated libraries against the loader:
 tests/loader/test_loader_bad_input.py.)  Long runs by hand: fuzz/ (atheris).
 
@@ -19,12 +19,12 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rpcsrv.executor.examplejson.text import parse_examplejson
-from rpcsrv.executor.graph.graph_json import parse_graph_json
+from rpcsrv.loader.examplejson_text import ExampleJSONError, parse_examplejson
+from rpcsrv.loader.graph_json import GraphJSONError, parse_graph_json
 from rpcsrv.executor.kernels import KERNELS
-from rpcsrv.executor.module import ExecutorError
 from rpcsrv.board.limits import Limits
-from rpcsrv.board.server import ServerConfig, serve_connection
+from rpcsrv.board.options import ServeOptions
+from rpcsrv.board.server import Server, serve_connection
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "executor"))
@@ -60,7 +60,7 @@ def mutated(draw, data: bytes):
 async def _drive(data: bytes, tmp: Path) -> bytes:
     """Serve one connection whose client sends ``data`` then closes; returns what the server sent."""
     a, b = socket.socketpair()
-    cfg = ServerConfig(workdir=tmp, limits=Limits(max_memory=64 << 20, max_total_memory=128 << 20))
+    cfg = Server(ServeOptions(workdir=tmp, limits=Limits(max_memory=64 << 20, max_total_memory=128 << 20)))
     out = bytearray()
     with a, b:
         a.setblocking(False)
@@ -84,8 +84,8 @@ async def _drive(data: bytes, tmp: Path) -> bytes:
                     if not chunk:
                         break
                     out += chunk
-    assert cfg.state is not None and cfg.state.account.used == 0  # everything the session held is released
-    assert cfg.state.sessions == 0
+    assert cfg.account.used == 0  # everything the session held is released
+    assert cfg.sessions == 0
     return bytes(out)
 
 
@@ -126,7 +126,7 @@ def test_mutated_graph_json_is_parsed_or_refused(data):
     text = _mutate_text(data.draw, seed_graph_json())
     try:
         parse_graph_json(text)
-    except ExecutorError as exc:
+    except GraphJSONError as exc:
         assert str(exc)
 
 
@@ -136,7 +136,7 @@ def test_mutated_examplejson_is_parsed_or_refused(data):
     text = _mutate_text(data.draw, SEED)
     try:
         parse_examplejson(text, KERNELS)
-    except ExecutorError as exc:
+    except ExampleJSONError as exc:
         assert str(exc)
 
 
@@ -151,5 +151,5 @@ def test_graph_json_values_of_every_json_type_are_refused_cleanly():
                 g[key] = value
             try:
                 parse_graph_json(json.dumps(g))
-            except ExecutorError:
+            except GraphJSONError:
                 pass

@@ -1,5 +1,5 @@
 """A hostile client cannot make the server hold memory for bytes it never sends, and cannot stall
-other clients (issue 11: the claimed-length attack)."""
+other clients (the claimed-length attack among them)."""
 
 from __future__ import annotations
 

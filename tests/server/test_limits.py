@@ -1,4 +1,4 @@
-"""Connection and session limits (issue 11): idle and stalled clients cannot lock others out, and
+"""Connection and session limits: idle and stalled clients cannot lock others out, and
 clients over a limit are refused cleanly (the socket closes, or the client reads the reason)."""
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ from conftest import need_shared
 from recordings import packets, reencode
 from rpcsrv.protocol import (CallFunc, Connection, CopyAck, CopyFromRemote, CopyToRemote,
                              Dialect, Handle, RemoteError, Return, Role, RPCCode, Syscall, TensorHeader)
-from rpcsrv.board.server import ServerConfig, serve
+from rpcsrv.board.options import ServeOptions
+from rpcsrv.board.server import Server, serve
 
 RECORDED_WORKSPACE = "/srv/rpc-workspa"
 
@@ -88,7 +89,7 @@ async def replay(path, dialect: Dialect, fixed: bool, key: str = "", elided=None
     items = packets(path)
     compared = 0
     async with trio.open_nursery() as nursery:
-        cfg = ServerConfig(port=0, key=key, dialect=dialect if fixed else None)
+        cfg = Server(ServeOptions(port=0, key=key, dialect=dialect if fixed else None))
         port = await nursery.start(serve, cfg)
         stream = await trio.open_tcp_stream("127.0.0.1", port)
         reader = Connection(Role.SERVER, strict=False, dialect=dialect)  # decodes recorded client packets

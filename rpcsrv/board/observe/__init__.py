@@ -1,4 +1,4 @@
-"""Observability of one board (issue 28): what the server counts, and the HTTP endpoint that shows it.
+"""Observability of one board: what the server counts, and the HTTP endpoint that shows it.
 
 * :mod:`.stats`: plain counters the server keeps while it serves (no dependency, near-zero cost);
 * :mod:`.collector`: those counters and the server's live state as Prometheus metrics, read at scrape

@@ -53,20 +53,21 @@ def _histogram(name: str, doc: str, label: str, groups: dict[str, list]) -> Hist
 
 
 class BoardCollector:
-    """Reads one server's counters and state (``cfg``: its ServerConfig) at every scrape."""
+    """Reads one server's counters and state (``server``: a ``board.server.Server``) at every scrape."""
 
-    def __init__(self, cfg: Any, stats: ServerStats):
-        self.cfg = cfg
+    def __init__(self, server: Any, stats: ServerStats):
+        self.server = server
         self.stats = stats
 
     def describe(self):
         return []  # collected lazily: nothing to describe up front (registry made with auto_describe off)
 
     def collect(self) -> Iterator[Any]:
-        cfg, st = self.cfg, self.stats
-        state, limits = cfg.state, cfg.limits
+        server, st = self.server, self.stats
+        opts = server.options
+        limits = opts.limits
         info = InfoMetricFamily("rpcsrv_board", "This board: rpcsrv version, key, native policy, machine")
-        info.add_metric([], {"version": board_version(), "key": cfg.key or "", "native": cfg.native,
+        info.add_metric([], {"version": board_version(), "key": opts.key or "", "native": opts.native.mode,
                              "machine": platform.machine(), "hostname": platform.node()})
         yield info
         yield GaugeMetricFamily("rpcsrv_start_time_seconds", "When the server started (Unix time)",
@@ -76,7 +77,7 @@ class BoardCollector:
             lim.add_metric([f.name], float(getattr(limits, f.name)))
         yield lim
         yield GaugeMetricFamily("rpcsrv_connections_open", "Open TCP connections (handshaken or not)",
-                                value=state.connections if state else 0)
+                                value=server.connections)
         yield GaugeMetricFamily("rpcsrv_sessions_open", "Sessions now open", value=len(st.live))
         yield CounterMetricFamily("rpcsrv_sessions", "Sessions opened since the start", value=st.sessions_total)
         ended = CounterMetricFamily("rpcsrv_sessions_ended", "Sessions ended, by reason (closed, timeout, "
@@ -103,7 +104,7 @@ class BoardCollector:
                                   "it held its session's connection (repeated native calls)", value=st.loaned)
         yield CounterMetricFamily("rpcsrv_native_workers_crashed", "Native workers that ended other than "
                                   "by closing (a crash, or stopped at the session deadline)", value=crashed)
-        gate = cfg.gate
+        gate = server.gate
         if gate is not None and hasattr(gate, "connected"):  # a tracker registration (rpcsrv.farm)
             yield GaugeMetricFamily("rpcsrv_tracker_registered", "1 while registered with the tracker",
                                     value=1 if gate.connected else 0)
@@ -134,24 +135,24 @@ class BoardCollector:
                          "evaluator) and their durations", "", {"": by_kind["model_run"]})
 
     def _memory(self) -> Iterator[Any]:
-        cfg, st = self.cfg, self.stats
-        account = cfg.state.account if cfg.state else None
+        server, st = self.server, self.stats
+        limits = server.options.limits
         yield GaugeMetricFamily("rpcsrv_memory_used_bytes", "Memory charged to all sessions together",
-                                value=account.used if account else 0)
+                                value=server.account.used)
         yield GaugeMetricFamily("rpcsrv_memory_limit_bytes", "The server-wide memory budget "
-                                "(--max-total-memory-mb)", value=cfg.limits.max_total_memory)
+                                "(--max-total-memory-mb)", value=limits.max_total_memory)
         per = GaugeMetricFamily("rpcsrv_session_memory_bytes", "Memory charged to each open session, by "
                                 "session slot (0..max_sessions-1, reused)", labels=["slot"])
         for live in sorted(st.live.values(), key=lambda s: s.slot):
             per.add_metric([str(live.slot)], live.session.account.used)
         yield per
         yield GaugeMetricFamily("rpcsrv_session_memory_limit_bytes", "The per-session memory budget "
-                                "(--max-memory-mb)", value=cfg.limits.max_memory)
+                                "(--max-memory-mb)", value=limits.max_memory)
 
 
-def make_registry(cfg: Any, stats: ServerStats) -> CollectorRegistry:
+def make_registry(server: Any, stats: ServerStats) -> CollectorRegistry:
     """A registry of its own for one server: its collector and this process's CPU and memory."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(BoardCollector(cfg, stats))
+    registry.register(BoardCollector(server, stats))
     ProcessCollector(registry=registry)
     return registry

@@ -31,10 +31,10 @@ TIMEOUT = 30.0
 class MetricsApp:
     """The three pages of one server."""
 
-    def __init__(self, cfg: Any, stats: ServerStats):
-        self.cfg = cfg
+    def __init__(self, server: Any, stats: ServerStats):
+        self.server = server
         self.stats = stats
-        self.registry = make_registry(cfg, stats)
+        self.registry = make_registry(server, stats)
         self.version = board_version()
 
     def respond(self, method: str, target: str) -> tuple[int, str, bytes]:
@@ -43,9 +43,9 @@ class MetricsApp:
         if path == "/metrics":
             return 200, CONTENT_TYPE_LATEST, generate_latest(self.registry)
         if path in ("/", "/index.html"):
-            return 200, "text/html; charset=utf-8", render(self.cfg, self.stats, self.version).encode()
+            return 200, "text/html; charset=utf-8", render(self.server, self.stats, self.version).encode()
         if path == "/healthz":
-            healthy = not self.cfg.draining
+            healthy = not self.server.draining
             return (200 if healthy else 503), "text/plain; charset=utf-8", b"ok\n" if healthy else b"draining\n"
         return 404, "text/plain; charset=utf-8", b"not found: try /, /metrics or /healthz\n"
 
@@ -113,14 +113,15 @@ async def open_metrics_listener(host: str, port: int) -> trio.SocketListener:
     return trio.SocketListener(sock)
 
 
-async def serve_metrics(cfg: Any, listener: Optional[trio.SocketListener] = None,
+async def serve_metrics(server: Any, listener: Optional[trio.SocketListener] = None,
                         task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Serve ``cfg``'s metrics and status page until cancelled (``task_status.started``: the bound port)."""
+    """Serve ``server``'s metrics and status page until cancelled (``task_status.started``: the bound port)."""
+    opts = server.options
     if listener is None:
-        listener = await open_metrics_listener(cfg.metrics_host or cfg.host, cfg.metrics_port)
-    app = MetricsApp(cfg, cfg.stats)
-    port = cfg.metrics_bound = listener.socket.getsockname()[1]
-    log.info("metrics and status page on http://%s:%d/", cfg.metrics_host or cfg.host, port)
+        listener = await open_metrics_listener(opts.metrics_host or opts.host, opts.metrics_port)
+    app = MetricsApp(server, server.stats)
+    port = server.metrics_bound = listener.socket.getsockname()[1]
+    log.info("metrics and status page on http://%s:%d/", opts.metrics_host or opts.host, port)
     task_status.started(port)
     limiter = trio.CapacityLimiter(MAX_CLIENTS)
 

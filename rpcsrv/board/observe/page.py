@@ -56,22 +56,22 @@ def _modules(session: Any) -> str:
     return ", ".join(items[:MAX_MODULES]) + (f" +{more} more" if more > 0 else "")
 
 
-def render(cfg: Any, stats: Any, version: str) -> str:
-    """The page, from the server's config (limits, gate, state) and counters."""
+def render(server: Any, stats: Any, version: str) -> str:
+    """The page, from the server (its options, gate and state) and counters."""
     now = time.time()
-    limits = cfg.limits
-    account = cfg.state.account if cfg.state else None
-    used = account.used if account else 0
+    opts = server.options
+    limits = opts.limits
+    used = server.account.used
     total = limits.max_total_memory or 1
     out = [f'<!DOCTYPE html><html><head><meta charset="utf-8"><meta http-equiv="refresh" content="{REFRESH}">',
-           f"<title>rpcsrv {_e(cfg.key or platform.node())}</title><style>{_STYLE}</style></head><body>",
-           f"<h1>rpcsrv board {_e(cfg.key) if cfg.key else '(no key)'}</h1>",
+           f"<title>rpcsrv {_e(opts.key or platform.node())}</title><style>{_STYLE}</style></head><body>",
+           f"<h1>rpcsrv board {_e(opts.key) if opts.key else '(no key)'}</h1>",
            f'<div class="dim">version {_e(version)} &middot; host {_e(platform.node())} ({_e(platform.machine())})'
-           f" &middot; serving on {_e(cfg.host)}:{_e(stats.board_port or cfg.port)} &middot; native "
-           f"{_e(cfg.native)} &middot; up "
+           f" &middot; serving on {_e(opts.host)}:{_e(stats.board_port or opts.port)} &middot; native "
+           f"{_e(opts.native.mode)} &middot; up "
            f"{_age(now - stats.started)} &middot; {stats.sessions_total} session(s) served &middot; "
            f'updated {time.strftime("%H:%M:%S", time.localtime(now))}</div>']
-    gate = cfg.gate
+    gate = server.gate
     if gate is not None and hasattr(gate, "connected"):
         where = "%s:%s" % tuple(getattr(gate, "addr", ("?", "?")))
         state = '<span class="ok">registered</span>' if gate.connected else '<span class="bad">not registered</span>'
@@ -80,7 +80,7 @@ def render(cfg: Any, stats: Any, version: str) -> str:
     out.append(f'<p>Memory: {_mib(used)} of {_mib(total)} <span class="track"><span class="bar" style="width:{bar}px">'
                f"</span></span>"
                f" &middot; sessions {len(stats.live)} of {limits.max_sessions}"
-               f' &middot; connections {cfg.state.connections if cfg.state else 0} of {limits.max_connections}</p>')
+               f' &middot; connections {server.connections} of {limits.max_connections}</p>')
     out.append("<h2>Sessions</h2>")
     if stats.live:
         out.append('<table id="sessions"><tr><th>#</th><th>peer</th><th>age</th><th>memory</th><th>calls</th>'

@@ -1,4 +1,4 @@
-"""What a board counts while it serves, for its metrics and status page (issue 28).
+"""What a board counts while it serves, for its metrics and status page.
 
 Plain Python numbers, no locks and no metrics library: everything here runs on the trio loop. The
 cost on the request path is one :meth:`ServerStats.observe` per answered request (a dict lookup, a
@@ -91,7 +91,7 @@ class ErrorEntry:
 
 
 class ServerStats:
-    """One server's counters (``ServerConfig.stats``); made only when the board serves metrics."""
+    """One server's counters (``Server.stats``); made only when the board serves metrics."""
 
     def __init__(self):
         self.started = time.time()

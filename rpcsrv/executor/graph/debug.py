@@ -39,8 +39,8 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from ..module import STEP_HOOK, ExecutorError, RuntimeModule
-from .executor import GraphExecutorModule, op_exec_node_ids, parse_create_args
-from .graph_json import Graph
+from .executor import GraphExecutorModule, op_exec_node_ids, parse_create_args, zeros
+from ...loader.graph_json import Graph
 
 
 def time_calls(fn: Callable[[], Any], number: int, repeat: int, min_repeat_ms: int = 0,
@@ -94,8 +94,9 @@ class GraphExecutorDebugModule(GraphExecutorModule):
 
     type_key = "GraphExecutorDebug"
 
-    def __init__(self, graph: str | Graph, lib: Optional[RuntimeModule], devices: Sequence[Any]):
-        super().__init__(graph, lib, devices)
+    def __init__(self, graph: str | Graph, lib: Optional[RuntimeModule], devices: Sequence[Any], *,
+                 allocate: Callable[[int], np.ndarray] = zeros):
+        super().__init__(graph, lib, devices, allocate=allocate)
         self.last_executed_node = -1
         self._exec_pos = {nid: k for k, nid in enumerate(op_exec_node_ids(self.graph))}
         if len(self._exec_pos) != len(self.op_execs):
@@ -303,7 +304,7 @@ class GraphExecutorDebugModule(GraphExecutorModule):
         return self.steps[int(index)][1]
 
 
-def create_graph_executor_debug(*args: Any) -> GraphExecutorDebugModule:
+def create_graph_executor_debug(*args: Any, allocate: Callable[[int], np.ndarray] = zeros) -> GraphExecutorDebugModule:
     """``tvm.graph_executor_debug.create(graph_json, lib, device_type, device_id, ...)``."""
     graph_json, lib, devices = parse_create_args(args, "tvm.graph_executor_debug.create")
-    return GraphExecutorDebugModule(graph_json, lib, devices)
+    return GraphExecutorDebugModule(graph_json, lib, devices, allocate=allocate)

@@ -12,19 +12,20 @@ Every executor owns its buffers; two executors never share memory except through
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
 from ...protocol.dtypes import HOST_DEVICE_TYPES, Device
 from .. import compute
-from .graph_json import Graph, parse_graph_json
+from ...loader.graph_json import Graph, parse_graph_json
 from ..memory import before_allocation
 from ..module import ExecutorError, RuntimeModule
 
-#: how executors get their storage pools (zero-filled uint8 arrays); the native worker points this
-#: at its shared arena so that outputs can be mapped by the session without a copy
-STORAGE_ALLOCATOR = lambda nbytes: np.zeros(nbytes, dtype=np.uint8)  # noqa: E731
+def zeros(nbytes: int) -> np.ndarray:
+    """A zero-filled storage pool: how an executor gets its storage unless told (``allocate``; a native
+    worker's are in its shared arena, so that the session maps the outputs without a copy)."""
+    return np.zeros(nbytes, dtype=np.uint8)
 
 
 def _describe(arr: np.ndarray) -> str:
@@ -49,8 +50,10 @@ class GraphExecutorModule(RuntimeModule):
 
     type_key = "GraphExecutor"
 
-    def __init__(self, graph: str | Graph, lib: Optional[RuntimeModule], devices: Sequence[Any]):
+    def __init__(self, graph: str | Graph, lib: Optional[RuntimeModule], devices: Sequence[Any], *,
+                 allocate: Callable[[int], np.ndarray] = zeros):
         super().__init__()
+        self.allocate = allocate
         self.graph = graph if isinstance(graph, Graph) else parse_graph_json(graph)
         self.lib = lib
         self.devices = check_devices(devices)
@@ -99,7 +102,7 @@ class GraphExecutorModule(RuntimeModule):
             sizes[sid] = max(sizes.get(sid, 0), nbytes)
         before_allocation(self, sum(sizes.values()), "graph executor storage")  # budget check first
         # zero-filled (TVM leaves memory uninitialised; zeros make reruns reproducible)
-        self.pool = {sid: STORAGE_ALLOCATOR(size) for sid, size in sizes.items()}
+        self.pool = {sid: self.allocate(size) for sid, size in sizes.items()}
         self.data_entry = [self._view(self.pool[g.storage_id[eid]], eid) for eid in range(g.num_entries)]
 
     def _view(self, buffer: np.ndarray, eid: int) -> np.ndarray:
@@ -371,8 +374,8 @@ def parse_create_args(args: Sequence[Any], what: str) -> tuple[Any, RuntimeModul
     return graph_json, lib, check_devices(devices)
 
 
-def create_graph_executor(*args: Any) -> GraphExecutorModule:
+def create_graph_executor(*args: Any, allocate: Callable[[int], np.ndarray] = zeros) -> GraphExecutorModule:
     """``tvm.graph_executor.create(graph_json, lib, device_type, device_id, ...)``: an executor for a
     graph sent as text over the functions of an uploaded library; params come by ``load_params``."""
     graph_json, lib, devices = parse_create_args(args, "tvm.graph_executor.create")
-    return GraphExecutorModule(graph_json, lib, devices)
+    return GraphExecutorModule(graph_json, lib, devices, allocate=allocate)

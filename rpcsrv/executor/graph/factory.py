@@ -8,13 +8,13 @@ JSON is parsed and checked when the library is loaded.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 
 from ..module import ExecutorError, RuntimeModule
-from .executor import GraphExecutorModule, check_devices
-from .graph_json import parse_graph_json
+from .executor import GraphExecutorModule, check_devices, zeros
+from ...loader.graph_json import parse_graph_json
 
 
 class GraphExecutorFactoryRuntime(RuntimeModule):
@@ -23,8 +23,10 @@ class GraphExecutorFactoryRuntime(RuntimeModule):
     type_key = "GraphExecutorFactory"
 
     def __init__(self, graph_json: str, params: Mapping[str, np.ndarray], module_name: str = "default",
-                 imports: Optional[list[RuntimeModule]] = None, type_key: str = "GraphExecutorFactory"):
+                 imports: Optional[list[RuntimeModule]] = None, type_key: str = "GraphExecutorFactory", *,
+                 allocate: Callable[[int], np.ndarray] = zeros):
         super().__init__(imports)
+        self.allocate = allocate  # the storage of the executors it creates (``BuildOptions.allocate``)
         self.type_key = type_key
         self.graph_json = graph_json
         self.graph = parse_graph_json(graph_json)
@@ -39,7 +41,7 @@ class GraphExecutorFactoryRuntime(RuntimeModule):
     def create(self, *devices: Any) -> GraphExecutorModule:
         """A new executor with its own buffers, params set largest first (as TVM does)."""
         check_devices(devices)
-        executor = GraphExecutorModule(self.graph, self.lib, devices)
+        executor = GraphExecutorModule(self.graph, self.lib, devices, allocate=self.allocate)
         for name in sorted(self.params, key=lambda k: -self.params[k].nbytes):
             idx = executor.input_map.get(name, -1)
             if idx >= 0:
@@ -52,7 +54,7 @@ class GraphExecutorFactoryRuntime(RuntimeModule):
 
         if module_name != self.module_name:
             raise ExecutorError(f"debug_create: this library has module {self.module_name!r}, not {module_name!r}")
-        executor = GraphExecutorDebugModule(self.graph, self.lib, check_devices(devices))
+        executor = GraphExecutorDebugModule(self.graph, self.lib, check_devices(devices), allocate=self.allocate)
         for name, arr in self.params.items():
             if executor.input_map.get(name, -1) >= 0:
                 executor.set_input(name, arr)
@@ -74,7 +76,8 @@ class GraphExecutorFactoryRuntime(RuntimeModule):
         return None
 
     def _remove_params(self) -> "GraphExecutorFactoryRuntime":
-        return GraphExecutorFactoryRuntime(self.graph_json, {}, self.module_name, self.imports[:1], self.type_key)
+        return GraphExecutorFactoryRuntime(self.graph_json, {}, self.module_name, self.imports[:1], self.type_key,
+                                           allocate=self.allocate)
 
     @staticmethod
     def _unavailable(name: str):
@@ -84,6 +87,8 @@ class GraphExecutorFactoryRuntime(RuntimeModule):
         return fail
 
 
-def factory_runtime(node: Any, imports: list[RuntimeModule], _options: Any = None) -> GraphExecutorFactoryRuntime:
-    """The runtime of a ``GraphExecutorFactory`` node (the built-in kind, ``rpcsrv.loader.modules``)."""
-    return GraphExecutorFactoryRuntime(node.graph_json, node.params, node.module_name, imports, node.type_key)
+def factory_runtime(node: Any, imports: list[RuntimeModule], options: Any = None) -> GraphExecutorFactoryRuntime:
+    """The runtime of a ``GraphExecutorFactory`` node (the built-in kind, ``rpcsrv.loader.modules``); its executors
+    take their storage from ``options.allocate`` (``rpcsrv.executor.BuildOptions``)."""
+    return GraphExecutorFactoryRuntime(node.graph_json, node.params, node.module_name, imports, node.type_key,
+                                       allocate=getattr(options, "allocate", zeros))

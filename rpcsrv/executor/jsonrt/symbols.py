@@ -206,5 +206,5 @@ class JSONRuntime(RuntimeModule):
 
 
 def jsonrt_runtime(node: JSONRuntimeModule, imports: list[RuntimeModule], _options: Any) -> JSONRuntime:
-    """The ``register_runtime`` factory of the JSON-runtime kinds."""
+    """The runtime factory of the JSON-runtime kinds (attached by ``rpcsrv.executor.runtimes``)."""
     return JSONRuntime(node, imports)

@@ -21,23 +21,9 @@ from typing import Any, Callable
 import numpy as np
 
 from ...protocol.dtypes import DataType
+from ...protocol.structs import DLDataTypeC, DLDeviceC, DLTensorC as DLTensor
 
-
-class DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class DLDataTypeC(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
-                ("dtype", DLDataTypeC), ("shape_addr", ctypes.c_void_p), ("strides", ctypes.c_void_p),
-                ("byte_offset", ctypes.c_uint64)]
-
-
-_CPU = DLDevice(1, 0)
+_CPU = DLDeviceC(1, 0)
 
 
 T_NONE, T_INT, T_BOOL, T_FLOAT, T_OPAQUE, T_DATATYPE, T_DEVICE, T_DLTENSOR = 0, 1, 2, 3, 4, 5, 6, 7
@@ -45,24 +31,12 @@ T_NONE, T_INT, T_BOOL, T_FLOAT, T_OPAQUE, T_DATATYPE, T_DEVICE, T_DLTENSOR = 0, 
 SafeCall = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p)
 
 
-_DL_DTYPES: dict[np.dtype, tuple[int, int, int]] = {}
-
-
-def _dl_dtype(dtype: np.dtype) -> tuple[int, int, int]:
-    code = _DL_DTYPES.get(dtype)
-    if code is None:
-        dt = DataType.from_numpy(dtype)
-        # tvm-ffi kernels take booleans as kDLBool (6) of 8 bits, not TVM <= 0.20's uint1
-        code = _DL_DTYPES[dtype] = (6, 8, 1) if dt.is_bool else (int(dt.code), dt.bits, dt.lanes)
-    return code
-
-
 def make_dltensor(arr: np.ndarray) -> DLTensor:
     """A DLTensor over ``arr``'s memory (C-contiguous, CPU); it keeps its shape array alive."""
     shape = (ctypes.c_int64 * max(arr.ndim, 1))(*arr.shape)
+    dt = DataType.from_numpy(arr.dtype, ffi=True)  # tvm-ffi kernels take booleans as kDLBool of 8 bits
     t = DLTensor(arr.__array_interface__["data"][0] if arr.size else 0, _CPU, arr.ndim,
-                 DLDataTypeC(*_dl_dtype(arr.dtype)), None, None, 0)
-    t.shape_addr = ctypes.addressof(shape)
+                 DLDataTypeC(dt.code, dt.bits, dt.lanes), ctypes.addressof(shape), None, 0)
     t._keep = (shape, arr)
     return t
 

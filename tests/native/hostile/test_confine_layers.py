@@ -156,19 +156,19 @@ def test_environment_is_scrubbed(monkeypatch):
     monkeypatch.setenv("RPCSRV_TEST_SECRET", "s3cret")
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     monkeypatch.setenv("MY_SETTING", "x")
-    monkeypatch.setattr(confine, "SETTINGS", confine.Settings(env=["MY_*"]))
-    env = confine.worker_env(dict(os.environ))
+    env = confine.worker_env(dict(os.environ), confine.ConfineOptions(env=("MY_*",)))
     assert "RPCSRV_TEST_SECRET" not in env and "PATH" not in env and "HOME" not in env
-    assert env["OMP_NUM_THREADS"] == "2" and env["MY_SETTING"] == "x" and env["RPCSRV_CONFINE"] == "1"
+    assert env["OMP_NUM_THREADS"] == "2" and env["MY_SETTING"] == "x"
+    assert not [k for k in env if k.startswith("RPCSRV_")]  # rpcsrv's settings come in the start message
 
 
 def test_layers_report(monkeypatch):
     found = confine.layers()
     assert set(found) == set(confine.LAYERS)
     assert found["files"].startswith("in force: Landlock") == (confine_landlock.abi_version() > 0)
-    monkeypatch.setattr(confine, "SETTINGS", confine.Settings(enabled=False))
-    assert all(v.startswith("off") for v in confine.layers().values())
-    assert "--native-confine off" in confine.report()
+    off = confine.ConfineOptions(enabled=False)
+    assert all(v.startswith("off") for v in confine.layers(off).values())
+    assert "--native-confine off" in confine.report(options=off)
 
 
 def test_server_logs_the_layers_at_start_up():

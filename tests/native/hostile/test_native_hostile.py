@@ -1,5 +1,5 @@
 """Hostile native code against a real ``rpcsrv serve`` (run as whatever user the tests run as; as root,
-the case of issue 25), uploaded and called by the real apache-tvm client.
+the worker drops to an unprivileged user), uploaded and called by the real apache-tvm client.
 
 Every case of ``hostile.c`` runs twice: with ``--native-confine on`` it must be refused (the call fails
 with the kernel's reason) while benign native code in the same session goes on; with

@@ -38,7 +38,6 @@ import ctypes
 import hashlib
 import os
 import platform
-import shutil
 import subprocess
 import threading
 from pathlib import Path
@@ -46,6 +45,8 @@ from typing import Optional
 
 import numpy as np
 
+from ....config import environment
+from ....config.toolchain import cache_dir, c_compiler
 from . import kbuild
 
 SOURCES, HEADERS = kbuild.SOURCES, kbuild.HEADERS  # every C file of the family folders; vec.h (hashed with them)
@@ -115,20 +116,8 @@ SIGNATURES: dict = {
 
 
 def enabled() -> bool:
-    """Whether the environment allows compiled kernels (``RPCSRV_COMPILED_KERNELS`` not 0/off/no/false)."""
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "off", "no", "false")
-
-
-def compiler() -> Optional[str]:
-    for name in (os.environ.get("RPCSRV_CC"), os.environ.get("CC"), "cc", "gcc", "clang"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("RPCSRV_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "rpcsrv")
-    return Path(root)
+    """Whether the settings allow compiled kernels (``RPCSRV_COMPILED_KERNELS`` not 0/off/no/false)."""
+    return environment.flag(ENV_SWITCH)
 
 
 #: 32-bit ARM's ``AT_HWCAP`` bits (the kernel's ``asm/hwcap.h``) a prebuilt variant may need (``kbuild.VARIANTS``)
@@ -195,7 +184,7 @@ def prebuilt() -> list[tuple[str, Path, str]]:
 
 def _build() -> Path:
     """The library's path, first found of the four (the module docstring); sets ``_state["origin"]``."""
-    explicit = os.environ.get("RPCSRV_KERNELS_LIB")
+    explicit = environment.text("RPCSRV_KERNELS_LIB")
     if explicit:
         if not os.path.isfile(explicit):
             raise OSError(f"RPCSRV_KERNELS_LIB={explicit} does not exist")
@@ -208,7 +197,7 @@ def _build() -> Path:
     if target.is_file():
         _state["origin"] = f"built for this CPU, cached in {target.parent}"
         return target
-    cc, tried = compiler(), []
+    cc, tried = c_compiler(), []
     if cc is None:
         tried.append("no C compiler (set RPCSRV_CC or CC, or RPCSRV_KERNELS_LIB to a prebuilt library)")
     else:
@@ -253,7 +242,7 @@ def status() -> dict:
     "library": path or None, "origin": how it was found (RPCSRV_KERNELS_LIB, cached or built for this CPU,
     prebuilt for a target) or None}`` (builds them if need be, as the first depthwise conv would)."""
     if not enabled():
-        return {"in_use": False, "reason": f"turned off by {ENV_SWITCH}={os.environ.get(ENV_SWITCH)}",
+        return {"in_use": False, "reason": f"turned off by {ENV_SWITCH}={environment.text(ENV_SWITCH)}",
                 "library": None, "origin": None}
     lib = library()
     return {"in_use": lib is not None, "reason": _state.get("reason", "") if lib is None else

@@ -6,8 +6,11 @@ params or ``tvm_op`` for a call, ``name``, ``inputs`` as ``[node_id, index(, ver
 ``arg_nodes`` (the input node ids), ``heads`` (output entries), ``node_row_ptr`` (the first entry id of
 each node; entry ids number every node output) and ``attrs`` with per-entry ``storage_id``,
 ``shape``, ``dltype`` (each as ``["list_int"|"list_shape"|"list_str", values]``) and optional
-``device_index``/``storage_scope``.  A graph TVM would reject is rejected here with a message
-that says which field is wrong.
+``device_index``/``storage_scope``; ``metadata`` (optional) may name the outputs (``output_names``).  A graph
+TVM would reject is rejected here with a message that says which field is wrong.
+
+The one reader of graph JSON: the graph executor runs what it returns, ``rpcsrv inspect`` summarizes it, and
+the board's native-code policy asks which functions it calls (``rpcsrv.native.host``).
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from ...protocol.dtypes import numpy_dtype
-from ..module import ExecutorError
+from ..protocol.dtypes import numpy_dtype
+from .errors import LoaderError
 
 _TOP_KEYS = {"nodes", "arg_nodes", "node_row_ptr", "heads", "attrs"}
 _ATTR_TYPES = {"storage_id": "list_int", "shape": "list_shape", "dltype": "list_str",
@@ -27,7 +30,7 @@ _ATTR_TYPES = {"storage_id": "list_int", "shape": "list_shape", "dltype": "list_
 _OP_PARAMS = ("func_name", "num_inputs", "num_outputs", "flatten_data")
 
 
-class GraphJSONError(ExecutorError):
+class GraphJSONError(LoaderError):
     """A graph JSON the executor cannot run."""
 
 
@@ -54,6 +57,7 @@ class Graph:
     dltype: list[str]
     dtypes: list[np.dtype]
     device_index: list[int]
+    metadata: dict = field(default_factory=dict)
 
     def entry_id(self, node_id: int, index: int = 0) -> int:
         return self.node_row_ptr[node_id] + index
@@ -61,6 +65,16 @@ class Graph:
     @property
     def num_entries(self) -> int:
         return self.node_row_ptr[-1]
+
+    def called(self) -> set[str]:
+        """The functions the graph's ``tvm_op`` nodes call (``__nop`` and ``__copy`` are the executor's own)."""
+        return {n.func_name for n in self.nodes if n.op == "tvm_op" and n.func_name not in ("__nop", "__copy")}
+
+    def output_names(self) -> list[str]:
+        """The outputs' names the model kept (``metadata.output_names``), or none."""
+        names = self.metadata.get("output_names") or []
+        ok = len(names) == len(self.heads) and all(isinstance(n, str) for n in names) and len(set(names)) == len(names)
+        return list(names) if ok else []
 
 
 def _fail(msg: str):
@@ -196,4 +210,6 @@ def parse_graph_json(text: str | bytes) -> Graph:
             dtypes.append(numpy_dtype(d))
         except (ValueError, TypeError) as exc:
             _fail(f"attrs['dltype'][{eid}] {d!r}: {exc}")
-    return Graph(nodes, arg_nodes, heads, row_ptr, storage_id, shape, list(dltype), dtypes, device_index)
+    metadata = doc.get("metadata")
+    return Graph(nodes, arg_nodes, heads, row_ptr, storage_id, shape, list(dltype), dtypes, device_index,
+                 metadata if isinstance(metadata, dict) else {})
