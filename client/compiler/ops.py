@@ -26,6 +26,9 @@ class Op:
     pattern: str = ""  # composite name, "" for a single op
     reason: str = ""  # why it is not supported ("" when it is)
     requires: set = field(default_factory=set)  # op names the accelerator must have for this op
+    #: an int8 op's quantization parameters by role (``x``, ``w``, ``y``; ``a``, ``b``, ``y``; ...: the
+    #: op language's ``QUANT_ROLES``), as ``rpcsrv.loader.opset.quant.QuantParams``; {} for other ops
+    quant: dict = field(default_factory=dict)
 
     def __post_init__(self):
         self.requires = set(self.requires) or {self.kernel}

@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 
 from rpcsrv.loader.opset import OPS, node_problems
 
-from .onnx_import import ONNX_DOMAINS, Graph
+from .onnx_import import Graph
 from .ops import Op, consumers  # noqa: F401  (codegens build on them)
+from .quantize import OP_DOMAINS, op_quant
 
 @dataclass
 class Function:
@@ -63,8 +64,9 @@ def annotate(op: Op, ops: frozenset, graph: Graph | None = None) -> str:
     tensors' dtypes) the op's dtype rule; so what the board would refuse at run time is refused now.
     """
     node = op.nodes[0]
-    if node.domain not in ONNX_DOMAINS:
-        return f"operator domain {node.domain!r} is not supported (only the default ONNX domain)"
+    if node.domain not in OP_DOMAINS:
+        return f"operator domain {node.domain!r} is not supported (the default ONNX domain and " \
+               f"onnxruntime's com.microsoft int8 ops only)"
     if op.kernel not in OPS:
         return f"no kernel {op.kernel!r} on the board"
     missing = sorted(op.requires - ops)
@@ -143,6 +145,7 @@ def partition(graph: Graph, ops: frozenset, module_name: str = "default", host: 
     name = codegen.name
     all_ops = codegen.merge_composites(graph, ops)
     for op in all_ops:
+        op.quant = op.quant or op_quant(op, graph)
         op.reason = annotate(op, ops, graph) or codegen.check(op, graph)
     regions = merge_regions(all_ops)
     host_ops = {j for j, op in enumerate(all_ops) if op.reason} if host else set()
