@@ -126,8 +126,8 @@ def test_a_relu_or_clip_is_the_int8_convs_clamp(act):
     compiled = compile_onnx(_conv_chain(act))
     (sg,) = compiled.subgraphs
     assert sg.ops == ["quantize_linear", "q_linear_conv", "dequantize_linear"]
-    want = {"relu": '"activation": "relu"', "clip": '"activation": "clip", "activation_attrs": {"min": 0.5, "max": 2.0}',
-            "": "activation"}[act]
+    want = {"relu": '"activation": "relu"', "": "activation",
+            "clip": '"activation": "clip", "activation_attrs": {"min": 0.5, "max": 2.0}'}[act]
     line = next(t for t in sg.code.splitlines() if t.strip().startswith("q_linear_conv"))
     assert (want in line) == bool(act)
     assert sg.patterns == [f"examplejson.qnn_conv2d{'_' + act if act else ''}"]
