@@ -163,7 +163,8 @@ def errors(board: np.ndarray, ref: np.ndarray, rtol: float, atol: float) -> tupl
         return 0.0, 0.0, True
     nan_mismatch = bool(np.any(np.isnan(b) != np.isnan(r)))
     diff = np.where(np.isnan(b) & np.isnan(r), 0.0, diff)
-    rel = diff / np.maximum(np.abs(r), np.finfo(np.float64).tiny)
+    with np.errstate(over="ignore", invalid="ignore"):
+        rel = diff / np.maximum(np.abs(r), np.finfo(np.float64).tiny)
     ok = not nan_mismatch and bool(np.all(diff <= atol + rtol * np.abs(r)))
     return float(np.nanmax(diff)), float(np.nanmax(np.where(diff == 0, 0.0, rel))), ok
 
@@ -222,6 +223,7 @@ def compare_library(lib_path: str, onnx_path: str, host: str, port: int, inputs:
             row.scale = step_of(tensor, graph, producer)
             if row.scale == row.scale:  # a quantized tensor: agreement in steps
                 row.max_steps, row.max_abs, row.ok = step_errors(value, ref[tensor], row.scale, tolerance_steps)
+                row.max_rel = float("nan")  # of integers, a relative error says nothing
         rows.append(row)
     if not any(r.ok is not None for r in rows):
         raise UserError("no board tensor could be paired with an ONNX tensor: nothing was compared")
@@ -248,8 +250,9 @@ def format_rows(rows: list[Row], rtol: float, atol: float, tolerance_steps: floa
     for k, r in enumerate(rows):
         status = "-" if r.ok is None else ("ok" if r.ok else "DIFFERS")
         shown = f"{r.max_steps:6.3g}" if r.scale == r.scale else f"{'-':>6}"
+        rel = f"{r.max_rel:10.3g}" if r.scale != r.scale else f"{'-':>10}"
         lines.append(f"{k:>3} {(r.onnx_node or '(no ONNX tensor)')[:28]:<28} {r.onnx_op[:14]:<14} "
-                     f"{_where(r)[:18]:<18} {r.max_abs:10.3g} {r.max_rel:10.3g} {shown}  {status}")
+                     f"{_where(r)[:18]:<18} {r.max_abs:10.3g} {rel} {shown}  {status}")
     bad = first_bad(rows)
     limits = f"atol {atol:g}, rtol {rtol:g}; quantized tensors: {tolerance_steps:g} step(s)"
     if bad is None:
