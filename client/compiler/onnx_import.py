@@ -18,6 +18,7 @@ from onnx import helper, numpy_helper
 
 from rpcsrv.protocol.dtypes import dtype_str, numpy_dtype
 
+from . import contrib_shapes
 from .errors import CompileError, no_static_shape
 from .fold import attr_value, fold_constants
 from .ir import Graph, Node, TensorInfo
@@ -197,6 +198,11 @@ def _tensor_info(vi: onnx.ValueInfoProto) -> TensorInfo | None:
 
 
 def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
+    """onnx's shape inference (:func:`_infer_onnx`), completed for onnxruntime's com.microsoft quantized ops."""
+    return contrib_shapes.infer_shapes(model, _infer_onnx)
+
+
+def _infer_onnx(model: onnx.ModelProto) -> onnx.ModelProto:
     """Shape inference, strict first; when strict mode trips over a detail (e.g. inside a
     function body) the lenient result is used and tensors left unknown are reported later."""
     try:

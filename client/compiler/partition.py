@@ -31,9 +31,10 @@ from dataclasses import dataclass, field
 
 from rpcsrv.loader.opset import OPS, node_problems
 
-from .onnx_import import Graph
+from .contrib_shapes import MS_DOMAIN, SURROGATES  # onnxruntime's quantized contrib ops
+from .onnx_import import ONNX_DOMAINS, Graph
 from .ops import Op, consumers  # noqa: F401  (codegens build on them)
-from .quantize import OP_DOMAINS, op_quant
+from .quantize import op_quant
 
 @dataclass
 class Function:
@@ -64,9 +65,8 @@ def annotate(op: Op, ops: frozenset, graph: Graph | None = None) -> str:
     tensors' dtypes) the op's dtype rule; so what the board would refuse at run time is refused now.
     """
     node = op.nodes[0]
-    if node.domain not in OP_DOMAINS:
-        return f"operator domain {node.domain!r} is not supported (the default ONNX domain and " \
-               f"onnxruntime's com.microsoft int8 ops only)"
+    if node.domain not in ONNX_DOMAINS and not (node.domain == MS_DOMAIN and node.op_type in SURROGATES):
+        return f"operator domain {node.domain!r} is not supported (only the default ONNX domain)"
     if op.kernel not in OPS:
         return f"no kernel {op.kernel!r} on the board"
     missing = sorted(op.requires - ops)

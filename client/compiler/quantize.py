@@ -28,24 +28,22 @@ from typing import Iterable
 
 import numpy as np
 
-from rpcsrv.loader.opset import OPS, onnx_op_to_kernel
+from rpcsrv.loader.opset import onnx_op_to_kernel
 from rpcsrv.loader.opset.qdq import FOLDS, PASS_THROUGH, QNode, fold_qdq
 from rpcsrv.loader.opset.quant import QTYPES, QUANT_ROLES, QuantParams, roles
 
+from .contrib_shapes import MS_DOMAIN, SURROGATES
 from .ir import Graph, Node
 from .opsets import _Rewriter
 
-#: onnxruntime's contrib ops' domain
-CONTRIB = "com.microsoft"
 #: the domains whose ops the op language names (``onnx_op_to_kernel`` of the op type)
-OP_DOMAINS = ("", "ai.onnx", CONTRIB)
-#: the int8 ops of the op language as ONNX nodes: kernel name -> (op type, domain)
+OP_DOMAINS = ("", "ai.onnx", MS_DOMAIN)
+#: the int8 ops of the op language as ONNX nodes: kernel name -> (op type, domain); the com.microsoft ones
+#: are those whose shapes ``contrib_shapes`` infers
 INT8_NODES = {onnx_op_to_kernel(t): (t, "") for t in (
     "QLinearConv", "QLinearMatMul", "QuantizeLinear", "DequantizeLinear", "ConvInteger", "MatMulInteger",
     "DynamicQuantizeLinear")}
-INT8_NODES.update({onnx_op_to_kernel(t): (t, CONTRIB) for t in (
-    "QGemm", "QLinearAdd", "QLinearMul", "QLinearConcat", "QLinearGlobalAveragePool", "QLinearAveragePool",
-    "QLinearSigmoid", "QLinearLeakyRelu", "QLinearSoftmax", "DynamicQuantizeMatMul", "MatMulIntegerToFloat")})
+INT8_NODES.update({onnx_op_to_kernel(t): (t, MS_DOMAIN) for t in SURROGATES})
 #: integer ops that are no fold of a float op, by the float op whose name covers them
 _INTEGER = {"conv": ("conv_integer",), "matmul": ("matmul_integer", "matmul_integer_to_float",
                                                  "dynamic_quantize_matmul")}
@@ -179,7 +177,3 @@ def quantize_graph(graph: Graph) -> int:
     annotate_tensors(graph)
     return folded
 
-
-def int8_kernels() -> frozenset:
-    """Every int8 op of the op language (what the pass may leave in a graph)."""
-    return frozenset(k for k in INT8_NODES if k in OPS)

@@ -17,6 +17,7 @@ import numpy as np
 
 from .concat_chain import chain_kernels
 from .concat_fold import fold_concats
+from .qdq_fold import fold_quantized
 from .text import RUNTIME_ATTRS, ExampleJSONError, Kernel, Node, Subgraph, parse_examplejson
 from ..module import STEP_HOOK, ExecutorError, RuntimeModule
 from .residual_fold import fold_residuals
@@ -46,10 +47,16 @@ class SubgraphFunction:
     """The packed function of one subgraph: ``f(*inputs, *outputs)``, outputs written in place."""
 
     def __init__(self, graph: Subgraph, kernels: Mapping[str, Kernel], constants: dict[int, np.ndarray]):
-        self.graph = graph
+        self.source = graph  # as written; ``graph`` is it after the int8 fold (see ``prepare``)
         self.constants = constants  # node ID -> bound array (filled by ExampleJSONRuntime.bind)
         self.inputs = graph.inputs
         self.outputs = [graph.nodes[i] for i in graph.outputs]
+        self._kernels = kernels
+        self._build(graph)
+
+    def _build(self, graph: Subgraph) -> None:
+        """The steps of ``graph`` (the rewrites below made), bound to the table's kernels."""
+        self.graph, kernels = graph, self._kernels
         # squeeze-and-excitation's Mul goes into the 1x1 conv that reads it (see scale_fold)
         ops, folded = fold_scales(graph, kernels)
         # a residual Add goes into the 1x1 conv whose output it adds (see residual_fold)
@@ -102,8 +109,16 @@ class SubgraphFunction:
     def prepare(self) -> None:
         """Derive what kernels cache from the constants bound so far (``kernels.load_time``), so the
         first run after loading does not."""
+        from ..kernels.clib import compiled
         from ..kernels.load_time import prepare_constants
 
+        # quantized chains into int8 ops, once the constants they read are bound (see qdq_fold)
+        folded = fold_quantized(self.source, self.constants) if compiled.library() is not None else None
+        if folded is not None:
+            self.constants.update(folded[1])
+        graph = self.source if folded is None else folded[0]
+        if graph is not self.graph and (folded is not None or self.graph is not self.source):
+            self._build(graph)
         ops = self.graph.ops  # as declared (a folded conv's weights are scaled at each call: nothing to prepare)
         prepare_constants(ops, self.graph.nodes, self.constants,
                           [{k: v for k, v in node.attrs.items() if k not in RUNTIME_ATTRS} for node in ops])

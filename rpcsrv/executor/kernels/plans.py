@@ -75,12 +75,23 @@ from .elementwise import plans_elementwise
 from .norm import plans_norm
 from .plan_support import NotPlannable
 from .pool import plans_pool
+from .quant import plans_qops, plans_quant
 
 Planner = Callable[..., Optional[Callable[..., Any]]]
 #: op -> planner(kernel, attrs, inputs, shape, dtype) -> planned function or None
 PLANNERS: dict[str, Planner] = {**plans_conv.PLANNERS, **plans_elementwise.PLANNERS, **plans_pool.PLANNERS,
                                 **plans_reduce.PLANNERS, **plans_linalg.PLANNERS, **plans_shape.PLANNERS,
-                                **plans_norm.PLANNERS}
+                                **plans_norm.PLANNERS, **plans_quant.PLANNERS_GEMM, **plans_qops.PLANNERS_QOPS}
+
+
+def _max_pool_plan(kernel, attrs, inputs, shape, dtype):
+    """MaxPool: of int8 tensors (``quant/plans_qops.py``) or of float32 ones (``pool/plans_pool.py``)."""
+    if np.dtype(dtype) in (np.dtype(np.uint8), np.dtype(np.int8)):
+        return plans_qops.q_maxpool_plan(kernel, attrs, inputs, shape, dtype)
+    return plans_pool.PLANNERS["max_pool"](kernel, attrs, inputs, shape, dtype)
+
+
+PLANNERS["max_pool"] = _max_pool_plan
 LOG = logging.getLogger(__name__)
 _reported: set[tuple[str, str]] = set()  # (op, error type) said once
 

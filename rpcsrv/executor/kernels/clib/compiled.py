@@ -94,6 +94,23 @@ SIGNATURES: dict = {
     "rpcsrv_matmul_block": (_I, [_P] * 4),
     "rpcsrv_gemm_band": (_I, [_P] * 2 + [_L] + [_P] * 2),  # (the im2col plan's bands)
     "rpcsrv_gemm_conv": (_I, [_P] * 5),
+    # int8 (quant/qgemm.c, qconv.c, qops.c; their Python side is quant/qpack.py)
+    "rpcsrv_qgemm_isa": (ctypes.c_char_p, []),
+    "rpcsrv_qgemm_kernel_name": (ctypes.c_char_p, [_L, _P]),
+    "rpcsrv_qgemm_select": (_L, [_L]),
+    "rpcsrv_qgemm_packed_size": (_L, [_L, _L]),
+    "rpcsrv_qgemm_pack": (None, [_P] + [_L] * 5 + [_P]),
+    "rpcsrv_qgemm": (_I, [_P, _P] + [_L] * 4 + [_F, _P, _L]),
+    "rpcsrv_qconv": (_I, [_P] * 4),
+    "rpcsrv_qdwconv": (_I, [_P] * 4),
+    "rpcsrv_q_nchw_to_nhwc": (None, [_P] + [_L] * 3 + [_P]),
+    "rpcsrv_quantize_f32": (None, [_P] + [_L] * 3 + [_F] + [_L] * 4 + [_P]),
+    "rpcsrv_dequantize_q8": (None, [_P] + [_L] * 4 + [_F, _L, _L, _P]),
+    "rpcsrv_qadd": (None, [_P] * 3 + [_L] * 2 + [_F, _L, _F, _L, _F] + [_L] * 3),
+    "rpcsrv_qgap": (None, [_P] + [_L] * 5 + [_F] + [_L] * 3 + [_P]),
+    "rpcsrv_qmaxpool": (None, [_P] + [_L] * 5 + [_P] * 2),
+    "rpcsrv_qlut": (None, [_P, _L, _L, _P, _P]),
+    "rpcsrv_dynamic_quantize": (None, [_P, _L, _P, _P]),
 }
 
 

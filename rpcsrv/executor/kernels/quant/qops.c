@@ -1,0 +1,187 @@
+/* The int8 ops around the convolutions and GEMMs, each one pass in generic C (vectorised per x86 level and
+ * picked at load; NEON on ARM by the compiler), rounding as qgemm.c's epilogue does (clamp, then half to even):
+ *
+ * - rpcsrv_quantize_f32: QuantizeLinear per tensor, float32 to int8/uint8, optionally channels-first in and
+ *   channels-last out (the int8 plans' layout) in the same pass;
+ * - rpcsrv_dequantize_q8: DequantizeLinear per tensor, int8/uint8 to float32, channels-last in, channels-first
+ *   out when asked;
+ * - rpcsrv_qadd: QLinearAdd of two tensors of one shape and layout, as onnxruntime computes it (each operand
+ *   dequantized, the sum quantized), with a fused clamp;
+ * - rpcsrv_qgap: QLinearGlobalAveragePool over channels-last images (exact int32 sums, one requantization);
+ * - rpcsrv_qmaxpool: MaxPool on the integers of a channels-last tensor (the same order as their real values);
+ * - rpcsrv_qlut: an elementwise op of one int8 input as its table of 256 outputs (QLinearSigmoid, LeakyRelu,
+ *   a requantizing copy);
+ * - rpcsrv_dynamic_quantize: DynamicQuantizeLinear, the range [min(x, 0), max(x, 0)] over 0..255. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define QCLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define QCLONES
+#endif
+
+#define MAGIC 12582912.0f  /* 1.5 * 2^23: (f + MAGIC) - MAGIC rounds |f| < 2^22 half to even */
+
+static inline float clampf(float f, float lo, float hi) { return f < lo ? lo : f > hi ? hi : f; }
+
+/* y = saturate(round(x / scale) + zp) over [lo, hi]; x (n, c, hw) float32; nhwc: y is (n, hw, c) */
+QCLONES
+void rpcsrv_quantize_f32(const float *x, long n, long c, long hw, float scale, long zp, long lo, long hi,
+                         long nhwc, uint8_t *y)
+{
+    const float flo = (float)(lo - zp), fhi = (float)(hi - zp);
+    int32_t q[256];
+    for (long b = 0; b < n; b++)
+        for (long ch = 0; ch < c; ch++) {
+            const float *xr = x + (b * c + ch) * hw;
+            for (long i0 = 0; i0 < hw; i0 += 256) {
+                long len = hw - i0 < 256 ? hw - i0 : 256;
+                for (long i = 0; i < len; i++)
+                    q[i] = (int32_t)((clampf(xr[i0 + i] / scale, flo, fhi) + MAGIC) - MAGIC) + (int32_t)zp;
+                if (nhwc) {
+                    uint8_t *yr = y + (b * hw + i0) * c + ch;
+                    for (long i = 0; i < len; i++)
+                        yr[i * c] = (uint8_t)q[i];
+                } else {
+                    uint8_t *yr = y + (b * c + ch) * hw + i0;
+                    for (long i = 0; i < len; i++)
+                        yr[i] = (uint8_t)q[i];
+                }
+            }
+        }
+}
+
+/* y = (x - zp) * scale; x (n, hw, c) when nhwc else (n, c, hw), y (n, c, hw) */
+QCLONES
+void rpcsrv_dequantize_q8(const uint8_t *x, long n, long c, long hw, long xsigned, float scale, long zp, long nhwc,
+                          float *y)
+{
+    const long cs = nhwc ? 1 : hw, is = nhwc ? c : 1;
+    for (long b = 0; b < n; b++)
+        for (long ch = 0; ch < c; ch++) {
+            const uint8_t *xr = x + b * c * hw + ch * cs;
+            float *yr = y + (b * c + ch) * hw;
+            if (xsigned)
+                for (long i = 0; i < hw; i++)
+                    yr[i] = (float)((int32_t)(int8_t)xr[i * is] - (int32_t)zp) * scale;
+            else
+                for (long i = 0; i < hw; i++)
+                    yr[i] = (float)((int32_t)xr[i * is] - (int32_t)zp) * scale;
+        }
+}
+
+/* y = saturate(round(((a - za) * sa + (b - zb) * sb) / sc) + yzp) over [lo, hi]: each operand dequantized, the sum
+ * quantized, all in float32 (onnxruntime's QLinearAdd gives these very integers; scale ratios would not) */
+QCLONES
+void rpcsrv_qadd(const uint8_t *a, const uint8_t *b, uint8_t *y, long count, long signed_, float sa, long za,
+                 float sb, long zb, float sc, long yzp, long lo, long hi)
+{
+    const float flo = (float)(lo - yzp), fhi = (float)(hi - yzp);
+    if (signed_) {
+        const int8_t *a8 = (const int8_t *)a, *b8 = (const int8_t *)b;
+        for (long i = 0; i < count; i++) {
+            float f = ((float)((int32_t)a8[i] - (int32_t)za) * sa + (float)((int32_t)b8[i] - (int32_t)zb) * sb) / sc;
+            y[i] = (uint8_t)((int32_t)((clampf(f, flo, fhi) + MAGIC) - MAGIC) + (int32_t)yzp);
+        }
+    } else {
+        for (long i = 0; i < count; i++) {
+            float f = ((float)((int32_t)a[i] - (int32_t)za) * sa + (float)((int32_t)b[i] - (int32_t)zb) * sb) / sc;
+            y[i] = (uint8_t)((int32_t)((clampf(f, flo, fhi) + MAGIC) - MAGIC) + (int32_t)yzp);
+        }
+    }
+}
+
+/* global average pool of x (n, hw, c) into y (n, c): sum(x - zp) * mult, rounded, + yzp */
+QCLONES
+void rpcsrv_qgap(const uint8_t *x, long n, long hw, long c, long xsigned, long zp, float mult, long yzp, long lo,
+                 long hi, uint8_t *y)
+{
+    int32_t acc[512];
+    const float flo = (float)(lo - yzp), fhi = (float)(hi - yzp);
+    for (long b = 0; b < n; b++)
+        for (long c0 = 0; c0 < c; c0 += 512) {
+            const long cl = c - c0 < 512 ? c - c0 : 512;
+            for (long ch = 0; ch < cl; ch++)
+                acc[ch] = -(int32_t)(zp * hw);
+            for (long i = 0; i < hw; i++) {
+                const uint8_t *xr = x + (b * hw + i) * c + c0;
+                if (xsigned)
+                    for (long ch = 0; ch < cl; ch++)
+                        acc[ch] += (int8_t)xr[ch];
+                else
+                    for (long ch = 0; ch < cl; ch++)
+                        acc[ch] += xr[ch];
+            }
+            for (long ch = 0; ch < cl; ch++)
+                y[b * c + c0 + ch] = (uint8_t)((int32_t)((clampf((float)acc[ch] * mult, flo, fhi) + MAGIC) - MAGIC) +
+                                               (int32_t)yzp);
+        }
+}
+
+/* max pool of x (n, h, w, c) into y (n, oh, ow, c): g = kh kw sh sw dh dw pt pl oh ow; padding never wins */
+QCLONES
+void rpcsrv_qmaxpool(const uint8_t *x, long n, long h, long w, long c, long xsigned, const long *g, uint8_t *y)
+{
+    const long kh = g[0], kw = g[1], oh = g[8], ow = g[9];
+    for (long b = 0; b < n; b++)
+        for (long oy = 0; oy < oh; oy++)
+            for (long ox = 0; ox < ow; ox++) {
+                uint8_t *yr = y + ((b * oh + oy) * ow + ox) * c;
+                int first = 1;
+                for (long ky = 0; ky < kh; ky++) {
+                    const long iy = oy * g[2] - g[6] + ky * g[4];
+                    if (iy < 0 || iy >= h)
+                        continue;
+                    for (long kx = 0; kx < kw; kx++) {
+                        const long ix = ox * g[3] - g[7] + kx * g[5];
+                        if (ix < 0 || ix >= w)
+                            continue;
+                        const uint8_t *xr = x + ((b * h + iy) * w + ix) * c;
+                        if (first) {
+                            memcpy(yr, xr, (size_t)c);
+                            first = 0;
+                        } else if (xsigned) {
+                            int8_t *ys = (int8_t *)yr;
+                            const int8_t *xs = (const int8_t *)xr;
+                            for (long ch = 0; ch < c; ch++)
+                                ys[ch] = xs[ch] > ys[ch] ? xs[ch] : ys[ch];
+                        } else {
+                            for (long ch = 0; ch < c; ch++)
+                                yr[ch] = xr[ch] > yr[ch] ? xr[ch] : yr[ch];
+                        }
+                    }
+                }
+            }
+}
+
+/* y[i] = table[x[i]] (int8 inputs index from -128: table[x + 128]) */
+void rpcsrv_qlut(const uint8_t *x, long count, long xsigned, const uint8_t *table, uint8_t *y)
+{
+    const uint8_t shift = xsigned ? 0x80 : 0;
+    for (long i = 0; i < count; i++)
+        y[i] = table[(uint8_t)(x[i] ^ shift)];
+}
+
+/* DynamicQuantizeLinear of x (count float32) into y (uint8); params: [scale, zero point] as floats */
+QCLONES
+void rpcsrv_dynamic_quantize(const float *x, long count, uint8_t *y, float *params)
+{
+    float lo = 0.0f, hi = 0.0f;
+    for (long i = 0; i < count; i++) {
+        lo = x[i] < lo ? x[i] : lo;
+        hi = x[i] > hi ? x[i] : hi;
+    }
+    const float scale = (hi - lo) / 255.0f;
+    if (scale == 0.0f) {
+        memset(y, 0, (size_t)count);
+        params[0] = 0.0f, params[1] = 0.0f;
+        return;
+    }
+    const float zpf = clampf(nearbyintf(0.0f - lo / scale), 0.0f, 255.0f);
+    const int32_t zp = (int32_t)zpf;
+    for (long i = 0; i < count; i++)
+        y[i] = (uint8_t)((int32_t)((clampf(x[i] / scale, (float)-zp, (float)(255 - zp)) + MAGIC) - MAGIC) + zp);
+    params[0] = scale, params[1] = zpf;
+}
