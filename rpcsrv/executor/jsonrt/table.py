@@ -17,6 +17,7 @@ from typing import Callable, Optional
 
 from . import nn, tensor_ops as t
 from .nn import checked
+from .qnn import QNN_COMPOSITES, QNN_OPS
 
 Factory = Callable  # factory(node, attrs, input_shapes) -> Prepared
 
@@ -67,6 +68,7 @@ OPS: dict[str, Factory] = {
     "split": t.split,
     "nn.depth_to_space": t.depth_to_space,
     "nn.upsampling": t.upsampling,
+    **QNN_OPS,
 }
 
 _ACTS = ("relu", "tanh", "sigmoid", "clip", "gelu", "swish", "mish")
@@ -108,6 +110,7 @@ COMPOSITES: dict[str, Factory] = {
     "arm_compute_lib.avg_pool2d": checked(nn.pool, kind="avg"),
     "arm_compute_lib.l2_pool2d": checked(nn.pool, kind="l2"),
     "arm_compute_lib.concatenate": t.concatenate,
+    **QNN_COMPOSITES,
 }
 
 #: prefixes a backend puts before relay's op names
