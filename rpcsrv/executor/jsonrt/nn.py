@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from ...loader.opset import OPS
 from ..kernels import KERNELS
 from .attrs import Attrs, OpError, inverse, permute, spatial, spatial_pads, to_first, weight_to_first
 
@@ -267,14 +268,6 @@ def adaptive_pool(node, a: Attrs, shapes, *, kind: str) -> Prepared:
     return Prepared(lambda x: permute(fn(permute(x, xperm), kernel_shape=window, strides=window), back))
 
 
-def softmax(node, a: Attrs, shapes, *, log: bool = False) -> Prepared:
-    axis = a.int("axis", -1)
-    if not -len(shapes[0]) <= axis < len(shapes[0]):
-        raise OpError(f"axis {axis} out of range for rank {len(shapes[0])}")
-    fn = KERNELS["log_softmax" if log else "softmax"]
-    return Prepared(lambda x: fn(x, axis=axis))
-
-
 def bias_add(node, a: Attrs, shapes) -> Prepared:
     rank = len(shapes[0])
     axis = a.int("axis", 1)
@@ -290,9 +283,13 @@ def _check_count(node, n: int) -> None:
         raise OpError(f"takes {n} input(s), got {len(node.inputs)}")
 
 
-#: how many inputs the fixed-arity factories take (the composite ones count their own)
-ARITY = {batch_norm: 5, layer_norm: 3, instance_norm: 3, softmax: 1, bias_add: 2, matmul: 2,
-         pool: 1, global_pool: 1, adaptive_pool: 1}
+#: how many inputs the fixed-arity factories take (the composite ones count their own): the inputs of the op of
+#: the op language each relay op is (its schema's, ``rpcsrv.loader.opset``), or relay's own count
+ARITY = {**{f: int(OPS[k].max_inputs) for f, k in ((batch_norm, "batch_normalization"),
+                                                   (layer_norm, "layer_normalization"),
+                                                   (instance_norm, "instance_normalization"), (pool, "max_pool"),
+                                                   (global_pool, "global_max_pool"), (adaptive_pool, "max_pool"))},
+         bias_add: 2, matmul: 2}
 
 
 def checked(factory, **options):
