@@ -62,8 +62,8 @@ def _store(value: str, y: QuantParams, bounds) -> str:
     return f"host_q({value}, {_zp(y)}.0f, {lo}.0f, {hi}.0f)"
 
 
-def _need(node, graph: Graph, roles: tuple[str, ...], per_channel: tuple[str, ...] = ()) -> str:
-    """Why the op's parameters do not suit the host C ("" when they do)."""
+def _need(node, graph: Graph, roles: tuple[str, ...], per_channel: tuple[str, ...] = (), wide=("b", "c")) -> str:
+    """Why the op's parameters do not suit the host C ("" when they do); ``wide``: roles that may be int32."""
     params = _params(node, graph)
     missing = [r for r in roles if r not in params]
     if missing:
@@ -71,7 +71,7 @@ def _need(node, graph: Graph, roles: tuple[str, ...], per_channel: tuple[str, ..
     wide = [r for r in roles if params[r].per_channel and r not in per_channel]
     if wide:
         return f"{node.op_type} with per-channel {', '.join(wide)} has no host implementation"
-    if any(params[r].dtype == np.dtype(np.int32) for r in roles if r not in ("b", "c")):
+    if any(params[r].dtype == np.dtype(np.int32) for r in roles if r not in wide):
         return f"{node.op_type} on int32 has no host implementation (int8, uint8)"
     return ""
 
@@ -97,9 +97,9 @@ def _q_reason(node, graph: Graph) -> str:
     data = node.inputs[0] if role == "y" else node.outputs[0]
     if graph.tensors[data].dtype != "float32":
         return f"{node.op_type} to or from {graph.tensors[data].dtype} has no host implementation (float32)"
-    return _need(node, graph, (role,), (role,)) or ("" if role == "x" or graph.tensors[node.outputs[0]].dtype
-                                                   in ("int8", "uint8", "int32") else
-                                                   "QuantizeLinear to this type has no host implementation")
+    return _need(node, graph, (role,), (role,), (role,)) or (
+        "" if role == "x" or graph.tensors[node.outputs[0]].dtype in ("int8", "uint8", "int32") else
+        "QuantizeLinear to this type has no host implementation")
 
 
 def _per_axis(p: QuantParams, shape) -> str:

@@ -6,8 +6,6 @@ ties to even, then saturation, per output channel."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
 
@@ -21,13 +19,8 @@ from int8_models import output_step, quantized, reference, sample_input, within_
 from rpcsrv.client.cli import main as byoc  # noqa: E402
 from rpcsrv.client.run import run_library  # noqa: E402
 
-#: the com.microsoft ops' shape inference (QLinearAdd, QGemm, ...) comes with the executor's int8 work
-CONTRIB_SHAPES = importlib.util.find_spec("rpcsrv.client.compiler.contrib_shapes") is not None
-
 
 def _library(tmp_path, name, fmt, per_channel, acts="QUInt8", ops="conv"):
-    if fmt == "QOperator" and name == "resnet" and not CONTRIB_SHAPES:
-        pytest.skip("the com.microsoft ops need their shape inference (client/compiler/contrib_shapes.py)")
     model = quantized(tmp_path, name, fmt, per_channel, acts)
     so = tmp_path / f"{model.stem}_{ops.replace(',', '_')}.so"
     assert byoc(["compile", str(model), "-o", str(so), "--ops", ops, "-q"]) == 0

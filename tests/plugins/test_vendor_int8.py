@@ -53,23 +53,25 @@ def installed(site, monkeypatch):
         yield
 
 
-def _compile(tmp_path, name, per_channel, acts="QUInt8"):
+def _compile(tmp_path, name, per_channel, acts="QUInt8", fmt="QDQ"):
     """``byoc compile --codegen vendor_npu`` (the payload codec it registers is gone after: as in another process)."""
     from rpcsrv.loader import plugins
 
-    model = quantized(tmp_path, name, "QDQ", per_channel, acts)
+    model = quantized(tmp_path, name, fmt, per_channel, acts)
     so = tmp_path / f"{model.stem}_vendor.so"
     with plugins.isolated():
         assert byoc(["compile", str(model), "-o", str(so), "--codegen", "vendor_npu", "-q"]) == 0
     return model, so
 
 
-@pytest.mark.parametrize("name,per_channel,acts", [("resnet", False, "QUInt8"), ("resnet", True, "QInt8"),
-                                                   ("mobilenet", True, "QUInt8")])
-def test_the_vendor_codegen_takes_the_int8_convs(installed, tmp_path, name, per_channel, acts):
+@pytest.mark.parametrize("name,fmt,per_channel,acts", [("resnet", "QDQ", False, "QUInt8"),
+                                                       ("resnet", "QOperator", True, "QInt8"),
+                                                       ("mobilenet", "QDQ", True, "QUInt8"),
+                                                       ("mobilenet", "QOperator", False, "QUInt8")])
+def test_the_vendor_codegen_takes_the_int8_convs(installed, tmp_path, name, fmt, per_channel, acts):
     from rpcsrv.client.compiler import compile_onnx
 
-    model = quantized(tmp_path, name, "QDQ", per_channel, acts)
+    model = quantized(tmp_path, name, fmt, per_channel, acts)
     compiled = compile_onnx(str(model), codegen="vendor_npu")
     convs = [n for n in compiled.graph.nodes if n.op_type == "QLinearConv"]
     assert [k for sg in compiled.subgraphs for k in sg.ops] == ["q_linear_conv"] * len(convs) and convs
@@ -82,10 +84,11 @@ def test_the_vendor_codegen_takes_the_int8_convs(installed, tmp_path, name, per_
     assert all(not f.startswith("tvmgen_default_fused_q_linear_conv") for f in compiled.host_functions)
 
 
-@pytest.mark.parametrize("name,per_channel", [("resnet", False), ("mobilenet", True)])
-def test_vendor_int8_library_through_the_real_tvm_client(installed, board, tmp_path, name, per_channel):
+@pytest.mark.parametrize("name,per_channel,fmt", [("resnet", False, "QDQ"), ("mobilenet", True, "QDQ"),
+                                                  ("resnet", True, "QOperator"), ("mobilenet", False, "QOperator")])
+def test_vendor_int8_library_through_the_real_tvm_client(installed, board, tmp_path, name, per_channel, fmt):
     tvm = need_module("tvm", "the real TVM client")
-    model, so = _compile(tmp_path, name, per_channel)
+    model, so = _compile(tmp_path, name, per_channel, fmt=fmt)
     sess = tvm.rpc.connect(board.host, board.port)
     sess.upload(str(so))
     dev = sess.cpu(0)
