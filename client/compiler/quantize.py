@@ -30,7 +30,7 @@ import numpy as np
 
 from rpcsrv.loader.opset import onnx_op_to_kernel
 from rpcsrv.loader.opset.qdq import FOLDS, PASS_THROUGH, QNode, fold_qdq
-from rpcsrv.loader.opset.quant import QTYPES, QUANT_ROLES, QuantParams, roles
+from rpcsrv.loader.opset.quant import QTYPES, QUANT_ROLES, QuantParams, role_slots, roles
 
 from .contrib_shapes import MS_DOMAIN, SURROGATES
 from .ir import Graph, Node
@@ -98,14 +98,6 @@ def fold_chains(graph: Graph) -> int:
 
 # -------------------------------------------------------------------------------------- zero points
 
-def _slots(kernel: str, count: int) -> dict:
-    table = dict(QUANT_ROLES.get(kernel, {}))
-    if kernel == "q_linear_concat":
-        for k in range((count - 2) // 3):
-            table[f"x{k}"] = (2 + 3 * k, 3 + 3 * k, 4 + 3 * k, None)
-    return table
-
-
 def normalize_zero_points(graph: Graph) -> int:
     """Write the 0 constant of its tensor's type for each zero point an int8 op leaves out (where its
     scale is given); returns how many were written."""
@@ -113,7 +105,7 @@ def normalize_zero_points(graph: Graph) -> int:
     written = 0
     for node in graph.nodes:
         kernel = kernel_of(node)
-        for role, (data, scale, zp, _axis) in _slots(kernel, len(node.inputs)).items():
+        for role, (data, scale, zp, _axis) in role_slots(kernel, len(node.inputs)).items():
             if scale >= len(node.inputs) or not node.inputs[scale]:
                 continue
             if zp < len(node.inputs) and node.inputs[zp]:
@@ -159,7 +151,7 @@ def annotate_tensors(graph: Graph) -> None:
         kernel = kernel_of(node)
         if kernel in QUANT_ROLES:
             params = node_quant(kernel, node.inputs, node.attrs, graph)
-            for role, (data, _s, _z, _a) in _slots(kernel, len(node.inputs)).items():
+            for role, (data, _s, _z, _a) in role_slots(kernel, len(node.inputs)).items():
                 tensor = node.outputs[0] if data is None else node.inputs[data]
                 info = graph.tensors.get(tensor)
                 if role in params and info is not None and np.dtype(info.dtype) == params[role].dtype:
