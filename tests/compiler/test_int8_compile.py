@@ -154,3 +154,14 @@ def test_a_chain_with_computed_scales_stays_as_it_is():
         n.input[:] = ["ys_in" if i == "ys" else i for i in n.input]
     compiled = compile_onnx(base)
     assert compiled.subgraphs[0].ops[:4] == ["quantize_linear", "dequantize_linear", "dequantize_linear", "conv"]
+
+
+def test_weights_stay_int8_where_onnx_could_fold_their_dequantize(tmp_path):
+    """At opset 21 onnx's reference evaluator runs DequantizeLinear: constant folding would turn every quantized
+    weight into a float constant before the QDQ fold saw it; DequantizeLinear is never folded."""
+    from onnx import version_converter
+
+    model = version_converter.convert_version(onnx.load(str(quantized(tmp_path, "mobilenet", "QDQ", True))), 21)
+    compiled = compile_onnx(model, ops="conv")
+    assert [k for sg in compiled.subgraphs for k in sg.ops] == ["q_linear_conv"] * 3
+    assert not any(n.op_type == "Conv" for n in compiled.graph.nodes)
