@@ -67,8 +67,9 @@ class ModelBuilder:
         return model
 
 
-#: size: (input side, stem kernel, stage widths)
-RESNET_SIZES = {"half": (112, 3, (32, 64, 128, 256)), "full": (224, 7, (64, 128, 256, 512))}
+#: size: (input side, stem kernel, stage widths); "tiny" for tests
+RESNET_SIZES = {"half": (112, 3, (32, 64, 128, 256)), "full": (224, 7, (64, 128, 256, 512)),
+                "tiny": (32, 3, (8, 16, 16, 32))}
 
 
 def build_resnet(size: str = "half"):

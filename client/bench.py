@@ -1,6 +1,8 @@
 """``byoc bench``: run the benchmarks in ``bench/`` (RPC transport, loader, executor).
 
-``byoc bench rpc`` also prints where one small call's time goes on the server, layer by layer
+``byoc bench executor --quant`` runs the int8 benchmark (``bench/quant_bench.py``: onnxruntime-quantized models
+against onnxruntime's int8).  ``byoc bench rpc`` also prints where one small call's time goes on the server, layer
+by layer
 (``bench/rpc_layers.py``); ``--baseline SRC`` runs an older checkout beside it for before/after.
 
 The benchmarks are scripts in the source tree (``bench/*.py``), run by hand or through here; they
@@ -34,7 +36,11 @@ def add_parser(sub) -> None:
                    help="which benchmarks (default: all)")
     p.add_argument("--zoo", action="store_true",
                    help="executor: the light model zoo and an encoder against onnxruntime (bench/zoo_bench.py)")
-    p.add_argument("--repeat", type=int, help="executor --zoo: interleaved runs per engine")
+    p.add_argument("--quant", action="store_true",
+                   help="executor: onnxruntime-quantized models (int8: ResNet-18, MobileNetV2 in QDQ and QOperator, "
+                        "a MiniLM-style encoder by quantize_dynamic) against onnxruntime's int8, one thread each, on "
+                        "each CPU placement (bench/quant_bench.py)")
+    p.add_argument("--repeat", type=int, help="executor --zoo / --quant: interleaved runs per engine")
     p.add_argument("--baseline", metavar="SRC",
                    help="rpc: also serve rpcsrv from this checkout (an older commit) in the same interleaved "
                         "rounds, and print both per-layer breakdowns (before/after)")
@@ -51,10 +57,14 @@ def main(args: argparse.Namespace) -> int:
     status = 0
     for name in names:
         scripts = BENCHES[name] if isinstance(BENCHES[name], tuple) else (BENCHES[name],)
+        if name == "executor" and getattr(args, "quant", False):
+            scripts = ("quant_bench.py",)
         for script in (folder / s for s in scripts):
             print(f"== {name}: {script.name}", flush=True)
             extra = []
-            if name == "executor" and args.zoo:
+            if script.name == "quant_bench.py":
+                extra = ["--repeat", str(args.repeat)] if args.repeat else []
+            elif name == "executor" and args.zoo:
                 extra = ["--zoo"] + (["--repeat", str(args.repeat)] if args.repeat else [])
             if name == "rpc" and getattr(args, "baseline", None):
                 extra = ["--baseline", args.baseline]  # both rpc scripts serve a baseline checkout beside

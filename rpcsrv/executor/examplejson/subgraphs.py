@@ -102,6 +102,9 @@ class SubgraphFunction:
                                last_of_key[key] == k, node.attrs.get("output_index", 0),
                                tuple(drops.get(k, ()))))
         self._table_steps = list(self.steps)  # the kernels of the table, before any plan (``prepare``)
+        read = {i for node in ops for i in node.inputs} | set(graph.outputs)
+        self._read_consts = [n for n in graph.consts if n.id in read]  # (what __call__ puts in place)
+        self._bound = None
         # kernels of the table, and the folded convs (planned as ``scaled_conv``); not the concat chains
         self._plannable = {node.id for node in ops if node.id not in in_place or node.id in folded}
         self._plannable -= set(into_kernels)
@@ -124,6 +127,7 @@ class SubgraphFunction:
                           [{k: v for k, v in node.attrs.items() if k not in RUNTIME_ATTRS} for node in ops])
         self.steps = self._table_steps  # the old plans (and what they keep) freed before the new are made
         self.steps = [self._planned(step) for step in self._table_steps]
+        self._bound = None
 
     def _planned(self, step: tuple) -> tuple:
         """``step`` with its kernel bound to its node's shapes and constants when ``kernels.plans`` has a
@@ -153,10 +157,11 @@ class SubgraphFunction:
             values[node.id] = _check_array(args[k], node, f"{g.name} argument {k} (input {node.id})")
         outs = [_check_array(args[n_in + k], node, f"{g.name} argument {n_in + k} (output {node.id})")
                 for k, node in enumerate(self.outputs)]
-        for node in g.consts:
-            if node.id not in self.constants:
-                raise ExecutorError(f"{g.name}: constant {node.name!r} (node {node.id}) is not bound")
-            values[node.id] = self.constants[node.id]
+        bound = self._bound if self._bound is not None else self._bind_steps()
+        if len(bound) != len(self._read_consts):
+            node = next(n for n in self._read_consts if n.id not in self.constants)
+            raise ExecutorError(f"{g.name}: constant {node.name!r} (node {node.id}) is not bound")
+        values.update(bound)
         shared: dict[tuple, Any] = {}  # results of multi-output ops until their last node
         node = None
         hook = STEP_HOOK.get()
@@ -184,6 +189,12 @@ class SubgraphFunction:
             raise ExecutorError(f"{g.name} {node.describe()} failed: {type(exc).__name__}: {exc}") from exc
         for out, onode in zip(outs, self.outputs):
             np.copyto(out, values[onode.id], casting="no")
+
+    def _bind_steps(self) -> dict:
+        """The bound constants the steps read, by node ID (worked out once per binding, not at each call: a folded
+        int8 graph keeps hundreds of constants only its dropped nodes read)."""
+        self._bound = {n.id: self.constants[n.id] for n in self._read_consts if n.id in self.constants}
+        return self._bound
 
     def _pick(self, node: Node, result: Any, index: int) -> np.ndarray:
         """The node's tensor from a kernel result that is not simply the declared array (the

@@ -12,10 +12,10 @@ import numpy as np
 
 from ....loader.opset.quant import QuantParams, clamp_bounds
 from ..clib import compiled
-from ..plan_support import attribute_values, block, computed, in_use
+from ..plan_support import address, attribute_values, block, computed, in_use
 from ..windows import resolve_pads, spatial_attr
-from .plans_quant import _weights_2d
-from .qpack import F32, Q8, U8, PackedGemm, channels_last, nhwc_strides, qtype_signed
+from .plans_quant import _weights_2d, same
+from .qpack import F32, Q8, U8, PackedGemm, channels_last, data, nhwc_strides, qtype_signed
 
 
 def _qparams(scale, zp, default_dtype):
@@ -46,10 +46,10 @@ def quantize_plan(kernel, attrs, inputs, shape, dtype):
 
     def quantize(x, *others):
         if type(x) is not np.ndarray or x.shape != xshape or x.dtype != F32 or not x.flags.c_contiguous or \
-                not ready() or any(a is not b for a, b in zip(others, consts)):
+                not ready() or not same(others, consts):
             return kernel(x, *others, **attrs)
         y = np.empty(yshape, dtype)
-        fn(x.ctypes.data, n, c, hw, scale, zp, lo, hi, int(four), y.ctypes.data)
+        fn(data(x), n, c, hw, scale, zp, lo, hi, int(four), data(y))
         return channels_last(y) if four else y
 
     return quantize
@@ -73,13 +73,13 @@ def dequantize_plan(kernel, attrs, inputs, shape, dtype):
 
     def dequantize(x, *others):
         if type(x) is not np.ndarray or x.shape != xshape or x.dtype != xdtype or not ready() or \
-                any(a is not b for a, b in zip(others, consts)):
+                not same(others, consts):
             return kernel(x, *others, **attrs)
         last = four and x.strides == nhwc
         if not last and not x.flags.c_contiguous:
             x = np.ascontiguousarray(x)
         y = np.empty(xshape, F32)
-        fn(x.ctypes.data, n, c, hw, signed, scale, zp, int(last), y.ctypes.data)
+        fn(data(x), n, c, hw, signed, scale, zp, int(last), data(y))
         return y
 
     return dequantize
@@ -110,12 +110,12 @@ def dynamic_matmul_plan(kernel, attrs, inputs, shape, dtype):
 
     def dynamic_matmul(x, *others):
         if type(x) is not np.ndarray or x.shape != xshape or x.dtype != F32 or not x.flags.c_contiguous or \
-                not ready() or any(a is not c for a, c in zip(others, consts)):
+                not ready() or not same(others, consts):
             return kernel(x, *others, **attrs)
         q, p = np.empty(xshape, U8), params.copy()
-        quantize(x.ctypes.data, count, q.ctypes.data, p.ctypes.data)
+        quantize(data(x), count, data(q), address(p))
         y = np.empty(shape, F32)
-        if gemm(packed.ptr, q.ctypes.data, rows, kdim, 0, int(p[1]), float(p[0]), y.ctypes.data, n) != 0:
+        if gemm(packed.ptr, data(q), rows, kdim, 0, int(p[1]), float(p[0]), data(y), n) != 0:
             raise MemoryError("int8 GEMM: the compiled kernel could not allocate its scratch")
         return y
 
@@ -145,7 +145,7 @@ def q_add_plan(kernel, attrs, inputs, shape, dtype):
     def q_add(a, as_, az, b, bs, bz, *c):
         if type(a) is not np.ndarray or type(b) is not np.ndarray or a.shape != shape or b.shape != shape or \
                 a.dtype != dtype or b.dtype != dtype or not ready() or \
-                any(x is not y for x, y in zip((as_, az, bs, bz, *c), consts)):
+                not same((as_, az, bs, bz, *c), consts):
             return kernel(a, as_, az, b, bs, bz, *c, **attrs)
         last = nhwc is not None and a.strides == nhwc
         if last and b.strides != nhwc:
@@ -153,7 +153,7 @@ def q_add_plan(kernel, attrs, inputs, shape, dtype):
         elif not last:
             a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
         y = np.empty((shape[0], shape[2], shape[3], shape[1]) if last else shape, dtype)
-        fn(a.ctypes.data, b.ctypes.data, y.ctypes.data, count, signed, pa[0], pa[1], pb[0], pb[1], pc[0], pc[1], lo, hi)
+        fn(data(a), data(b), data(y), count, signed, pa[0], pa[1], pb[0], pb[1], pc[0], pc[1], lo, hi)
         return channels_last(y) if last else y
 
     return q_add
@@ -177,12 +177,12 @@ def q_gap_plan(kernel, attrs, inputs, shape, dtype):
 
     def q_gap(x, *others):
         if type(x) is not np.ndarray or x.shape != xshape or x.dtype != dtype or not ready() or \
-                any(a is not b for a, b in zip(others, consts)):
+                not same(others, consts):
             return kernel(x, *others, **attrs)
         if x.strides != nhwc:
             x = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
         y = np.empty(shape, dtype)
-        fn(x.ctypes.data, n, h * w, c, signed, px[1], mult, py[1], lo, hi, y.ctypes.data)
+        fn(data(x), n, h * w, c, signed, px[1], mult, py[1], lo, hi, data(y))
         return y
 
     return q_gap
@@ -216,7 +216,7 @@ def q_maxpool_plan(kernel, attrs, inputs, shape, dtype):
         if x.strides != nhwc:
             x = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
         y = np.empty(yshape, dtype)
-        fn(x.ctypes.data, n, h, w, c, signed, gptr, y.ctypes.data)
+        fn(data(x), n, h, w, c, signed, gptr, data(y))
         return channels_last(y)
 
     q_maxpool.keep = geom
@@ -245,13 +245,13 @@ def q_table_plan(kernel, attrs, inputs, shape, dtype):
 
     def q_table(x, *others):
         if type(x) is not np.ndarray or x.shape != xshape or x.dtype != xdtype or not ready() or \
-                any(a is not b for a, b in zip(others, consts)):
+                not same(others, consts):
             return kernel(x, *others, **attrs)
         last = nhwc is not None and x.strides == nhwc
         if not last and not x.flags.c_contiguous:
             x = np.ascontiguousarray(x)
         y = np.empty((xshape[0], xshape[2], xshape[3], xshape[1]) if last else xshape, dtype)
-        fn(x.ctypes.data, count, signed, table.ctypes.data, y.ctypes.data)
+        fn(data(x), count, signed, address(table), data(y))
         return channels_last(y) if last else y
 
     q_table.keep = table

@@ -23,9 +23,8 @@ import numpy as np
 from ....loader.opset.quant import QuantParams, clamp_bounds, multiplier
 from ..clib import compiled
 from ..conv.conv import _geometry, _tup
-from ..plan_support import attribute_values, computed, in_use
-from .qpack import (F32, I32, Q8, PackedDepthwise, PackedGemm, channels_last, geometry_blocks, nhwc_strides,
-                    qtype_signed, scalar)
+from ..plan_support import address, attribute_values, computed, in_use
+from .qpack import F32, I32, Q8, PackedDepthwise, PackedGemm, geometry_blocks, nhwc_strides, qtype_signed, scalar
 
 
 def _consts(inputs, first: int) -> tuple:
@@ -34,23 +33,13 @@ def _consts(inputs, first: int) -> tuple:
     return rest if all(c is None or isinstance(c, np.ndarray) for c in rest) else None
 
 
-def _guard(kernel, attrs, xshape, xdtype, rest, lib):
-    """The check a planned call of (x, *rest) makes: x a tensor of the declared shape and dtype, the constants
-    the very arrays bound, the library still in use; else the table kernel runs."""
-    ids, ready = tuple(map(id, rest)), in_use(lib)
-
-    def fits(x, others) -> bool:
-        return type(x) is np.ndarray and x.shape == xshape and x.dtype == xdtype and \
-            tuple(map(id, others)) == ids and ready()
-
-    return fits
-
-
-def _nhwc_input(x, nhwc):
-    """(x, is channels-last) for a 4-D input: read in place when channels-last or C-contiguous, else copied."""
-    if x.strides == nhwc:
-        return x, True
-    return (x if x.flags.c_contiguous else np.ascontiguousarray(x)), False
+def same(given: tuple, bound: tuple) -> bool:
+    """Whether ``given`` are the ``bound`` arrays (tuple equality takes identical items as equal without comparing
+    them; arrays that are not identical compare elementwise, and are not taken unless their values are)."""
+    try:
+        return bool(given == bound)
+    except ValueError:  # arrays of several values, not the bound ones
+        return False
 
 
 def q_conv_plan(kernel, attrs, inputs, shape, dtype):
@@ -84,22 +73,33 @@ def q_conv_plan(kernel, attrs, inputs, shape, dtype):
         packed = PackedGemm(lib, w.transpose(2, 3, 1, 0).reshape(k, m), wz, b, mult, dtype, int(yz), lo, hi)
         fn = lib.rpcsrv_qconv
     elif group == c == m and w.shape[1] == 1:
-        packed = PackedDepthwise(w, wz, b, mult, dtype, int(yz), lo, hi)
+        packed = PackedDepthwise(w, wz, b, mult, dtype, int(yz), lo, hi, int(xz))
         fn = lib.rpcsrv_qdwconv
     else:
         return None
     (nhwc_geom, nhwc_ptr), (nchw_geom, nchw_ptr) = geometry_blocks(xshape, w.shape[2:], strides, dilations, begin,
                                                                      out, qtype_signed(xdtype), int(xz))
-    nhwc, yshape, fits = nhwc_strides(xshape), (n, out[0], out[1], m), _guard(kernel, attrs, xshape, xdtype, rest, lib)
+    nhwc, yshape, ptr = nhwc_strides(xshape), (n, out[0], out[1], m), packed.ptr
+    xbase, state = (n, xshape[2], xshape[3], c), compiled._state  # (plan_support.in_use's check, inline)
 
-    def q_conv(x, *others):
-        if not fits(x, others):
+    def q_conv(x, *others):  # (checks inline: the commonest int8 step)
+        try:
+            fits = type(x) is np.ndarray and x.shape == xshape and x.dtype == xdtype and others == rest and \
+                state.get("lib") is lib
+        except ValueError:  # not the bound arrays (qpack.same)
+            fits = False
+        if not fits:
             return kernel(x, *others, **attrs)
-        x, last = _nhwc_input(x, nhwc)
+        base = x.base
+        if x.strides == nhwc and type(base) is np.ndarray and base.shape == xbase and base.flags.c_contiguous:
+            geom, xaddr = nhwc_ptr, address(base)  # a channels-last view: its base starts where it does
+        else:
+            x = x if x.flags.c_contiguous else np.ascontiguousarray(x)
+            geom, xaddr = nchw_ptr, address(x)
         y = np.empty(yshape, dtype)
-        if fn(packed.ptr, nhwc_ptr if last else nchw_ptr, x.ctypes.data, y.ctypes.data) != 0:
+        if fn(ptr, geom, xaddr, address(y)) != 0:
             raise MemoryError("q_linear_conv: the compiled kernel could not allocate its scratch")
-        return channels_last(y)
+        return y.transpose(0, 3, 1, 2)
 
     q_conv.keep = (packed, nhwc_geom, nchw_geom)
     return q_conv
@@ -142,7 +142,7 @@ def _rows_plan(kernel, attrs, inputs, shape, dtype, a_index, packed, lib, za, as
             zp, sc = za, ascale
         a = a if a.flags.c_contiguous else np.ascontiguousarray(a)
         y = np.empty(shape, dtype)
-        if fn(packed.ptr, a.ctypes.data, rows, kdim, signed, zp, sc, y.ctypes.data, n) != 0:
+        if fn(packed.ptr, address(a), rows, kdim, signed, zp, sc, address(y), n) != 0:
             raise MemoryError("int8 GEMM: the compiled kernel could not allocate its scratch")
         return y
 

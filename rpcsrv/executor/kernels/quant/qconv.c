@@ -8,6 +8,7 @@
  * - rpcsrv_qdwconv: a depthwise conv, each output pixel's channels side by side in int32 vectors, the
  *   requantization of qgemm.c's epilogue at the end of each pixel;
  * - rpcsrv_q_nchw_to_nhwc: the transpose of an int8 tensor that arrives channels-first. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,10 +20,6 @@
 #define QCLONES
 #endif
 
-/* the geometry block: input N H W C, kernel KH KW, strides, dilations, pads top/left, output OH OW, the input's
- * type (0 uint8, 1 int8) and zero point, and whether it is channels-first (then it is transposed first) */
-enum { CG_N, CG_H, CG_W, CG_C, CG_KH, CG_KW, CG_SH, CG_SW, CG_DH, CG_DW, CG_PT, CG_PL, CG_OH, CG_OW, CG_SIGNED,
-       CG_ZA, CG_NCHW, CG_SIZE };
 
 void rpcsrv_q_nchw_to_nhwc(const uint8_t *x, long n, long c, long hw, uint8_t *y)
 {
@@ -36,25 +33,96 @@ void rpcsrv_q_nchw_to_nhwc(const uint8_t *x, long n, long c, long hw, uint8_t *y
 /* the rows per block of gathered patches: about 128 KB */
 static long conv_block_rows(long kp, long mr) { long r = (131072 / kp) / mr * mr; return r < mr ? mr : r; }
 
-static void gather(const long *geom, const uint8_t *x, long row, uint8_t flip, uint8_t fill, long kp, uint8_t *dst)
+static inline void copy_run(uint8_t *dst, const uint8_t *src, long len, uint8_t flip)
 {
-    const long h = geom[CG_H], w = geom[CG_W], c = geom[CG_C], oh = geom[CG_OH], ow = geom[CG_OW];
-    const long b = row / (oh * ow), oy = row / ow % oh, ox = row % ow;
+    if (len <= 32) {  /* a few channels (a stem's 3): no call */
+        for (long i = 0; i < len; i++)
+            dst[i] = src[i] ^ flip;
+    } else if (flip) {
+        for (long i = 0; i < len; i++)
+            dst[i] = src[i] ^ flip;
+    } else {
+        memcpy(dst, src, (size_t)len);
+    }
+}
+
+static inline void fill_run(uint8_t *dst, uint8_t fill, long len)
+{
+    for (long i = 0; i < len; i++)
+        dst[i] = fill;
+}
+
+/* the patch of output pixel ``row`` as the GEMM reads it: for each tap (ky, kx) its C channels, a tap in the
+ * padding filled with ``fill``; without dilation along x, the KW taps of one kernel row are one run of KW * C
+ * bytes of the input row (less what falls in the padding) */
+static void gather(const long *geom, const uint8_t *x, long b, long oy, long ox, uint8_t flip, uint8_t fill, long kp,
+                   uint8_t *dst)
+{
+    const long h = geom[CG_H], w = geom[CG_W], c = geom[CG_C];
+    const long kw = geom[CG_KW], dw = geom[CG_DW], ix0 = ox * geom[CG_SW] - geom[CG_PL];
     long k = 0;
-    for (long ky = 0; ky < geom[CG_KH]; ky++) {
+    for (long ky = 0; ky < geom[CG_KH]; ky++, k += kw * c) {
         const long iy = oy * geom[CG_SH] - geom[CG_PT] + ky * geom[CG_DH];
-        for (long kx = 0; kx < geom[CG_KW]; kx++, k += c) {
-            const long ix = ox * geom[CG_SW] - geom[CG_PL] + kx * geom[CG_DW];
-            if (iy < 0 || iy >= h || ix < 0 || ix >= w) {
-                memset(dst + k, fill, (size_t)c);
-            } else {
-                const uint8_t *src = x + ((b * h + iy) * w + ix) * c;
-                for (long ch = 0; ch < c; ch++)
-                    dst[k + ch] = src[ch] ^ flip;
-            }
+        if (iy < 0 || iy >= h) {
+            memset(dst + k, fill, (size_t)(kw * c));
+            continue;
+        }
+        const uint8_t *src = x + (b * h + iy) * w * c;
+        if (dw == 1) {
+            long lo = ix0 < 0 ? -ix0 : 0, hi = w - ix0;  /* the taps inside the row: [lo, hi) */
+            lo = lo > kw ? kw : lo;
+            hi = hi > kw ? kw : hi < lo ? lo : hi;
+            fill_run(dst + k, fill, lo * c);
+            copy_run(dst + k + lo * c, src + (ix0 + lo) * c, (hi - lo) * c, flip);
+            fill_run(dst + k + hi * c, fill, (kw - hi) * c);
+            continue;
+        }
+        for (long kx = 0; kx < kw; kx++) {
+            const long ix = ix0 + kx * dw;
+            if (ix < 0 || ix >= w)
+                memset(dst + k + kx * c, fill, (size_t)c);
+            else
+                copy_run(dst + k + kx * c, src + ix * c, c, flip);
         }
     }
-    memset(dst + k, 0, (size_t)(kp - k));
+    fill_run(dst + k, 0, kp - k);
+}
+
+/* the conv by the kernel's in-place tiles (qkernel.ipanel): per block of output pixels, a pointer per (pixel, tap)
+ * into the channels-last input, or to a row of zero points for a tap in the padding */
+static int conv_in_place(const long *g, const long *geom, const uint8_t *x, void *y, uint8_t fill, long zan, long m)
+{
+    const long h = geom[CG_H], w = geom[CG_W], c = geom[CG_C], kh = geom[CG_KH], kw = geom[CG_KW];
+    const long taps = kh * kw, mb = 240, esize = g[QG_OUT] >= QOUT_I32 ? 4 : 1;
+    const uint8_t **ptrs = malloc(sizeof *ptrs * (size_t)(mb * taps));
+    uint8_t *zrow = malloc((size_t)c);
+    if (!ptrs || !zrow) {
+        free(ptrs), free(zrow);
+        return -1;
+    }
+    memset(zrow, fill, (size_t)c);
+    long b = 0, oy = 0, ox = 0;
+    for (long r0 = 0; r0 < m; r0 += mb) {
+        const long nrows = m - r0 < mb ? m - r0 : mb;
+        for (long r = 0; r < nrows; r++) {
+            const uint8_t **p = ptrs + r * taps;
+            for (long ky = 0; ky < kh; ky++) {
+                const long iy = oy * geom[CG_SH] - geom[CG_PT] + ky * geom[CG_DH];
+                for (long kx = 0; kx < kw; kx++) {
+                    const long ix = ox * geom[CG_SW] - geom[CG_PL] + kx * geom[CG_DW];
+                    p[ky * kw + kx] = iy < 0 || iy >= h || ix < 0 || ix >= w ? zrow : x + ((b * h + iy) * w + ix) * c;
+                }
+            }
+            if (++ox == geom[CG_OW]) {
+                ox = 0;
+                if (++oy == geom[CG_OH])
+                    oy = 0, b++;
+            }
+        }
+        rpcsrv_qgemm_taps(g, ptrs, nrows, taps, c, zan, (char *)y + r0 * g[QG_N] * esize, g[QG_N]);
+    }
+    free(ptrs), free(zrow);
+    return 0;
 }
 
 /* a dense conv of x (geom) by the plan's packed weights g into y (N, OH, OW, M): 0, or -1 without memory */
@@ -82,17 +150,25 @@ int rpcsrv_qconv(const long *g, const long *geom, const uint8_t *x, void *y)
         x = nhwc;
     }
     const uint8_t fill = (uint8_t)zan;  /* a padded tap: the zero point, as the kernel reads it */
+    if (!direct && kn->ipanel && !flip && !sums && c % 4 == 0) {
+        int rc = conv_in_place(g, geom, x, y, fill, zan, m);
+        free(pack), free(rows), free(rowsum), free(nhwc);
+        return rc;
+    }
+    long b = 0, oy = 0, ox = 0;  /* the output pixel of the next row */
     for (long r0 = 0; r0 < m; r0 += mb) {
         const long nrows = m - r0 < mb ? m - r0 : mb;
         for (long r = 0; r < nrows; r++) {
-            const long row = r0 + r;
             if (direct) {
-                const long b = row / (geom[CG_OH] * geom[CG_OW]), oy = row / geom[CG_OW] % geom[CG_OH];
-                const long ox = row % geom[CG_OW];
                 rows[r] = x + ((b * geom[CG_H] + oy * geom[CG_SH]) * geom[CG_W] + ox * geom[CG_SW]) * c;
             } else {
-                gather(geom, x, row, (uint8_t)flip, fill, kp, pack + r * kp);
+                gather(geom, x, b, oy, ox, (uint8_t)flip, fill, kp, pack + r * kp);
                 rows[r] = pack + r * kp;
+            }
+            if (++ox == geom[CG_OW]) {
+                ox = 0;
+                if (++oy == geom[CG_OH])
+                    oy = 0, b++;
             }
             if (sums) {
                 int32_t s = 0;
@@ -107,70 +183,153 @@ int rpcsrv_qconv(const long *g, const long *geom, const uint8_t *x, void *y)
     return 0;
 }
 
-/* the depthwise plan's block: weights (KH * KW, C) int16 with their zero points taken away, int32 bias (C),
- * float multipliers (C), output type, zero point and clamp */
-enum { DG_W, DG_BIAS, DG_MULT, DG_OUT, DG_YZP, DG_LO, DG_HI, DG_SIZE };
 
-QCLONES
-static void dw_pixel(const long *dg, const long *geom, const uint8_t *x, long b, long oy, long ox, int32_t *acc,
-                     int32_t *xs, uint8_t *y)
+/* one output pixel's channels [c0, c1) in plain C (the compiler vectorises the channel loops) */
+static void dw_pixel(const long *dg, const long *geom, const uint8_t *x, long b, long oy, long ox, long c0, long c1,
+                     uint8_t *y)
 {
-    const long h = geom[CG_H], w = geom[CG_W], c = geom[CG_C], kw = geom[CG_KW];
-    const int16_t *wt = (const int16_t *)dg[DG_W];
-    const int32_t za = (int32_t)geom[CG_ZA];
-    memcpy(acc, (const int32_t *)dg[DG_BIAS], sizeof *acc * (size_t)c);
+    const long h = geom[CG_H], w = geom[CG_W], c = geom[CG_C], kw = geom[CG_KW], nc = c1 - c0;
+    const int32_t *wt = (const int32_t *)dg[DG_W], za = (int32_t)geom[CG_ZA];
+    int32_t acc[64];
+    memcpy(acc, (const int32_t *)dg[DG_BIAS] + c0, sizeof *acc * (size_t)nc);
     for (long ky = 0; ky < geom[CG_KH]; ky++) {
         const long iy = oy * geom[CG_SH] - geom[CG_PT] + ky * geom[CG_DH];
-        if (iy < 0 || iy >= h)
-            continue;
-        for (long kx = 0; kx < kw; kx++) {
+        for (long kx = 0; iy >= 0 && iy < h && kx < kw; kx++) {
             const long ix = ox * geom[CG_SW] - geom[CG_PL] + kx * geom[CG_DW];
             if (ix < 0 || ix >= w)
                 continue;
-            const int16_t *wk = wt + (ky * kw + kx) * c;
-            const uint8_t *src = x + ((b * h + iy) * w + ix) * c;
-            if (geom[CG_SIGNED]) {
-                const int8_t *s8 = (const int8_t *)src;
-                for (long ch = 0; ch < c; ch++)
-                    xs[ch] = (int32_t)s8[ch] - za;
-            } else {
-                for (long ch = 0; ch < c; ch++)
-                    xs[ch] = (int32_t)src[ch] - za;
-            }
-            for (long ch = 0; ch < c; ch++)
-                acc[ch] += xs[ch] * wk[ch];
+            const int32_t *wk = wt + (ky * kw + kx) * c + c0;
+            const uint8_t *src = x + ((b * h + iy) * w + ix) * c + c0;
+            if (geom[CG_SIGNED])
+                for (long ch = 0; ch < nc; ch++)
+                    acc[ch] += ((int32_t)(int8_t)src[ch] - za) * wk[ch];
+            else
+                for (long ch = 0; ch < nc; ch++)
+                    acc[ch] += ((int32_t)src[ch] - za) * wk[ch];
         }
     }
-    const float *mult = (const float *)dg[DG_MULT], magic = 12582912.0f;
-    const float flo = (float)(dg[DG_LO] - dg[DG_YZP]), fhi = (float)(dg[DG_HI] - dg[DG_YZP]);
-    const int32_t yzp = (int32_t)dg[DG_YZP];
-    for (long ch = 0; ch < c; ch++) {
+    const float *mult = (const float *)dg[DG_MULT] + c0, magic = 12582912.0f;
+    const float lo = (float)(dg[DG_LO] - dg[DG_YZP]), hi = (float)(dg[DG_HI] - dg[DG_YZP]);
+    for (long ch = 0; ch < nc; ch++) {
         float f = (float)acc[ch] * mult[ch];
-        f = f < flo ? flo : f > fhi ? fhi : f;
-        xs[ch] = (int32_t)((f + magic) - magic) + yzp;  /* half to even: see qgemm.c's epilogue */
+        f = f < lo ? lo : f > hi ? hi : f;
+        y[c0 + ch] = (uint8_t)((int32_t)((f + magic) - magic) + (int32_t)dg[DG_YZP]);  /* half to even */
     }
-    for (long ch = 0; ch < c; ch++)
-        y[ch] = (uint8_t)xs[ch];
 }
+
+static void dw_plain(const long *dg, const long *geom, const uint8_t *x, uint8_t *y)
+{
+    const long n = geom[CG_N], c = geom[CG_C], oh = geom[CG_OH], ow = geom[CG_OW];
+    for (long b = 0; b < n; b++)
+        for (long oy = 0; oy < oh; oy++)
+            for (long ox = 0; ox < ow; ox++)
+                for (long c0 = 0; c0 < c; c0 += 64)
+                    dw_pixel(dg, geom, x, b, oy, ox, c0, c0 + 64 < c ? c0 + 64 : c, y + ((b * oh + oy) * ow + ox) * c);
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+extern const qkernel rpcsrv_qk_vnni512;
+#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+
+/* 32 channels of one pixel at a time: the bytes of two taps interleaved (vpunpck*bw), widened to 16 bits, and
+ * multiplied and added in pairs into 2 x 16 int32 lanes by vpdpwssd (AVX-512 VNNI: taken with the VNNI GEMM), the
+ * channels in DW_ORDER.  A tap in the padding
+ * reads a row of zero points, so every pixel sums x * w over all its taps, and the bias of this kernel already holds
+ * - zero point * (the sum of each channel's weights): sum (x - zero point) * w without a subtraction per tap */
+static inline __attribute__((always_inline)) T512 void dw_avx512_k(const long *dg, const long *geom, const uint8_t *x,
+                                                                    uint8_t *y, const uint8_t *zrow, const long kh,
+                                                                    const long kw)
+{
+    const long n = geom[CG_N], h = geom[CG_H], w = geom[CG_W], c = geom[CG_C];
+    const long oh = geom[CG_OH], ow = geom[CG_OW], sh = geom[CG_SH], sw = geom[CG_SW], dh = geom[CG_DH];
+    const long dw = geom[CG_DW], pt = geom[CG_PT], pl = geom[CG_PL], cp = dg[DG_CP], taps = kh * kw;
+    const int16_t *w16 = (const int16_t *)dg[DG_W16];
+    const int32_t *bias = (const int32_t *)dg[DG_BIAS16];
+    const float *mult = (const float *)dg[DG_MULT16];
+    const int is_signed = (int)geom[CG_SIGNED];
+    const __m512i yzp = _mm512_set1_epi32((int32_t)dg[DG_YZP]);
+    const __m512 lo = _mm512_set1_ps((float)(dg[DG_LO] - dg[DG_YZP])), hi = _mm512_set1_ps((float)(dg[DG_HI] - dg[DG_YZP]));
+    const uint8_t *tp[64], *rowp[64];
+    for (long b = 0; b < n; b++)
+        for (long oy = 0; oy < oh; oy++)
+            for (long ox = 0; ox < ow; ox++) {
+                if (ox == 0)  /* each kernel row's input row, or the zero points' */
+                    for (long ky = 0; ky < kh; ky++) {
+                        const long iy = oy * sh - pt + ky * dh;
+                        rowp[ky] = iy < 0 || iy >= h ? zrow : x + (b * h + iy) * w * c;
+                    }
+                for (long ky = 0, t = 0; ky < kh; ky++) {
+                    const uint8_t *row = rowp[ky];
+                    for (long kx = 0, ix = ox * sw - pl; kx < kw; kx++, t++, ix += dw)
+                        tp[t] = row == zrow || ix < 0 || ix >= w ? zrow : row + ix * c;
+                }
+                tp[taps] = zrow;
+                uint8_t *yp = y + ((b * oh + oy) * ow + ox) * c;
+                for (long c0 = 0; c0 < c; c0 += 32) {
+                    const long left = c - c0;
+                    const __mmask32 mk = left >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << left) - 1);
+                    __m512i acc0 = _mm512_loadu_si512((const void *)(bias + c0));
+                    __m512i acc1 = _mm512_loadu_si512((const void *)(bias + c0 + 16));
+                    for (long p = 0; 2 * p < taps; p++) {
+                        __m256i xa = _mm256_maskz_loadu_epi8(mk, tp[2 * p] + c0);
+                        __m256i xb = _mm256_maskz_loadu_epi8(mk, tp[2 * p + 1] + c0);
+                        __m256i l8 = _mm256_unpacklo_epi8(xa, xb), h8 = _mm256_unpackhi_epi8(xa, xb);
+                        __m512i l16 = is_signed ? _mm512_cvtepi8_epi16(l8) : _mm512_cvtepu8_epi16(l8);
+                        __m512i h16 = is_signed ? _mm512_cvtepi8_epi16(h8) : _mm512_cvtepu8_epi16(h8);
+                        const int16_t *wp = w16 + (p * cp + c0) * 2;
+                        acc0 = _mm512_dpwssd_epi32(acc0, l16, _mm512_loadu_si512((const void *)wp));
+                        acc1 = _mm512_dpwssd_epi32(acc1, h16, _mm512_loadu_si512((const void *)(wp + 32)));
+                    }
+                    __m512 f0 = _mm512_mul_ps(_mm512_cvtepi32_ps(acc0), _mm512_loadu_ps(mult + c0));
+                    __m512 f1 = _mm512_mul_ps(_mm512_cvtepi32_ps(acc1), _mm512_loadu_ps(mult + c0 + 16));
+                    f0 = _mm512_min_ps(_mm512_max_ps(f0, lo), hi);
+                    f1 = _mm512_min_ps(_mm512_max_ps(f1, lo), hi);
+                    __m128i q0 = _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(f0), yzp));  /* 0-7 16-23 */
+                    __m128i q1 = _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(f1), yzp));  /* 8-15 24-31 */
+                    __m256i out = _mm256_set_m128i(_mm_unpackhi_epi64(q0, q1), _mm_unpacklo_epi64(q0, q1));
+                    _mm256_mask_storeu_epi8(yp + c0, mk, out);
+                }
+            }
+}
+
+/* the kernel sizes of nearly every depthwise conv as constants (their tap loops unrolled), any other as variables */
+T512 static void dw_avx512(const long *dg, const long *geom, const uint8_t *x, uint8_t *y, const uint8_t *zrow)
+{
+    if (geom[CG_KH] == 3 && geom[CG_KW] == 3)
+        dw_avx512_k(dg, geom, x, y, zrow, 3, 3);
+    else if (geom[CG_KH] == 5 && geom[CG_KW] == 5)
+        dw_avx512_k(dg, geom, x, y, zrow, 5, 5);
+    else
+        dw_avx512_k(dg, geom, x, y, zrow, geom[CG_KH], geom[CG_KW]);
+}
+#endif
 
 /* a depthwise conv (one weight plane per channel) of x (geom, channels-last) into y (N, OH, OW, C) */
 int rpcsrv_qdwconv(const long *dg, const long *geom, const uint8_t *x, uint8_t *y)
 {
-    const long n = geom[CG_N], c = geom[CG_C], oh = geom[CG_OH], ow = geom[CG_OW];
-    int32_t *acc = malloc(sizeof *acc * (size_t)c * 2);
+    const long n = geom[CG_N], c = geom[CG_C];
     uint8_t *nhwc = geom[CG_NCHW] ? malloc((size_t)(n * c * geom[CG_H] * geom[CG_W])) : NULL;
-    if (!acc || (geom[CG_NCHW] && !nhwc)) {
-        free(acc), free(nhwc);
+    if (geom[CG_NCHW] && !nhwc)
         return -1;
-    }
     if (nhwc) {
         rpcsrv_q_nchw_to_nhwc(x, n, c, geom[CG_H] * geom[CG_W], nhwc);
         x = nhwc;
     }
-    for (long b = 0; b < n; b++)
-        for (long oy = 0; oy < oh; oy++)
-            for (long ox = 0; ox < ow; ox++)
-                dw_pixel(dg, geom, x, b, oy, ox, acc, acc + c, y + ((b * oh + oy) * ow + ox) * c);
-    free(acc), free(nhwc);
+#if defined(__x86_64__)
+    if (rpcsrv_qkernel() == &rpcsrv_qk_vnni512 && geom[CG_KH] * geom[CG_KW] < 64) {
+        /* (follows the GEMM's choice: tests that select another kernel run dw_plain) */
+        uint8_t *zrow = malloc((size_t)dg[DG_CP]);
+        if (!zrow) {
+            free(nhwc);
+            return -1;
+        }
+        memset(zrow, (int)(uint8_t)geom[CG_ZA], (size_t)dg[DG_CP]);
+        dw_avx512(dg, geom, x, y, zrow);
+        free(zrow);
+    } else
+#endif
+        dw_plain(dg, geom, x, y);
+    free(nhwc);
     return 0;
 }

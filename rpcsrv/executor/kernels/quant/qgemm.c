@@ -34,7 +34,7 @@ static void tile_generic(const uint8_t *const *a, const int8_t *b, long kp, long
 
 static int always(void) { return 1; }
 
-static const qkernel generic = {"generic C", 4, 4, 0, tile_generic, always};
+static const qkernel generic = {"generic C", 4, 4, 0, tile_generic, always, NULL, NULL};
 
 #if defined(__x86_64__)
 extern const qkernel rpcsrv_qk_vnni512, rpcsrv_qk_avxvnni, rpcsrv_qk_vnni256, rpcsrv_qk_avx2;
@@ -119,78 +119,92 @@ void rpcsrv_qgemm_pack(const int8_t *w, long k, long n, long sk, long sn, long f
 }
 
 QCLONES
-static void epilogue(const int32_t *acc, long rows, long cols, const long *g, const int32_t *corr,
-                     const int32_t *rowsum, float ascale, char *y, long ldy)
+static void epilogue(const int32_t *acc, long rows, const qepi *e, char *y, long ldy)
 {
-    const float *mult = (const float *)g[QG_MULT];
-    const int32_t *bzp = (const int32_t *)g[QG_BZP];
-    const long out = g[QG_OUT];
-    const float flo = (float)(g[QG_LO] - g[QG_YZP]), fhi = (float)(g[QG_HI] - g[QG_YZP]), magic = 12582912.0f;
-    const int32_t yzp = (int32_t)g[QG_YZP];
+    const long cols = e->cols;
+    const float magic = 12582912.0f;
     for (long r = 0; r < rows; r++) {
         const int32_t *ar = acc + r * QACC;
         int32_t t[QACC];
         for (long j = 0; j < cols; j++)
-            t[j] = ar[j] + corr[j] - (bzp ? bzp[j] * rowsum[r] : 0);
-        if (out == QOUT_I32) {
+            t[j] = ar[j] + e->corr[j] - (e->bzp ? e->bzp[j] * e->rowsum[r] : 0);
+        if (e->out == QOUT_I32) {
             memcpy(y + r * ldy * 4, t, (size_t)cols * 4);
-        } else if (out == QOUT_F32) {
-            const float *fb = (const float *)g[QG_FBIAS];
+        } else if (e->out == QOUT_F32) {
             float *yr = (float *)(y + r * ldy * 4);
             for (long j = 0; j < cols; j++)
-                yr[j] = (float)t[j] * (ascale * mult[j]) + (fb ? fb[j] : 0.0f);
+                yr[j] = (float)t[j] * e->mult[j] + (e->fbias ? e->fbias[j] : 0.0f);
         } else {
             /* clamped first (exact: the bounds are integers), so |f| < 2^22 and adding and taking away 1.5 * 2^23
              * rounds it to the nearest integer, ties to even, in the default rounding mode (cvtps2dq's, lrintf's) */
-            int32_t q[QACC];
+            uint8_t *yr = (uint8_t *)(y + r * ldy);
             for (long j = 0; j < cols; j++) {
-                float f = (float)t[j] * (ascale * mult[j]);
-                f = f < flo ? flo : f > fhi ? fhi : f;
-                q[j] = (int32_t)((f + magic) - magic) + yzp;
-            }
-            if (out == QOUT_U8) {
-                uint8_t *yr = (uint8_t *)(y + r * ldy);
-                for (long j = 0; j < cols; j++)
-                    yr[j] = (uint8_t)q[j];
-            } else {
-                int8_t *yr = (int8_t *)(y + r * ldy);
-                for (long j = 0; j < cols; j++)
-                    yr[j] = (int8_t)q[j];
+                float f = (float)t[j] * e->mult[j];
+                f = f < e->flo ? e->flo : f > e->fhi ? e->fhi : f;
+                yr[j] = (uint8_t)((int32_t)((f + magic) - magic) + e->yzp);
             }
         }
     }
+}
+
+/* the store's parameters for the columns [n0, n0 + cols) (the activation zero point's terms and the bias in corr) */
+static void chunk(const long *g, long n0, long cols, long zan, float ascale, qepi *e)
+{
+    const int32_t *bias = (const int32_t *)g[QG_BIAS], *colsum = (const int32_t *)g[QG_COLSUM];
+    const int32_t *bzp = (const int32_t *)g[QG_BZP];
+    const float *mult = (const float *)g[QG_MULT], *fbias = (const float *)g[QG_FBIAS];
+    for (long j = 0; j < cols; j++) {
+        e->corr[j] = (bias ? bias[n0 + j] : 0) - (int32_t)zan * colsum[n0 + j] +
+                     (bzp ? (int32_t)(g[QG_K] * zan) * bzp[n0 + j] : 0);
+        e->mult[j] = ascale * mult[n0 + j];
+    }
+    e->cols = cols, e->bzp = bzp ? bzp + n0 : NULL, e->fbias = fbias ? fbias + n0 : NULL;
+    e->out = g[QG_OUT], e->yzp = (int32_t)g[QG_YZP];
+    e->flo = (float)(g[QG_LO] - g[QG_YZP]), e->fhi = (float)(g[QG_HI] - g[QG_YZP]), e->sat = g[QG_SAT];
 }
 
 void rpcsrv_qgemm_rows(const long *g, const uint8_t *const *rows, long m, const int32_t *rowsum, long zan,
                        float ascale, void *y, long ldy)
 {
     const qkernel *kn = rpcsrv_qkernel();
-    const long n = g[QG_N], k = g[QG_K], kp = g[QG_KP], mr = kn->mr, esize = g[QG_OUT] >= QOUT_I32 ? 4 : 1;
+    const long n = g[QG_N], kp = g[QG_KP], mr = kn->mr, esize = g[QG_OUT] >= QOUT_I32 ? 4 : 1;
     const int8_t *b = (const int8_t *)g[QG_B];
-    const int32_t *bias = (const int32_t *)g[QG_BIAS], *colsum = (const int32_t *)g[QG_COLSUM];
-    const int32_t *bzp = (const int32_t *)g[QG_BZP];
     int32_t acc[QMR_MAX * QACC] __attribute__((aligned(64)));
-    int32_t corr[QACC];
+    qepi e;
     for (long n0 = 0; n0 < n; n0 += QSTRIP * kn->nvmax) {
-        long cols = n - n0 < QSTRIP * kn->nvmax ? n - n0 : QSTRIP * kn->nvmax;
-        long nv = (cols + QSTRIP - 1) / QSTRIP;
-        for (long j = 0; j < cols; j++)  /* the activation zero point's terms, and the bias */
-            corr[j] = (bias ? bias[n0 + j] : 0) - (int32_t)zan * colsum[n0 + j] +
-                      (bzp ? (int32_t)(k * zan) * bzp[n0 + j] : 0);
-        long gsub[QG_SIZE];
-        memcpy(gsub, g, sizeof gsub);  /* the per-column arrays from column n0 */
-        gsub[QG_MULT] = g[QG_MULT] + n0 * (long)sizeof(float);
-        gsub[QG_FBIAS] = g[QG_FBIAS] ? g[QG_FBIAS] + n0 * (long)sizeof(float) : 0;
-        gsub[QG_BZP] = bzp ? (long)(bzp + n0) : 0;
+        const long cols = n - n0 < QSTRIP * kn->nvmax ? n - n0 : QSTRIP * kn->nvmax, nv = (cols + QSTRIP - 1) / QSTRIP;
+        chunk(g, n0, cols, zan, ascale, &e);
+        const int8_t *bchunk = b + (n0 / QSTRIP) * kp * QSTRIP;
+        char *ychunk = (char *)y + n0 * esize;
+        if (kn->panel) {
+            e.rowsum = rowsum;
+            kn->panel(rows, m, bchunk, kp, nv, &e, ychunk, ldy);
+            continue;
+        }
         for (long r0 = 0; r0 < m; r0 += mr) {
             const uint8_t *ptrs[QMR_MAX];
             long nrows = m - r0 < mr ? m - r0 : mr;
             for (long r = 0; r < mr; r++)
                 ptrs[r] = rows[r0 + (r < nrows ? r : nrows - 1)];
-            kn->tile(ptrs, b + (n0 / QSTRIP) * kp * QSTRIP, kp, nv, acc);
-            epilogue(acc, nrows, cols, gsub, corr, rowsum ? rowsum + r0 : NULL, ascale,
-                     (char *)y + (r0 * ldy + n0) * esize, ldy);
+            kn->tile(ptrs, bchunk, kp, nv, acc);
+            e.rowsum = rowsum ? rowsum + r0 : NULL;
+            epilogue(acc, nrows, &e, ychunk + r0 * ldy * esize, ldy);
         }
+    }
+}
+
+void rpcsrv_qgemm_taps(const long *g, const uint8_t *const *ptrs, long m, long taps, long c, long zan, void *y,
+                       long ldy)
+{
+    const qkernel *kn = rpcsrv_qkernel();
+    const long n = g[QG_N], kp = g[QG_KP], esize = g[QG_OUT] >= QOUT_I32 ? 4 : 1;
+    qepi e;
+    e.rowsum = NULL;
+    for (long n0 = 0; n0 < n; n0 += QSTRIP * kn->nvmax) {
+        const long cols = n - n0 < QSTRIP * kn->nvmax ? n - n0 : QSTRIP * kn->nvmax, nv = (cols + QSTRIP - 1) / QSTRIP;
+        chunk(g, n0, cols, zan, 1.0f, &e);
+        kn->ipanel(ptrs, m, taps, c, (const int8_t *)g[QG_B] + (n0 / QSTRIP) * kp * QSTRIP, kp, nv, &e,
+                   (char *)y + n0 * esize, ldy);
     }
 }
 

@@ -51,7 +51,7 @@ static void tile_neon(const uint8_t *const *a, const int8_t *b, long kp, long nv
 
 static int always(void) { return 1; }
 
-const qkernel rpcsrv_qk_neon = {"NEON (vmull.s8, vpadal.s16)", 2, 1, 1, tile_neon, always};
+const qkernel rpcsrv_qk_neon = {"NEON (vmull.s8, vpadal.s16)", 2, 1, 1, tile_neon, always, NULL, NULL};
 
 #if defined(__aarch64__)
 #include <sys/auxv.h>
@@ -87,6 +87,6 @@ TDOT static void tile_dotprod(const uint8_t *const *a, const int8_t *b, long kp,
 #endif
 static int has_dotprod(void) { return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0; }
 
-const qkernel rpcsrv_qk_dotprod = {"aarch64 dotprod (sdot)", 4, 1, 1, tile_dotprod, has_dotprod};
+const qkernel rpcsrv_qk_dotprod = {"aarch64 dotprod (sdot)", 4, 1, 1, tile_dotprod, has_dotprod, NULL, NULL};
 #endif
 #endif

@@ -26,30 +26,37 @@
 
 static inline float clampf(float f, float lo, float hi) { return f < lo ? lo : f > hi ? hi : f; }
 
-/* y = saturate(round(x / scale) + zp) over [lo, hi]; x (n, c, hw) float32; nhwc: y is (n, hw, c) */
+/* y = saturate(round(x / scale) + zp) over [lo, hi]; x (n, c, hw) float32; nhwc: y is (n, hw, c), written a block of
+ * 64 pixels at a time (all channels quantized into a scratch, then stored pixel by pixel) */
 QCLONES
 void rpcsrv_quantize_f32(const float *x, long n, long c, long hw, float scale, long zp, long lo, long hi,
                          long nhwc, uint8_t *y)
 {
     const float flo = (float)(lo - zp), fhi = (float)(hi - zp);
-    int32_t q[256];
-    for (long b = 0; b < n; b++)
-        for (long ch = 0; ch < c; ch++) {
-            const float *xr = x + (b * c + ch) * hw;
-            for (long i0 = 0; i0 < hw; i0 += 256) {
-                long len = hw - i0 < 256 ? hw - i0 : 256;
-                for (long i = 0; i < len; i++)
-                    q[i] = (int32_t)((clampf(xr[i0 + i] / scale, flo, fhi) + MAGIC) - MAGIC) + (int32_t)zp;
-                if (nhwc) {
-                    uint8_t *yr = y + (b * hw + i0) * c + ch;
-                    for (long i = 0; i < len; i++)
-                        yr[i * c] = (uint8_t)q[i];
-                } else {
-                    uint8_t *yr = y + (b * c + ch) * hw + i0;
-                    for (long i = 0; i < len; i++)
-                        yr[i] = (uint8_t)q[i];
-                }
+    if (!nhwc || c == 1 || c > 64) {
+        for (long b = 0; b < n; b++)
+            for (long ch = 0; ch < c; ch++) {
+                const float *xr = x + (b * c + ch) * hw;
+                uint8_t *yr = nhwc ? y + b * hw * c + ch : y + (b * c + ch) * hw;
+                const long step = nhwc ? c : 1;
+                for (long i = 0; i < hw; i++)
+                    yr[i * step] = (uint8_t)((int32_t)((clampf(xr[i] / scale, flo, fhi) + MAGIC) - MAGIC) + (int32_t)zp);
             }
+        return;
+    }
+    uint8_t q[64 * 64];
+    for (long b = 0; b < n; b++)
+        for (long i0 = 0; i0 < hw; i0 += 64) {
+            const long len = hw - i0 < 64 ? hw - i0 : 64;
+            for (long ch = 0; ch < c; ch++) {
+                const float *xr = x + (b * c + ch) * hw + i0;
+                for (long i = 0; i < len; i++)
+                    q[ch * 64 + i] = (uint8_t)((int32_t)((clampf(xr[i] / scale, flo, fhi) + MAGIC) - MAGIC) + (int32_t)zp);
+            }
+            uint8_t *yb = y + (b * hw + i0) * c;
+            for (long i = 0; i < len; i++)
+                for (long ch = 0; ch < c; ch++)
+                    yb[i * c + ch] = q[ch * 64 + i];
         }
 }
 
