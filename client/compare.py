@@ -8,11 +8,11 @@ subgraph, keeps every kernel's output (``rpcsrv_execute_node_steps`` / ``rpcsrv_
 onnxruntime runs ``model.onnx`` with every intermediate tensor of the model exposed as an output (not
 the tensors the compiler made itself, such as an old Softmax's 2-D view).  Each board tensor is paired
 with its ONNX tensor by compiling ``model.onnx`` again here, exactly as ``byoc compile`` did (same
-``--ops`` and ``--codegen``): the graph JSON must come out identical to the library's, and for
-ExampleJSON the subgraphs' text too, so that each ExampleJSON node ID names one ONNX tensor (another
-codegen's functions are compared by their outputs, as host functions are).  The report gives max
-abs/rel error per node in execution order and names the first node beyond
-``|board - onnx| <= atol + rtol * |onnx|``.
+``--ops`` and ``--codegen``, by default the codegen whose functions the library calls): the graph JSON
+must come out identical to the library's, and for ExampleJSON the subgraphs' text too, so that each
+ExampleJSON node ID names one ONNX tensor (another codegen's functions are compared by their outputs,
+as host functions are).  The report gives max abs/rel error per node in execution order and names the
+first node beyond ``|board - onnx| <= atol + rtol * |onnx|``.
 
 Quantized tensors (int8/uint8 with a scale: ``TensorInfo.quant``; and the float result of a
 DequantizeLinear) are compared in quantization steps: a step is one integer, ``scale`` in real value;
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from dataclasses import asdict, dataclass
 from typing import Optional
@@ -70,10 +71,21 @@ def step_tensors(fn, graph) -> dict[int, str]:
     return {i: t for t, i in ids.items()}
 
 
+def library_codegen(graph: dict, module: str) -> Optional[str]:
+    """The installed codegen whose functions a byoc-compiled graph calls (TVM's ``tvmgen_<module>_<codegen>_main_<k>``),
+    None when no single one fits."""
+    from .compiler.codegens import available
+
+    calls = {n.get("attrs", {}).get("func_name", "") for n in graph.get("nodes", []) if n.get("op") == "tvm_op"}
+    found = {m.group(1) for f in calls if (m := re.fullmatch(rf"tvmgen_{re.escape(module)}_(\w+)_main_\d+", f))}
+    return found.pop() if len(found) == 1 and found <= set(available()) else None
+
+
 def pair_subgraphs(lib_path: str, onnx_path: str, input_shapes: dict, ops=None, codegen: Optional[str] = None):
-    """Compile ``onnx_path`` again; returns ``(graph, {symbol: {ExampleJSON ID: tensor}}, {symbol:
-    output tensors})`` (the last for every function, host functions too) after checking that the
-    library holds exactly that graph JSON, and for ExampleJSON that text (else the pairing would lie)."""
+    """Compile ``onnx_path`` again (with ``codegen``, by default the one whose functions the library calls);
+    returns ``(graph, {symbol: {ExampleJSON ID: tensor}}, {symbol: output tensors})`` (the last for every function,
+    host functions too) after checking that the library holds exactly that graph JSON, and for ExampleJSON that
+    text (else the pairing would lie)."""
     from rpcsrv.loader import LoaderError, load_library
 
     from .compiler import CompileError, compile_onnx, resolve_ops
@@ -82,6 +94,14 @@ def pair_subgraphs(lib_path: str, onnx_path: str, input_shapes: dict, ops=None, 
     from .compiler.partition import partition
 
     try:
+        nodes = list(load_library(lib_path).root.walk())
+    except LoaderError as exc:
+        raise UserError(f"{lib_path}: {exc}{plugin_failures()}") from None
+    factories = [n for n in nodes if hasattr(n, "graph_json") and hasattr(n, "params")]
+    graphs = [json.loads(n.graph_json) for n in factories]
+    if codegen is None and factories:
+        codegen = library_codegen(graphs[0], getattr(factories[0], "module_name", "default"))
+    try:
         compiled = compile_onnx(onnx_path, input_shapes=input_shapes, ops=ops, codegen=codegen)
         graph = compiled.graph  # after compile_onnx's simplifications: partitioning it again is repeatable
         gen = get_codegen(compiled.codegen)
@@ -89,11 +109,6 @@ def pair_subgraphs(lib_path: str, onnx_path: str, input_shapes: dict, ops=None, 
                          codegen=gen)
     except CompileError as exc:
         raise UserError(f"{onnx_path}: {exc}") from None
-    try:
-        nodes = list(load_library(lib_path).root.walk())
-    except LoaderError as exc:
-        raise UserError(f"{lib_path}: {exc}{plugin_failures()}") from None
-    graphs = [json.loads(n.graph_json) for n in nodes if hasattr(n, "graph_json") and hasattr(n, "params")]
     regions = [fn for fn in part.functions if fn.kind != "host"]
     same = graphs == [json.loads(compiled.graph_json)]
     if same and gen.name == "examplejson":
@@ -277,7 +292,8 @@ def add_parser(sub) -> None:
     p.add_argument("--steps", type=float, default=1.0,
                    help="tolerance of a quantized tensor, in quantization steps")
     p.add_argument("--ops", help="the --ops given to byoc compile, if any")
-    p.add_argument("--codegen", default=None, metavar="NAME", help="the --codegen given to byoc compile, if any")
+    p.add_argument("--codegen", default=None, metavar="NAME",
+                   help="the --codegen given to byoc compile (default: the one whose functions the library calls)")
     add_plugin_flags(p)
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.set_defaults(func=main)

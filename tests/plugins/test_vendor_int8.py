@@ -114,10 +114,12 @@ def test_run_profile_compare_load_the_board_plugins(installed, board, tmp_path, 
     report = json.loads(capsys.readouterr().out)
     assert {n["name"] for n in report["nodes"]} >= {"tvmgen_default_vendor_npu_main_0",
                                                     "tvmgen_default_fused_q_linear_add_1"}
-    code = byoc(["compare", str(so), str(model), *where, "--codegen", "vendor_npu"])
+    code = byoc(["compare", str(so), str(model), *where])  # the codegen: the one whose functions the library calls
     text = capsys.readouterr().out
     assert code == 0 and "compared tensors agree" in text and "steps" in text
     assert text.count("host output 0") >= 8  # vendor programs and host functions: compared by their outputs
+    assert byoc(["compare", str(so), str(model), *where, "--codegen", "examplejson"]) == 2
+    assert "was not compiled from" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command", ["run", "profile", "compare"])
