@@ -73,7 +73,8 @@ def add_compile_parser(sub) -> None:
                    help="the accelerator's codegen: the built-in examplejson or an installed one (entry-point "
                         "group byoc.codegens)")
     p.add_argument("--ops", help="comma-separated ops the accelerator has (default: every op of the "
-                                 "codegen), e.g. add,sub,mul")
+                                 "codegen), e.g. add,sub,mul; a float op names its int8 forms too (conv: "
+                                 "q_linear_conv of a quantized model)")
     p.add_argument("--no-host", action="store_true",
                    help="refuse nodes outside --ops instead of compiling them to host C functions")
     p.add_argument("--format", choices=FORMATS, help="output format (default: from the file name: .so/.dylib, "

@@ -31,7 +31,7 @@ from typing import Optional
 import numpy as np
 
 from . import rpc
-from .run import UserError, parse_inputs
+from .run import UserError, add_plugin_flags, load_board_plugins, parse_inputs, plugin_failures
 
 
 # ---------------------------------------------------------------------------------------- the library
@@ -44,7 +44,7 @@ def read_library(lib_path: str) -> tuple[str, dict[str, np.ndarray], str]:
     try:
         loaded = load_library(lib_path)
     except LoaderError as exc:
-        raise UserError(f"{lib_path}: {exc}") from None
+        raise UserError(f"{lib_path}: {exc}{plugin_failures()}") from None
     for node in loaded.root.walk():
         if hasattr(node, "graph_json"):
             return node.graph_json, dict(node.params), getattr(node, "module_name", "default")
@@ -177,7 +177,7 @@ def is_relax_library(lib_path: str) -> bool:
     try:
         return any(getattr(n, "type_key", "") == "relax.VMExecutable" for n in load_library(lib_path).root.walk())
     except LoaderError as exc:
-        raise UserError(f"{lib_path}: {exc}") from None
+        raise UserError(f"{lib_path}: {exc}{plugin_failures()}") from None
 
 
 def profile_relax(lib_path: str, host: str, port: int, key: str = "", inputs: Optional[dict] = None,
@@ -365,11 +365,13 @@ def add_parser(sub) -> None:
     p.add_argument("--function", default="main", help="the VM function to profile (Relax libraries; default main)")
     p.add_argument("--dump-root", metavar="DIR", help="also write TVM's debug-executor dump files there "
                                                       "(graph dump, every node output, Chrome trace)")
+    add_plugin_flags(p)
     p.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
     try:
+        load_board_plugins(args)
         inputs = parse_inputs(args.input)
         if is_relax_library(args.library):
             if args.dump_root:

@@ -9,6 +9,10 @@ writable.  Outputs are saved under the model's own output names (kept in the gra
 
 Uses our pure-Python client (no TVM needed), shows a progress bar for large uploads and prints how
 long each phase took.
+
+The library is read here as the board reads it, so the installed board plugins (entry-point group
+``rpcsrv.runtimes``) load first, as ``rpcsrv serve`` loads them: ``--plugin NAME`` / ``--no-plugins``
+choose (:func:`load_board_plugins`; ``byoc profile`` and ``byoc compare`` take the same flags).
 """
 
 from __future__ import annotations
@@ -24,12 +28,32 @@ from typing import Optional
 
 import numpy as np
 
+from rpcsrv.clikit import add_plugin_flags
+
 from . import rpc
 from .graph_executor import GraphModule
 
 
 class UserError(Exception):
     """A problem with what the user asked for (printed as one line, without a traceback)."""
+
+
+def load_board_plugins(args: argparse.Namespace) -> dict:
+    """Load the installed board plugins the flags choose (every one by default), so that a library with a
+    plugin's modules can be read here; returns the registry's report (``rpcsrv.loader.plugins.report``)."""
+    from rpcsrv.loader.plugins import load_plugins
+
+    chosen, off = getattr(args, "plugin", None), getattr(args, "no_plugins", False)
+    if chosen and off:
+        raise UserError("--plugin and --no-plugins exclude each other")
+    return load_plugins(chosen, enabled=not off)
+
+
+def plugin_failures() -> str:
+    """``; plugin x failed to load: ...`` for the plugins that did not load (for a library that needs one)."""
+    from rpcsrv.loader.plugins import report
+
+    return "".join(f"; plugin {p['name']} failed to load: {p['error']}" for p in report()["failed"])
 
 
 @dataclass
@@ -52,7 +76,7 @@ def read_signature(lib_path: str) -> Signature:
     try:
         modules = load_library(lib_path).modules()
     except (LoaderError, OSError) as exc:
-        raise UserError(f"cannot read library {lib_path!r}: {exc}") from None
+        raise UserError(f"cannot read library {lib_path!r}: {exc}{plugin_failures()}") from None
     factories = [m for m in modules if isinstance(m, GraphExecutorFactoryModule)]
     if not factories:
         raise UserError(f"library {lib_path!r} has no graph executor factory (nothing `byoc run` can run)")
@@ -230,11 +254,13 @@ def add_parser(sub) -> None:
     p.add_argument("-o", "--output", default=None, metavar="FILE.npz",
                    help="save the outputs, named as in the model, to this .npz")
     p.add_argument("--no-progress", action="store_true", help="no progress bar for large uploads")
+    add_plugin_flags(p)
     p.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
     check_output_path(args.output)
+    load_board_plugins(args)
     sig = read_signature(args.library)
     inputs = parse_inputs(args.input)
     check_inputs(inputs, sig)

@@ -8,19 +8,14 @@ import argparse
 import os
 from pathlib import Path
 
+from .clikit import add_plugin_flags  # noqa: F401  (re-exported: the flags rpcsrv serve, check, inspect and extract take)
+
+
 class CLIError(Exception):
     """A problem with what the user asked for: printed as one line, exit status 2."""
 
 
 # ----------------------------------------------------------------------------------------- plugins
-
-def add_plugin_flags(p: argparse.ArgumentParser) -> None:
-    """``--plugin NAME`` / ``--no-plugins``: which installed board plugins (entry-point group
-    ``rpcsrv.runtimes``) load; the built-in module kinds are always there."""
-    p.add_argument("--plugin", action="append", metavar="NAME", default=None,
-                   help="load only this installed plugin (repeat for several; default: every installed one)")
-    p.add_argument("--no-plugins", action="store_true", help="load no installed plugin (built-in kinds only)")
-
 
 def load_plugins(args: argparse.Namespace) -> dict:
     """Load the plugins the flags choose (a broken one is one log line); returns the registry's report.  The

@@ -3,7 +3,10 @@
 Its op set is every kernel of the board (``rpcsrv.loader.opset``), its composites the pattern table of
 :func:`merge_composites` (Conv+bias+activation, the activation Relu, ReLU6 as Clip, HardSwish or Swish;
 dense+bias, BatchNorm+Relu, residual Add+Relu, channel shuffles: see ``partition.py``'s first step),
-and each function becomes an ``examplejson`` module whose constants the const loader binds by name.  It
+and each function becomes an ``examplejson`` module whose constants the const loader binds by name.
+The int8 ops the compiler folds QDQ chains into are its quantized composites, named as TVM's QNN
+backends name theirs: ``examplejson.qnn_conv2d`` (``q_linear_conv``: conv, int32 bias, requantize,
+``_relu``/``_clip`` with a fused activation) and ``examplejson.qnn_dense`` (``q_gemm``, ``q_linear_matmul``).  It
 is found through ``codegens.get_codegen`` like any installed codegen.
 """
 
@@ -22,6 +25,8 @@ from .ops import Op, consumers, single_op
 from .partition import Function
 
 COMPILER = "examplejson"
+#: the int8 ops that are quantized composites (the QDQ fold made them: conv/dense, bias, requantize)
+QNN_COMPOSITES = {"q_linear_conv": "qnn_conv2d", "q_gemm": "qnn_dense", "q_linear_matmul": "qnn_dense"}
 
 
 def _dims(shape) -> str:
@@ -207,6 +212,10 @@ def merge_composites(graph: Graph, ops: frozenset) -> list[Op]:
                     f"{COMPILER}.{base[node.op_type]}_{act}", requires=op.requires | {act})
             done.add(id(nxt))
         result.append(op)
+    for op in result:
+        if op.kernel in QNN_COMPOSITES and not op.pattern:
+            act = op.attrs.get("activation")
+            op.pattern = f"{COMPILER}.{QNN_COMPOSITES[op.kernel]}" + (f"_{act}" if act else "")
     return merge_shuffles(result, graph, uses) if {"reshape", "transpose", "conv"} <= ops else result
 
 

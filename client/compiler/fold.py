@@ -10,6 +10,8 @@ compiling, as TVM's ``FoldConstant`` and static-shape passes know them.  One rou
   constants is evaluated with ONNX's reference implementation (``onnx.reference``, at the model's
   opset: the semantics the board's kernels are tested against) and its outputs become initializers.
   The client does not run the board's kernels itself: it may import only the library formats.
+  ``DequantizeLinear`` is not folded (:data:`KEEP`): a quantized weight stays int8 behind its DQ, which
+  the QDQ fold (``quantize``) then takes into the int8 op.
 
 The importer alternates shape inference and folding until nothing changes.
 """
@@ -29,6 +31,8 @@ from rpcsrv.loader.opset import OPS, onnx_op_to_kernel
 ONNX_DOMAINS = ("", "ai.onnx")
 #: refuse to fold into constants larger than this (bytes): they would bloat the library
 MAX_FOLDED_BYTES = 16 << 20
+#: ops never folded, though their inputs are constant: a DQ of int8 weights belongs to its QDQ chain
+KEEP = frozenset({"DequantizeLinear"})
 
 
 def _static_shapes(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
@@ -80,7 +84,7 @@ def _single_node_graph(node: onnx.NodeProto) -> onnx.GraphProto:
 
 def _evaluate(node: onnx.NodeProto, consts: dict, shapes: dict, opsets: dict) -> list | None:
     """The node's output values when they are known now, else None."""
-    if node.domain not in ONNX_DOMAINS:
+    if node.domain not in ONNX_DOMAINS or node.op_type in KEEP:
         return None
     if node.op_type == "Constant":
         a = node.attribute[0]

@@ -33,6 +33,40 @@ def int_table(name: str, values) -> str:
     return f"  static const int64_t {name}[] = {{{vals}}};"
 
 
+def strides(shape) -> list[int]:
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return out[::-1]
+
+
+def binary_loop(expr: str, ins, graph: Graph, oshape, o: str) -> list[str]:
+    """The loop of an element-wise two-input op with numpy broadcasting: ``expr`` of ``a`` and ``b`` (read
+    as double for floating inputs, int64 otherwise) stored to ``o[i]``."""
+    n = numel(oshape)
+    shapes = [graph.tensors[t].shape for t in ins]
+    if all(tuple(s) == tuple(oshape) for s in shapes):
+        return [f"  for (int64_t i = 0; i < {n}; ++i) {{ {_ctype_math(graph, ins)} a = v0[i], b = v1[i]; "
+                f"{o}[i] = {expr}; }}"]
+    rank = len(oshape)
+    lines = [int_table("oshape", oshape or [1])]
+    for k, s in enumerate(shapes):
+        padded = (1,) * (rank - len(s)) + tuple(s)
+        st = strides(padded)
+        lines.append(int_table(f"s{k}", [0 if d == 1 else st[j] for j, d in enumerate(padded)] or [0]))
+    lines += [f"  for (int64_t i = 0; i < {n}; ++i) {{",
+              "    int64_t r = i, p0 = 0, p1 = 0;",
+              f"    for (int d = {rank - 1}; d >= 0; --d) {{ int64_t c = r % oshape[d]; r /= oshape[d]; "
+              "p0 += c * s0[d]; p1 += c * s1[d]; }",
+              f"    {_ctype_math(graph, ins)} a = v0[p0], b = v1[p1]; {o}[i] = {expr};", "  }"]
+    return lines
+
+
+def _ctype_math(graph: Graph, ins) -> str:
+    return "double" if graph.tensors[ins[0]].dtype in ("float32", "float64") else "int64_t"
+
+
 def _reals(name: str, values) -> str:
     vals = ", ".join(repr(float(v)) for v in values) or "0"
     return f"  static const double {name}[] = {{{vals}}};"
@@ -109,7 +143,7 @@ def _matmul_reason(node, graph: Graph) -> str:
     return ""
 
 
-def _batch_offsets(shape, batch, step: int) -> list[int]:
+def batch_offsets(shape, batch, step: int) -> list[int]:
     """Offset of each (broadcast) batch entry's matrix in a tensor of batch dims ``shape``."""
     padded = [1] * (len(batch) - len(shape)) + list(shape)
     index = np.arange(numel(padded)).reshape(padded) if padded else np.array(0)
@@ -121,8 +155,8 @@ def _matmul_body(node, ins, out, graph: Graph, o: str) -> list[str]:
     m, k, n = a[-2], a[-1], b[-1]
     batch = list(np.broadcast_shapes(tuple(a[:-2]), tuple(b[:-2])))
     nb = numel(batch)
-    return [int_table("offa", _batch_offsets(a[:-2], batch, m * k)),
-            int_table("offb", _batch_offsets(b[:-2], batch, k * n)),
+    return [int_table("offa", batch_offsets(a[:-2], batch, m * k)),
+            int_table("offb", batch_offsets(b[:-2], batch, k * n)),
             f"  for (int64_t p = 0; p < {nb}; ++p) for (int64_t i = 0; i < {m}; ++i) "
             f"for (int64_t j = 0; j < {n}; ++j) {{",
             "    double acc = 0;",

@@ -25,6 +25,7 @@ from .hostgen import host_reason, host_source
 from .errors import CompileError, UnsupportedNodesError
 from .onnx_import import Graph, import_onnx
 from .partition import Op, Partition, partition
+from .quantize import OP_DOMAINS, quantize_graph, with_int8_forms
 from .simplify import remove_noops, simplify_inference
 
 
@@ -117,7 +118,9 @@ class CompiledModel:
 
 def resolve_ops(ops, codegen: Codegen | None = None) -> frozenset:
     """The op set from ``--ops``: op names or ONNX op types, as a list or ``"add,sub"``; each must be in
-    ``codegen``'s op set (default: all its ops; without a codegen, every kernel of the board)."""
+    ``codegen``'s op set (default: all its ops; without a codegen, every kernel of the board).  A float
+    op's name covers its int8 forms where the codegen has them (``conv``: ``q_linear_conv`` too;
+    ``quantize.with_int8_forms``)."""
     have = frozenset(OPS) if codegen is None else frozenset(codegen.ops)
     if ops is None:
         return have
@@ -138,7 +141,7 @@ def resolve_ops(ops, codegen: Codegen | None = None) -> frozenset:
         chosen.add(kernel)
     if not chosen:
         raise CompileError("--ops is empty; name at least one op (e.g. --ops add,sub,mul)")
-    return frozenset(chosen)
+    return with_int8_forms(chosen, have)
 
 
 def _describe(op: Op, graph: Graph) -> str:
@@ -155,9 +158,9 @@ def _advice(unsupported: list[Op], chosen: frozenset) -> list[str]:
     """
     unchosen = sorted({k for op in unsupported for k in op.requires - chosen if k in OPS})
     foreign = sorted({"+".join(n.op_type for n in op.nodes) for op in unsupported
-                      if op.kernel not in OPS or op.nodes[0].domain not in ("", "ai.onnx")})
+                      if op.kernel not in OPS or op.nodes[0].domain not in OP_DOMAINS})
     refused = [op.name for op in unsupported if op.kernel in OPS and not op.requires - chosen
-               and op.nodes[0].domain in ("", "ai.onnx")]
+               and op.nodes[0].domain in OP_DOMAINS]
     lines = []
     if unchosen:
         lines.append(f"add {', '.join(unchosen)} to --ops (or leave --ops out to use every op of the board)")
@@ -249,6 +252,7 @@ def compile_onnx(model_or_path, input_shapes: dict | None = None, ops=None, *,
     chosen = resolve_ops(ops, gen)
     graph = import_onnx(model_or_path, input_shapes, bind_inputs)
     remove_noops(graph)  # Dropout, Identity, ...: nothing to run at inference (TVM's SimplifyInference)
+    quantize_graph(graph)  # QDQ chains -> int8 ops with their scales and zero points (TVM's QNN ops)
     if fold_batchnorm:
         simplify_inference(graph, chosen)
     part = partition(graph, chosen, module_name, host=host_fallback, codegen=gen)

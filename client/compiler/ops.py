@@ -29,6 +29,9 @@ class Op:
     #: checked node by node against the board's op catalogue (a codegen's ``Pattern`` composite, which its
     #: own runtime runs), not as ``kernel`` with ``attrs`` and ``inputs`` (ExampleJSON's, run as that kernel)
     by_nodes: bool = False
+    #: an int8 op's quantization parameters by role (``x``, ``w``, ``y``; ``a``, ``b``, ``y``; ...: the
+    #: op language's ``QUANT_ROLES``), as ``rpcsrv.loader.opset.quant.QuantParams``; {} for other ops
+    quant: dict = field(default_factory=dict)
 
     def __post_init__(self):
         self.requires = set(self.requires) or {self.kernel}

@@ -38,6 +38,7 @@ from .errors import CompileError
 from .contrib_shapes import MS_DOMAIN, SURROGATES  # onnxruntime's quantized contrib ops
 from .onnx_import import ONNX_DOMAINS, Graph
 from .ops import Op, consumers  # noqa: F401  (codegens build on them)
+from .quantize import op_quant
 
 @dataclass
 class Function:
@@ -162,6 +163,7 @@ def partition(graph: Graph, ops: frozenset, module_name: str = "default", host: 
     name = codegen.name
     all_ops = dependency_order(codegen.merge_composites(graph, ops), graph, name)
     for op in all_ops:
+        op.quant = op.quant or op_quant(op, graph)
         op.reason = annotate(op, ops, graph) or codegen.check(op, graph)
     regions = merge_regions(all_ops)
     host_ops = {j for j, op in enumerate(all_ops) if op.reason} if host else set()

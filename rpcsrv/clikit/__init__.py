@@ -1,5 +1,5 @@
 """Command-line plumbing shared by ``rpcsrv`` and ``byoc``: help that shows defaults, the version
-string, and the one-line exit on a closed pipe.
+string, the one-line exit on a closed pipe, and the board-plugin flags both commands take.
 
 A leaf package (it imports nothing of rpcsrv), so the client may use it like the protocol and the
 loader: both commands then look and fail alike without either importing the other.
@@ -64,3 +64,11 @@ def broken_pipe(prog: str) -> int:
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     print(f"{prog}: error: output closed early (broken pipe)", file=sys.stderr)
     return 2
+
+
+def add_plugin_flags(p: argparse.ArgumentParser) -> None:
+    """``--plugin NAME`` / ``--no-plugins``: which installed board plugins (entry-point group
+    ``rpcsrv.runtimes``) load; the built-in module kinds are always there."""
+    p.add_argument("--plugin", action="append", metavar="NAME", default=None,
+                   help="load only this installed plugin (repeat for several; default: every installed one)")
+    p.add_argument("--no-plugins", action="store_true", help="load no installed plugin (built-in kinds only)")

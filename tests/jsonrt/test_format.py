@@ -117,9 +117,9 @@ def test_unknown_op_is_refused_at_load_naming_node_and_op():
     g = GraphBuilder()
     x = g.input("x", (4,))
     y = g.kernel("nn.relu", [x], (4,))
-    g.kernel("qnn.conv2d", [y], (4,))
-    with pytest.raises(ExecutorError, match=r"arm_compute_lib module 'ext_0' node 2: op 'qnn.conv2d' has no kernel "
-                                            "on this board"):
+    g.kernel("qnn.conv2d_transpose", [y], (4,))
+    with pytest.raises(ExecutorError, match=r"arm_compute_lib module 'ext_0' node 2: op 'qnn.conv2d_transpose' has "
+                                            "no kernel on this board"):
         _build(g, [type(y)(2)], {}, key="arm_compute_lib")
 
 

@@ -226,8 +226,6 @@ def test_byoc_run_and_profile(built, board):
     _run_and_profile(built, board, "ffi")
 
 
-@pytest.mark.xfail(strict=True, reason="byoc run/profile/compare do not load the installed board plugins yet (classic "
-                                       "layout), and compare pairs ExampleJSON subgraphs only")
 def test_byoc_run_profile_and_compare(built, board):
     """Everything a vendor's user does on the board, the classic layout included."""
     _run_and_profile(built, board, "classic")

@@ -10,7 +10,9 @@
 * what ``rpcsrv inspect`` prints: the symbol, the tensors, the op records.
 
 On a real board the runtime would hand the program to the vendor's driver; here each op record is a
-small numpy function (:data:`KERNELS`).  Nothing of rpcsrv's own kernels is used.
+small numpy function (:data:`KERNELS`; the int8 convolution, ``qconv2d``, is :func:`qconv2d`: integer
+accumulation, then the requantize the program's per-channel table says).  Nothing of rpcsrv's own
+kernels is used.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from rpcsrv.loader.node import ModuleNode, PayloadCodec
 from rpcsrv.loader.plugins import ModuleKind, RuntimePlugin
 
 from . import TYPE_KEY
-from .program import MAX_RANK, Payload
+from .program import MAX_RANK, ZP_BIAS, Payload
 
 
 @dataclass(eq=False, repr=False)
@@ -42,10 +44,14 @@ def tensor_shape(t) -> tuple[int, ...]:
     return tuple(int(d) for d in t.shape[:t.rank])
 
 
+def tensor_dtype(t) -> np.dtype:
+    return np.dtype(str(t.dtype))
+
+
 def constant(program, t) -> np.ndarray:
     """A const tensor of ``program`` as a read-only view of its pool."""
     count = int(np.prod(tensor_shape(t), dtype=np.int64))
-    return np.frombuffer(program.pool, np.float32, count, t.offset).reshape(tensor_shape(t))
+    return np.frombuffer(program.pool, tensor_dtype(t), count, t.offset).reshape(tensor_shape(t))
 
 
 def _decode(value, key: str) -> VendorProgramModule:
@@ -53,9 +59,12 @@ def _decode(value, key: str) -> VendorProgramModule:
     for k, t in enumerate(value.tensors):
         if not 1 <= t.rank <= MAX_RANK:
             raise ValueError(f"tensor {k}: rank {t.rank} (1-{MAX_RANK})")
+        if not isinstance(t.dtype, str):
+            raise ValueError(f"tensor {k}: unknown dtype {int(t.dtype)}")
         if t.kind == "const":
-            nbytes = 4 * int(np.prod(tensor_shape(t), dtype=np.int64))
-            if t.offset % 4 or t.offset + nbytes > len(value.pool):
+            size = tensor_dtype(t).itemsize
+            nbytes = size * int(np.prod(tensor_shape(t), dtype=np.int64))
+            if t.offset % size or t.offset + nbytes > len(value.pool):
                 raise ValueError(f"tensor {k}: constant of {nbytes} bytes at {t.offset} is outside the "
                                  f"{len(value.pool)}-byte pool")
     for k, op in enumerate(value.ops):
@@ -101,6 +110,22 @@ def maxpool(x, _unused, _b, p):
     return win.max(axis=(4, 5))
 
 
+def qconv2d(x, w, chan, p, relu: bool, dtype: np.dtype):
+    """The int8 convolution: ``x`` int8/uint8 NCHW, ``w`` int8 OIHW (zero point 0), ``chan`` int32 (M, 2): the bias
+    with x's zero point folded in, the float32 multiplier's bits; ``p``: strides, pads, zero points + 128, groups."""
+    x_zp, y_zp = p[6] - ZP_BIAS, p[7] - ZP_BIAS
+    padded = _pad(x.astype(np.int64), p, x_zp)  # padding holds the zero point: a real 0
+    acc = conv2d(padded, w.astype(np.int64), None, [p[0], p[1], 0, 0, 0, 0, 0, 0, p[8]])
+    acc = (acc + chan[:, 0].reshape(1, -1, 1, 1)).astype(np.int32)
+    mult = np.ascontiguousarray(chan[:, 1]).view(np.float32).reshape(1, -1, 1, 1)
+    lo, hi = np.iinfo(dtype).min, np.iinfo(dtype).max
+    q = np.rint(acc.astype(np.float32) * mult) + y_zp
+    return np.clip(q, max(lo, y_zp) if relu else lo, hi)
+
+
+#: opcodes whose kernel saturates to its output's type itself (and reads the relu flag)
+INTEGER = {"qconv2d": qconv2d}
+
 KERNELS = {
     "conv2d": conv2d,
     "maxpool": maxpool,
@@ -124,7 +149,7 @@ class VendorNPURuntime(RuntimeModule):
         self.shapes = [tensor_shape(t) for t in self.tensors]
         self.consts = {k: constant(program, t) for k, t in enumerate(self.tensors) if t.kind == "const"}
         for k, op in enumerate(program.ops):  # what can be checked before data arrives is checked now
-            if op.opcode not in KERNELS:
+            if op.opcode not in KERNELS and op.opcode not in INTEGER:
                 raise ExecutorError(f"vendor_npu {self.symbol}: op {k} has opcode {op.opcode}, which this "
                                     f"runtime does not run")
 
@@ -138,17 +163,21 @@ class VendorNPURuntime(RuntimeModule):
                                 f"{len(args)} arguments")
         values = dict(self.consts)
         for tid, arr in zip(ins + outs, args):
-            if not isinstance(arr, np.ndarray) or arr.shape != self.shapes[tid] or arr.dtype != np.float32:
-                raise ExecutorError(f"{self.symbol}: tensor {tid} must be float32 {list(self.shapes[tid])}, got "
+            want = tensor_dtype(self.tensors[tid])
+            if not isinstance(arr, np.ndarray) or arr.shape != self.shapes[tid] or arr.dtype != want:
+                raise ExecutorError(f"{self.symbol}: tensor {tid} must be {want} {list(self.shapes[tid])}, got "
                                     f"{getattr(arr, 'dtype', type(arr).__name__)} {list(getattr(arr, 'shape', []))}")
         values.update(zip(ins, args[:len(ins)]))
         for k, op in enumerate(self.program.ops):
             a, b, c = (values[i] if i != -1 else None for i in op.inputs)
+            dtype = tensor_dtype(self.tensors[op.output])
             try:
-                y = KERNELS[op.opcode](a, b, c, op.params)
-                if op.flags.relu:
-                    y = np.maximum(y, 0)
-                values[op.output] = np.asarray(y, np.float32).reshape(self.shapes[op.output])
+                if op.opcode in INTEGER:
+                    y = INTEGER[op.opcode](a, b, c, op.params, bool(op.flags.relu), dtype)
+                else:
+                    y = KERNELS[op.opcode](a, b, c, op.params)
+                    y = np.maximum(y, 0) if op.flags.relu else y
+                values[op.output] = np.asarray(y).astype(dtype).reshape(self.shapes[op.output])
             except (ValueError, IndexError, TypeError) as exc:
                 raise ExecutorError(f"vendor_npu {self.symbol}: op {k} ({op.opcode}) failed: {exc}") from exc
         for tid, out in zip(outs, args[len(ins):]):
@@ -161,7 +190,8 @@ def summarize(node: VendorProgramModule) -> dict:
     p = node.program
     return {"vendor_npu": {
         "symbol": p.symbol, "pool_bytes": len(p.pool),
-        "tensors": [{"id": k, "kind": str(t.kind), "shape": list(tensor_shape(t))} for k, t in enumerate(p.tensors)],
+        "tensors": [{"id": k, "kind": str(t.kind), "dtype": str(t.dtype), "shape": list(tensor_shape(t))}
+                    for k, t in enumerate(p.tensors)],
         "ops": [{"opcode": str(op.opcode), "relu": bool(op.flags.relu),
                  "inputs": [int(i) for i in op.inputs if i != -1], "output": int(op.output)} for op in p.ops]}}
 

@@ -2,9 +2,11 @@
 
 TVM's serializer writes every op attribute as a list of strings (``"strides": ["1", "1"]``, ``"axis":
 ["-1"]``, ``"out_dtype": [""]``).  :class:`Attrs` reads them as ints, floats, bools or strings, with
-defaults, and raises :class:`OpError` naming the attribute when one is malformed; the runtime adds
-the node and op to the message.  The layout helpers turn a relay layout string (``NHWC``, ``OHWI``,
-``IHWO``) into the permutation to and from the channels-first form the numpy kernels use.
+defaults, or as the kind the op language's schema declares for the attribute they become
+(:meth:`Attrs.as_kind`), and raises :class:`OpError` naming the attribute when one is malformed; the
+runtime adds the node and op to the message.  It also holds the node's input dtypes (for the schema's
+dtype rules).  The layout helpers turn a relay layout string (``NHWC``, ``OHWI``, ``IHWO``) into the
+permutation to and from the channels-first form the numpy kernels use.
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ _MISSING = object()
 
 
 class Attrs:
-    """Typed access to one node's attributes."""
+    """Typed access to one node's attributes; ``input_dtypes``: its inputs' dtype names (None: not known)."""
 
-    def __init__(self, node: JSONNode):
+    def __init__(self, node: JSONNode, input_dtypes: Optional[list[str]] = None):
         self.node = node
+        self.input_dtypes = input_dtypes
 
     def raw(self, key: str, default: Any = _MISSING) -> Optional[list[str]]:
         value = self.node.attrs.get(key)
@@ -79,6 +82,21 @@ class Attrs:
         if len(value) != 1:
             raise OpError(f"attribute {key!r} must be one string, got {value}")
         return value[0]
+
+    def floats(self, key: str, default: Any = _MISSING) -> Optional[list[float]]:
+        value = self.raw(key, default)
+        if value is default:
+            return default
+        try:
+            return [float(v) for v in value]
+        except ValueError:
+            raise OpError(f"attribute {key!r} must be numbers, got {value}") from None
+
+    def as_kind(self, key: str, kind: str) -> Any:
+        """Attribute ``key`` read as the schema's attribute kind (``int``, ``float``, ``ints``, ``floats``,
+        ``str``, ...: ``rpcsrv.loader.opset.schema.KINDS``), None when absent."""
+        reader = {"int": self.int, "float": self.float, "ints": self.ints, "floats": self.floats}.get(kind, self.str)
+        return reader(key, None)
 
     def out_dtype(self) -> None:
         """Refuse an ``out_dtype`` other than the output's own (the kernels keep the input dtype)."""

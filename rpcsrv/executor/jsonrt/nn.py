@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from ...loader.opset import OPS
 from ..kernels import KERNELS
 from .attrs import Attrs, OpError, inverse, permute, spatial, spatial_pads, to_first, weight_to_first
 
@@ -210,21 +211,34 @@ def instance_norm(node, a: Attrs, shapes) -> Prepared:
     return Prepared(run)
 
 
+def _integer_mean(fn, dtype: np.dtype):
+    """An average pool of integers as TVM computes the quantized one (``cast(int32) -> avg pool -> cast``): the
+    exact window sum divided by the count, truncated (float64 holds both exactly, and a quotient that is not an
+    integer is at least 1/count from one)."""
+    return lambda x, **attrs: np.trunc(fn(x.astype(np.float64), **attrs)).astype(dtype)
+
+
 def pool(node, a: Attrs, shapes, *, kind: str) -> Prepared:
-    """nn.{max,avg,l2}_pool{1,2,3}d in any plain layout (the ``layout`` attribute)."""
+    """nn.{max,avg,l2}_pool{1,2,3}d in any plain layout (the ``layout`` attribute); max and avg of int8/uint8
+    data too (ACL's quantized pools)."""
     data, xperm, back, k = _layouts(a, len(shapes[0]), "layout")
     size = spatial(a, "pool_size", k, 1)
     attrs = dict(kernel_shape=size, strides=spatial(a, "strides", k, 1), dilations=spatial(a, "dilation", k, 1),
                  pads=spatial_pads(a.ints("padding", [0]), k), ceil_mode=int(a.bool("ceil_mode", False)))
     if kind != "max":
         attrs["count_include_pad"] = int(a.bool("count_include_pad", False))
+    integer = np.dtype(node.dtypes[0]).kind in "iu"
+    if integer and kind == "l2":
+        raise OpError(f"an l2 pool of {node.dtypes[0]} is not supported (float only)")
+    average = _integer_mean(KERNELS["average_pool"], np.dtype(node.dtypes[0])) if integer else \
+        KERNELS["average_pool"]
 
     def run(x):
         x = permute(x, xperm)
         if kind == "max":
             y = KERNELS["max_pool"](x, **attrs)
         elif kind == "avg":
-            y = KERNELS["average_pool"](x, **attrs)
+            y = average(x, **attrs)
         else:  # ACL's l2 pool: the root of the mean of squares
             y = KERNELS["sqrt"](KERNELS["average_pool"](KERNELS["mul"](x, x), **attrs))
         return permute(y, back)
@@ -233,9 +247,11 @@ def pool(node, a: Attrs, shapes, *, kind: str) -> Prepared:
 
 
 def global_pool(node, a: Attrs, shapes, *, kind: str) -> Prepared:
-    """nn.global_{max,avg}_pool2d in any plain layout."""
+    """nn.global_{max,avg}_pool2d in any plain layout (int8/uint8 data too: an average truncated as TVM's)."""
     data, xperm, back, k = _layouts(a, len(shapes[0]), "layout")
     fn = KERNELS["global_max_pool" if kind == "max" else "global_average_pool"]
+    if kind == "avg" and np.dtype(node.dtypes[0]).kind in "iu":
+        fn = _integer_mean(fn, np.dtype(node.dtypes[0]))
     return Prepared(lambda x: permute(fn(permute(x, xperm)), back))
 
 
@@ -250,14 +266,6 @@ def adaptive_pool(node, a: Attrs, shapes, *, kind: str) -> Prepared:
     window = [s // o for s, o in zip(first[2:], out)]
     fn = KERNELS["max_pool" if kind == "max" else "average_pool"]
     return Prepared(lambda x: permute(fn(permute(x, xperm), kernel_shape=window, strides=window), back))
-
-
-def softmax(node, a: Attrs, shapes, *, log: bool = False) -> Prepared:
-    axis = a.int("axis", -1)
-    if not -len(shapes[0]) <= axis < len(shapes[0]):
-        raise OpError(f"axis {axis} out of range for rank {len(shapes[0])}")
-    fn = KERNELS["log_softmax" if log else "softmax"]
-    return Prepared(lambda x: fn(x, axis=axis))
 
 
 def bias_add(node, a: Attrs, shapes) -> Prepared:
@@ -275,9 +283,13 @@ def _check_count(node, n: int) -> None:
         raise OpError(f"takes {n} input(s), got {len(node.inputs)}")
 
 
-#: how many inputs the fixed-arity factories take (the composite ones count their own)
-ARITY = {batch_norm: 5, layer_norm: 3, instance_norm: 3, softmax: 1, bias_add: 2, matmul: 2,
-         pool: 1, global_pool: 1, adaptive_pool: 1}
+#: how many inputs the fixed-arity factories take (the composite ones count their own): the inputs of the op of
+#: the op language each relay op is (its schema's, ``rpcsrv.loader.opset``), or relay's own count
+ARITY = {**{f: int(OPS[k].max_inputs) for f, k in ((batch_norm, "batch_normalization"),
+                                                   (layer_norm, "layer_normalization"),
+                                                   (instance_norm, "instance_normalization"), (pool, "max_pool"),
+                                                   (global_pool, "global_max_pool"), (adaptive_pool, "max_pool"))},
+         bias_add: 2, matmul: 2}
 
 
 def checked(factory, **options):

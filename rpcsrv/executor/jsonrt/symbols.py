@@ -50,8 +50,9 @@ class Step:
             raise ExecutorError(f"{where}: op {node.name!r} has no kernel on this board (see docs/jsonrt.md "
                                 "for the ops it runs)")
         shapes = [graph.nodes[e.node].shapes[e.index] for e in node.inputs]
+        dtypes = [graph.nodes[e.node].dtypes[e.index] for e in node.inputs]
         try:
-            self.op = factory(node, Attrs(node), shapes)
+            self.op = factory(node, Attrs(node, dtypes), shapes)
         except OpError as exc:
             raise ExecutorError(f"{where} op {node.name!r}: {exc}") from None
         except Exception as exc:  # attributes no check foresaw: still an answer naming the node

@@ -1,7 +1,11 @@
 """The op table of JSON-runtime graphs: kernel name -> factory, as data.
 
 ``OPS`` holds relay's op names (what ``JSONSerializer`` writes for a plain call, and what ACL's and
-CLML's serializers write for their composites, with a bias input and an ``activation_type``).
+CLML's serializers write for their composites, with a bias input and an ``activation_type``).  A relay op
+that is one op of the op language (``rpcsrv.loader.opset``, the board's declaration of its kernels) is a
+``Direct`` row naming that op and how relay names its attributes; its inputs, attribute kinds, defaults,
+allowed values and dtype rule are the schema's, declared once there.  The other factories translate
+what relay says differently (layouts, padding forms, relay's own defaults).
 ``COMPOSITES`` holds the backends' composite names: DNNL's ``dnnl.<op>[_bias][_sum][_<act>]``, BNNS's
 ``bnns.<op>_bias_relu`` family, ACL's ``arm_compute_lib.*`` pattern names.  TensorRT prefixes every
 op with ``tensorrt.`` (its runtime registers ``"tensorrt." + op``); :func:`lookup` strips it.
@@ -17,6 +21,8 @@ from typing import Callable, Optional
 
 from . import nn, tensor_ops as t
 from .nn import checked
+from .qnn import QNN_COMPOSITES, QNN_OPS
+from .tensor_ops import Direct
 
 Factory = Callable  # factory(node, attrs, input_shapes) -> Prepared
 
@@ -29,15 +35,14 @@ _REDUCE = {"sum": "reduce_sum", "mean": "reduce_mean", "max": "reduce_max", "min
            "prod": "reduce_prod"}
 
 OPS: dict[str, Factory] = {
-    **{name: t.unary(kernel) for name, kernel in _UNARY.items()},
-    **{name: t.binary(kernel) for name, kernel in _BINARY.items()},
+    **{name: Direct(kernel) for name, kernel in {**_UNARY, **_BINARY}.items()},
     **{name: t.reduce(kernel) for name, kernel in _REDUCE.items()},
     "rsqrt": lambda node, a, shapes: nn.Prepared(lambda x: 1 / t.KERNELS["sqrt"](x)),
-    "nn.relu6": t.unary("clip", min=0.0, max=6.0),  # CLML's name for clip(0, 6)
-    "nn.leaky_relu": t.leaky_relu,
-    "clip": t.clip,
-    "nn.softmax": checked(nn.softmax),
-    "nn.log_softmax": checked(nn.softmax, log=True),
+    "nn.relu6": Direct("clip", fixed={"min": 0.0, "max": 6.0}),  # CLML's name for clip(0, 6)
+    "nn.leaky_relu": Direct("leaky_relu", {"alpha": "alpha"}),
+    "clip": Direct("clip", {"a_min": "min", "a_max": "max"}),
+    "nn.softmax": Direct("softmax", {"axis": "axis"}),
+    "nn.log_softmax": Direct("log_softmax", {"axis": "axis"}),
     **{f"nn.conv{k}d": nn.conv for k in (1, 2, 3)},
     "nn.depthwise_conv2d": nn.conv,  # ACL (kernel layout IHWO) and CLML (IOHW)
     **{f"nn.conv{k}d_transpose": partial(nn.conv, transpose=True) for k in (1, 2, 3)},
@@ -67,6 +72,7 @@ OPS: dict[str, Factory] = {
     "split": t.split,
     "nn.depth_to_space": t.depth_to_space,
     "nn.upsampling": t.upsampling,
+    **QNN_OPS,
 }
 
 _ACTS = ("relu", "tanh", "sigmoid", "clip", "gelu", "swish", "mish")
@@ -108,6 +114,7 @@ COMPOSITES: dict[str, Factory] = {
     "arm_compute_lib.avg_pool2d": checked(nn.pool, kind="avg"),
     "arm_compute_lib.l2_pool2d": checked(nn.pool, kind="l2"),
     "arm_compute_lib.concatenate": t.concatenate,
+    **QNN_COMPOSITES,
 }
 
 #: prefixes a backend puts before relay's op names

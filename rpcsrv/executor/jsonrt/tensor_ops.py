@@ -1,15 +1,21 @@
 """Element-wise, reduction and shape ops of JSON-runtime graphs, on the board's numpy kernels.
 
 Same contract as ``nn.py``: a factory reads the node's attributes at ``load_module`` and returns a
-:class:`~rpcsrv.executor.jsonrt.nn.Prepared`.  Ops that only change the shape (``reshape``,
-``nn.batch_flatten``, ``squeeze``, ``expand_dims``) take the output shape the graph declares, so
-relay's special reshape codes (0, -1, -2, ...) need no interpretation here.
+:class:`~rpcsrv.executor.jsonrt.nn.Prepared`.  A relay op that is one op of the op language is a
+:class:`Direct` row, everything about it but its relay attribute names taken from the op's schema.
+Ops that only change the shape (``reshape``, ``nn.batch_flatten``, ``squeeze``, ``expand_dims``) take
+the output shape the graph declares, so relay's special reshape codes (0, -1, -2, ...) need no
+interpretation here.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
 import numpy as np
 
+from ...loader.opset import OPS, node_problems
 from ..kernels import KERNELS
 from .attrs import Attrs, OpError, to_first
 from .nn import Prepared
@@ -20,35 +26,29 @@ def _arity(node, n: int) -> None:
         raise OpError(f"takes {n} input(s), got {len(node.inputs)}")
 
 
-def unary(kernel: str, **fixed):
-    """A one-input op: ``KERNELS[kernel](x, **fixed)``."""
-    def make(node, a: Attrs, shapes) -> Prepared:
-        _arity(node, 1)
-        fn = KERNELS[kernel]
-        return Prepared(lambda x: fn(x, **fixed))
-    make.__doc__ = f"one input -> kernel {kernel!r}"
-    return make
+@dataclass(frozen=True)
+class Direct:
+    """A relay op that is one op of the op language (``rpcsrv.loader.opset``): ``kernel``; ``names``: relay's
+    attribute -> the kernel's (read as the kind the schema declares; absent: the schema's default); ``fixed``:
+    attributes set whatever the node says.  The input count, the attributes' kinds and allowed values and the
+    dtype rule are the schema's, checked at ``load_module`` as the ExampleJSON parser checks its ops."""
 
+    kernel: str
+    names: Mapping[str, str] = field(default_factory=dict)
+    fixed: Mapping[str, Any] = field(default_factory=dict)
 
-def binary(kernel: str):
-    """A two-input broadcasting op: ``KERNELS[kernel](a, b)``."""
-    def make(node, a: Attrs, shapes) -> Prepared:
-        _arity(node, 2)
-        return Prepared(KERNELS[kernel])
-    make.__doc__ = f"two inputs, broadcast -> kernel {kernel!r}"
-    return make
-
-
-def leaky_relu(node, a: Attrs, shapes) -> Prepared:
-    _arity(node, 1)
-    alpha = a.float("alpha", 0.01)
-    return Prepared(lambda x: KERNELS["leaky_relu"](x, alpha=alpha))
-
-
-def clip(node, a: Attrs, shapes) -> Prepared:
-    _arity(node, 1)
-    lo, hi = a.float("a_min"), a.float("a_max")
-    return Prepared(lambda x: KERNELS["clip"](x, min=lo, max=hi))
+    def __call__(self, node, a: Attrs, shapes) -> Prepared:
+        spec = OPS[self.kernel]
+        attrs = dict(self.fixed)
+        for relay, name in self.names.items():
+            value = a.as_kind(relay, spec.attrs[name].kind)
+            if value is not None:
+                attrs[name] = value
+        problems = node_problems(self.kernel, attrs, [True] * len(node.inputs), a.input_dtypes)
+        if problems:
+            raise OpError("; ".join(problems))
+        fn = KERNELS[self.kernel]
+        return Prepared((lambda *xs: fn(*xs, **attrs)) if attrs else fn)
 
 
 def to_declared_shape(node, a: Attrs, shapes) -> Prepared:

@@ -179,6 +179,16 @@ QUANT_ROLES: dict[str, dict[str, tuple]] = {
 }
 
 
+def role_slots(op: str, count: int) -> dict[str, tuple]:
+    """``QUANT_ROLES[op]`` for a use of ``op`` with ``count`` inputs: ``q_linear_concat``'s ``x0``, ``x1``, ...
+    added ({} for an op without quantized roles)."""
+    slots = dict(QUANT_ROLES.get(op, {}))
+    if op == "q_linear_concat":
+        for k in range((count - 2) // 3):
+            slots[f"x{k}"] = (2 + 3 * k, 3 + 3 * k, 4 + 3 * k, None)
+    return slots
+
+
 def roles(op: str, inputs: Sequence[Any], attrs: Mapping[str, Any], value: Callable[[Any], Any],
           dtype: Callable[[Any], Any] = lambda _ref: None) -> dict[str, QuantParams]:
     """The quantization parameters of an int8 op's operands and result, by role (``x``, ``w``, ``y``,
@@ -186,13 +196,7 @@ def roles(op: str, inputs: Sequence[Any], attrs: Mapping[str, Any], value: Calla
     (names, IDs; falsy: absent); ``value(ref)``: a constant's array, None when the input is not constant
     (its role is then left out); ``dtype(ref)``: a quantized input's dtype, for a zero point left out
     (absent, ONNX's default: uint8)."""
-    table = QUANT_ROLES.get(op)
-    if table is None:
-        return {}
-    slots = dict(table)
-    if op == "q_linear_concat":
-        for k in range((len(inputs) - 2) // 3):
-            slots[f"x{k}"] = (2 + 3 * k, 3 + 3 * k, 4 + 3 * k, None)
+    slots = role_slots(op, len(inputs))
     present = lambda k: k is not None and k < len(inputs) and bool(inputs[k])  # noqa: E731
     out: dict[str, QuantParams] = {}
     for role, (di, si, zi, axis) in slots.items():
