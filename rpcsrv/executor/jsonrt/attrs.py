@@ -11,7 +11,7 @@ permutation to and from the channels-first form the numpy kernels use.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -40,32 +40,33 @@ class Attrs:
             return default
         return value
 
-    def ints(self, key: str, default: Any = _MISSING) -> Optional[list[int]]:
+    def _converted(self, key: str, default: Any, convert: Callable[[str], Any], what: str) -> Any:
+        """Attribute ``key`` as a list, each string converted (``default`` when absent)."""
         value = self.raw(key, default)
         if value is default:
             return default
         try:
-            return [int(v) for v in value]
+            return [convert(v) for v in value]
         except ValueError:
-            raise OpError(f"attribute {key!r} must be integers, got {value}") from None
+            raise OpError(f"attribute {key!r} must be {what}, got {value}") from None
 
-    def int(self, key: str, default: Any = _MISSING) -> Optional[int]:
-        value = self.ints(key, default)
+    @staticmethod
+    def _one(key: str, value: Any, default: Any, what: str) -> Any:
+        """The one element of ``value`` (``default`` when it is the default)."""
         if value is default:
             return default
         if len(value) != 1:
-            raise OpError(f"attribute {key!r} must be one integer, got {value}")
+            raise OpError(f"attribute {key!r} must be {what}, got {value}")
         return value[0]
 
+    def ints(self, key: str, default: Any = _MISSING) -> Optional[list[int]]:
+        return self._converted(key, default, int, "integers")
+
+    def int(self, key: str, default: Any = _MISSING) -> Optional[int]:
+        return self._one(key, self.ints(key, default), default, "one integer")
+
     def float(self, key: str, default: Any = _MISSING) -> Optional[float]:
-        value = self.raw(key, default)
-        if value is default:
-            return default
-        try:
-            (number,) = [float(v) for v in value]
-        except ValueError:
-            raise OpError(f"attribute {key!r} must be one number, got {value}") from None
-        return number
+        return self._one(key, self._converted(key, default, float, "one number"), default, "one number")
 
     def bool(self, key: str, default: bool) -> bool:
         value = self.raw(key, None)
@@ -76,21 +77,10 @@ class Attrs:
         return value[0] in ("1", "true", "True")
 
     def str(self, key: str, default: Any = _MISSING) -> Optional[str]:
-        value = self.raw(key, default)
-        if value is default:
-            return default
-        if len(value) != 1:
-            raise OpError(f"attribute {key!r} must be one string, got {value}")
-        return value[0]
+        return self._one(key, self.raw(key, default), default, "one string")
 
     def floats(self, key: str, default: Any = _MISSING) -> Optional[list[float]]:
-        value = self.raw(key, default)
-        if value is default:
-            return default
-        try:
-            return [float(v) for v in value]
-        except ValueError:
-            raise OpError(f"attribute {key!r} must be numbers, got {value}") from None
+        return self._converted(key, default, float, "numbers")
 
     def as_kind(self, key: str, kind: str) -> Any:
         """Attribute ``key`` read as the schema's attribute kind (``int``, ``float``, ``ints``, ``floats``,
