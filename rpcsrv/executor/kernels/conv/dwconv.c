@@ -207,9 +207,10 @@ static int conv_rows(const float *x, const float *w, const float *bias, float *y
     return 0;
 }
 
-/* acc[j0 ..] = the maximum over the taps of nv vectors from flat position j0 (NaN wins, as numpy's) */
-static inline __attribute__((always_inline)) void max_run(float *acc, const float *buf, const long *off,
-                                                          long taps, long j0, const int nv) {
+/* acc[j0 ..] = the maximum (is_max; NaN wins, as numpy's) or the sum over the taps of nv vectors from flat
+ * position j0 (both constants where it is inlined, so each use compiles to its own loop) */
+static inline __attribute__((always_inline)) void reduce_run(float *acc, const float *buf, const long *off,
+                                                             long taps, long j0, const int nv, const int is_max) {
     vf a[8];
 #pragma GCC unroll 8
     for (int v = 0; v < nv; v++) a[v] = loadv(buf + off[0] + j0 + v * VW);
@@ -218,27 +219,23 @@ static inline __attribute__((always_inline)) void max_run(float *acc, const floa
 #pragma GCC unroll 8
         for (int v = 0; v < nv; v++) {
             vf u = loadv(s + v * VW);
-            a[v] = vselect((u > a[v]) | (u != u), u, a[v]);
+            a[v] = is_max ? vselect((u > a[v]) | (u != u), u, a[v]) : a[v] + u;
         }
     }
 #pragma GCC unroll 8
     for (int v = 0; v < nv; v++) storev(acc + j0 + v * VW, a[v]);
 }
 
-/* acc[j0 ..] = the sum over the taps of nv vectors from flat position j0 */
-static inline __attribute__((always_inline)) void sum_run(float *acc, const float *buf, const long *off,
-                                                          long taps, long j0, const int nv) {
-    vf a[8];
-#pragma GCC unroll 8
-    for (int v = 0; v < nv; v++) a[v] = loadv(buf + off[0] + j0 + v * VW);
-    for (long t = 1; t < taps; t++) {
-        const float *s = buf + off[t] + j0;
-#pragma GCC unroll 8
-        for (int v = 0; v < nv; v++) a[v] += loadv(s + v * VW);
-    }
-#pragma GCC unroll 8
-    for (int v = 0; v < nv; v++) storev(acc + j0 + v * VW, a[v]);
-}
+/* reduce_run over nvec vectors: blocks of 8, then one of 4, 2 and 1 as they fit (each nv a constant, so that
+ * the always-inlined run unrolls) */
+#define OVER_VECTORS(is_max, acc, buf, off, taps, nvec)                                                              \
+    do {                                                                                                             \
+        long v0_ = 0;                                                                                                \
+        for (; v0_ + 8 <= (nvec); v0_ += 8) reduce_run(acc, buf, off, taps, v0_ * VW, 8, is_max);                    \
+        if ((nvec) - v0_ >= 4) { reduce_run(acc, buf, off, taps, v0_ * VW, 4, is_max); v0_ += 4; }                   \
+        if ((nvec) - v0_ >= 2) { reduce_run(acc, buf, off, taps, v0_ * VW, 2, is_max); v0_ += 2; }                   \
+        if ((nvec) - v0_ >= 1) reduce_run(acc, buf, off, taps, v0_ * VW, 1, is_max);                                 \
+    } while (0)
 
 /* AveragePool of x (N, C, H, W), float32, by the same phase planes (padding: 0): each window's sum divided
  * by counts[oh * OW + ow] (what ONNX's count_include_pad and ceil_mode make it, worked out by pool.py). */
@@ -252,11 +249,7 @@ int rpcsrv_avgpool2d_f32(const float *x, float *y, const float *counts, long n, 
     long taps = kh * kw, nvec = (gm.len + VW - 1) / VW;
     for (long p = 0; p < n * c; p++) {
         fill_phases(&gm, buf, x + p * h * wd, h, wd, sw);
-        long v0 = 0;
-        for (; v0 + 8 <= nvec; v0 += 8) sum_run(acc, buf, gm.off, taps, v0 * VW, 8);
-        if (nvec - v0 >= 4) { sum_run(acc, buf, gm.off, taps, v0 * VW, 4); v0 += 4; }
-        if (nvec - v0 >= 2) { sum_run(acc, buf, gm.off, taps, v0 * VW, 2); v0 += 2; }
-        if (nvec - v0 >= 1) sum_run(acc, buf, gm.off, taps, v0 * VW, 1);
+        OVER_VECTORS(0, acc, buf, gm.off, taps, nvec);
         float *dst = y + p * oh * ow;
         for (long r = 0; r < oh; r++)
             for (long j = 0; j < ow; j++) dst[r * ow + j] = acc[r * gm.qw + j] / counts[r * ow + j];
@@ -278,11 +271,7 @@ int rpcsrv_maxpool2d_f32(const float *x, float *y, long n, long c, long h, long 
     long taps = kh * kw, nvec = (gm.len + VW - 1) / VW;
     for (long p = 0; p < n * c; p++) {
         fill_phases(&gm, buf, x + p * h * wd, h, wd, sw);
-        long v0 = 0;
-        for (; v0 + 8 <= nvec; v0 += 8) max_run(acc, buf, gm.off, taps, v0 * VW, 8);
-        if (nvec - v0 >= 4) { max_run(acc, buf, gm.off, taps, v0 * VW, 4); v0 += 4; }
-        if (nvec - v0 >= 2) { max_run(acc, buf, gm.off, taps, v0 * VW, 2); v0 += 2; }
-        if (nvec - v0 >= 1) max_run(acc, buf, gm.off, taps, v0 * VW, 1);
+        OVER_VECTORS(1, acc, buf, gm.off, taps, nvec);
         store(y + p * oh * ow, acc, oh, ow, gm.qw);
     }
     free(buf);
