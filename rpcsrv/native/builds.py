@@ -21,6 +21,7 @@ the same two ahead of time (inline), so a board can be prepared before it serves
 from __future__ import annotations
 
 import atexit
+import ctypes
 import logging
 import threading
 import time
@@ -102,9 +103,13 @@ class BoardBuild:
 
     @staticmethod
     def _shim(run) -> str:
-        for _target, _path, fits in shim.prebuilt():
+        for _target, path, fits in shim.prebuilt():
             if fits:
-                return ""  # the wheel's serves (a board whose C library refuses it builds at first use instead)
+                try:  # the wheel's serves, unless this board's C library refuses it (musl, an old glibc)
+                    ctypes.CDLL(str(path))
+                    return ""
+                except OSError:
+                    continue
         if shim.compiled(build=False) is not None:
             return ""
         path = shim.compiled(build=True, run=run)
