@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Optional
 
-from ..config.toolchain import BuildSettings, Compiler, build_folder, sweep
+from ..config.toolchain import BuildSettings, Compiler, build_folder, c_compiler, sweep
 from ..executor.compute import lower_priority
 from ..executor.kernels.clib import compiled, kcache
 from . import shim
@@ -123,6 +123,9 @@ class BoardBuild:
         if target.is_file():
             if compiled.in_use_path() != str(target):  # (cached meanwhile by another process)
                 compiled.install(target, f"built for this CPU, cached in {target.parent}")
+            return ""
+        if c_compiler() is None:  # a board without one: what was found serves, and that is no failure
+            compiled.POLICY.failure = "no C compiler to build them for this CPU (set RPCSRV_CC or CC)"
             return ""
         path, origin = kcache.build(settings, run=run, timeout=BUILD_TIMEOUT)
         compiled.install(path, origin)

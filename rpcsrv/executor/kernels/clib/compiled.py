@@ -250,7 +250,7 @@ def status() -> dict:
         return {"in_use": False, "reason": f"turned off by {ENV_SWITCH}={environment.text(ENV_SWITCH)}",
                 "library": None, "origin": None}
     lib = library()
-    return {"in_use": lib is not None, "reason": _state.get("reason", "") if lib is None else
+    return {"in_use": lib is not None, "reason": POLICY.failure or _state.get("reason", "") if lib is None else
             "compiled kernels in use (depthwise convolution, sigmoid, swish, conv epilogue, "
             "stem convolution, max and average pooling, winograd transforms)",
             "library": _state.get("path"), "origin": _state.get("origin") if lib is not None else None}
