@@ -68,6 +68,8 @@ class BoardBuild:
                 return
             shim.POLICY.idle.clear()  # before any session can ask: a session waits for the shim's build
             compiled.POLICY.idle.clear()
+            log.info("building what this board lacks of the native shim and compiled kernels in the background, "
+                     "into %s", settings.folder())
             self.thread = threading.Thread(target=self._run, args=(settings,), name="rpcsrv-build", daemon=True)
             atexit.register(self.stop)
             self.thread.start()
