@@ -190,11 +190,13 @@ def prepare(args: argparse.Namespace) -> None:
     """The shim and this CPU's compiled kernels built now, into the cache ``rpcsrv serve`` with the same
     ``--cache-dir`` uses (unless ``--build off``): a board prepared ahead of time serves them from its first
     session.  (The sections below report what was found or built.)"""
+    from .config.toolchain import sweep
     from .serveopts import build_settings
     from .executor.kernels.clib import compiled
     from .native import shim
 
     settings = build_settings(args)
+    sweep(settings.folder())  # what killed builds left there
     shim.POLICY.configure("inline", settings)
     compiled.POLICY.configure("inline", settings)
     compiled.reset()
