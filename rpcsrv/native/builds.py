@@ -48,7 +48,7 @@ class BoardBuild:
         self.thread: Optional[threading.Thread] = None
         self.compiler: Optional[Compiler] = None
         self.stopping = threading.Event()
-        #: what happened, for logs and ``rpcsrv check``: "shim" and "kernels" -> a line each
+        #: what happened (also logged): "shim" and "kernels" -> a line each
         self.outcome: dict[str, str] = {}
 
     def start(self, settings: BuildSettings) -> None:
@@ -89,8 +89,10 @@ class BoardBuild:
             if self.stopping.is_set():
                 return
             with build_folder(policy.settings.folder()) as folder:
-                self.compiler = Compiler(folder)
-                what = build(self.compiler.run)
+                compiler = self.compiler = Compiler(folder)
+                if self.stopping.is_set():  # (stopped while the folder was made: no compiler runs)
+                    compiler.stop()
+                what = build(compiler.run)
             if what:
                 self.outcome[name] = f"{what} in {time.monotonic() - start:.1f} s"
                 log.info("background build: %s %s", name, self.outcome[name])
