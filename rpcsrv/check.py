@@ -3,8 +3,9 @@
 * the machine (``uname``, the ELF machine of this Python, CPUs), Python, numpy and its BLAS
   (threadpoolctl);
 * whether native code can run: which shim (prebuilt in the package, the cache, built by the board's
-  compiler, ``RPCSRV_NATIVE_SHIM``), which prebuilt ones the package holds, the compiler; if none
-  fits, why and what to do;
+  compiler now, ``RPCSRV_NATIVE_SHIM``; with the compiled kernels, built into ``--cache-dir`` ahead of
+  time, so that ``rpcsrv serve`` with the same flags finds them from its first session), which prebuilt
+  ones the package holds, the compiler; if none fits, why and what to do;
 * the limits in force, as ``rpcsrv serve`` with the same flags would set them (``check`` takes
   ``serve``'s limit and native flags, copied from its parser, so the two cannot drift apart);
 * the sections other parts of rpcsrv provide, when installed (:data:`HOOKS`);
@@ -185,6 +186,22 @@ def smoke_examplejson(folder: Path) -> dict:
     return _timed(run)
 
 
+def prepare(args: argparse.Namespace) -> None:
+    """The shim and this CPU's compiled kernels built now, into the cache ``rpcsrv serve`` with the same
+    ``--cache-dir`` uses (unless ``--build off``): a board prepared ahead of time serves them from its first
+    session.  (The sections below report what was found or built.)"""
+    from .config.toolchain import sweep
+    from .serveopts import build_settings
+    from .executor.kernels.clib import compiled
+    from .native import shim
+
+    settings = build_settings(args)
+    sweep(settings.folder())  # what killed builds left there
+    shim.POLICY.configure("inline", settings)
+    compiled.POLICY.configure("inline", settings)
+    compiled.reset()
+
+
 def _check_kernel() -> tuple[Path | None, str]:
     from .native.shim import compiled, prebuilt
 
@@ -266,6 +283,7 @@ def collect(args: argparse.Namespace) -> dict:
     from .serveopts import check_serve_args, load_plugins, plugin_line
 
     check_serve_args(argparse.Namespace(**{**vars(args), "port": 9090, "port_end": None, "workdir": None}))
+    prepare(args)
     report: dict[str, Any] = {"machine": machine(), **python_numpy()}
     lim = limits(args)
     report["limits"] = lim

@@ -20,7 +20,7 @@ import trio
 
 from .clikit import broken_pipe, command_parser, package_version, verbose_after
 from .serveopts import (CLIError, add_limit_flags, add_metrics_flags, hardening_limits, add_plugin_flags,
-                        check_serve_args, load_plugins, plugin_line)
+                        build_settings, check_serve_args, load_plugins, plugin_line)
 
 try:
     _Group = BaseExceptionGroup  # noqa: F821 - a builtin from Python 3.11
@@ -57,7 +57,7 @@ def serve_options(args: argparse.Namespace):
         native=NativeOptions("off" if args.no_native else args.native, args.isolate,
                              ConfineOptions(args.native_confine == "on", args.native_user, tuple(args.native_env))),
         poll_us=args.poll_us, compute=ComputeSettings.from_environment("RPCSRV_COMPUTE_NICE"),
-        metrics_port=args.metrics_port, metrics_host=args.metrics_host)
+        metrics_port=args.metrics_port, metrics_host=args.metrics_host, build=build_settings(args))
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -169,6 +169,13 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                    help="an environment variable passed to native workers (repeatable; NAME* for a prefix); "
                         "besides BLAS/OpenMP thread settings, no variable of the server's reaches them")
     # --- end native worker confinement ---
+    s.add_argument("--cache-dir", default=None, metavar="DIR",
+                   help="where the board caches the native shim and compiled kernels it builds (default: "
+                        "$RPCSRV_CACHE_DIR, else ~/.cache/rpcsrv)")
+    s.add_argument("--build", choices=["background", "off"], default="background",
+                   help="build the native shim and this CPU's compiled kernels with the board's C compiler "
+                        "in the background from the start (what is cached or prebuilt, else numpy, serves "
+                        "until then; native workers never compile), or never run the compiler")
     s.set_defaults(func=run_serve)
     return s
 

@@ -74,6 +74,13 @@ def check_serve_args(args: argparse.Namespace) -> None:
     _check_metrics_args(args)
 
 
+def build_settings(args: argparse.Namespace):
+    """``--cache-dir`` and ``--build`` as the board's build settings (``rpcsrv.config.toolchain``)."""
+    from .config.toolchain import BuildSettings
+
+    return BuildSettings(Path(args.cache_dir) if args.cache_dir else None, args.build != "off")
+
+
 # the metrics endpoint's flags ------------------------------------------------------------------------
 def _check_metrics_args(args: argparse.Namespace) -> None:
     if args.metrics_port is None:

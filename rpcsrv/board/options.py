@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from ..config.toolchain import BuildSettings
 from ..executor.compute import ComputeSettings
 from ..native.confine import ConfineOptions
 from ..protocol import Dialect
@@ -55,3 +56,7 @@ class ServeOptions:
     compute: ComputeSettings = ComputeSettings()
     metrics_port: Optional[int] = None  # /metrics, the status page and /healthz (rpcsrv.board.observe)
     metrics_host: Optional[str] = None
+    #: where the board caches the shim and kernels it builds, and whether it builds them (``--cache-dir``,
+    #: ``--build``): in the background from the start (``rpcsrv.native.builds``); None: the process's own
+    #: way (a server embedded in another program: built at first use)
+    build: Optional[BuildSettings] = None

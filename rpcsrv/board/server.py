@@ -310,6 +310,10 @@ async def serve(server: Server, task_status=trio.TASK_STATUS_IGNORED) -> None:
     _ignore_sigio()
     # threads computing in this process yield to its event loop, which answers every session
     compute.POLICY.configure(opts.compute)
+    if opts.build is not None:  # the shim and kernels this board lacks: built off every request's path
+        from ..native.builds import BUILD
+
+        BUILD.start(opts.build)
 
     async def handler(stream: trio.SocketStream) -> None:
         if server.connections >= opts.limits.max_connections:

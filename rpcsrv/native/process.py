@@ -2,8 +2,8 @@
 
 A worker is ``python -m rpcsrv.native.worker FD SESSION_ARENA_FD SIZE`` with one end of a socket pair.  Its
 configuration is its *start message* (:class:`WorkerConfig`, the first message on the socket): the server's
-settings (``rpcsrv.config.environment.snapshot``, with the runtime shim the server found, so a confined worker
-neither compiles nor looks in the server's home), the server's plugin choice, whether it confines itself, how
+settings (``rpcsrv.config.environment.snapshot``), the runtime shim and compiled kernels the server found or
+built (so a worker never compiles, nor looks in a cache), the server's plugin choice, whether it confines itself, how
 it computes.  It reads nothing else from its environment, which is scrubbed when it is confined
 (``confine.worker_env``: only what must be set before Python starts).  It answers with its hello: ``("ready",
 pid, arena size)`` and its own arena's descriptor.  Whatever goes wrong on the way, the process is killed and
@@ -46,30 +46,35 @@ class WorkerConfig:
     * ``plugins``: the server's plugin choice (``rpcsrv.loader.plugins.choice``; None: it made none);
     * ``confine``: the worker imports what it needs, then refuses to run anything until its session has
       confined it (``confine.py``); ``confine_env``: the server's variables that pass (``--native-env``);
-    * ``compute``: how it computes (its priority below the server's: ``RPCSRV_WORKER_NICE``).
+    * ``compute``: how it computes (its priority below the server's: ``RPCSRV_WORKER_NICE``);
+    * ``shim``, ``kernels``: the runtime shim and the compiled executor kernels the server uses (files; None:
+      it has none yet), which the worker loads and nothing else: a worker never compiles, and never looks
+      in a cache (its home and environment are not the server's).  A worker started after the server's
+      background build has finished gets what it built (``rpcsrv.native.builds``).
 
-    A setting a later server option gives its workers (the compiled kernels it built at start, so that no
-    worker compiles) is a field here, filled by :func:`worker_config`."""
+    A setting a later server option gives its workers is a field here, filled by :func:`worker_config`."""
 
     settings: dict[str, str] = field(default_factory=dict)
     plugins: Optional[dict] = None
     confine: bool = True
     confine_env: tuple[str, ...] = ()
     compute: ComputeSettings = ComputeSettings()
+    shim: Optional[str] = None
+    kernels: Optional[str] = None
 
 
 def worker_config(confine: ConfineOptions) -> WorkerConfig:
-    """The start message of a worker the server starts now, under its confinement options."""
-    settings = environment.snapshot()
-    if confine.enabled:
-        from .shim import ShimUnavailable, shim_path
+    """The start message of a worker the server starts now, under its confinement options: with the shim and
+    kernels the server has now (found or built by it: the worker neither compiles nor looks in a cache)."""
+    from ..executor.kernels.clib import compiled
+    from .shim import ShimUnavailable, shim_path
 
-        try:  # built (or found) by the server: the worker neither compiles nor looks in the server's home
-            settings["RPCSRV_NATIVE_SHIM"] = str(shim_path())
-        except (ShimUnavailable, OSError):
-            pass  # the worker tries itself; its load_module then names the symbols the library needed
-    return WorkerConfig(settings, plugins.choice(), confine.enabled, tuple(confine.env),
-                        ComputeSettings.from_environment("RPCSRV_WORKER_NICE"))
+    try:
+        shim: Optional[str] = str(shim_path())
+    except (ShimUnavailable, OSError):
+        shim = None  # the worker's load_module then names the symbols the library needed
+    return WorkerConfig(environment.snapshot(), plugins.choice(), confine.enabled, tuple(confine.env),
+                        ComputeSettings.from_environment("RPCSRV_WORKER_NICE"), shim, compiled.in_use_path())
 
 
 class WorkerProcess:

@@ -15,8 +15,12 @@ Where it comes from, first that loads wins (docs/native.md, "Packaging"):
 2. prebuilt in the package, ``prebuilt/<target>/libshim.so`` (the wheel carries x86_64, aarch64 and
    armv7 hard-float ones, built by ``shimbuild.py`` at wheel-build time), if its ELF machine is this
    board's and ``dlopen`` takes it (a board with an older C library may refuse it: next step);
-3. the cache ``$RPCSRV_CACHE_DIR`` (default ``~/.cache/rpcsrv``), keyed by the source's hash and the
-   compiler, else built now with ``$RPCSRV_CC``, ``$CC``, cc, gcc or clang (about 0.2 s, once).
+3. the cache (``--cache-dir``, ``$RPCSRV_CACHE_DIR``, default ``~/.cache/rpcsrv``), keyed by the source's hash
+   and the compiler, else built with ``$RPCSRV_CC``, ``$CC``, cc, gcc or clang (about 0.2 s, once; a few
+   seconds on a slow board): at first use in a script or ``rpcsrv check``; by a server in the background
+   from its start, first of its builds (a session that needs the shim meanwhile waits for that build, as
+   there is no other way to run native code); never by a native worker, which loads the file its server
+   gave it (:data:`POLICY`).
 
 Without any, :func:`load_shim` raises :class:`ShimUnavailable` whose message is one line saying
 what to do; the caller names the symbols the library needed.  :func:`status` tells ``rpcsrv check``
@@ -33,7 +37,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..config import environment
-from ..config.toolchain import c_compiler as host_compiler, cache_dir
+from ..config.toolchain import BuildPolicy, build_folder, c_compiler as host_compiler
 from .abi import LookupFunc
 from .machine import board, machine_of
 
@@ -43,6 +47,9 @@ _lock = threading.Lock()
 #: the loaded shim: "lib" (the CDLL), "origin" (how it was found, for status), "path" (its file, shim_path)
 _loaded: dict = {}
 _tried: list[str] = []  # why earlier candidates were passed over (status, error messages)
+#: how this process gets its shim: built at first use (a script, ``rpcsrv check``), by a server's background
+#: build from its start (``rpcsrv.native.builds``), or (a native worker) the file its server gave
+POLICY = BuildPolicy()
 
 
 class ShimUnavailable(RuntimeError):
@@ -63,21 +70,31 @@ def prebuilt(name: str = "libshim.so") -> list[tuple[str, Path, bool]]:
     return found
 
 
-def compiled(name: str = "libshim.so") -> Path | None:
-    """``name`` built by this board's compiler (cached; built now if needed); None without a compiler.
-    BuildError when the compiler fails."""
+def compiled(name: str = "libshim.so", build: bool = True, run=None) -> Path | None:
+    """``name`` built by this board's compiler, in the cache of :data:`POLICY`'s settings (built now if need be
+    and ``build``, in a private build folder of the cache; ``run``: how the compiler runs, one a server's
+    background build can stop); None without a compiler or a cached one.  BuildError when the compiler fails."""
     cc = host_compiler()
     source = Path(__file__).with_name({"libshim.so": "shim.c", "libcheck.so": "check_kernel.c"}[name])
     key = hashlib.sha256(source.read_bytes() + str(cc).encode()).hexdigest()[:16]
-    target = cache_dir() / f"{name[:-3]}-{key}.so"
+    folder = POLICY.settings.folder()
+    target = folder / f"{name[:-3]}-{key}.so"
     if target.is_file():
         return target
-    if cc is None:
+    if cc is None or not build or not POLICY.settings.build:
         return None
     # shimbuild is imported where used: `python -m rpcsrv.native.shimbuild` must find it not yet imported
-    from .shimbuild import compile_library
+    import subprocess
 
-    return compile_library(cc, name, target)
+    from .shimbuild import BuildError, compile_library
+
+    with build_folder(folder) as tmp:
+        try:
+            compile_library(cc, name, tmp / name, run=run or subprocess.run)
+        except subprocess.SubprocessError as exc:  # a timeout, or a stopped build
+            raise BuildError(f"building {name} with {cc}: {exc}") from None
+        os.replace(tmp / name, target)
+    return target
 
 
 def advice() -> str:
@@ -88,6 +105,11 @@ def advice() -> str:
 
 
 def _candidates(tried: list[str]) -> Iterator[tuple[Path, str]]:
+    if POLICY.mode == "given":  # a native worker: the server's shim, or none
+        if POLICY.given:
+            yield Path(POLICY.given), "given by the server"
+        raise ShimUnavailable(f"no native shim for this board (the server had none when it started this worker: "
+                              f"{POLICY.failure or 'see rpcsrv check'}): {advice()}")
     explicit = environment.text("RPCSRV_NATIVE_SHIM")
     if explicit:
         if not os.path.isfile(explicit):
@@ -99,18 +121,24 @@ def _candidates(tried: list[str]) -> Iterator[tuple[Path, str]]:
             yield path, f"prebuilt for {target}"
     from .shimbuild import BuildError
 
+    if POLICY.mode == "background":  # a server: its background build makes the shim first, in seconds
+        POLICY.idle.wait()
     try:
-        path = compiled()
+        path = compiled(build=POLICY.builds_inline)
     except BuildError as exc:
         tried.append(str(exc))
         path = None
     except OSError as exc:  # e.g. a read-only home: no cache to build into
-        tried.append(f"cannot build it in {cache_dir()} ({exc.strerror or exc}; set RPCSRV_CACHE_DIR)")
+        tried.append(f"cannot build it in {POLICY.settings.folder()} ({exc.strerror or exc}; set --cache-dir)")
         path = None
     if path is not None:
         yield path, f"built with {host_compiler() or 'cc'} (cached in {path.parent})"
     elif host_compiler() is None:
         tried.append("no C compiler")
+    elif POLICY.failure:
+        tried.append(POLICY.failure)
+    elif not POLICY.settings.build:
+        tried.append("building is turned off")
     have = ", ".join(t for t, _, _ in prebuilt()) or "none"
     raise ShimUnavailable(f"no native shim for this board ({board()}; prebuilt in the package: {have}; "
                           f"{'; '.join(tried)}): {advice()}")

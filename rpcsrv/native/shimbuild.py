@@ -49,17 +49,19 @@ def target_of(cc: str) -> str:
     return proc.stdout.strip()
 
 
-def compile_library(cc: str, name: str, out: Path, portable: bool = False) -> Path:
+def compile_library(cc: str, name: str, out: Path, portable: bool = False, run=subprocess.run,
+                    timeout: float = 300) -> Path:
     """``LIBRARIES[name]`` compiled by ``cc`` into ``out`` (written atomically); ``portable``: for other
-    boards of the machine (:data:`PORTABLE`, glibc targets only)."""
+    boards of the machine (:data:`PORTABLE`, glibc targets only).  ``run``: how the command runs
+    (``subprocess.run``'s call; a board's build passes one it can stop), ``timeout`` its seconds."""
     source, libs = LIBRARIES[name]
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
         extra = PORTABLE if portable and name == "libshim.so" else []
-        proc = subprocess.run([cc, *FLAGS, "-o", tmp, str(HERE / source), *libs, *extra],
-                              capture_output=True, text=True, timeout=300)
+        proc = run([cc, *FLAGS, "-o", tmp, str(HERE / source), *libs, *extra], capture_output=True, text=True,
+                   timeout=timeout)
         if proc.returncode != 0:
             raise BuildError(f"building {name} with {cc} failed: {proc.stderr.strip()[-500:]}")
         os.replace(tmp, out)

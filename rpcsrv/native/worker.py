@@ -3,7 +3,9 @@
 Started by ``process.WorkerProcess`` as ``python -m rpcsrv.native.worker FD SESSION_ARENA_FD SIZE``: ``FD`` is
 its end of a Unix socket pair, the arena is the session's shared memory (``shm.py``).  Its first message is its
 start message (``process.WorkerConfig``): it takes the server's settings (``rpcsrv.config.environment.adopt``),
-loads the server's choice of plugins and computes as told, and reads nothing of rpcsrv's from its environment.
+loads the runtime shim and compiled kernels the server gave it (never compiling: ``toolchain.BuildPolicy``'s
+``given``) and the server's choice of plugins, computes as told, and reads nothing of rpcsrv's from its
+environment.
 Then it serves a :class:`~rpcsrv.native.backend.LocalBackend` (native code on, executor storage in its own
 arena, whose descriptor its hello sends back): each request names a method of the backend (``wire.py``), its
 objects travel as references into this process's table, and the answer is the method's result
@@ -292,7 +294,7 @@ def _preload() -> None:
     from .machine import board
 
     board()  # read from the interpreter's file once (cached)
-    compiled.library()  # the compiled executor kernels: a confined worker can neither run cc nor read the cache
+    compiled.library()  # the compiled executor kernels the server gave: a confined worker may not read them later
 
 
 def main(argv: list[str]) -> int:
@@ -300,6 +302,11 @@ def main(argv: list[str]) -> int:
     sock = socket.socket(fileno=int(argv[0]))
     config = recv(sock)  # the start message (the server's, trusted: a pickle)
     environment.adopt(config.settings)
+    from ..executor.kernels.clib import compiled
+    from . import shim
+
+    shim.POLICY.configure("given", given=config.shim)  # the server's files: a worker never compiles
+    compiled.POLICY.configure("given", given=config.kernels)
     if config.confine:
         _preload()
     else:  # a confined worker starts its threads after it has confined itself (Landlock binds those)

@@ -37,11 +37,12 @@ def test_exec_start_parses_with_the_documented_settings():
     cmd = _exec_start()
     for args in ["", "--tracker tracker.lab:9190 --custom-addr 10.0.0.17 --log-json", "--proxy proxy.lab:9090"]:
         env = {"RPCSRV_HOST": "0.0.0.0", "RPCSRV_PORT": "9090", "RPCSRV_KEY": "board-x",
-               "RUNTIME_DIRECTORY": "/run/rpcsrv", "RPCSRV_ARGS": args}
+               "RUNTIME_DIRECTORY": "/run/rpcsrv", "CACHE_DIRECTORY": "/var/cache/rpcsrv", "RPCSRV_ARGS": args}
         argv = _expand(cmd, env)
         assert argv[0].endswith("/rpcsrv")
         ns = build_parser().parse_args(argv[1:])
         assert ns.command == "serve" and ns.key == "board-x" and ns.workdir == "/run/rpcsrv"
+        assert ns.cache_dir == "/var/cache/rpcsrv"  # a DynamicUser has no home to cache its builds in
     assert "--tracker tracker.lab:9190" in UNIT.read_text()  # the documented example is the tested one
 
 

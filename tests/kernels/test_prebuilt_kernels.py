@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from conftest import need_program
-from rpcsrv.executor.kernels.clib import compiled, kbuild
+from rpcsrv.executor.kernels.clib import compiled, kbuild, kcache
 
 HERE = Path(__file__).resolve().parent
 #: the wheel's compilers (rpcsrv/native/shimbuild.py's COMPILERS; not imported: a test of the executor layer)
@@ -90,7 +90,7 @@ def test_without_a_compiler_the_prebuilt_for_this_machine_is_used_and_reported(b
     assert report["library"] == str(board / target / file)
     assert report["summary"].startswith(f"compiled kernels in use (prebuilt for {target}, {variant}: ")
     _sigmoid_runs(compiled.library())
-    assert not compiled.cache_dir().exists(), "nothing was built or cached"
+    assert not compiled.POLICY.settings.folder().exists(), "nothing was built or cached"
 
 
 def test_a_cpu_without_the_variants_features_takes_the_generic_prebuilt(board, monkeypatch):
@@ -127,7 +127,7 @@ def test_the_boards_compiler_and_the_explicit_library_come_before_the_prebuilt(b
     report = compiled.report()
     assert report["in_use"] and report["origin"].startswith(f"built with {cc} -O3 -m"), report  # -march/-mcpu
     built = report["library"]
-    assert Path(built).parent == compiled.cache_dir()
+    assert Path(built).parent == compiled.POLICY.settings.folder()
     compiled.reset()
     monkeypatch.setenv("PATH", str(board))  # the cached build serves without the compiler
     assert compiled.report()["origin"].startswith("built for this CPU, cached in")
@@ -177,7 +177,7 @@ def test_the_armv7_neon_build_computes_in_neon_and_leaves_the_float_mode_alone(p
 
 def test_on_32_bit_arm_the_cpu_features_come_from_the_auxiliary_vector(monkeypatch):
     """A 64-bit kernel's /proc/cpuinfo names NEON ``asimd`` to a 32-bit process; ``AT_HWCAP`` says ``neon``."""
-    monkeypatch.setattr(compiled, "_arm32_hwcap", lambda: compiled.ARM_HWCAPS["neon"])
+    monkeypatch.setattr(kcache, "_arm32_hwcap", lambda: kcache.ARM_HWCAPS["neon"])
     assert "neon" in compiled._cpu_features().decode().partition(":")[2].split()
-    monkeypatch.setattr(compiled, "_arm32_hwcap", lambda: 0)
+    monkeypatch.setattr(kcache, "_arm32_hwcap", lambda: 0)
     assert "neon" not in compiled._cpu_features().decode().partition(":")[2].split()

@@ -58,11 +58,13 @@ def block(kind, values) -> tuple[Any, int]:
 
 
 def in_use(lib) -> Callable[[], bool]:
-    """Whether ``lib`` is still the compiled library in use: a dict lookup per call (``compiled.library()``
-    re-reads the environment, 1 us; turning the kernels off by the environment takes effect for plans made
-    after it, and at once with ``compiled.reset()``)."""
+    """Whether ``lib`` is still valid for the plan: a dict lookup per call (``compiled.library()`` re-reads the
+    environment, 1 us; turning the kernels off by the environment takes effect for plans made after it, and
+    at once with ``compiled.reset()``).  A library a background build installs later (``compiled.install``)
+    leaves it valid: both stay loaded, and the plan's packed data are its own library's."""
     state = compiled._state
-    return lambda: state.get("lib") is lib
+    epoch = state.get("epoch")
+    return lambda: epoch is not None and state.get("epoch") is epoch
 
 
 def computed(spec: Any) -> Optional[tuple[tuple, np.dtype]]:

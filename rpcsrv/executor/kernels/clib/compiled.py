@@ -20,10 +20,13 @@ Where the library comes from, first found wins (``kbuild.py`` builds it; docs/ex
 
 1. ``RPCSRV_KERNELS_LIB=/path/libkernels.so``: this one (built elsewhere, e.g. with
    ``python rpcsrv/executor/kernels/clib/kbuild.py OUT --cc <cross gcc>``);
-2. the cache ``$RPCSRV_CACHE_DIR`` (default ``~/.cache/rpcsrv``), keyed by the sources' hash, the
-   machine and the CPU's features (a compiler removed after the build leaves the cached library in use);
-3. built now with ``$RPCSRV_CC``, ``$CC``, ``cc``, ``gcc`` or ``clang`` (-O3 with ``-march=native``
-   where the compiler takes it, else plain -O3): 3-5 s on this 2-core x86_64, once per board and sources;
+2. the cache (``--cache-dir``, ``$RPCSRV_CACHE_DIR``, default ``~/.cache/rpcsrv``), keyed by the sources' hash,
+   the machine and the CPU's features (``kcache.py``; a compiler removed after the build leaves it in use);
+3. built now with ``$RPCSRV_CC``, ``$CC``, ``cc``, ``gcc`` or ``clang`` (-O3 with ``-march=native`` where the
+   compiler takes it): 3-5 s on this 2-core x86_64, over a minute on a slow board.  Only where
+   :data:`POLICY` says so: a script or ``rpcsrv check`` (``inline``); a server never builds at first use: it
+   builds in the background from its start (``rpcsrv.native.builds``) and installs the result (:func:`install`),
+   and its native workers load the file it gave them (``given``), never compiling;
 4. prebuilt in the wheel, ``prebuilt/<target>/libkernels.so`` (x86_64 generic and x86-64-v3, aarch64, armv7
    hard-float: -O3, for boards without a compiler), if its ELF machine is this board's (``rpcsrv.loader.machine``, as
    the native shim is chosen) and its stamp matches the sources' hash (a stale one is passed over).
@@ -35,9 +38,7 @@ runs on numpy, as before; :func:`status` says which and why (``rpcsrv check`` re
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import platform
 import subprocess
 import threading
 from pathlib import Path
@@ -46,14 +47,18 @@ from typing import Optional
 import numpy as np
 
 from ....config import environment
-from ....config.toolchain import cache_dir, c_compiler
-from . import kbuild
+from ....config.toolchain import BuildPolicy
+from . import kbuild, kcache
 
 SOURCES, HEADERS = kbuild.SOURCES, kbuild.HEADERS  # every C file of the family folders; vec.h (hashed with them)
 PREBUILT = Path(__file__).with_name("prebuilt")
 ENV_SWITCH = "RPCSRV_COMPILED_KERNELS"
 _lock = threading.Lock()
-_state: dict = {}  # "lib": the loaded library or None, "reason": why not, "path": where from
+#: "lib": the loaded library or None, "reason": why not, "path": where from, "epoch": a token that
+#: :func:`reset` renews (a plan's library stays valid while it is the same: ``plan_support.in_use``)
+_state: dict = {}
+#: how this process gets its library: built at first use, or (a server) in the background, or (a worker) given
+POLICY = BuildPolicy()
 
 
 # the C functions' signatures, declared once: name -> (return type, argument types).  _P a pointer, _L a long,
@@ -120,38 +125,8 @@ def enabled() -> bool:
     return environment.flag(ENV_SWITCH)
 
 
-#: 32-bit ARM's ``AT_HWCAP`` bits (the kernel's ``asm/hwcap.h``) a prebuilt variant may need (``kbuild.VARIANTS``)
-ARM_HWCAPS = {"neon": 1 << 12, "vfpv4": 1 << 16}
-AT_HWCAP = 16
-
-
-def _cpu_features() -> bytes:
-    """The first ``flags`` (x86) or ``Features`` (ARM) line of /proc/cpuinfo, or nothing; for a 32-bit ARM
-    process, with the names of :data:`ARM_HWCAPS` its ``AT_HWCAP`` has: a 64-bit kernel shows its own
-    names (``asimd``, not ``neon``) to a 32-bit process, and qemu-user the host's."""
-    try:
-        with open("/proc/cpuinfo", "rb") as f:
-            line = next((line for line in f if line.split(b":")[0].strip() in (b"flags", b"Features")), b"")
-    except OSError:
-        line = b""
-    hwcap = _arm32_hwcap()
-    if hwcap:
-        line = line.rstrip(b"\n") + b"".join(b" " + n.encode() for n, bit in ARM_HWCAPS.items() if hwcap & bit) + b"\n"
-    return line
-
-
-def _arm32_hwcap() -> int:
-    """``getauxval(AT_HWCAP)`` in a 32-bit ARM process (0 elsewhere, or without it)."""
-    from ....loader.machine import board
-
-    try:
-        if (board().arch, board().bits) != ("ARM", 32):
-            return 0
-        getauxval = ctypes.CDLL(None).getauxval
-    except (OSError, AttributeError, ValueError, RuntimeError):
-        return 0
-    getauxval.restype, getauxval.argtypes = ctypes.c_ulong, [ctypes.c_ulong]
-    return int(getauxval(AT_HWCAP))
+#: the CPU's feature line (the cache key's, and what a prebuilt variant needs): ``kcache.cpu_features``
+_cpu_features = kcache.cpu_features
 
 
 # --- where the library comes from: RPCSRV_KERNELS_LIB, the cache, built now, prebuilt in the wheel ---------
@@ -183,30 +158,36 @@ def prebuilt() -> list[tuple[str, Path, str]]:
 
 
 def _build() -> Path:
-    """The library's path, first found of the four (the module docstring); sets ``_state["origin"]``."""
+    """The library's path, first found of the four (the module docstring) as this process's :data:`POLICY`
+    allows (a worker: the one its server gave; a server: never built here, its background build installs
+    one); sets ``_state["origin"]``."""
+    if POLICY.mode == "given":
+        if not POLICY.given:
+            raise OSError("the server had no compiled kernels when it started this process")
+        _state["origin"] = "given by the server"
+        return Path(POLICY.given)
     explicit = environment.text("RPCSRV_KERNELS_LIB")
     if explicit:
         if not os.path.isfile(explicit):
             raise OSError(f"RPCSRV_KERNELS_LIB={explicit} does not exist")
         _state["origin"] = "RPCSRV_KERNELS_LIB"
         return Path(explicit)
-    # not the compiler (a cached build serves without one); the CPU's features, since -march=native builds
-    # for them (a cache dir shared by boards of one architecture but other CPUs)
-    key = hashlib.sha256(kbuild.source_bytes() + platform.machine().encode() + _cpu_features()).hexdigest()[:16]
-    target = cache_dir() / f"libkernels-{key}.so"
+    target = kcache.cache_path(POLICY.settings.folder())
     if target.is_file():
         _state["origin"] = f"built for this CPU, cached in {target.parent}"
         return target
-    cc, tried = c_compiler(), []
-    if cc is None:
-        tried.append("no C compiler (set RPCSRV_CC or CC, or RPCSRV_KERNELS_LIB to a prebuilt library)")
-    else:
-        try:
-            flags = kbuild.compile_kernels(cc, target)
-            _state["origin"] = f"built with {cc} {' '.join(flags)}, cached in {target.parent}"
-            return target
-        except OSError as exc:  # the compiler failed, or no cache to build into (a read-only home)
+    tried = []
+    if POLICY.builds_inline:
+        try:  # (the compiler failed, or no cache to build into: a read-only home)
+            path, _state["origin"] = kcache.build(POLICY.settings)
+            return path
+        except OSError as exc:
             tried.append(str(exc))
+    elif POLICY.mode == "background":
+        tried.append(POLICY.failure or ("not built for this CPU yet (being built in the background)"
+                                        if POLICY.settings.build else "not built for this CPU (--build off)"))
+    else:
+        tried.append("not built for this CPU (building is turned off)")
     found = prebuilt()
     for name, path, why in found:
         if not why:
@@ -217,24 +198,48 @@ def _build() -> Path:
 # --- end of where the library comes from ------------------------------------------------------------------
 
 
+def _load(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    for name, (restype, argtypes) in SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return lib
+
+
 def library() -> Optional[ctypes.CDLL]:
-    """The compiled kernels, or None (then :func:`status` says why); built and loaded once per process."""
+    """The compiled kernels, or None (then :func:`status` says why); found (or built) and loaded once per process,
+    until a background build installs its own (:func:`install`)."""
     if not enabled():
         return None
     if "lib" in _state:
         return _state["lib"]
     with _lock:
         if "lib" not in _state:
+            _state.setdefault("epoch", object())
             try:
                 path = _build()
-                lib = ctypes.CDLL(str(path))
-                for name, (restype, argtypes) in SIGNATURES.items():
-                    fn = getattr(lib, name)
-                    fn.restype, fn.argtypes = restype, argtypes
-                _state.update(lib=lib, path=str(path), reason="")
+                _state.update(lib=_load(path), path=str(path), reason="")
             except (OSError, subprocess.SubprocessError, AttributeError) as exc:
                 _state.update(lib=None, path=None, reason=str(exc))
     return _state["lib"]
+
+
+def install(path: Path, origin: str) -> None:
+    """From now on the library in use is ``path`` (a background build's, for this CPU): new plans and calls
+    take it; plans made with the one before keep theirs (both stay loaded).  OSError when it does not load."""
+    try:
+        lib = _load(path)
+    except AttributeError as exc:
+        raise OSError(f"{path}: {exc}") from None
+    with _lock:
+        _state.setdefault("epoch", object())
+        _state.update(lib=lib, path=str(path), reason="", origin=origin)
+
+
+def in_use_path() -> Optional[str]:
+    """The file of the library this process uses now (found, not built, when its policy says so), or None:
+    what a native worker it starts is given (``rpcsrv.native.process.worker_config``)."""
+    return _state.get("path") if library() is not None else None
 
 
 def status() -> dict:
@@ -245,7 +250,7 @@ def status() -> dict:
         return {"in_use": False, "reason": f"turned off by {ENV_SWITCH}={environment.text(ENV_SWITCH)}",
                 "library": None, "origin": None}
     lib = library()
-    return {"in_use": lib is not None, "reason": _state.get("reason", "") if lib is None else
+    return {"in_use": lib is not None, "reason": POLICY.failure or _state.get("reason", "") if lib is None else
             "compiled kernels in use (depthwise convolution, sigmoid, swish, conv epilogue, "
             "stem convolution, max and average pooling, winograd transforms)",
             "library": _state.get("path"), "origin": _state.get("origin") if lib is not None else None}
@@ -257,11 +262,14 @@ def report() -> dict:
     s = status()
     summary = (f"compiled kernels in use ({s['origin']}: {s['library']})" if s["in_use"]
                else f"numpy fallback (no compiled kernels: {s['reason']})")
+    if POLICY.mode == "background" and not POLICY.idle.is_set():
+        summary += "; this CPU's build is under way in the background"
     return {"ok": True, "required": False, "summary": summary, **s}
 
 
 def reset() -> None:
-    """Forget the loaded library and the reason (tests that change the environment)."""
+    """Forget the loaded library and the reason (tests that change the environment); plans made before run
+    their numpy kernels from now on."""
     with _lock:
         _state.clear()
 

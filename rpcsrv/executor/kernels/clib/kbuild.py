@@ -88,18 +88,19 @@ def include_flags() -> list[str]:
     return [f"-I{HERE}"]
 
 
-def compile_kernels(cc: str, out: Path, ladder=NATIVE) -> tuple[str, ...]:
+def compile_kernels(cc: str, out: Path, ladder=NATIVE, run=subprocess.run, timeout: float = 300) -> tuple[str, ...]:
     """The library built by ``cc`` into ``out`` (atomically) with the first flags of ``ladder`` it takes;
-    returns those flags.  BuildError when none does."""
+    returns those flags.  BuildError when none does.  ``run``: how each command runs (``subprocess.run``'s
+    call; a board's build passes one it can stop, ``rpcsrv.config.toolchain.Compiler``), ``timeout`` its
+    seconds."""
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
         err = ""
         for flags in ladder:
-            proc = subprocess.run([cc, *flags, *include_flags(), "-shared", "-fPIC", "-o", tmp, *map(str, SOURCES),
-                                   "-lm"],
-                                  capture_output=True, text=True, timeout=300)
+            proc = run([cc, *flags, *include_flags(), "-shared", "-fPIC", "-o", tmp, *map(str, SOURCES), "-lm"],
+                       capture_output=True, text=True, timeout=timeout)
             if proc.returncode == 0:
                 os.replace(tmp, out)
                 return tuple(flags)
