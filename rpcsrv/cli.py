@@ -174,8 +174,9 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                         "$RPCSRV_CACHE_DIR, else ~/.cache/rpcsrv)")
     s.add_argument("--build", choices=["background", "off"], default="background",
                    help="build the native shim and this CPU's compiled kernels with the board's C compiler "
-                        "in the background from the start (what is cached or prebuilt, else numpy, serves "
-                        "until then; native workers never compile), or never run the compiler")
+                        "(serve: in the background from its start, what is cached or prebuilt, else numpy, "
+                        "serving until then, and native workers never compile; check: now, ahead of time), "
+                        "or never run the compiler")
     s.set_defaults(func=run_serve)
     return s
 
