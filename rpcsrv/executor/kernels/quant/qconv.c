@@ -33,16 +33,39 @@ void rpcsrv_q_nchw_to_nhwc(const uint8_t *x, long n, long c, long hw, uint8_t *y
 /* the rows per block of gathered patches: about 128 KB */
 static long conv_block_rows(long kp, long mr) { long r = (131072 / kp) / mr * mr; return r < mr ? mr : r; }
 
+/* n bytes (n of 2, 4, 8 or 16) from src to dst, each xor flip (flip 0 or 0x80 in every byte) */
+#define COPY_FLIP(T, n)                                                                                      \
+    {                                                                                                        \
+        T v, f;                                                                                              \
+        memcpy(&v, src, n), memset(&f, flip, n), v ^= f, memcpy(dst, &v, n);                                 \
+        memcpy(&v, src + len - n, n), v ^= f, memcpy(dst + len - n, &v, n);                                  \
+    }
+
+/* len bytes from src to dst, each xor flip; runs of up to 32 bytes (a stem's kernel row: 3 taps x 3 channels, 7 x
+ * 3) as two word copies that overlap in the middle (no byte past either run is read or written), longer ones by
+ * memcpy (flip 0) or a loop */
 static inline void copy_run(uint8_t *dst, const uint8_t *src, long len, uint8_t flip)
 {
-    if (len <= 32) {  /* a few channels (a stem's 3): no call */
+    typedef uint64_t u64x2 __attribute__((vector_size(16)));
+    if (len > 32) {
+        if (!flip) {
+            memcpy(dst, src, (size_t)len);
+            return;
+        }
         for (long i = 0; i < len; i++)
             dst[i] = src[i] ^ flip;
-    } else if (flip) {
-        for (long i = 0; i < len; i++)
-            dst[i] = src[i] ^ flip;
+    } else if (len >= 16) {
+        u64x2 v, f, w;
+        memcpy(&v, src, 16), memcpy(&w, src + len - 16, 16), memset(&f, flip, 16);
+        v ^= f, w ^= f;
+        memcpy(dst, &v, 16), memcpy(dst + len - 16, &w, 16);
+    } else if (len >= 8) {
+        COPY_FLIP(uint64_t, 8)
+    } else if (len >= 4) {
+        COPY_FLIP(uint32_t, 4)
     } else {
-        memcpy(dst, src, (size_t)len);
+        for (long i = 0; i < len; i++)
+            dst[i] = src[i] ^ flip;
     }
 }
 

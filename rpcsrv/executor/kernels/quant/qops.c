@@ -175,8 +175,25 @@ void rpcsrv_qlut(const uint8_t *x, long count, long xsigned, const uint8_t *tabl
 QCLONES
 void rpcsrv_dynamic_quantize(const float *x, long count, uint8_t *y, float *params)
 {
+    /* the range over 16 lanes (a running minimum and maximum per lane, in generic vectors: the compiler left
+     * lane arrays scalar, every element waiting for the one before), then across them; a NaN never wins */
+    typedef float f16 __attribute__((vector_size(64)));
+    typedef int32_t m16 __attribute__((vector_size(64)));
+    typedef float f16u __attribute__((vector_size(64), aligned(4), may_alias));
+    f16 lov = {0}, hiv = {0};
+    long i = 0;
+    for (; i + 16 <= count; i += 16) {
+        const f16 v = *(const f16u *)(x + i);
+        const m16 below = v < lov, above = v > hiv;
+        lov = (f16)(((m16)v & below) | ((m16)lov & ~below));
+        hiv = (f16)(((m16)v & above) | ((m16)hiv & ~above));
+    }
     float lo = 0.0f, hi = 0.0f;
-    for (long i = 0; i < count; i++) {
+    for (long j = 0; j < 16; j++) {
+        lo = lov[j] < lo ? lov[j] : lo;
+        hi = hiv[j] > hi ? hiv[j] : hi;
+    }
+    for (; i < count; i++) {
         lo = x[i] < lo ? x[i] : lo;
         hi = x[i] > hi ? x[i] : hi;
     }
