@@ -15,6 +15,7 @@ from ..clib import compiled
 from ..plan_support import address, attribute_values, block, computed, in_use
 from ..windows import resolve_pads, spatial_attr
 from .plans_quant import _weights_2d, same
+from .qchain import Link, f32_bits, long_block, step_fn
 from .qpack import F32, Q8, U8, PackedGemm, channels_last, data, nhwc_strides, qtype_signed
 
 
@@ -52,6 +53,10 @@ def quantize_plan(kernel, attrs, inputs, shape, dtype):
         fn(data(x), n, c, hw, scale, zp, lo, hi, int(four), data(y))
         return channels_last(y) if four else y
 
+    step = long_block((n, c, hw, f32_bits(scale), zp, lo, hi, int(four)))
+    quantize.link = lambda layouts: Link(step_fn(lib, "quantize"), step[1], (0,), "nhwc" if four else "c") \
+        if layouts == ("c",) else None
+    quantize.keep = step
     return quantize
 
 
@@ -156,6 +161,10 @@ def q_add_plan(kernel, attrs, inputs, shape, dtype):
         fn(data(a), data(b), data(y), count, signed, pa[0], pa[1], pb[0], pb[1], pc[0], pc[1], lo, hi)
         return channels_last(y) if last else y
 
+    step = long_block((count, signed, f32_bits(pa[0]), pa[1], f32_bits(pb[0]), pb[1], f32_bits(pc[0]), pc[1], lo, hi))
+    q_add.link = lambda layouts: Link(step_fn(lib, "add"), step[1], (0, 3), layouts[0]) \
+        if layouts[0] == layouts[1] else None
+    q_add.keep = step
     return q_add
 
 
@@ -185,6 +194,9 @@ def q_gap_plan(kernel, attrs, inputs, shape, dtype):
         fn(data(x), n, h * w, c, signed, px[1], mult, py[1], lo, hi, data(y))
         return y
 
+    step = long_block((n, h * w, c, signed, px[1], f32_bits(mult), py[1], lo, hi))
+    q_gap.link = lambda layouts: Link(step_fn(lib, "gap"), step[1], (0,), "c") if layouts == ("nhwc",) else None
+    q_gap.keep = step
     return q_gap
 
 
@@ -219,7 +231,10 @@ def q_maxpool_plan(kernel, attrs, inputs, shape, dtype):
         fn(data(x), n, h, w, c, signed, gptr, data(y))
         return channels_last(y)
 
-    q_maxpool.keep = geom
+    step = long_block((n, h, w, c, signed, gptr))
+    q_maxpool.link = lambda layouts: Link(step_fn(lib, "maxpool"), step[1], (0,), "nhwc") \
+        if layouts == ("nhwc",) else None
+    q_maxpool.keep = (geom, step)
     return q_maxpool
 
 

@@ -24,6 +24,7 @@ from ....loader.opset.quant import QuantParams, clamp_bounds, multiplier
 from ..clib import compiled
 from ..conv.conv import _geometry, _tup
 from ..plan_support import address, attribute_values, computed, in_use
+from .qchain import Link, long_block, step_fn
 from .qpack import F32, I32, Q8, PackedDepthwise, PackedGemm, geometry_blocks, nhwc_strides, qtype_signed, scalar
 
 
@@ -101,7 +102,10 @@ def q_conv_plan(kernel, attrs, inputs, shape, dtype):
             raise MemoryError("q_linear_conv: the compiled kernel could not allocate its scratch")
         return y.transpose(0, 3, 1, 2)
 
-    q_conv.keep = (packed, nhwc_geom, nchw_geom)
+    name = "conv" if group == 1 else "dwconv"
+    steps = {lay: long_block((ptr, geom)) for lay, geom in (("nhwc", nhwc_ptr), ("c", nchw_ptr))}
+    q_conv.link = lambda layouts: Link(step_fn(lib, name), steps[layouts[0]][1], (0,), "nhwc")
+    q_conv.keep = (packed, nhwc_geom, nchw_geom, steps)
     return q_conv
 
 
