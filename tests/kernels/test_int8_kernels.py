@@ -244,3 +244,24 @@ def test_a_plan_given_other_arrays_runs_the_table_kernel(lib):
     strided = np.zeros((1, 8, 6, 12), U8)[..., ::2]  # neither layout: copied first
     strided[...] = x
     np.testing.assert_array_equal(plan(strided, *args[1:]), ref(*args, **attrs))
+
+
+@pytest.mark.parametrize("dtype", [U8, S8])
+def test_an_images_quantize_and_a_wide_max_pool_match_the_reference_kernels(lib, dtype):
+    """QuantizeLinear of 3 channels (the image's: its own store) and MaxPool over 64 channels and a tail of 24, at
+    the type's extremes (values quantizing to both ends, every pooled pixel's maximum at lo or hi somewhere)."""
+    lo, hi = qpack_bounds(dtype)
+    x = (RNG.standard_normal((2, 3, 37, 29)) * 4).astype(F32)
+    x[:, :, ::5] = 1e4
+    x[:, :, 1::5] = -1e4
+    s, z = _a(np.float32(0.0173)), _a(dtype.type(lo + 7))
+    plan, want = _plan(quantize_plan, KERNELS["quantize_linear"], [x, s, z])
+    q = plan(x, s, z)
+    np.testing.assert_array_equal(q, want)
+    assert {int(q.min()), int(q.max())} == {lo, hi}
+    b = RNG.integers(lo, hi + 1, (2, 88, 13, 11)).astype(dtype)
+    b[:, :, ::4, ::3] = lo
+    b[:, 40:, 1::4] = hi
+    for pool in (dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]), dict(kernel_shape=[2, 2])):
+        plan, want = _plan(q_maxpool_plan, KERNELS["max_pool"], [b], attrs=pool)
+        np.testing.assert_array_equal(plan(b), want)

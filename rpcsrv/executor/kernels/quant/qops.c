@@ -54,9 +54,13 @@ void rpcsrv_quantize_f32(const float *x, long n, long c, long hw, float scale, l
                     q[ch * 64 + i] = (uint8_t)((int32_t)((clampf(xr[i] / scale, flo, fhi) + MAGIC) - MAGIC) + (int32_t)zp);
             }
             uint8_t *yb = y + (b * hw + i0) * c;
-            for (long i = 0; i < len; i++)
-                for (long ch = 0; ch < c; ch++)
-                    yb[i * c + ch] = q[ch * 64 + i];
+            if (c == 3)  /* an image's channels: the loop over them unrolled */
+                for (long i = 0; i < len; i++)
+                    yb[i * 3] = q[i], yb[i * 3 + 1] = q[64 + i], yb[i * 3 + 2] = q[128 + i];
+            else
+                for (long i = 0; i < len; i++)
+                    for (long ch = 0; ch < c; ch++)
+                        yb[i * c + ch] = q[ch * 64 + i];
         }
 }
 
@@ -127,39 +131,48 @@ void rpcsrv_qgap(const uint8_t *x, long n, long hw, long c, long xsigned, long z
         }
 }
 
-/* max pool of x (n, h, w, c) into y (n, oh, ow, c): g = kh kw sh sw dh dw pt pl oh ow; padding never wins */
+/* one output pixel's maximum over channels [c0, c0 + cl) of its taps, cl <= 64 (a constant where inlined) */
+static inline __attribute__((always_inline)) void qmax_pixel(const uint8_t *x, long h, long w, long c, const long *g,
+                                                              long b, long oy, long ox, long c0, const long cl,
+                                                              uint8_t flip, uint8_t *yr)
+{
+    uint8_t m[64] = {0};
+    for (long ky = 0; ky < g[0]; ky++) {
+        const long iy = oy * g[2] - g[6] + ky * g[4];
+        if (iy < 0 || iy >= h)
+            continue;
+        for (long kx = 0; kx < g[1]; kx++) {
+            const long ix = ox * g[3] - g[7] + kx * g[5];
+            if (ix < 0 || ix >= w)
+                continue;
+            const uint8_t *xr = x + ((b * h + iy) * w + ix) * c + c0;
+            for (long ch = 0; ch < cl; ch++) {
+                const uint8_t v = xr[ch] ^ flip;
+                m[ch] = v > m[ch] ? v : m[ch];
+            }
+        }
+    }
+    for (long ch = 0; ch < cl; ch++)
+        yr[c0 + ch] = m[ch] ^ flip;
+}
+
+/* max pool of x (n, h, w, c) into y (n, oh, ow, c): g = kh kw sh sw dh dw pt pl oh ow; padding never wins.  Each
+ * pixel's maximum is taken 64 channels at a time in a local block (int8 as uint8 with the sign bit flipped, which
+ * keeps the order), written once */
 QCLONES
 void rpcsrv_qmaxpool(const uint8_t *x, long n, long h, long w, long c, long xsigned, const long *g, uint8_t *y)
 {
-    const long kh = g[0], kw = g[1], oh = g[8], ow = g[9];
+    const long oh = g[8], ow = g[9];
+    const uint8_t flip = xsigned ? 0x80 : 0;
     for (long b = 0; b < n; b++)
         for (long oy = 0; oy < oh; oy++)
             for (long ox = 0; ox < ow; ox++) {
                 uint8_t *yr = y + ((b * oh + oy) * ow + ox) * c;
-                int first = 1;
-                for (long ky = 0; ky < kh; ky++) {
-                    const long iy = oy * g[2] - g[6] + ky * g[4];
-                    if (iy < 0 || iy >= h)
-                        continue;
-                    for (long kx = 0; kx < kw; kx++) {
-                        const long ix = ox * g[3] - g[7] + kx * g[5];
-                        if (ix < 0 || ix >= w)
-                            continue;
-                        const uint8_t *xr = x + ((b * h + iy) * w + ix) * c;
-                        if (first) {
-                            memcpy(yr, xr, (size_t)c);
-                            first = 0;
-                        } else if (xsigned) {
-                            int8_t *ys = (int8_t *)yr;
-                            const int8_t *xs = (const int8_t *)xr;
-                            for (long ch = 0; ch < c; ch++)
-                                ys[ch] = xs[ch] > ys[ch] ? xs[ch] : ys[ch];
-                        } else {
-                            for (long ch = 0; ch < c; ch++)
-                                yr[ch] = xr[ch] > yr[ch] ? xr[ch] : yr[ch];
-                        }
-                    }
-                }
+                long c0 = 0;
+                for (; c0 + 64 <= c; c0 += 64)
+                    qmax_pixel(x, h, w, c, g, b, oy, ox, c0, 64, flip, yr);
+                if (c0 < c)
+                    qmax_pixel(x, h, w, c, g, b, oy, ox, c0, c - c0, flip, yr);
             }
 }
 
