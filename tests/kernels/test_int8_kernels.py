@@ -265,3 +265,34 @@ def test_an_images_quantize_and_a_wide_max_pool_match_the_reference_kernels(lib,
     for pool in (dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]), dict(kernel_shape=[2, 2])):
         plan, want = _plan(q_maxpool_plan, KERNELS["max_pool"], [b], attrs=pool)
         np.testing.assert_array_equal(plan(b), want)
+
+
+def test_float_output_with_a_fused_relu(lib, kernel):
+    """The float store's Relu (a dynamic MatMul's fused activation) on every micro-kernel: max(0, y) after the bias,
+    the negative sums at the extremes (255 x -128 on every product) among them."""
+    a = RNG.integers(0, 256, (13, 36)).astype(U8)
+    a[0] = 255
+    w = RNG.integers(-128, 128, (36, 40)).astype(S8)
+    w[:, 0] = -128
+    bs, fbias = (RNG.random(40) * 0.01).astype(F32), RNG.standard_normal(40).astype(F32)
+    packed = qpack.PackedGemm(lib, w, 0, None, bs, F32, fbias=fbias, relu=True)
+    got = np.empty((13, 40), F32)
+    assert lib.rpcsrv_qgemm(packed.ptr, a.ctypes.data, 13, 36, 0, 0, 0.037, got.ctypes.data, 40) == 0
+    plain = _exact(a, 0, w, 0).astype(F32) * (np.float32(0.037) * bs) + fbias
+    np.testing.assert_allclose(got, np.maximum(plain, 0), rtol=1e-6, atol=1e-6)
+    assert got[0, 0] == 0 and (plain < 0).mean() > 0.2 and (got > 0).mean() > 0.2, kernel
+
+
+def test_dynamic_quantize_matmul_with_relu_matches_the_reference(lib):
+    x = (RNG.standard_normal((2, 16, 48)) * 2).astype(F32)
+    x[0, 0] = 60.0  # the range's extremes: most of the rest quantizes near the zero point
+    x[1, 3] = -45.0
+    w = RNG.integers(-128, 128, (48, 40)).astype(S8)
+    bs, bz, bias = _a((RNG.random(40) * 0.01).astype(F32)), _a(np.zeros(40, S8)), RNG.standard_normal(40).astype(F32)
+    args = [x, w, bs, bz, bias]
+    plan, want = _plan(dynamic_matmul_plan, KERNELS["dynamic_quantize_matmul"], args, attrs={"activation": "relu"})
+    got = plan(*args)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    plain = KERNELS["dynamic_quantize_matmul"](*args)
+    np.testing.assert_allclose(want, np.maximum(plain, 0))
+    assert (plain < 0).any() and (got > 0).any()

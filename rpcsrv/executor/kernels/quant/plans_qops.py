@@ -105,9 +105,12 @@ def dynamic_matmul_plan(kernel, attrs, inputs, shape, dtype):
             shape != spec[0][:-1] + (n,):
         return None
     lib = compiled.library()
-    if lib is None:
+    with attribute_values():
+        relu = attrs.get("activation") == "relu"
+    if lib is None or set(attrs) - {"activation"} or attrs.get("activation") not in (None, "relu"):
         return None
-    packed = PackedGemm(lib, b, 0 if bz is None else bz, None, bs.reshape(-1).astype(F32), F32, fbias=bias)
+    packed = PackedGemm(lib, b, 0 if bz is None else bz, None, bs.reshape(-1).astype(F32), F32, fbias=bias,
+                        relu=relu)
     quantize, count = lib.rpcsrv_dynamic_quantize, int(np.prod(spec[0], dtype=np.int64))
     params = np.empty(2, F32)
     gemm, xshape, ready = lib.rpcsrv_qgemm, spec[0], in_use(lib)
