@@ -84,3 +84,38 @@ def test_relu_after_a_dynamic_matmul_is_folded(reshaped, tmp_path, monkeypatch):
     # unfolded: the graph as written (the Relu a step of its own, or the compiler's Add+Relu)
     assert any(s[0].op == "relu" or s[0].attrs.get("activation") == "relu" for s in plain_steps)
     np.testing.assert_allclose(got, plain, rtol=1e-5, atol=1e-5 * float(np.abs(plain).max()))
+
+
+def test_the_dynamic_matmuls_of_one_input_quantize_it_once(tmp_path, monkeypatch):
+    """A MiniLM-style encoder (``quantize_dynamic``): the Q, K and V products of each layer (reading one tensor, or
+    Reshapes of it) share one holder; the output is the very one of the steps quantizing each for itself, and the
+    holders are empty after the run."""
+    need_program("cc", "the int8 kernels are built with the board's C compiler")
+    from rpcsrv.executor.examplejson import subgraphs
+
+    fm = quant_models.float_model("minilm", small=True)
+    model = quant_models.quantized(fm, "dynamic")
+    lib = tmp_path / "enc.so"
+    compile_onnx(model).export_library(str(lib))
+    feeds = quant_models.inputs_of(fm, seed=4)
+
+    def run():
+        from rpcsrv.executor import load_module
+        from rpcsrv.protocol.dtypes import Device
+
+        ex = load_module(str(lib)).get_function("default")(Device(1, 0))
+        for key, value in feeds.items():
+            ex.get_function("set_input")(key, value)
+        ex.get_function("run")()
+        steps = [s for fn in ex._functions.values() for s in getattr(fn, "_stepwise", ())]
+        return ex.get_function("get_output")(0).copy(), steps
+
+    got, steps = run()
+    holders = [s[1].holder for s in steps if hasattr(s[1], "holder")]
+    groups = {id(h): sum(h is g for g in holders) for h in holders}
+    assert groups and set(groups.values()) == {3}, groups  # Q, K and V of every layer
+    assert all(h[0] is None for h in holders)
+    monkeypatch.setattr(subgraphs, "share_quantization", lambda steps: steps)
+    alone, steps = run()
+    assert not any(hasattr(s[1], "holder") for s in steps)
+    np.testing.assert_array_equal(got, alone)

@@ -17,6 +17,7 @@ import numpy as np
 
 from .concat_chain import chain_kernels
 from .concat_fold import fold_concats
+from .dq_share import share_quantization
 from .qchain_fold import chain_steps
 from .qdq_fold import fold_quantized
 from .text import RUNTIME_ATTRS, ExampleJSONError, Kernel, Node, Subgraph, parse_examplejson
@@ -128,7 +129,8 @@ class SubgraphFunction:
         prepare_constants(ops, self.graph.nodes, self.constants,
                           [{k: v for k, v in node.attrs.items() if k not in RUNTIME_ATTRS} for node in ops])
         self.steps = self._table_steps  # the old plans (and what they keep) freed before the new are made
-        self.steps = self._stepwise = [self._planned(step) for step in self._table_steps]
+        # the dynamic MatMuls of one input quantize it once (see dq_share)
+        self.steps = self._stepwise = share_quantization([self._planned(step) for step in self._table_steps])
         # runs of int8 steps as one step each (see qchain_fold); a run with a step hook takes them one by one
         self.steps = chain_steps(self.steps, self.graph.nodes, self.graph.outputs, self.constants)
         self._bound = None

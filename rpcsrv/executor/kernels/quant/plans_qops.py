@@ -116,18 +116,38 @@ def dynamic_matmul_plan(kernel, attrs, inputs, shape, dtype):
     gemm, xshape, ready = lib.rpcsrv_qgemm, spec[0], in_use(lib)
     rows, kdim, consts = count // spec[0][-1], spec[0][-1], tuple(inputs[1:])
 
-    def dynamic_matmul(x, *others):
+    def dynamic_matmul(x, *others, holder=None, first=True, last=True):
+        if holder is not None and first:  # (nothing from an earlier call is ever read)
+            holder[0] = None
         if type(x) is not np.ndarray or x.shape != xshape or x.dtype != F32 or not x.flags.c_contiguous or \
                 not ready() or not same(others, consts):
             return kernel(x, *others, **attrs)
-        q, p = np.empty(xshape, U8), params.copy()
-        quantize(data(x), count, data(q), address(p))
+        kept = holder[0] if holder is not None else None
+        if kept is not None and (kept[0] is x or kept[1] == data(x)):  # quantized by a step before, from this
+            # very array or one of its shape over the same memory (a Reshape's view; the kept one holds it alive)
+            q, p = kept[2], kept[3]
+        else:
+            q, p = np.empty(xshape, U8), params.copy()
+            quantize(data(x), count, data(q), address(p))
+            if holder is not None:
+                holder[0] = (x, data(x), q, p)  # (one tuple: a thread reading it sees one step's whole)
+        if holder is not None and last:
+            holder[0] = None
         y = np.empty(shape, F32)
         if gemm(packed.ptr, data(q), rows, kdim, 0, int(p[1]), float(p[0]), data(y), n) != 0:
             raise MemoryError("int8 GEMM: the compiled kernel could not allocate its scratch")
         return y
 
-    dynamic_matmul.keep = packed
+    def sharing(holder: list, first: bool, last: bool):
+        """The step reading its input's quantized rows from ``holder`` when a step before it in this call made them
+        from the same array (else making them, and leaving them there unless ``last``); ``first`` empties it."""
+        def shared(x, *others):
+            return dynamic_matmul(x, *others, holder=holder, first=first, last=last)
+
+        shared.holder = holder
+        return shared
+
+    dynamic_matmul.keep, dynamic_matmul.sharing = packed, sharing
     return dynamic_matmul
 
 
