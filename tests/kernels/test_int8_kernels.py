@@ -296,3 +296,20 @@ def test_dynamic_quantize_matmul_with_relu_matches_the_reference(lib):
     plain = KERNELS["dynamic_quantize_matmul"](*args)
     np.testing.assert_allclose(want, np.maximum(plain, 0))
     assert (plain < 0).any() and (got > 0).any()
+
+
+@pytest.mark.parametrize("dtype", [U8, S8])
+@pytest.mark.parametrize("activation", [None, "relu"])
+def test_q_add_of_every_pair_of_integers_matches_the_reference(lib, dtype, activation):
+    """QLinearAdd of all 65536 pairs of operands (and a tail of 13 past the 64-element blocks), exactly the reference
+    kernel's integers: the AVX-512 path where the CPU has it, the C loop elsewhere."""
+    lo, hi = qpack_bounds(dtype)
+    a = np.repeat(np.arange(lo, hi + 1), 256).astype(dtype)[:65536 - 51].reshape(1, -1, 1, 1)
+    b = np.tile(np.arange(lo, hi + 1), 256).astype(dtype)[:65536 - 51].reshape(1, -1, 1, 1)
+    args = [a, _a(np.float32(0.0371)), _a(dtype.type(lo + 100)), b, _a(np.float32(0.0213)), _a(dtype.type(hi - 90)),
+            _a(np.float32(0.0459)), _a(dtype.type(lo + 131))]
+    attrs = {"activation": activation} if activation else {}
+    plan, want = _plan(q_add_plan, KERNELS["q_linear_add"], args, computed_at=(0, 3), attrs=attrs)
+    got = plan(*args)
+    np.testing.assert_array_equal(got, want)
+    assert {int(got.min()), int(got.max())} == {lo + 131 if activation else lo, hi}

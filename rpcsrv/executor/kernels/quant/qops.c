@@ -83,6 +83,46 @@ void rpcsrv_dequantize_q8(const uint8_t *x, long n, long c, long hw, long xsigne
         }
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define QADD512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
+
+/* 16 operands widened to int32 straight from memory (mask: the ones that exist) */
+static inline __attribute__((always_inline)) QADD512 __m512i qadd_load(const uint8_t *p, __mmask16 m, int sgn)
+{
+    const __m128i v = _mm_maskz_loadu_epi8(m, p);
+    return sgn ? _mm512_cvtepi8_epi32(v) : _mm512_cvtepu8_epi32(v);
+}
+
+/* rpcsrv_qadd in AVX-512, 16 elements a step, each widened from memory in one instruction (the compiler's own
+ * vectorisation widened through 16 bits with extracts: twice the instructions): the same float32 operations as the
+ * C loop of the x86-64-v3 and v4 builds, the product of a contracted into the sum (fma), the division exact,
+ * cvtps2dq rounding half to even */
+static QADD512 void qadd_avx512(const uint8_t *a, const uint8_t *b, uint8_t *y, long count, int sgn, float sa,
+                                long za, float sb, long zb, float sc, long yzp, float flo, float fhi)
+{
+    const __m512 vsa = _mm512_set1_ps(sa), vsb = _mm512_set1_ps(sb), vsc = _mm512_set1_ps(sc);
+    const __m512 vlo = _mm512_set1_ps(flo), vhi = _mm512_set1_ps(fhi);
+    const __m512i vza = _mm512_set1_epi32((int32_t)za), vzb = _mm512_set1_epi32((int32_t)zb);
+    const __m512i vyzp = _mm512_set1_epi32((int32_t)yzp);
+#define QADD16(i, m)                                                                                             \
+    {                                                                                                            \
+        const __m512 fa = _mm512_cvtepi32_ps(_mm512_sub_epi32(qadd_load(a + (i), m, sgn), vza));                 \
+        const __m512 fb = _mm512_cvtepi32_ps(_mm512_sub_epi32(qadd_load(b + (i), m, sgn), vzb));                 \
+        __m512 f = _mm512_div_ps(_mm512_fmadd_ps(fa, vsa, _mm512_mul_ps(fb, vsb)), vsc);                          \
+        f = _mm512_min_ps(_mm512_max_ps(f, vlo), vhi);                                                            \
+        _mm_mask_storeu_epi8(y + (i), m, _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(f), vyzp)));    \
+    }
+    long i = 0;
+    for (; i + 64 <= count; i += 64) {
+        QADD16(i, 0xffff) QADD16(i + 16, 0xffff) QADD16(i + 32, 0xffff) QADD16(i + 48, 0xffff)
+    }
+    for (; i < count; i += 16)
+        QADD16(i, count - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (count - i)) - 1))
+#undef QADD16
+}
+#endif
+
 /* y = saturate(round(((a - za) * sa + (b - zb) * sb) / sc) + yzp) over [lo, hi]: each operand dequantized, the sum
  * quantized, all in float32 (onnxruntime's QLinearAdd gives these very integers; scale ratios would not) */
 QCLONES
@@ -90,6 +130,12 @@ void rpcsrv_qadd(const uint8_t *a, const uint8_t *b, uint8_t *y, long count, lon
                  float sb, long zb, float sc, long yzp, long lo, long hi)
 {
     const float flo = (float)(lo - yzp), fhi = (float)(hi - yzp);
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")) {
+        qadd_avx512(a, b, y, count, (int)signed_, sa, za, sb, zb, sc, yzp, flo, fhi);
+        return;
+    }
+#endif
     if (signed_) {
         const int8_t *a8 = (const int8_t *)a, *b8 = (const int8_t *)b;
         for (long i = 0; i < count; i++) {
