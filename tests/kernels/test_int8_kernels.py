@@ -128,6 +128,10 @@ CONVS = [  # (x shape, w shape, group, attrs)
     ((1, 32, 12, 12), (32, 1, 3, 3), 32, dict(pads=[1, 1, 1, 1])),
     ((1, 24, 11, 11), (24, 1, 3, 3), 24, dict(pads=[1, 1, 1, 1], strides=[2, 2])),
     ((1, 16, 9, 9), (16, 1, 5, 5), 16, dict(pads=[2, 2, 2, 2])),
+    # stride-2 stems: over their space-to-depth copy (qconv_s2d.c) where the tiles read int8 patches in place
+    ((2, 3, 23, 19), (16, 3, 7, 7), 1, dict(pads=[3, 3, 3, 3], strides=[2, 2])),
+    ((1, 5, 16, 13), (24, 5, 5, 5), 1, dict(pads=[1, 2, 2, 0], strides=[2, 2])),
+    ((1, 3, 12, 12), (8, 3, 6, 5), 1, dict(strides=[2, 2])),
 ]
 
 
@@ -313,3 +317,22 @@ def test_q_add_of_every_pair_of_integers_matches_the_reference(lib, dtype, activ
     got = plan(*args)
     np.testing.assert_array_equal(got, want)
     assert {int(got.min()), int(got.max())} == {lo + 131 if activation else lo, hi}
+
+
+def test_stride_2_stems_of_few_channels_run_over_their_space_to_depth_copy(lib):
+    """The 7x7 and 3x3 stems of CONVS (3 channels, stride 2) take ``qconv_s2d.c`` where the tiles read uint8 patches
+    in place, a 1x1 stride-2 conv of 16 channels does not; the results are the
+    reference's (test_conv_plan_matches_the_reference_kernel)."""
+    from rpcsrv.executor.kernels.quant.qchain import step_fn
+
+    if not lib.rpcsrv_qconv_in_place(0):
+        pytest.skip("the kernel in use reads no patches in place")
+    for (xshape, wshape, group, attrs), want in ((CONVS[0], True), (CONVS[8], True), (CONVS[2], False)):
+        x = np.zeros(xshape, U8)
+        w = RNG.integers(-128, 128, wshape).astype(S8)
+        args = [x, _a(np.float32(0.05)), _a(np.uint8(7)), w, _a(np.float32(0.01)), _a(np.int8(0)),
+                _a(np.float32(0.2)), _a(np.uint8(120))]
+        full = dict(attrs, group=group, kernel_shape=list(wshape[2:]))
+        shape = KERNELS["q_linear_conv"](*args, **full).shape
+        plan = q_conv_plan(KERNELS["q_linear_conv"], full, [(x.shape, x.dtype)] + args[1:], shape, U8)
+        assert (plan.link(("nhwc",)).fn == step_fn(lib, "s2dconv")) is want, (xshape, wshape)

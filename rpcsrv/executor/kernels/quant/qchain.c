@@ -22,6 +22,7 @@ void rpcsrv_qgap(const uint8_t *x, long n, long hw, long c, long xsigned, long z
 void rpcsrv_qmaxpool(const uint8_t *x, long n, long h, long w, long c, long xsigned, const long *geom, uint8_t *y);
 int rpcsrv_qconv(const long *g, const long *geom, const uint8_t *x, void *y);
 int rpcsrv_qdwconv(const long *dg, const long *geom, const uint8_t *x, uint8_t *y);
+int rpcsrv_qconv_s2d(const long *s, const uint8_t *x, void *y);
 
 static float bits_f32(long v)
 {
@@ -57,6 +58,13 @@ int rpcsrv_qstep_dwconv(const long *blk, const void *a, const void *b, void *y)
 {
     (void)b;
     return rpcsrv_qdwconv((const long *)blk[0], (const long *)blk[1], a, y);
+}
+
+/* blk: qconv_s2d.c's block */
+int rpcsrv_qstep_s2dconv(const long *blk, const void *a, const void *b, void *y)
+{
+    (void)b;
+    return rpcsrv_qconv_s2d(blk, a, y);
 }
 
 /* blk: count, signed, a scale, a zero point, b scale, b zero point, y scale, y zero point, lo, hi */
