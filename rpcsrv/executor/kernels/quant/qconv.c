@@ -119,21 +119,33 @@ static int conv_in_place(const long *g, const long *geom, const uint8_t *x, void
     const long taps = kh * kw, mb = 240, esize = g[QG_OUT] >= QOUT_I32 ? 4 : 1;
     const uint8_t **ptrs = malloc(sizeof *ptrs * (size_t)(mb * taps));
     uint8_t *zrow = malloc((size_t)c);
-    if (!ptrs || !zrow) {
-        free(ptrs), free(zrow);
+    long *off = malloc(sizeof *off * (size_t)taps);  /* each tap's offset from the patch's first pixel */
+    if (!ptrs || !zrow || !off) {
+        free(ptrs), free(zrow), free(off);
         return -1;
     }
     memset(zrow, fill, (size_t)c);
+    for (long ky = 0; ky < kh; ky++)
+        for (long kx = 0; kx < kw; kx++)
+            off[ky * kw + kx] = (ky * geom[CG_DH] * w + kx * geom[CG_DW]) * c;
+    const long yspan = (kh - 1) * geom[CG_DH], xspan = (kw - 1) * geom[CG_DW];
     long b = 0, oy = 0, ox = 0;
     for (long r0 = 0; r0 < m; r0 += mb) {
         const long nrows = m - r0 < mb ? m - r0 : mb;
         for (long r = 0; r < nrows; r++) {
             const uint8_t **p = ptrs + r * taps;
-            for (long ky = 0; ky < kh; ky++) {
-                const long iy = oy * geom[CG_SH] - geom[CG_PT] + ky * geom[CG_DH];
-                for (long kx = 0; kx < kw; kx++) {
-                    const long ix = ox * geom[CG_SW] - geom[CG_PL] + kx * geom[CG_DW];
-                    p[ky * kw + kx] = iy < 0 || iy >= h || ix < 0 || ix >= w ? zrow : x + ((b * h + iy) * w + ix) * c;
+            const long iy0 = oy * geom[CG_SH] - geom[CG_PT], ix0 = ox * geom[CG_SW] - geom[CG_PL];
+            if (iy0 >= 0 && iy0 + yspan < h && ix0 >= 0 && ix0 + xspan < w) {  /* no tap in the padding */
+                const uint8_t *first = x + ((b * h + iy0) * w + ix0) * c;
+                for (long t = 0; t < taps; t++)
+                    p[t] = first + off[t];
+            } else {
+                for (long ky = 0; ky < kh; ky++) {
+                    const long iy = iy0 + ky * geom[CG_DH];
+                    for (long kx = 0; kx < kw; kx++) {
+                        const long ix = ix0 + kx * geom[CG_DW];
+                        p[ky * kw + kx] = iy < 0 || iy >= h || ix < 0 || ix >= w ? zrow : x + ((b * h + iy) * w + ix) * c;
+                    }
                 }
             }
             if (++ox == geom[CG_OW]) {
@@ -144,7 +156,7 @@ static int conv_in_place(const long *g, const long *geom, const uint8_t *x, void
         }
         rpcsrv_qgemm_taps(g, ptrs, nrows, taps, c, zan, (char *)y + r0 * g[QG_N] * esize, g[QG_N]);
     }
-    free(ptrs), free(zrow);
+    free(ptrs), free(zrow), free(off);
     return 0;
 }
 
