@@ -218,7 +218,6 @@ int rpcsrv_qconv(const long *g, const long *geom, const uint8_t *x, void *y)
     return 0;
 }
 
-
 /* one output pixel's channels [c0, c1) in plain C (the compiler vectorises the channel loops) */
 static void dw_pixel(const long *dg, const long *geom, const uint8_t *x, long b, long oy, long ox, long c0, long c1,
                      uint8_t *y)
@@ -313,18 +312,29 @@ static inline __attribute__((always_inline)) T512 void dw_avx512_k(const long *d
     const uint8_t *tp[64], *tq[64], *rowp[64];
     for (long b = 0; b < n; b++)
         for (long oy = 0; oy < oh; oy++) {
+            int rows_in = 1;
             for (long ky = 0; ky < kh; ky++) {  /* each kernel row's input row, or the zero points' */
                 const long iy = oy * sh - pt + ky * dh;
                 rowp[ky] = iy < 0 || iy >= h ? zrow : x + (b * h + iy) * w * c;
+                rows_in &= rowp[ky] != zrow;
             }
             for (long ox = 0; ox < ow; ox += 2) {  /* two pixels at a time: two chains of sums, the weights loaded once */
                 const int two = ox + 1 < ow;
-                for (long ky = 0, t = 0; ky < kh; ky++) {
-                    const uint8_t *row = rowp[ky];
-                    for (long kx = 0, ix = ox * sw - pl; kx < kw; kx++, t++, ix += dw) {
-                        tp[t] = row == zrow || ix < 0 || ix >= w ? zrow : row + ix * c;
-                        const long iq = two ? ix + sw : ix;
-                        tq[t] = row == zrow || iq < 0 || iq >= w ? zrow : row + iq * c;
+                const long ix0 = ox * sw - pl;
+                if (rows_in && two && ix0 >= 0 && ix0 + sw + (kw - 1) * dw < w) {  /* no tap of either in the padding */
+                    for (long ky = 0, t = 0; ky < kh; ky++)
+                        for (long kx = 0; kx < kw; kx++, t++) {
+                            tp[t] = rowp[ky] + (ix0 + kx * dw) * c;
+                            tq[t] = tp[t] + sw * c;
+                        }
+                } else {
+                    for (long ky = 0, t = 0; ky < kh; ky++) {
+                        const uint8_t *row = rowp[ky];
+                        for (long kx = 0, ix = ix0; kx < kw; kx++, t++, ix += dw) {
+                            tp[t] = row == zrow || ix < 0 || ix >= w ? zrow : row + ix * c;
+                            const long iq = two ? ix + sw : ix;
+                            tq[t] = row == zrow || iq < 0 || iq >= w ? zrow : row + iq * c;
+                        }
                     }
                 }
                 tp[taps] = tq[taps] = zrow;
