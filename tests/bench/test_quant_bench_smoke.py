@@ -21,6 +21,7 @@ def test_quant_bench_smoke():
     assert [r["model"] for r in rows] == ["resnet18-qoperator", "minilm-dynamic"]
     for r in rows:
         assert r["within"] >= 0.99 and r["classes"] == 1.0 and 0 < r["ort_floor"] <= 1, r
+        assert 0 < r["within_unopt"] <= 1, r
         assert set(r["times"]) == set(cpus) and all(t > 0 for pair in r["times"].values() for t in pair)
     text = quant_bench.table(rows, cpus)
     assert "| resnet18-qoperator |" in text and "geometric mean" in text

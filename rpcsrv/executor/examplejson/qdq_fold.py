@@ -12,7 +12,8 @@ ones under new IDs.  The int8 ops then run on the compiled int8 kernels (``kerne
 A library from ``quantize_dynamic`` holds, per MatMul by constant weights, ``dynamic_quantize_linear`` ->
 ``matmul_integer`` -> ``cast`` (to float) -> ``mul`` by the product of the two scales [-> ``add`` of a float
 bias]; that chain is onnxruntime's ``DynamicQuantizeMatMul`` and becomes one ``dynamic_quantize_matmul``
-(:func:`fold_dynamic`): the activations quantized and multiplied in one step, no int32 tensor written.
+(:func:`fold_dynamic`): the activations quantized and multiplied in one step, no int32 tensor written; a Relu that
+alone reads it goes in as its ``activation`` (a transformer's feed-forward).
 
 Ops whose attributes an int8 op cannot take are not offered to the fold (a conv with a fused activation other
 than Relu/Clip, or reading a channel shuffle; a MatMul with the compiler's bias input).  Everything else stays as
@@ -34,6 +35,8 @@ from .text import RUNTIME_ATTRS, Node, Subgraph, input_counts
 #: the ops that start a fold (a graph without them is left alone at once)
 QUANTIZED = frozenset({"dequantize_linear", "matmul_integer"})
 F32 = np.dtype(np.float32)
+#: the ops that only reshape their input (an elementwise op after them may go before them)
+RESHAPES = frozenset({"reshape", "flatten", "squeeze", "unsqueeze"})
 
 
 def _offered(node: Node) -> bool:
@@ -122,7 +125,8 @@ def _const(graph: Subgraph, constants, nid: int) -> Optional[np.ndarray]:
 
 def fold_dynamic(graph: Subgraph, constants: Mapping[int, np.ndarray]) -> Optional[Subgraph]:
     """``dynamic_quantize_linear`` -> ``matmul_integer`` by constant weights -> ``cast`` -> ``mul`` by (a_scale *
-    b_scale) [-> ``add`` of a constant float bias] as one ``dynamic_quantize_matmul``; None when there is none."""
+    b_scale) [-> ``add`` of a constant float bias] [-> ``relu``] as one ``dynamic_quantize_matmul`` (the Relu as its
+    ``activation``, the product's store taking max(0, y)); None when there is none."""
     ops = graph.ops
     readers = input_counts(ops)
     outputs = set(graph.outputs)
@@ -155,16 +159,28 @@ def fold_dynamic(graph: Subgraph, constants: Mapping[int, np.ndarray]) -> Option
             continue
         last, bias = scale_mul, None
         add = sole.get(scale_mul.id)
-        if add is not None and add.op == "add" and not add.attrs:
+        fused = {}  # the bias Add's own Relu (the compiler's Add+Relu composite)
+        if add is not None and add.op == "add" and (not add.attrs or dict(add.attrs) == {"activation": "relu"}):
             b = _const(graph, constants, [i for i in add.inputs if i != scale_mul.id][0]) \
                 if len(add.inputs) == 2 else None
             if b is not None and b.dtype == F32 and b.shape == (wconst.shape[1],) and add.shape == scale_mul.shape:
-                last, bias = add, [i for i in add.inputs if i != scale_mul.id][0]
+                last, bias, fused = add, [i for i in add.inputs if i != scale_mul.id][0], dict(add.attrs)
+        chain, attrs = [mm, cast, scale_mul] + ([last] if last is not scale_mul else []), fused
+        relu, shaped = (None, None) if fused else (sole.get(last.id), None)
+        if relu is not None and relu.op in RESHAPES and relu.dtype == F32:  # relu(reshape(y)) = reshape(relu(y))
+            relu, shaped = sole.get(relu.id), relu
+        if relu is not None and relu.op == "relu" and not relu.attrs and relu.dtype == F32:
+            attrs = {"activation": "relu"}
+            if shaped is None:
+                chain, last = chain + [relu], relu
+            else:  # the reshape takes the Relu's place (and ID), reading the product
+                nodes.pop(shaped.id, None)
+                nodes[relu.id] = dataclasses.replace(shaped, id=relu.id, line=relu.line)
         ws_id = next(i for i in prod.inputs if _const(graph, constants, i) is not None)
         inputs = (dq.inputs[0], w, ws_id, wz) + ((bias,) if bias is not None else ())
-        for gone in (mm, cast) + ((scale_mul,) if last is not scale_mul else ()):
+        for gone in chain[:-1]:
             nodes.pop(gone.id, None)
-        nodes[last.id] = dataclasses.replace(last, op="dynamic_quantize_matmul", inputs=inputs, attrs={})
+        nodes[last.id] = dataclasses.replace(last, op="dynamic_quantize_matmul", inputs=inputs, attrs=attrs)
         changed = True
     if not changed:
         return None

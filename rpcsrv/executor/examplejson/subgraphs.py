@@ -17,6 +17,8 @@ import numpy as np
 
 from .concat_chain import chain_kernels
 from .concat_fold import fold_concats
+from .dq_share import share_quantization
+from .qchain_fold import chain_steps
 from .qdq_fold import fold_quantized
 from .text import RUNTIME_ATTRS, ExampleJSONError, Kernel, Node, Subgraph, parse_examplejson
 from ..module import STEP_HOOK, ExecutorError, RuntimeModule
@@ -102,6 +104,7 @@ class SubgraphFunction:
                                last_of_key[key] == k, node.attrs.get("output_index", 0),
                                tuple(drops.get(k, ()))))
         self._table_steps = list(self.steps)  # the kernels of the table, before any plan (``prepare``)
+        self._stepwise = self.steps  # the steps one by one (``steps`` may join runs of them: ``prepare``)
         read = {i for node in ops for i in node.inputs} | set(graph.outputs)
         self._read_consts = [n for n in graph.consts if n.id in read]  # (what __call__ puts in place)
         self._bound = None
@@ -126,7 +129,10 @@ class SubgraphFunction:
         prepare_constants(ops, self.graph.nodes, self.constants,
                           [{k: v for k, v in node.attrs.items() if k not in RUNTIME_ATTRS} for node in ops])
         self.steps = self._table_steps  # the old plans (and what they keep) freed before the new are made
-        self.steps = [self._planned(step) for step in self._table_steps]
+        # the dynamic MatMuls of one input quantize it once (see dq_share)
+        self.steps = self._stepwise = share_quantization([self._planned(step) for step in self._table_steps])
+        # runs of int8 steps as one step each (see qchain_fold); a run with a step hook takes them one by one
+        self.steps = chain_steps(self.steps, self.graph.nodes, self.graph.outputs, self.constants)
         self._bound = None
 
     def _planned(self, step: tuple) -> tuple:
@@ -166,7 +172,8 @@ class SubgraphFunction:
         node = None
         hook = STEP_HOOK.get()
         try:
-            for node, kernel, kattrs, key, last_of_key, index, drops in self.steps:
+            for node, kernel, kattrs, key, last_of_key, index, drops in (self.steps if hook is None else
+                                                                          self._stepwise):
                 start = time.perf_counter() if hook is not None else 0.0
                 if key is None:
                     result = kernel(*[values[i] for i in node.inputs], **kattrs)

@@ -188,7 +188,8 @@ op("q_linear_sigmoid", "x x_scale x_zero_point y_scale y_zero_point?")
 op("q_linear_leaky_relu", "x x_scale x_zero_point y_scale y_zero_point?", alpha=f(0.01))
 op("q_linear_softmax", "x x_scale x_zero_point y_scale y_zero_point", axis=i(-1), opset=i(REQUIRED))
 op("dynamic_quantize_linear", "x", "y y_scale y_zero_point")
-op("dynamic_quantize_matmul", "a b b_scale b_zero_point? bias?")
+op("dynamic_quantize_matmul", "a b b_scale b_zero_point? bias?",
+   activation=Attr("op", None, ("relu",), "a float int8 product fuses relu only"))  # (rpcsrv: a Relu folded in)
 op("matmul_integer_to_float", "a b a_scale b_scale a_zero_point? b_zero_point? bias?")
 
 # -- misc.py

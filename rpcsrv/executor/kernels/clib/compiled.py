@@ -117,6 +117,11 @@ SIGNATURES: dict = {
     "rpcsrv_qmaxpool": (None, [_P] + [_L] * 5 + [_P] * 2),
     "rpcsrv_qlut": (None, [_P, _L, _L, _P, _P]),
     "rpcsrv_dynamic_quantize": (None, [_P, _L, _P, _P]),
+    "rpcsrv_qchain": (_I, [_P, _L, _P, _P]),  # (quant/qchain.c: a run of int8 steps; the steps' own functions:)
+    **{f"rpcsrv_qstep_{name}": (_I, [_P] * 4) for name in ("conv", "dwconv", "s2dconv", "add", "quantize", "gap",
+                                                            "maxpool")},
+    "rpcsrv_qconv_s2d": (_I, [_P] * 3),  # (quant/qconv_s2d.c: a stride-2 stem over its space-to-depth copy)
+    "rpcsrv_qconv_in_place": (_L, [_L]),
 }
 
 

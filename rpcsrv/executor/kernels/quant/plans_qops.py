@@ -15,6 +15,7 @@ from ..clib import compiled
 from ..plan_support import address, attribute_values, block, computed, in_use
 from ..windows import resolve_pads, spatial_attr
 from .plans_quant import _weights_2d, same
+from .qchain import Link, f32_bits, long_block, step_fn
 from .qpack import F32, Q8, U8, PackedGemm, channels_last, data, nhwc_strides, qtype_signed
 
 
@@ -52,6 +53,10 @@ def quantize_plan(kernel, attrs, inputs, shape, dtype):
         fn(data(x), n, c, hw, scale, zp, lo, hi, int(four), data(y))
         return channels_last(y) if four else y
 
+    step = long_block((n, c, hw, f32_bits(scale), zp, lo, hi, int(four)))
+    quantize.link = lambda layouts: Link(step_fn(lib, "quantize"), step[1], (0,), "nhwc" if four else "c") \
+        if layouts == ("c",) else None
+    quantize.keep = step
     return quantize
 
 
@@ -100,26 +105,49 @@ def dynamic_matmul_plan(kernel, attrs, inputs, shape, dtype):
             shape != spec[0][:-1] + (n,):
         return None
     lib = compiled.library()
-    if lib is None:
+    with attribute_values():
+        relu = attrs.get("activation") == "relu"
+    if lib is None or set(attrs) - {"activation"} or attrs.get("activation") not in (None, "relu"):
         return None
-    packed = PackedGemm(lib, b, 0 if bz is None else bz, None, bs.reshape(-1).astype(F32), F32, fbias=bias)
+    packed = PackedGemm(lib, b, 0 if bz is None else bz, None, bs.reshape(-1).astype(F32), F32, fbias=bias,
+                        relu=relu)
     quantize, count = lib.rpcsrv_dynamic_quantize, int(np.prod(spec[0], dtype=np.int64))
     params = np.empty(2, F32)
     gemm, xshape, ready = lib.rpcsrv_qgemm, spec[0], in_use(lib)
     rows, kdim, consts = count // spec[0][-1], spec[0][-1], tuple(inputs[1:])
 
-    def dynamic_matmul(x, *others):
+    def dynamic_matmul(x, *others, holder=None, first=True, last=True):
+        if holder is not None and first:  # (nothing from an earlier call is ever read)
+            holder[0] = None
         if type(x) is not np.ndarray or x.shape != xshape or x.dtype != F32 or not x.flags.c_contiguous or \
                 not ready() or not same(others, consts):
             return kernel(x, *others, **attrs)
-        q, p = np.empty(xshape, U8), params.copy()
-        quantize(data(x), count, data(q), address(p))
+        kept = holder[0] if holder is not None else None
+        if kept is not None and (kept[0] is x or kept[1] == data(x)):  # quantized by a step before, from this
+            # very array or one of its shape over the same memory (a Reshape's view; the kept one holds it alive)
+            q, p = kept[2], kept[3]
+        else:
+            q, p = np.empty(xshape, U8), params.copy()
+            quantize(data(x), count, data(q), address(p))
+            if holder is not None:
+                holder[0] = (x, data(x), q, p)  # (one tuple: a thread reading it sees one step's whole)
+        if holder is not None and last:
+            holder[0] = None
         y = np.empty(shape, F32)
         if gemm(packed.ptr, data(q), rows, kdim, 0, int(p[1]), float(p[0]), data(y), n) != 0:
             raise MemoryError("int8 GEMM: the compiled kernel could not allocate its scratch")
         return y
 
-    dynamic_matmul.keep = packed
+    def sharing(holder: list, first: bool, last: bool):
+        """The step reading its input's quantized rows from ``holder`` when a step before it in this call made them
+        from the same array (else making them, and leaving them there unless ``last``); ``first`` empties it."""
+        def shared(x, *others):
+            return dynamic_matmul(x, *others, holder=holder, first=first, last=last)
+
+        shared.holder = holder
+        return shared
+
+    dynamic_matmul.keep, dynamic_matmul.sharing = packed, sharing
     return dynamic_matmul
 
 
@@ -156,6 +184,10 @@ def q_add_plan(kernel, attrs, inputs, shape, dtype):
         fn(data(a), data(b), data(y), count, signed, pa[0], pa[1], pb[0], pb[1], pc[0], pc[1], lo, hi)
         return channels_last(y) if last else y
 
+    step = long_block((count, signed, f32_bits(pa[0]), pa[1], f32_bits(pb[0]), pb[1], f32_bits(pc[0]), pc[1], lo, hi))
+    q_add.link = lambda layouts: Link(step_fn(lib, "add"), step[1], (0, 3), layouts[0]) \
+        if layouts[0] == layouts[1] else None
+    q_add.keep = step
     return q_add
 
 
@@ -185,6 +217,9 @@ def q_gap_plan(kernel, attrs, inputs, shape, dtype):
         fn(data(x), n, h * w, c, signed, px[1], mult, py[1], lo, hi, data(y))
         return y
 
+    step = long_block((n, h * w, c, signed, px[1], f32_bits(mult), py[1], lo, hi))
+    q_gap.link = lambda layouts: Link(step_fn(lib, "gap"), step[1], (0,), "c") if layouts == ("nhwc",) else None
+    q_gap.keep = step
     return q_gap
 
 
@@ -219,7 +254,10 @@ def q_maxpool_plan(kernel, attrs, inputs, shape, dtype):
         fn(data(x), n, h, w, c, signed, gptr, data(y))
         return channels_last(y)
 
-    q_maxpool.keep = geom
+    step = long_block((n, h, w, c, signed, gptr))
+    q_maxpool.link = lambda layouts: Link(step_fn(lib, "maxpool"), step[1], (0,), "nhwc") \
+        if layouts == ("nhwc",) else None
+    q_maxpool.keep = (geom, step)
     return q_maxpool
 
 

@@ -24,6 +24,7 @@ from ....loader.opset.quant import QuantParams, clamp_bounds, multiplier
 from ..clib import compiled
 from ..conv.conv import _geometry, _tup
 from ..plan_support import address, attribute_values, computed, in_use
+from .qchain import Link, long_block, step_fn
 from .qpack import F32, I32, Q8, PackedDepthwise, PackedGemm, geometry_blocks, nhwc_strides, qtype_signed, scalar
 
 
@@ -68,19 +69,35 @@ def q_conv_plan(kernel, attrs, inputs, shape, dtype):
     if shape != (n, m) + tuple(out) or min(begin) < 0:
         return None
     mult = multiplier(xs, ws.reshape(-1), ys)
+    # a stride-2 stem whose patches the in-place tiles cannot read (channels not a multiple of 4: an image's 3)
+    # runs over its space-to-depth copy, whose pixels they can (qconv_s2d.c)
+    s2d = group == 1 and tuple(strides) == (2, 2) and tuple(dilations) == (1, 1) and min(w.shape[2:]) >= 3 and \
+        c % 4 != 0 and w.dtype == np.int8 and not np.any(wz) and lib.rpcsrv_qconv_in_place(qtype_signed(xdtype))
+    if s2d:
+        w, xgeom = space_to_depth_weights(w), (n, 4 * c, out[0] + (w.shape[2] + 1) // 2 - 1,
+                                               out[1] + (w.shape[3] + 1) // 2 - 1)
+        strides, dilations, cbegin = (1, 1), (1, 1), (0, 0)
+    else:
+        xgeom, cbegin = xshape, begin
     if group == 1:
-        k = c * w.shape[2] * w.shape[3]
+        k = xgeom[1] * w.shape[2] * w.shape[3]
         packed = PackedGemm(lib, w.transpose(2, 3, 1, 0).reshape(k, m), wz, b, mult, dtype, int(yz), lo, hi)
-        fn = lib.rpcsrv_qconv
+        name = "s2dconv" if s2d else "conv"
     elif group == c == m and w.shape[1] == 1:
         packed = PackedDepthwise(w, wz, b, mult, dtype, int(yz), lo, hi, int(xz))
-        fn = lib.rpcsrv_qdwconv
+        name = "dwconv"
     else:
         return None
-    (nhwc_geom, nhwc_ptr), (nchw_geom, nchw_ptr) = geometry_blocks(xshape, w.shape[2:], strides, dilations, begin,
+    (nhwc_geom, nhwc_ptr), (nchw_geom, nchw_ptr) = geometry_blocks(xgeom, w.shape[2:], strides, dilations, cbegin,
                                                                      out, qtype_signed(xdtype), int(xz))
     nhwc, yshape, ptr = nhwc_strides(xshape), (n, out[0], out[1], m), packed.ptr
     xbase, state = (n, xshape[2], xshape[3], c), compiled._state  # (plan_support.in_use's check, inline)
+    if s2d:  # (the copy's geometry is channels-last; the block says in which layout x comes)
+        steps = {lay: long_block((ptr, nhwc_ptr, n, xshape[2], xshape[3], c, begin[0], begin[1], xgeom[2], xgeom[3],
+                                  int(xz), first)) for lay, first in (("nhwc", 0), ("c", 1))}
+    else:
+        steps = {lay: long_block((ptr, geom)) for lay, geom in (("nhwc", nhwc_ptr), ("c", nchw_ptr))}
+    fn, nhwc_blk, nchw_blk = getattr(lib, f"rpcsrv_qstep_{name}"), steps["nhwc"][1], steps["c"][1]
 
     def q_conv(x, *others):  # (checks inline: the commonest int8 step)
         try:
@@ -92,16 +109,17 @@ def q_conv_plan(kernel, attrs, inputs, shape, dtype):
             return kernel(x, *others, **attrs)
         base = x.base
         if x.strides == nhwc and type(base) is np.ndarray and base.shape == xbase and base.flags.c_contiguous:
-            geom, xaddr = nhwc_ptr, address(base)  # a channels-last view: its base starts where it does
+            blk, xaddr = nhwc_blk, address(base)  # a channels-last view: its base starts where it does
         else:
             x = x if x.flags.c_contiguous else np.ascontiguousarray(x)
-            geom, xaddr = nchw_ptr, address(x)
+            blk, xaddr = nchw_blk, address(x)
         y = np.empty(yshape, dtype)
-        if fn(ptr, geom, xaddr, address(y)) != 0:
+        if fn(blk, xaddr, 0, address(y)) != 0:
             raise MemoryError("q_linear_conv: the compiled kernel could not allocate its scratch")
         return y.transpose(0, 3, 1, 2)
 
-    q_conv.keep = (packed, nhwc_geom, nchw_geom)
+    q_conv.link = lambda layouts: Link(step_fn(lib, name), steps[layouts[0]][1], (0,), "nhwc")
+    q_conv.keep = (packed, nhwc_geom, nchw_geom, steps)
     return q_conv
 
 
@@ -148,6 +166,17 @@ def _rows_plan(kernel, attrs, inputs, shape, dtype, a_index, packed, lib, za, as
 
     product.keep = packed
     return product
+
+
+def space_to_depth_weights(w: np.ndarray) -> np.ndarray:
+    """A stride-2 conv's weights (M, C, KH, KW) as the stride-1 conv's over the input's 2x2 space-to-depth copy
+    (``qconv_s2d.c``): (M, 4C, ceil(KH / 2), ceil(KW / 2)), channel (2p + q) C + c of tap (u, v) being the weight of
+    tap (2u + p, 2v + q) of channel c (0 past the kernel)."""
+    m, c, kh, kw = w.shape
+    u, v = (kh + 1) // 2, (kw + 1) // 2
+    padded = np.zeros((m, c, 2 * u, 2 * v), w.dtype)
+    padded[:, :, :kh, :kw] = w
+    return np.ascontiguousarray(padded.reshape(m, c, u, 2, v, 2).transpose(0, 3, 5, 1, 2, 4).reshape(m, 4 * c, u, v))
 
 
 def _weights_2d(b, kdim):

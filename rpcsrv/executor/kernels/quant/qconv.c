@@ -33,16 +33,39 @@ void rpcsrv_q_nchw_to_nhwc(const uint8_t *x, long n, long c, long hw, uint8_t *y
 /* the rows per block of gathered patches: about 128 KB */
 static long conv_block_rows(long kp, long mr) { long r = (131072 / kp) / mr * mr; return r < mr ? mr : r; }
 
+/* n bytes (n of 2, 4, 8 or 16) from src to dst, each xor flip (flip 0 or 0x80 in every byte) */
+#define COPY_FLIP(T, n)                                                                                      \
+    {                                                                                                        \
+        T v, f;                                                                                              \
+        memcpy(&v, src, n), memset(&f, flip, n), v ^= f, memcpy(dst, &v, n);                                 \
+        memcpy(&v, src + len - n, n), v ^= f, memcpy(dst + len - n, &v, n);                                  \
+    }
+
+/* len bytes from src to dst, each xor flip; runs of up to 32 bytes (a stem's kernel row: 3 taps x 3 channels, 7 x
+ * 3) as two word copies that overlap in the middle (no byte past either run is read or written), longer ones by
+ * memcpy (flip 0) or a loop */
 static inline void copy_run(uint8_t *dst, const uint8_t *src, long len, uint8_t flip)
 {
-    if (len <= 32) {  /* a few channels (a stem's 3): no call */
+    typedef uint64_t u64x2 __attribute__((vector_size(16)));
+    if (len > 32) {
+        if (!flip) {
+            memcpy(dst, src, (size_t)len);
+            return;
+        }
         for (long i = 0; i < len; i++)
             dst[i] = src[i] ^ flip;
-    } else if (flip) {
-        for (long i = 0; i < len; i++)
-            dst[i] = src[i] ^ flip;
+    } else if (len >= 16) {
+        u64x2 v, f, w;
+        memcpy(&v, src, 16), memcpy(&w, src + len - 16, 16), memset(&f, flip, 16);
+        v ^= f, w ^= f;
+        memcpy(dst, &v, 16), memcpy(dst + len - 16, &w, 16);
+    } else if (len >= 8) {
+        COPY_FLIP(uint64_t, 8)
+    } else if (len >= 4) {
+        COPY_FLIP(uint32_t, 4)
     } else {
-        memcpy(dst, src, (size_t)len);
+        for (long i = 0; i < len; i++)
+            dst[i] = src[i] ^ flip;
     }
 }
 
@@ -96,21 +119,33 @@ static int conv_in_place(const long *g, const long *geom, const uint8_t *x, void
     const long taps = kh * kw, mb = 240, esize = g[QG_OUT] >= QOUT_I32 ? 4 : 1;
     const uint8_t **ptrs = malloc(sizeof *ptrs * (size_t)(mb * taps));
     uint8_t *zrow = malloc((size_t)c);
-    if (!ptrs || !zrow) {
-        free(ptrs), free(zrow);
+    long *off = malloc(sizeof *off * (size_t)taps);  /* each tap's offset from the patch's first pixel */
+    if (!ptrs || !zrow || !off) {
+        free(ptrs), free(zrow), free(off);
         return -1;
     }
     memset(zrow, fill, (size_t)c);
+    for (long ky = 0; ky < kh; ky++)
+        for (long kx = 0; kx < kw; kx++)
+            off[ky * kw + kx] = (ky * geom[CG_DH] * w + kx * geom[CG_DW]) * c;
+    const long yspan = (kh - 1) * geom[CG_DH], xspan = (kw - 1) * geom[CG_DW];
     long b = 0, oy = 0, ox = 0;
     for (long r0 = 0; r0 < m; r0 += mb) {
         const long nrows = m - r0 < mb ? m - r0 : mb;
         for (long r = 0; r < nrows; r++) {
             const uint8_t **p = ptrs + r * taps;
-            for (long ky = 0; ky < kh; ky++) {
-                const long iy = oy * geom[CG_SH] - geom[CG_PT] + ky * geom[CG_DH];
-                for (long kx = 0; kx < kw; kx++) {
-                    const long ix = ox * geom[CG_SW] - geom[CG_PL] + kx * geom[CG_DW];
-                    p[ky * kw + kx] = iy < 0 || iy >= h || ix < 0 || ix >= w ? zrow : x + ((b * h + iy) * w + ix) * c;
+            const long iy0 = oy * geom[CG_SH] - geom[CG_PT], ix0 = ox * geom[CG_SW] - geom[CG_PL];
+            if (iy0 >= 0 && iy0 + yspan < h && ix0 >= 0 && ix0 + xspan < w) {  /* no tap in the padding */
+                const uint8_t *first = x + ((b * h + iy0) * w + ix0) * c;
+                for (long t = 0; t < taps; t++)
+                    p[t] = first + off[t];
+            } else {
+                for (long ky = 0; ky < kh; ky++) {
+                    const long iy = iy0 + ky * geom[CG_DH];
+                    for (long kx = 0; kx < kw; kx++) {
+                        const long ix = ix0 + kx * geom[CG_DW];
+                        p[ky * kw + kx] = iy < 0 || iy >= h || ix < 0 || ix >= w ? zrow : x + ((b * h + iy) * w + ix) * c;
+                    }
                 }
             }
             if (++ox == geom[CG_OW]) {
@@ -121,7 +156,7 @@ static int conv_in_place(const long *g, const long *geom, const uint8_t *x, void
         }
         rpcsrv_qgemm_taps(g, ptrs, nrows, taps, c, zan, (char *)y + r0 * g[QG_N] * esize, g[QG_N]);
     }
-    free(ptrs), free(zrow);
+    free(ptrs), free(zrow), free(off);
     return 0;
 }
 
@@ -183,7 +218,6 @@ int rpcsrv_qconv(const long *g, const long *geom, const uint8_t *x, void *y)
     return 0;
 }
 
-
 /* one output pixel's channels [c0, c1) in plain C (the compiler vectorises the channel loops) */
 static void dw_pixel(const long *dg, const long *geom, const uint8_t *x, long b, long oy, long ox, long c0, long c1,
                      uint8_t *y)
@@ -232,7 +266,32 @@ static void dw_plain(const long *dg, const long *geom, const uint8_t *x, uint8_t
 extern const qkernel rpcsrv_qk_vnni512;
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 
-/* 32 channels of one pixel at a time: the bytes of two taps interleaved (vpunpck*bw), widened to 16 bits, and
+/* the taps 2p and 2p + 1 of 32 channels (from c0) of the pixel whose tap pointers are t, into acc_lo, acc_hi */
+#define DW_PAIR(t, acc_lo, acc_hi)                                                                           \
+    {                                                                                                        \
+        const __m256i xa = _mm256_maskz_loadu_epi8(mk, t[2 * p] + c0);                                       \
+        const __m256i xb = _mm256_maskz_loadu_epi8(mk, t[2 * p + 1] + c0);                                   \
+        const __m256i l8 = _mm256_unpacklo_epi8(xa, xb), h8 = _mm256_unpackhi_epi8(xa, xb);                   \
+        acc_lo = _mm512_dpwssd_epi32(acc_lo, is_signed ? _mm512_cvtepi8_epi16(l8) : _mm512_cvtepu8_epi16(l8), w0); \
+        acc_hi = _mm512_dpwssd_epi32(acc_hi, is_signed ? _mm512_cvtepi8_epi16(h8) : _mm512_cvtepu8_epi16(h8), w1); \
+    }
+
+/* 32 channels' sums (in DW_ORDER) requantized and stored at dst (mask: the channels that exist) */
+static inline __attribute__((always_inline)) T512 void dw_store(__m512i acc0, __m512i acc1, const float *mult,
+                                                                 __m512 lo, __m512 hi, __m512i yzp, uint8_t *dst,
+                                                                 __mmask32 mk)
+{
+    __m512 f0 = _mm512_mul_ps(_mm512_cvtepi32_ps(acc0), _mm512_loadu_ps(mult));
+    __m512 f1 = _mm512_mul_ps(_mm512_cvtepi32_ps(acc1), _mm512_loadu_ps(mult + 16));
+    f0 = _mm512_min_ps(_mm512_max_ps(f0, lo), hi);
+    f1 = _mm512_min_ps(_mm512_max_ps(f1, lo), hi);
+    __m128i q0 = _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(f0), yzp));  /* 0-7 16-23 */
+    __m128i q1 = _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(f1), yzp));  /* 8-15 24-31 */
+    _mm256_mask_storeu_epi8(dst, mk, _mm256_set_m128i(_mm_unpackhi_epi64(q0, q1), _mm_unpacklo_epi64(q0, q1)));
+}
+
+/* 32 channels of two neighbouring pixels at a time (two independent chains of sums, each weight load serving both:
+ * a 32-channel map's pixels were waiting on one chain's latency, 1.6x slower): the bytes of two taps interleaved (vpunpck*bw), widened to 16 bits, and
  * multiplied and added in pairs into 2 x 16 int32 lanes by vpdpwssd (AVX-512 VNNI: taken with the VNNI GEMM), the
  * channels in DW_ORDER.  A tap in the padding
  * reads a row of zero points, so every pixel sums x * w over all its taps, and the bias of this kernel already holds
@@ -250,47 +309,54 @@ static inline __attribute__((always_inline)) T512 void dw_avx512_k(const long *d
     const int is_signed = (int)geom[CG_SIGNED];
     const __m512i yzp = _mm512_set1_epi32((int32_t)dg[DG_YZP]);
     const __m512 lo = _mm512_set1_ps((float)(dg[DG_LO] - dg[DG_YZP])), hi = _mm512_set1_ps((float)(dg[DG_HI] - dg[DG_YZP]));
-    const uint8_t *tp[64], *rowp[64];
+    const uint8_t *tp[64], *tq[64], *rowp[64];
     for (long b = 0; b < n; b++)
-        for (long oy = 0; oy < oh; oy++)
-            for (long ox = 0; ox < ow; ox++) {
-                if (ox == 0)  /* each kernel row's input row, or the zero points' */
-                    for (long ky = 0; ky < kh; ky++) {
-                        const long iy = oy * sh - pt + ky * dh;
-                        rowp[ky] = iy < 0 || iy >= h ? zrow : x + (b * h + iy) * w * c;
+        for (long oy = 0; oy < oh; oy++) {
+            int rows_in = 1;
+            for (long ky = 0; ky < kh; ky++) {  /* each kernel row's input row, or the zero points' */
+                const long iy = oy * sh - pt + ky * dh;
+                rowp[ky] = iy < 0 || iy >= h ? zrow : x + (b * h + iy) * w * c;
+                rows_in &= rowp[ky] != zrow;
+            }
+            for (long ox = 0; ox < ow; ox += 2) {  /* two pixels at a time: two chains of sums, the weights loaded once */
+                const int two = ox + 1 < ow;
+                const long ix0 = ox * sw - pl;
+                if (rows_in && two && ix0 >= 0 && ix0 + sw + (kw - 1) * dw < w) {  /* no tap of either in the padding */
+                    for (long ky = 0, t = 0; ky < kh; ky++)
+                        for (long kx = 0; kx < kw; kx++, t++) {
+                            tp[t] = rowp[ky] + (ix0 + kx * dw) * c;
+                            tq[t] = tp[t] + sw * c;
+                        }
+                } else {
+                    for (long ky = 0, t = 0; ky < kh; ky++) {
+                        const uint8_t *row = rowp[ky];
+                        for (long kx = 0, ix = ix0; kx < kw; kx++, t++, ix += dw) {
+                            tp[t] = row == zrow || ix < 0 || ix >= w ? zrow : row + ix * c;
+                            const long iq = two ? ix + sw : ix;
+                            tq[t] = row == zrow || iq < 0 || iq >= w ? zrow : row + iq * c;
+                        }
                     }
-                for (long ky = 0, t = 0; ky < kh; ky++) {
-                    const uint8_t *row = rowp[ky];
-                    for (long kx = 0, ix = ox * sw - pl; kx < kw; kx++, t++, ix += dw)
-                        tp[t] = row == zrow || ix < 0 || ix >= w ? zrow : row + ix * c;
                 }
-                tp[taps] = zrow;
+                tp[taps] = tq[taps] = zrow;
                 uint8_t *yp = y + ((b * oh + oy) * ow + ox) * c;
                 for (long c0 = 0; c0 < c; c0 += 32) {
                     const long left = c - c0;
                     const __mmask32 mk = left >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << left) - 1);
                     __m512i acc0 = _mm512_loadu_si512((const void *)(bias + c0));
-                    __m512i acc1 = _mm512_loadu_si512((const void *)(bias + c0 + 16));
+                    __m512i acc1 = _mm512_loadu_si512((const void *)(bias + c0 + 16)), acc2 = acc0, acc3 = acc1;
                     for (long p = 0; 2 * p < taps; p++) {
-                        __m256i xa = _mm256_maskz_loadu_epi8(mk, tp[2 * p] + c0);
-                        __m256i xb = _mm256_maskz_loadu_epi8(mk, tp[2 * p + 1] + c0);
-                        __m256i l8 = _mm256_unpacklo_epi8(xa, xb), h8 = _mm256_unpackhi_epi8(xa, xb);
-                        __m512i l16 = is_signed ? _mm512_cvtepi8_epi16(l8) : _mm512_cvtepu8_epi16(l8);
-                        __m512i h16 = is_signed ? _mm512_cvtepi8_epi16(h8) : _mm512_cvtepu8_epi16(h8);
                         const int16_t *wp = w16 + (p * cp + c0) * 2;
-                        acc0 = _mm512_dpwssd_epi32(acc0, l16, _mm512_loadu_si512((const void *)wp));
-                        acc1 = _mm512_dpwssd_epi32(acc1, h16, _mm512_loadu_si512((const void *)(wp + 32)));
+                        const __m512i w0 = _mm512_loadu_si512((const void *)wp);
+                        const __m512i w1 = _mm512_loadu_si512((const void *)(wp + 32));
+                        DW_PAIR(tp, acc0, acc1)
+                        DW_PAIR(tq, acc2, acc3)
                     }
-                    __m512 f0 = _mm512_mul_ps(_mm512_cvtepi32_ps(acc0), _mm512_loadu_ps(mult + c0));
-                    __m512 f1 = _mm512_mul_ps(_mm512_cvtepi32_ps(acc1), _mm512_loadu_ps(mult + c0 + 16));
-                    f0 = _mm512_min_ps(_mm512_max_ps(f0, lo), hi);
-                    f1 = _mm512_min_ps(_mm512_max_ps(f1, lo), hi);
-                    __m128i q0 = _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(f0), yzp));  /* 0-7 16-23 */
-                    __m128i q1 = _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(f1), yzp));  /* 8-15 24-31 */
-                    __m256i out = _mm256_set_m128i(_mm_unpackhi_epi64(q0, q1), _mm_unpacklo_epi64(q0, q1));
-                    _mm256_mask_storeu_epi8(yp + c0, mk, out);
+                    dw_store(acc0, acc1, mult + c0, lo, hi, yzp, yp + c0, mk);
+                    if (two)
+                        dw_store(acc2, acc3, mult + c0, lo, hi, yzp, yp + c + c0, mk);
                 }
             }
+        }
 }
 
 /* the kernel sizes of nearly every depthwise conv as constants (their tap loops unrolled), any other as variables */

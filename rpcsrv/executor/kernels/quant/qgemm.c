@@ -134,6 +134,9 @@ static void epilogue(const int32_t *acc, long rows, const qepi *e, char *y, long
             float *yr = (float *)(y + r * ldy * 4);
             for (long j = 0; j < cols; j++)
                 yr[j] = (float)t[j] * e->mult[j] + (e->fbias ? e->fbias[j] : 0.0f);
+            if (e->sat)  /* a fused Relu (a NaN stays one) */
+                for (long j = 0; j < cols; j++)
+                    yr[j] = yr[j] < 0.0f ? 0.0f : yr[j];
         } else {
             /* clamped first (exact: the bounds are integers), so |f| < 2^22 and adding and taking away 1.5 * 2^23
              * rounds it to the nearest integer, ties to even, in the default rounding mode (cvtps2dq's, lrintf's) */

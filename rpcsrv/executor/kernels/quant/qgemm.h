@@ -33,7 +33,8 @@ typedef struct {
     long out, cols;
     int32_t yzp;
     float flo, fhi;
-    long sat;  /* the clamp is the output type's range and |sum * mult| < 2^30: a saturating narrowing does it */
+    long sat;  /* the clamp is the output type's range and |sum * mult| < 2^30: a saturating narrowing does it; with
+                * a float32 output: a fused Relu (max(0, y) after the bias) */
 } qepi;
 
 /* rows [0, m) of A (row pointers) times a chunk of nv strips, stored through e into y (row pitch ldy) */

@@ -89,6 +89,8 @@ static inline __attribute__((always_inline)) T512 void store16(__m512i c, const 
     if (e->out == QOUT_F32) {
         if (e->fbias)
             f = _mm512_add_ps(f, _mm512_maskz_loadu_ps(mask, e->fbias + 16 * v));
+        if (e->sat)  /* a fused Relu: max(0, f) (a NaN f stays one: the second operand) */
+            f = _mm512_max_ps(_mm512_setzero_ps(), f);
         _mm512_mask_storeu_ps(yr + 64 * v, mask, f);
         return;
     }

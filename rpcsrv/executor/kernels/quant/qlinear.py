@@ -184,11 +184,12 @@ def matmul_integer_to_float(a, b, a_scale, b_scale, a_zero_point=None, b_zero_po
 
 
 @register("dynamic_quantize_matmul")
-def dynamic_quantize_matmul(a, b, b_scale, b_zero_point=None, bias=None):
+def dynamic_quantize_matmul(a, b, b_scale, b_zero_point=None, bias=None, *, activation=None):
     """com.microsoft DynamicQuantizeMatMul: ``a`` quantized as DynamicQuantizeLinear does, then
-    MatMulIntegerToFloat with ``b``."""
+    MatMulIntegerToFloat with ``b``; ``activation`` "relu" (rpcsrv: a Relu that read the product, folded in)."""
     qa, a_scale, a_zp = dynamic_quantize_linear(a)
-    return matmul_integer_to_float(qa, b, a_scale, b_scale, a_zp, b_zero_point, bias)
+    y = matmul_integer_to_float(qa, b, a_scale, b_scale, a_zp, b_zero_point, bias)
+    return np.maximum(y, np.float32(0)) if activation == "relu" else y
 
 
 @register("q_gemm")

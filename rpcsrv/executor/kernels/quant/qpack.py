@@ -91,10 +91,10 @@ class PackedGemm:
     ``bzp``: the weights' zero points (scalar or per column); ``bias``: int32 per column (or None); ``mult``:
     float32 per column (the multiplier, or the float scale of a float output); ``out``: the result's dtype
     (uint8/int8 requantized with ``yzp`` and the clamp ``lo``..``hi``, int32 sums, or float32 ``acc * mult +
-    fbias``)."""
+    fbias``, with ``relu`` then ``max(0, ...)``)."""
 
     def __init__(self, lib, w: np.ndarray, bzp, bias: Optional[np.ndarray], mult: np.ndarray, out: np.dtype,
-                 yzp: int = 0, lo: int = 0, hi: int = 0, fbias: Optional[np.ndarray] = None):
+                 yzp: int = 0, lo: int = 0, hi: int = 0, fbias: Optional[np.ndarray] = None, relu: bool = False):
         k, n = w.shape
         flip, signed = 0, w
         bz = np.broadcast_to(np.asarray(bzp, np.int64).reshape(-1), (n,)).astype(np.int64)
@@ -115,6 +115,8 @@ class PackedGemm:
         most = k * 255 * 255 + (0 if self.bias is None else int(np.abs(self.bias.astype(np.int64)).max(initial=0)))
         sat = np.dtype(out) in Q8 and (lo, hi) == QTYPE_BOUNDS[np.dtype(out)] and \
             most * float(np.abs(self.mult).max(initial=0)) < 2.0 ** 30
+        if np.dtype(out) == F32:  # (the block's field says, for a float output, whether a Relu is fused)
+            sat = relu
         values = dict(n=n, k=k, kp=kp, b=self.packed.ctypes.data, bias=addr(self.bias), colsum=addr(self.colsum),
                       bzp=addr(self.bzp), mult=addr(self.mult), fbias=addr(self.fbias), out=OUT_KIND[np.dtype(out)],
                       yzp=int(yzp), lo=int(lo), hi=int(hi), sat=int(sat))
