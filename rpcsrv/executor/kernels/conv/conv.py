@@ -121,6 +121,16 @@ def _tup(values):
     return None if values is None else tuple(values)
 
 
+def attrs_geometry(xshape, wshape, attrs) -> tuple:
+    """``(group, strides, dilations, begin, end, out)`` of a conv node's attributes (``group``,
+    ``kernel_shape``, ``pads``, ``strides``, ``dilations``, ``auto_pad``) over these shapes, checked as the
+    kernel checks them (a run plan calls it inside ``plan_support.attribute_values``)."""
+    group = int(attrs.get("group", 1))
+    return (group, *_geometry(xshape, tuple(wshape), group, _tup(attrs.get("kernel_shape")), _tup(attrs.get("pads")),
+                              _tup(attrs.get("strides")), _tup(attrs.get("dilations")),
+                              attrs.get("auto_pad", "NOTSET")))
+
+
 @functools.lru_cache(maxsize=512)
 def _geometry(xshape, wshape, group, kernel_shape, pads, strides, dilations, auto_pad):
     """The checked attributes and resolved pads of one conv geometry, (strides, dilations, begin, end,

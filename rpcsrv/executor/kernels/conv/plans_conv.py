@@ -23,7 +23,7 @@ from ..clib import compiled
 from ..plan_support import F32, address, attribute_values, block, computed, in_use
 from .. import prepared
 from . import gemm, winograd
-from .conv import _geometry, _tup, fast_path
+from .conv import attrs_geometry, fast_path
 from .depthwise import channel_shuffle
 
 #: dense convs with at most this many taps per output (C * KH * KW) run the C rows kernel (``dwconv.c``):
@@ -66,7 +66,7 @@ class ConvStep(NamedTuple):
     bptr: Optional[int]
     group: int
     shuffle: int  # ``input_shuffle``: 1, or the groups of the shuffle a depthwise kernel reads in place
-    strides: tuple  # the checked geometry (``conv._geometry``)
+    strides: tuple  # the checked geometry (``conv.attrs_geometry``)
     dilations: tuple
     begin: tuple
     end: tuple
@@ -115,10 +115,7 @@ def read_step(kernel, attrs, inputs, shape, dtype, scaled: bool = False, res: bo
     if lib is None:
         return None
     with attribute_values():
-        group = int(attrs.get("group", 1))
-        strides, dilations, begin, end, out = _geometry(
-            xshape, w.shape, group, _tup(attrs.get("kernel_shape")), _tup(attrs.get("pads")),
-            _tup(attrs.get("strides")), _tup(attrs.get("dilations")), attrs.get("auto_pad", "NOTSET"))
+        group, strides, dilations, begin, end, out = attrs_geometry(xshape, w.shape, attrs)
     n, c = xshape[:2]
     m = w.shape[0]
     if shape != (n, m) + out or (b is not None and b.size != m) or shuffle < 1 or c % shuffle:

@@ -22,7 +22,7 @@ import numpy as np
 
 from ....loader.opset.quant import QuantParams, clamp_bounds, multiplier
 from ..clib import compiled
-from ..conv.conv import _geometry, _tup
+from ..conv.conv import attrs_geometry
 from ..plan_support import address, attribute_values, computed, in_use
 from .qchain import Link, long_block, step_fn
 from .qpack import F32, I32, Q8, PackedDepthwise, PackedGemm, geometry_blocks, nhwc_strides, qtype_signed, scalar
@@ -60,10 +60,7 @@ def q_conv_plan(kernel, attrs, inputs, shape, dtype):
     if lib is None:
         return None
     with attribute_values():
-        group = int(attrs.get("group", 1))
-        strides, dilations, begin, _end, out = _geometry(xshape, w.shape, group, _tup(attrs.get("kernel_shape")),
-                                                         _tup(attrs.get("pads")), _tup(attrs.get("strides")),
-                                                         _tup(attrs.get("dilations")), attrs.get("auto_pad", "NOTSET"))
+        group, strides, dilations, begin, _end, out = attrs_geometry(xshape, w.shape, attrs)
         lo, hi = clamp_bounds(attrs.get("activation"), attrs.get("activation_attrs"), QuantParams.of(ys, yz))
     n, c, m = xshape[0], xshape[1], w.shape[0]
     if shape != (n, m) + tuple(out) or min(begin) < 0:

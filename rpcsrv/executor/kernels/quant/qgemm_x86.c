@@ -117,17 +117,21 @@ static inline __attribute__((always_inline)) T512 void store16(__m512i c, const 
         if (nv > 3) store16(c##r##3, e, 3, yr, m3, rs);                                             \
     }
 
+/* m0..m3: the lanes of the panel's four 16-column vectors that hold one of e->cols columns */
+#define COLUMN_MASKS(e)                                                                                      \
+    __mmask16 mk[4];                                                                                         \
+    for (int v = 0; v < 4; v++) {                                                                            \
+        long left = (e)->cols - 16 * v;                                                                      \
+        mk[v] = left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);              \
+    }                                                                                                        \
+    const __mmask16 m0 = mk[0], m1 = mk[1], m2 = mk[2], m3 = mk[3];
+
 static inline __attribute__((always_inline)) T512 void panel512(const uint8_t *const *rows, long m, const int8_t *b,
                                                                 long kp, const qepi *e, char *y, long ldy,
                                                                 const int nv)
 {
     const long strip = kp * QSTRIP, esize = e->out >= QOUT_I32 ? 4 : 1;
-    __mmask16 mk[4];
-    for (int v = 0; v < 4; v++) {
-        long left = e->cols - 16 * v;
-        mk[v] = left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
-    }
-    const __mmask16 m0 = mk[0], m1 = mk[1], m2 = mk[2], m3 = mk[3];
+    COLUMN_MASKS(e)
     CORR4
     for (long r0 = 0; r0 < m; r0 += 6) {
         const long nrows = m - r0 < 6 ? m - r0 : 6;
@@ -147,12 +151,7 @@ static inline __attribute__((always_inline)) T512 void ipanel512(const uint8_t *
                                                                  long ldy, const int nv)
 {
     const long strip = kp * QSTRIP, esize = e->out >= QOUT_I32 ? 4 : 1;
-    __mmask16 mk[4];
-    for (int v = 0; v < 4; v++) {
-        long left = e->cols - 16 * v;
-        mk[v] = left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
-    }
-    const __mmask16 m0 = mk[0], m1 = mk[1], m2 = mk[2], m3 = mk[3];
+    COLUMN_MASKS(e)
     CORR4
     for (long r0 = 0; r0 < m; r0 += 6) {
         const long nrows = m - r0 < 6 ? m - r0 : 6;
