@@ -55,3 +55,8 @@ class ServeOptions:
     compute: ComputeSettings = ComputeSettings()
     metrics_port: Optional[int] = None  # /metrics, the status page and /healthz (rpcsrv.board.observe)
     metrics_host: Optional[str] = None
+    #: seconds between self-tests while no session is open (``rpcsrv.board.health``); None: no self-test
+    health_interval: Optional[float] = None
+    #: seconds one request to a session's worker may take (a native call, a graph run); past it the worker is
+    #: killed and the session ends (``rpcsrv.native.proxy``); None: only the session's own timeout
+    call_timeout: Optional[float] = None
