@@ -21,6 +21,10 @@ a module or function belongs to the backend that handed it out (:meth:`NativeSes
 * ``off`` (``--no-native``): a plain host library is refused at ``load_module``; in a library with a
   blob, the host functions refuse to run (so does a graph that calls one, when it is created).
 
+``call_timeout`` (``rpcsrv serve --call-timeout``, isolated mode on Linux): each request to the session's
+worker is bounded (``proxy.Worker``: past it the worker is killed and the session ends), and every library
+loads in the worker, as with ``isolate="all"``: a call running in a thread of the server cannot be stopped.
+
 Before any worker starts, the library's machine and runtime symbols are checked here, so a
 cross-built library fails at ``load_module`` naming its architecture and the functions it needed.
 """

@@ -2,8 +2,9 @@
 
 * ``--health-interval``: a board whose self-test fails (the runtime shim its native workers load made
   unloadable) leaves ``tracker.summary()``, says why in its log, on ``/healthz`` (503) and in its
-  metrics, and comes back when the file is restored;
-* ``--call-timeout``: a host C function that spins forever, called by TVM's client through the tracker,
+  metrics, and comes back when the file is restored (a client waiting in the tracker's queue gets it);
+  behind TVM's proxy, it stops waiting there and is back likewise;
+* ``--call-timeout``: a kernel compiled by apache-tvm that loops forever, called by TVM's client through the tracker,
   is cut at the timeout with an error that says so (on the event loop's path and on the thread's); the
   board is free in the tracker within a second of the cut and the next request gets it; a model run
   under the watchdog (in the session's worker) still matches onnxruntime;
@@ -23,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, ServerProcess, need_module, need_program
+from conftest import REPO, ServerProcess, need_module
 from farm import TvmService, hil_runner, wait_until
 
 sys.path.insert(0, str(REPO / "tests" / "metrics"))
@@ -31,20 +32,21 @@ from metrics_helpers import MetricsBoard  # noqa: E402
 
 KEY = "board-h"
 
-#: a TVM classic packed function that never returns, and one that returns at once
-SPIN_C = r"""
-#include "tvm_c_abi.h"
-void* __tvm_module_ctx = 0;
-TVM_DLL int32_t spin(void* args, int32_t* codes, int32_t n, void* ret, int32_t* ret_code, void* res) {
-  (void)args; (void)codes; (void)n; (void)ret; (void)ret_code; (void)res;
-  volatile int forever = 1;
-  while (forever) {}
-  return 0;
-}
-TVM_DLL int32_t quick(void* args, int32_t* codes, int32_t n, void* ret, int32_t* ret_code, void* res) {
-  (void)args; (void)codes; (void)n; (void)ret; (void)ret_code; (void)res;
-  return 0;
-}
+#: a kernel compiled by apache-tvm that copies a[0] to b[0], then loops while b[0] >= 0: it returns at once for
+#: a negative a[0] and never for any other (LLVM keeps a loop that stores to memory)
+SPIN_TIR = """
+import sys
+import tvm
+from tvm.script import tirx as T
+
+@T.prim_func
+def spin(a: T.Buffer((1,), "int32"), b: T.Buffer((1,), "int32")):
+    T.func_attr({"global_symbol": "spin"})
+    b[0] = a[0]
+    while b[0] >= 0:
+        b[0] = b[0] * 1
+
+tvm.compile(spin, target="llvm").export_library(sys.argv[1])
 """
 
 
@@ -101,6 +103,7 @@ def test_failing_self_test_leaves_the_tracker_and_comes_back(tvm, tmp_path):
         assert scrape("rpcsrv_health_last_failure_time_seconds") > time.time() - 60
         (info,) = scrape.families["rpcsrv_health_failure_info"].samples
         assert "native smoke run" in info.labels["reason"]
+        assert "failing, off the farm</span>: native smoke run:" in srv.get("/")[2]  # the status page
         log = srv.stderr()
         assert "self-test failed: native smoke run:" in log and "left tracker" in log, log
         # a client asking for the board now waits: the tracker has none to give while it is away
@@ -127,14 +130,47 @@ def test_failing_self_test_leaves_the_tracker_and_comes_back(tvm, tmp_path):
         tracker.stop()
 
 
+def test_failing_self_test_leaves_the_proxy_and_comes_back(tvm, tmp_path):
+    """Behind TVM's proxy: while the self-test fails no connection of the board waits there, so a client
+    asking the proxy for the board waits; it gets the board once the test passes again."""
+    from rpcsrv.native.shim import shim_path
+
+    good = tmp_path / "good-libshim.so"
+    shutil.copyfile(shim_path(), good)
+    shim = tmp_path / "libshim.so"
+    shutil.copyfile(good, shim)
+    proxy = TvmService("proxy", None, "--web-port", "0")
+    srv = ServerProcess("--key", "board-hp", "--proxy", f"127.0.0.1:{proxy.port}", "--health-interval", "0.5",
+                        workdir=tmp_path / "work", env={**os.environ, "RPCSRV_NATIVE_SHIM": str(shim)})
+    try:
+        assert wait_until(lambda: "waiting at proxy" in srv.stderr(), 15), srv.stderr()
+        broken = tmp_path / "broken"
+        broken.write_bytes(b"not a shared library\n" * 64)
+        os.replace(broken, shim)
+        assert wait_until(lambda: "not waiting at proxy" in srv.stderr(), 30), srv.stderr()
+        waiting = concurrent.futures.ThreadPoolExecutor(1).submit(
+            lambda: tvm.rpc.connect("127.0.0.1", proxy.port, key="board-hp", session_timeout=60))
+        time.sleep(2)
+        assert not waiting.done()
+        fixed = tmp_path / "fixed"
+        shutil.copyfile(good, fixed)
+        os.replace(fixed, shim)
+        sess = waiting.result(timeout=30)
+        assert sess.get_function("tvm.rpc.server.workpath")("x").endswith("x")
+        assert "self-test passes again" in srv.stderr()
+        del sess
+    finally:
+        srv.stop()
+        proxy.stop()
+
+
 @pytest.fixture(scope="module")
-def spin_lib(tmp_path_factory):
-    gcc = need_program("gcc", "builds the spinning host function")
+def spin_lib(tvm, tmp_path_factory):
     folder = tmp_path_factory.mktemp("spin")
-    (folder / "spin.c").write_text(SPIN_C)
+    (folder / "build.py").write_text(SPIN_TIR)  # (TVMScript reads the function's source from a file)
     out = folder / "spin.so"
-    subprocess.run([gcc, "-O2", "-shared", "-fPIC", "-I", str(REPO / "tests" / "native" / "fixtures"), "-o",
-                    str(out), str(folder / "spin.c")], check=True, capture_output=True)
+    subprocess.run([sys.executable, str(folder / "build.py"), str(out)], check=True, capture_output=True,
+                   timeout=300)
     return out
 
 
@@ -161,16 +197,20 @@ def test_call_timeout_cuts_a_hung_kernel_and_frees_the_board(tvm, spin_lib, tmp_
         frees = []
         for path in ("loop", "thread"):
             sess = tvm.rpc.connect_tracker("127.0.0.1", tracker.port).request(KEY, session_timeout=60)
-            early = None
-            if path == "thread":  # a tensor made before the worker: copied, so the call takes a session thread
-                early = tvm.runtime.tensor(np.zeros(4, "float32"), sess.cpu(0))
+            dev = sess.cpu(0)
+            if path == "thread":  # tensors made before the worker are copied: the call takes a session thread
+                a, b = tvm.runtime.empty((1,), "int32", dev), tvm.runtime.empty((1,), "int32", dev)
             sess.upload(str(spin_lib))
-            lib = sess.load_module("spin.so")
-            lib["quick"]()  # native code runs under the watchdog
-            spin = lib["spin"]
-            frees.append(_cut(tvm, tracker.port, (lambda: spin(early)) if early is not None else spin))
+            spin = sess.load_module("spin.so")["spin"]
+            if path == "loop":  # in the shared arena: the call is one frame the event loop waits on
+                a, b = tvm.runtime.empty((1,), "int32", dev), tvm.runtime.empty((1,), "int32", dev)
+            a.copyfrom(np.array([-7], "int32"))
+            spin(a, b)  # the kernel runs under the watchdog, and returns
+            assert b.numpy()[0] == -7
+            a.copyfrom(np.array([0], "int32"))
+            frees.append(_cut(tvm, tracker.port, lambda: spin(a, b)))
             with pytest.raises(Exception):  # the session is over
-                lib["quick"]()
+                spin(a, b)
         print("board free in the tracker %s s after each cut" % ", ".join(f"{f:.2f}" for f in frees))
         assert max(frees) < 1.0, frees
         # the next request gets the board, and a model runs (in the session's worker) as onnxruntime says
