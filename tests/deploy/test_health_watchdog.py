@@ -5,7 +5,8 @@
   metrics, and comes back when the file is restored (a client waiting in the tracker's queue gets it);
   behind TVM's proxy, it stops waiting there and is back likewise;
 * ``--call-timeout``: a kernel compiled by apache-tvm that loops forever, called by TVM's client through the tracker,
-  is cut at the timeout with an error that says so (on the event loop's path and on the thread's); the
+  is cut at the timeout with an error that says so (on the event loop's path and on the thread's), and so is
+  a graph run that takes too long; the
   board is free in the tracker within a second of the cut and the next request gets it; a model run
   under the watchdog (in the session's worker) still matches onnxruntime;
 * the flags' bad values are one clear error line.
@@ -174,11 +175,11 @@ def spin_lib(tvm, tmp_path_factory):
     return out
 
 
-def _cut(tvm, tracker_port: int, call) -> float:
+def _cut(tvm, tracker_port: int, call, what: str = "spin") -> float:
     """Run ``call`` (it hangs in native code); assert the cut's error; the seconds until the tracker has the
     board free again, measured from the error."""
     t0 = time.monotonic()
-    with pytest.raises(Exception, match=r"RPCCallTimeout: .* ran longer than this board's call timeout \(2 s"):
+    with pytest.raises(Exception, match=rf"RPCCallTimeout: {what} ran longer than this board's call timeout \(2 s"):
         call()
     cut = time.monotonic()
     assert 1.9 < cut - t0 < 10, cut - t0
@@ -186,7 +187,24 @@ def _cut(tvm, tracker_port: int, call) -> float:
     return time.monotonic() - cut
 
 
-def test_call_timeout_cuts_a_hung_kernel_and_frees_the_board(tvm, spin_lib, tmp_path):
+@pytest.fixture(scope="module")
+def long_graph(tmp_path_factory):
+    """A graph of 96 chained 2048 x 2048 float32 matmuls (1.6 TFLOP: 8 s on this 2-core machine's BLAS, longer
+    on a board), a raw blob."""
+    from onnx import TensorProto, helper
+
+    from rpcsrv.client.compiler import compile_onnx
+
+    nodes = [helper.make_node("MatMul", [f"y{i - 1}" if i else "x", "x"], [f"y{i}"]) for i in range(96)]
+    graph = helper.make_graph(nodes, "long", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2048, 2048])],
+                              [helper.make_tensor_value_info("y95", TensorProto.FLOAT, [2048, 2048])])
+    out = tmp_path_factory.mktemp("long") / "long.blob"
+    compile_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])).export_library(
+        str(out), fmt="blob")
+    return out
+
+
+def test_call_timeout_cuts_a_hung_kernel_and_frees_the_board(tvm, spin_lib, long_graph, tmp_path):
     (tmp_path / "libs").mkdir()
     cases = hil_runner.build_cases(tmp_path / "libs")
     tracker = TvmService("tracker")
@@ -211,15 +229,21 @@ def test_call_timeout_cuts_a_hung_kernel_and_frees_the_board(tvm, spin_lib, tmp_
             frees.append(_cut(tvm, tracker.port, lambda: spin(a, b)))
             with pytest.raises(Exception):  # the session is over
                 spin(a, b)
+        # a graph run past the timeout (96 chained 2048 x 2048 matmuls: seconds of BLAS), in the session's worker
+        sess = tvm.rpc.connect_tracker("127.0.0.1", tracker.port).request(KEY, session_timeout=60)
+        sess.upload(str(long_graph))
+        gmod = sess.load_module(long_graph.name)["default"](sess.cpu(0))
+        gmod["set_input"]("x", tvm.runtime.tensor(np.full((2048, 2048), 1e-3, "float32"), sess.cpu(0)))
+        frees.append(_cut(tvm, tracker.port, gmod["run"], "run"))
         print("board free in the tracker %s s after each cut" % ", ".join(f"{f:.2f}" for f in frees))
         assert max(frees) < 1.0, frees
         # the next request gets the board, and a model runs (in the session's worker) as onnxruntime says
         sess = tvm.rpc.connect_tracker("127.0.0.1", tracker.port).request(KEY, session_timeout=60)
         assert hil_runner.run_case(tvm, sess, cases[1]) < 1e-3
         del sess
-        assert wait_until(lambda: srv.stderr().count("session peer=") == 3, 10), srv.stderr()
+        assert wait_until(lambda: srv.stderr().count("session peer=") == 4, 10), srv.stderr()
         log = srv.stderr()
-        assert log.count("end=call-timeout") == 2 and "ran past the call timeout" in log, log
+        assert log.count("end=call-timeout") == 3 and "ran past the call timeout" in log, log
         assert srv.alive()
     finally:
         srv.stop()
