@@ -204,8 +204,9 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                         "test passes (default: no self-test)")
     s.add_argument("--call-timeout", type=float, default=None, metavar="S",
                    help="a native call or graph run taking longer than S seconds is cut: its worker is killed, "
-                        "the client gets an error saying so and the session ends (as TVM's C++ server's "
-                        "--timeout); every library then loads in the session's worker (--isolate all). "
+                        "the client gets an error saying so and the session ends (TVM's C++ server kills a "
+                        "session's process at the client's -timeout; this bounds each call); every library then "
+                        "loads in the session's worker (--isolate all). "
                         "Needs --native isolated (default: no limit but the session's timeout)")
     s.set_defaults(func=run_serve)
     return s
