@@ -44,7 +44,7 @@ HOOKS = (
 
 #: ``serve`` flags that are not limits nor native options: ``check`` does not take them
 _SERVE_ONLY = {"help", "verbose", "host", "port", "port_end", "key", "workdir", "dialect", "tracker", "custom_addr",
-               "proxy", "log_json"}
+               "proxy", "log_json", "health_interval", "call_timeout"}
 
 
 #: ``rpcsrv check --help``: what it does, in one line and in a paragraph
@@ -215,9 +215,10 @@ def _check_kernel() -> tuple[Path | None, str]:
     return (path, "built with this board's compiler") if path else (None, "no prebuilt kernel and no compiler")
 
 
-def smoke_native(mode: str, max_memory: int, confine: Any = None) -> dict:
+def smoke_native(mode: str, max_memory: int, confine: Any = None, keep_spare: bool = False) -> dict:
     """The prebuilt check kernel through the server's own loading policy (a worker when isolated, confined
-    as ``confine``, the serve flags' ``ConfineOptions``, says)."""
+    as ``confine``, the serve flags' ``ConfineOptions``, says).  ``keep_spare``: a server's self-test, which
+    leaves the warm spare worker running."""
     import numpy as np
 
     from .native.confine import ConfineOptions
@@ -248,7 +249,8 @@ def smoke_native(mode: str, max_memory: int, confine: Any = None) -> dict:
             loan.append(_loan(session))
         finally:
             session.close()
-            _stop_spare()
+            if not keep_spare:
+                _stop_spare()
         where = "in a worker process" if mode == "isolated" else "in this process"
         return f"check kernel ({origin}) {where}: {pointer * 8}-bit pointers, 4 parallel tasks, errors ok"
 
@@ -275,6 +277,16 @@ def _stop_spare() -> None:
     process = sys.modules.get("rpcsrv.native.process")
     if process is not None:
         process.SPARES.close()
+
+
+def self_test(mode: str, max_memory: int, confine: Any = None) -> list[str]:
+    """The smoke runs alone, as a running server repeats them (``rpcsrv serve --health-interval``,
+    ``rpcsrv.board.health``): the problems found, [] when both pass (the native one only where ``mode``
+    runs native code)."""
+    with tempfile.TemporaryDirectory(prefix="rpcsrv-health-") as folder:
+        runs = {"examplejson": smoke_examplejson(Path(folder)),
+                "native": smoke_native(mode, max_memory, confine, keep_spare=True)}
+    return [f"{name} smoke run: {run['detail']}" for name, run in runs.items() if not run["ok"]]
 
 
 # -------------------------------------------------------------------------------------------- report

@@ -57,7 +57,21 @@ def serve_options(args: argparse.Namespace):
         native=NativeOptions("off" if args.no_native else args.native, args.isolate,
                              ConfineOptions(args.native_confine == "on", args.native_user, tuple(args.native_env))),
         poll_us=args.poll_us, compute=ComputeSettings.from_environment("RPCSRV_COMPUTE_NICE"),
-        metrics_port=args.metrics_port, metrics_host=args.metrics_host, build=build_settings(args))
+        metrics_port=args.metrics_port, metrics_host=args.metrics_host, build=build_settings(args),
+        **_health_flags(args))
+
+
+def _health_flags(args: argparse.Namespace) -> dict:
+    """--health-interval and --call-timeout, checked: positive seconds, and a board whose calls run in workers
+    for a call timeout."""
+    for flag, value in (("--health-interval", args.health_interval), ("--call-timeout", args.call_timeout)):
+        if value is not None and not 0 < value < float("inf"):
+            raise CLIError(f"{flag} must be a positive number of seconds, got {value:g}")
+    if args.call_timeout is not None and (args.no_native or args.native != "isolated"
+                                          or not sys.platform.startswith("linux")):
+        raise CLIError("--call-timeout needs --native isolated on Linux: a call running in the server process "
+                       "cannot be stopped, only one in a session's worker process")
+    return {"health_interval": args.health_interval, "call_timeout": args.call_timeout}
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -76,7 +90,8 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         opts = BoardOptions(tracker=parse_hostport(args.tracker, "--tracker") if args.tracker else None,
                             custom_addr=args.custom_addr,
-                            proxy=parse_hostport(args.proxy, "--proxy") if args.proxy else None)
+                            proxy=parse_hostport(args.proxy, "--proxy") if args.proxy else None,
+                            self_test=_self_test(options))
     except ValueError as exc:
         raise CLIError(str(exc)) from None
     if (opts.tracker or opts.proxy) and not options.key:
@@ -94,6 +109,18 @@ def run_serve(args: argparse.Namespace) -> int:
         where = f"{options.host}:{options.port}" + (f"-{options.port_end - 1}" if options.port_end else "")
         raise CLIError(f"cannot listen on {where}: {err.strerror or err}") from None
     return 0
+
+
+def _self_test(options):
+    """The board's self-test for --health-interval: ``rpcsrv check``'s smoke runs, as the flags run native code."""
+    if not options.health_interval:
+        return None
+    import functools
+
+    from .check import self_test
+
+    native = options.native
+    return functools.partial(self_test, native.mode, options.limits.max_memory, native.confine)
 
 
 def _log_confinement(options) -> None:
@@ -177,6 +204,18 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                         "(serve: in the background from its start, what is cached or prebuilt, else numpy, "
                         "serving until then, and native workers never compile; check: now, ahead of time), "
                         "or never run the compiler")
+    # --- health and the call watchdog (rpcsrv/board/health.py, rpcsrv/native/proxy.py) ---
+    s.add_argument("--health-interval", type=float, default=None, metavar="S",
+                   help="run the board's self-test (rpcsrv check's smoke runs, a native call in a worker "
+                        "included) every S seconds while no session is open; while it fails the board leaves "
+                        "the tracker or proxy, /healthz answers 503 with the reason, and it rejoins when the "
+                        "test passes (default: no self-test)")
+    s.add_argument("--call-timeout", type=float, default=None, metavar="S",
+                   help="a native call or graph run taking longer than S seconds is cut: its worker is killed, "
+                        "the client gets an error saying so and the session ends (TVM's C++ server kills a "
+                        "session's process at the client's -timeout; this bounds each call); every library then "
+                        "loads in the session's worker (--isolate all). "
+                        "Needs --native isolated (default: no limit but the session's timeout)")
     s.set_defaults(func=run_serve)
     return s
 

@@ -60,3 +60,8 @@ class ServeOptions:
     #: ``--build``): in the background from the start (``rpcsrv.native.builds``); None: the process's own
     #: way (a server embedded in another program: built at first use)
     build: Optional[BuildSettings] = None
+    #: seconds between self-tests while no session is open (``rpcsrv.board.health``); None: no self-test
+    health_interval: Optional[float] = None
+    #: seconds one request to a session's worker may take (a native call, a graph run); past it the worker is
+    #: killed and the session ends (``rpcsrv.native.proxy``); None: only the session's own timeout
+    call_timeout: Optional[float] = None

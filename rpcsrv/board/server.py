@@ -7,8 +7,8 @@ dropped, workspace removed) on the way out.
 :class:`Server` is one running board: its options (``options.ServeOptions``, immutable, as ``rpcsrv serve``
 was told) and its live state (the server-wide memory account, the worker-thread limiter, the counts the
 limits are checked against, the running sessions, a tracker's gate, the metrics).  What each piece needs of
-the options is handed to it: the limits to each connection and session, the native options to each
-session's policy (``rpcsrv.native.host``).
+the options is handed to it: the limits to each connection and session, the native options and the call
+timeout to each session's policy (``rpcsrv.native.host``).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from .answers import INIT_DONE, Answer, CopyData, Failed, Returned
 from ..executor import compute
 from .records import SessionRecord
 from .globals import REGISTRY, Registry
+from .health import Health
 from .options import ServeOptions
 from ..protocol import (NEED_DATA, CallFuncChunk, CallFuncEnd, CallFuncStart, Connection, ConnectionClosed,
                        CopyToRemoteStart, HandshakeRequest, Role, Shutdown)
@@ -61,6 +62,8 @@ class Server:
         #: what ``--metrics-port`` counts (an observe.stats.ServerStats, made by ``open_metrics``), and its port
         self.stats: Optional[Any] = None
         self.metrics_bound: Optional[int] = None
+        #: the self-test's verdict (``--health-interval``, ``health.py``): what /healthz, the metrics and the farm read
+        self.health = Health()
 
     @property
     def limiter(self) -> trio.CapacityLimiter:
@@ -131,7 +134,8 @@ async def serve_connection(stream: trio.SocketStream, server: Server, answered: 
         native = opts.native
         session = Session(conn, Workspace.create(opts.workdir, max_bytes=limits.max_workspace),
                           server.registry, limits, peer, account=account, limiter=server.limiter,
-                          native=NativeSession(native.mode, limits.max_memory, timeout, native.isolate, native.confine))
+                          native=NativeSession(native.mode, limits.max_memory, timeout, native.isolate, native.confine,
+                                               opts.call_timeout))
         log.info("%s: session started in %s", peer, session.workspace.root)
         if stats is not None:
             live = stats.open(record, session)
@@ -146,6 +150,10 @@ async def serve_connection(stream: trio.SocketStream, server: Server, answered: 
         if scope.cancelled_caught and io.broken:  # never write after half a packet: the client
             record.end = "timeout" if not server.draining else "shutdown"  # would read garbage
             log.info("%s: session ended in the middle of an answer", peer)
+        elif session.ending is not None:  # a call cut by --call-timeout: its error was the last answer
+            record.end = session.ending
+            log.warning("%s: a call ran past the call timeout (%gs); the session ended and its worker was killed",
+                        peer, opts.call_timeout)
         elif idle is not None:
             record.end = "idle"
             log.info("%s: %s waiting for the client; closing", peer, idle)
@@ -250,6 +258,8 @@ async def _session_loop(io: Transport, conn: Connection, session: Session, peer:
             answer = await session.handle(ev)
             await io.send_all(out := encode(conn, answer))
             stats.observe(ev, answer, perf_counter() - t0, live)
+        if session.ending is not None:  # (its answer, the error that says why, is sent)
+            return
         baton = session.baton
         if baton is not None:  # its backend may answer the client's repeated native calls (baton.py)
             if baton.note(ev, answer, conn.last_packet, out):

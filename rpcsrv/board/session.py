@@ -11,10 +11,12 @@ What it does with its board (loading a library, looking a function up, calling i
 the board's policy (``Session.native``, a ``NativeSession``) and, for what a library holds, by where it was
 loaded (``NativeSession.backend_of``); the session never asks which one it has.
 
-Every error a request causes becomes an RPC exception with a message; the session goes on.  Heavy
-calls (module functions: inference, loading) run in a worker thread via ``trio.to_thread``, under the
-server's thread limiter, so other sessions keep being served; a native function's backend may give it a
-runner that the event loop awaits instead (no thread hop).  ``close`` releases everything.
+Every error a request causes becomes an RPC exception with a message; the session goes on, except after a call
+the board's call timeout cut (``--call-timeout``): its answer says so, then the session ends
+(:attr:`Session.ending`).  Heavy calls (module functions: inference, loading) run in a worker thread via
+``trio.to_thread``, under the server's thread limiter, so other sessions keep being served; a native
+function's backend may give it a runner that the event loop awaits instead (no thread hop).  ``close``
+releases everything.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from ..executor.module import RuntimeModule
 from .handles import HandleTable, NDArrayRef, PackedFunction
 from .limits import Limits
 from ..native.host import NativeSession
+from ..native.proxy import CallTimeout
 from ..protocol import (BadPacket, CallFunc, CallFuncEnd, CallFuncStart, Connection, CopyFromRemote,
                        CopyToRemote, DataType, Device,
                        Dialect, FunctionHandle, InitServer, ModuleHandle,
@@ -67,6 +70,8 @@ class Session(SyscallsMixin):
         self.baton: Any = None  # lends the connection for repeated native calls (``baton.py``), once one is made
         self.initialized = False
         self.closed = False
+        #: why the session must end once its current answer is sent (a call cut by ``--call-timeout``), else None
+        self.ending: Optional[str] = None
         self._stream: Optional[StreamedCall] = None  # the streamed call in progress (see open_stream)
         self.errors = 0  # requests answered with an exception (for the per-session log line)
         self.native = native or NativeSession("isolated", self.limits.max_memory)  # the board's native policy
@@ -218,8 +223,10 @@ class Session(SyscallsMixin):
             if isinstance(event, BadPacket):
                 raise RPCUserError(f"bad packet (RPC code {event.code}): {event.error}")
             raise RPCUserError(f"unexpected request {type(event).__name__}")
-        except Exception as exc:  # every failure is an answer, never a dead session
-            self.errors += 1
+        except Exception as exc:  # every failure is an answer, never a dead session (but a call cut by the
+            self.errors += 1  # board's call timeout: its session ends after this answer)
+            if isinstance(exc, CallTimeout):
+                self.ending = "call-timeout"
             if not isinstance(exc, (RPCUserError, ValueError, TypeError, KeyError, IndexError,
                                     FileNotFoundError, PermissionError, RuntimeError)):
                 log.exception("internal error serving %s", self.peer)
@@ -263,7 +270,8 @@ class Session(SyscallsMixin):
             done, result = await func.run(*args)
             if done:
                 backend = func.backend
-                if self.baton is None or self.baton.backend is not backend:
+                # (no loan under a call timeout: the worker would answer calls the server cannot time)
+                if (self.baton is None or self.baton.backend is not backend) and self.native.call_timeout is None:
                     from .baton import Baton  # native code called: repeated calls may be lent
 
                     self.baton = Baton(self, backend)

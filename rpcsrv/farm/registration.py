@@ -11,7 +11,9 @@ moves their bytes.  Life of a registration, as TVM's own server does it:
 4. a lost tracker (restart, network) is reconnected with exponential backoff capped at
    ``max_backoff`` seconds, then step 1 again;
 5. cancelling :meth:`run` closes the connection, which makes the tracker drop the board's queue
-   entries (it does so for connections that sent UPDATE_INFO): the board leaves cleanly.
+   entries (it does so for connections that sent UPDATE_INFO): the board leaves cleanly;
+6. :meth:`pause` (the board's self-test fails, ``rpcsrv.board.health``) leaves the same way but keeps the
+   task: no client is admitted, nothing is sent, until :meth:`resume` registers the board again (step 1).
 """
 
 from __future__ import annotations
@@ -42,16 +44,39 @@ class TrackerRegistration:
         self._sock: Optional[trio.socket.SocketType] = None
         self._reader = tp.MessageReader()
         self._scope: Optional[trio.CancelScope] = None
+        self._link: Optional[trio.CancelScope] = None  # one connection's life (closed by pause)
+        self.paused: Optional[str] = None  # why the board stays away from the tracker, while it does
+        self._resumed = trio.Event()
 
     # ------------------------------------------------------------------ gate used by the server
     def admit(self, client_key: Optional[str]) -> bool:
-        """Open a session only for the match key the tracker handed out (each key opens one)."""
-        return self.slot.admit(client_key)
+        """Open a session only for the match key the tracker handed out (each key opens one), and none while
+        paused (a key handed out before the board left is void)."""
+        return self.paused is None and self.slot.admit(client_key)
 
     def release(self) -> None:
         """A tracker session ended: offer the board again."""
         self.slot.session_done()
         self._wake.set()
+
+    def pause(self, reason: str) -> None:
+        """Leave the tracker until :meth:`resume` (the connection closes: the tracker forgets the board)."""
+        if self.paused is None:
+            self.paused, self._resumed = reason, trio.Event()
+            if self._link is not None:
+                self._link.cancel()
+
+    def resume(self) -> None:
+        """Register again after :meth:`pause`."""
+        self.paused = None
+        self._resumed.set()
+
+    def health_changed(self, ok: bool, reason: str) -> None:
+        """The board's self-test verdict (``Health.watch``): leave while it fails, rejoin when it passes."""
+        if ok:
+            self.resume()
+        else:
+            self.pause(reason)
 
     def leave(self) -> None:
         """Stop registering and close the tracker connection (the tracker forgets the board)."""
@@ -65,23 +90,36 @@ class TrackerRegistration:
         backoff = self.first_backoff
         with trio.CancelScope() as self._scope:
             while True:
-                try:
-                    await self._connect()
-                    backoff = self.first_backoff
+                if self.paused is not None:
                     if not started:
                         task_status.started()
                         started = True
-                    await self._serve_tracker()
-                except (OSError, trio.BrokenResourceError, tp.TrackerError) as exc:
-                    if self.connected:
-                        log.warning("tracker %s:%d lost (%s); reconnecting", *self.addr, exc)
-                    else:
-                        log.info("tracker %s:%d unreachable (%s); retry in %.2gs", *self.addr, exc, backoff)
-                finally:
-                    self._close()
+                    log.warning("left tracker %s:%d: %s", *self.addr, self.paused)
+                    await self._resumed.wait()
+                    backoff = self.first_backoff
+                with trio.CancelScope() as self._link:
+                    if self.paused is not None:  # paused again before the scope existed
+                        self._link.cancel()
+                    try:
+                        await self._connect()
+                        backoff = self.first_backoff
+                        if not started:
+                            task_status.started()
+                            started = True
+                        await self._serve_tracker()
+                    except (OSError, trio.BrokenResourceError, tp.TrackerError) as exc:
+                        if self.connected:
+                            log.warning("tracker %s:%d lost (%s); reconnecting", *self.addr, exc)
+                        else:
+                            log.info("tracker %s:%d unreachable (%s); retry in %.2gs", *self.addr, exc, backoff)
+                    finally:
+                        self._close()
+                self._link = None
                 if not started:  # let the server start even while the tracker is down
                     task_status.started()
                     started = True
+                if self.paused is not None:
+                    continue
                 await trio.sleep(backoff)
                 backoff = min(self.max_backoff, backoff * 2)
         log.info("left tracker %s:%d", *self.addr)

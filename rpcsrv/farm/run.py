@@ -9,6 +9,9 @@ Graceful stop on SIGTERM or SIGINT (``docker stop``, ``systemctl stop``, Ctrl-C)
 3. after at most ``drain_seconds`` (sessions busy in a kernel finish it first) the listener stops.
 
 A second signal skips the wait.
+
+With ``--health-interval`` the board's self-test (``BoardOptions.self_test``) runs while the board is free
+(``rpcsrv.board.health``); while it fails, the board is off the tracker (or the proxy), and back when it passes.
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ import logging
 import signal
 import sys
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import trio
 
 from .registration import TrackerRegistration
+from ..board.health import run_health
 from ..board.server import Server, open_metrics, serve
 
 log = logging.getLogger("rpcsrv.farm.run")
@@ -33,6 +37,8 @@ class BoardOptions:
     custom_addr: Optional[str] = None
     proxy: Optional[tuple[str, int]] = None
     drain_seconds: float = 10.0
+    #: the board's self-test for ``--health-interval`` (the problems found; ``rpcsrv.check.self_test``)
+    self_test: Optional[Callable[[], list]] = None
 
 
 async def run_board(server: Server, opts: BoardOptions) -> None:
@@ -54,8 +60,11 @@ async def run_board(server: Server, opts: BoardOptions) -> None:
                     registration = TrackerRegistration(opts.tracker[0], opts.tracker[1], server.options.key, port,
                                                        opts.custom_addr)
                     server.gate = registration
+                    server.health.watch(registration.health_changed)
                     await nursery.start(registration.run)
                     where += " registered with tracker %s:%d" % opts.tracker
+            if server.options.health_interval and opts.self_test is not None:
+                await nursery.start(run_health, server, opts.self_test)
             key = server.options.key
             print(f"rpcsrv: serving {where}" + (f" with key {key!r}" if key else ""), flush=True)
             if server.metrics_bound is not None:  # a line of its own, after the board's port

@@ -21,6 +21,10 @@ a module or function belongs to the backend that handed it out (:meth:`NativeSes
 * ``off`` (``--no-native``): a plain host library is refused at ``load_module``; in a library with a
   blob, the host functions refuse to run (so does a graph that calls one, when it is created).
 
+``call_timeout`` (``rpcsrv serve --call-timeout``, isolated mode on Linux): each request to the session's
+worker is bounded (``proxy.Worker``: past it the worker is killed and the session ends), and every library
+loads in the worker, as with ``isolate="all"``: a call running in a thread of the server cannot be stopped.
+
 Before any worker starts, the library's machine and runtime symbols are checked here, so a
 cross-built library fails at ``load_module`` naming its architecture and the functions it needed.
 """
@@ -58,7 +62,8 @@ class NativeSession:
     shared arena.  ``confine``: how its workers are confined (the server's options)."""
 
     def __init__(self, mode: str = "isolated", max_memory: int = 4 << 30, timeout: float = float("inf"),
-                 isolate: str = "native", confine: ConfineOptions = ConfineOptions()):
+                 isolate: str = "native", confine: ConfineOptions = ConfineOptions(),
+                 call_timeout: Optional[float] = None):
         if mode not in MODES:
             raise ValueError(f"native mode must be one of {', '.join(MODES)}, got {mode!r}")
         if isolate not in ISOLATE:
@@ -69,7 +74,10 @@ class NativeSession:
         # every library in the worker (always, or while another session computes here): only where
         # workers run (isolated mode, Linux)
         workers = mode == "isolated" and sys.platform.startswith("linux")
-        self.isolate_all = isolate == "all" and workers
+        #: seconds one request to the worker may take (``--call-timeout``): every library then loads in the
+        #: worker, where a call past it can be stopped (a thread of this process cannot be)
+        self.call_timeout = call_timeout if workers else None
+        self.isolate_all = (isolate == "all" or self.call_timeout is not None) and workers
         self.isolate_auto = isolate == "auto" and workers
         self._claimed_before = False  # whether the session held modules here before its current load
         # time.monotonic() value of the session's end: native calls are stopped there
@@ -146,6 +154,7 @@ class NativeSession:
                 self.worker = None  # closed: not closed again if no new worker can be taken
             self._open_arena()
             self.worker = take_worker(self.arena, self._deadline, self.account, self.confine)
+            self.worker.call_timeout = self.call_timeout
             self.confined = None
             self.workers_started += 1
         path = os.path.abspath(path)

@@ -52,6 +52,15 @@ WORKER_COST = 32 << 20
 COPY_COST = 3
 #: why a call in a worker ended at the session deadline
 DEADLINE = "native code was still running at the session deadline; its worker was stopped"
+
+
+class CallTimeout(NativeError):
+    """A request to the worker ran past the board's call timeout (``rpcsrv serve --call-timeout``): the worker
+    was killed, and the session that made the request ends after this error is answered."""
+
+    def __init__(self, what: str, seconds: float):
+        super().__init__(f"RPCCallTimeout: {what} ran longer than this board's call timeout ({seconds:g} s, "
+                         f"--call-timeout); its native worker was killed and the session ends")
 #: the errors that mean the worker is broken (crashed, forged a message): it is stopped
 BROKEN = (ProtocolViolation, EOFError, OSError, ConnectionError, FrameError)
 
@@ -67,6 +76,8 @@ class Worker(Backend):
         self.confining = self.process.config.confine  # confined before its first load (``host.py``)
         self.arena = arena if process is None else None  # (a spare is given its session's arena: ``attach``)
         self.deadline = deadline
+        #: seconds any one request may take (``--call-timeout``; None: only the session's deadline bounds it)
+        self.call_timeout: Optional[float] = None
         self.lock = threading.Lock()
         self.dead: Optional[str] = None
         self._garbage: list[int] = []
@@ -93,6 +104,23 @@ class Worker(Backend):
 
     def _wait(self, until: Optional[float]) -> bool:
         return self.process.wait(until)
+
+    def _until(self) -> tuple[Optional[float], bool]:
+        """When a request starting now must be answered (``time.monotonic()``; None: never), and whether
+        that is the call timeout's cut (else the session's deadline)."""
+        deadline = self.deadline()
+        if self.call_timeout is None:
+            return deadline, False
+        cut = time.monotonic() + self.call_timeout
+        return (cut, True) if deadline is None or cut < deadline else (deadline, False)
+
+    def _expired(self, what: str, by_timeout: bool) -> NativeError:
+        """The request ran out of time: the worker is killed; the error that says which clock ran out."""
+        if by_timeout:
+            self.kill(f"stopped: a request ran past the call timeout ({self.call_timeout:g} s)")
+            return CallTimeout(what, self.call_timeout)
+        self.kill("stopped at the session deadline")
+        return NativeError(f"{what}: {DEADLINE}")
 
     def kill(self, why: str) -> None:
         if self.dead is None:
@@ -140,8 +168,9 @@ class Worker(Backend):
                 self._free_garbage()
                 budget = self._budget()
                 frame = encode_call(req[1].id, budget, req[2]) if req[0] == "call" else None
+                until = self._until()
                 send(self.sock, (budget, req), data=frame)
-                answer = self._settle(self._answer(what))
+                answer = self._settle(self._answer(what, None, until))
             except BROKEN as exc:
                 raise self._failure(exc, what) from None
         return self._result(answer, what)
@@ -174,25 +203,29 @@ class Worker(Backend):
             raise self.account.refusal(*answer[1])
         return answer[1], answer[2]
 
-    def _answer(self, what: str, first: Optional[tuple] = None) -> tuple:
-        """The answer to the request just sent (``first``: its first message, already read).  Meanwhile
+    def _answer(self, what: str, first: Optional[tuple] = None,
+                until: Optional[tuple[Optional[float], bool]] = None) -> tuple:
+        """The answer to the request just sent (``first``: its first message, already read), by ``until``
+        (``_until()`` when it was sent; default: the session's deadline).  Meanwhile
         the worker may ask for a compute slot (``("slot",)``, a model run starting there): it is held in
         the server's compute policy (``rpcsrv.executor.compute``) until ``("slot-done",)`` or the
         answer, so the worker's runs share the cores' slots with every other session's."""
+        limit, by_timeout = until if until is not None else (self.deadline(), False)
         with contextlib.ExitStack() as held:
             while True:
                 if first is not None:
                     answer, first = first, None
-                elif not self._wait(self.deadline()):
-                    self.kill("stopped at the session deadline")
-                    raise NativeError(f"{what}: {DEADLINE}")
+                elif not self._wait(limit):
+                    raise self._expired(what, by_timeout)
                 else:
                     answer = self._recv()
                 if answer[0] == "slot":
                     held.close()
                     try:
-                        threads = held.enter_context(compute.job(local=False, deadline=self.deadline()))
+                        threads = held.enter_context(compute.job(local=False, deadline=limit))
                     except compute.SlotTimeout:  # the worker waits for the slot: it is stopped, as at a deadline
+                        if by_timeout:
+                            raise self._expired(what, True) from None
                         self.kill("stopped at the session deadline")
                         raise NativeError(f"{what}: no compute slot came free before the session deadline "
                                           f"(other sessions held them all); its worker was stopped") from None
@@ -239,19 +272,19 @@ class Worker(Backend):
         self.arena, self.deadline = arena, deadline
         self.values.regions["session"] = arena
 
-    async def wait_answer(self) -> bool:
-        """Wait on the event loop for the worker's next message, until the session's deadline: False when the
-        deadline came first (the worker is then stopped: its answer would never be read)."""
+    async def wait_answer(self, what: str = "native call",
+                          until: Optional[tuple[Optional[float], bool]] = None) -> None:
+        """Wait on the event loop for the worker's next message, until ``until`` (``_until()`` when the request
+        was sent; default: the session's deadline): when that comes first, the worker is stopped (its answer
+        would never be read) and the error that says so is raised."""
         import trio
 
-        deadline = self.deadline()
-        until = math.inf if deadline is None else trio.current_time() + deadline - time.monotonic()
-        with trio.move_on_at(until) as waited:
+        limit, by_timeout = until if until is not None else (self.deadline(), False)
+        at = math.inf if limit is None else trio.current_time() + limit - time.monotonic()
+        with trio.move_on_at(at) as waited:
             await trio.lowlevel.wait_readable(self.sock)
         if waited.cancelled_caught:
-            self.kill("stopped at the session deadline")
-            return False
-        return True
+            raise self._expired(what, by_timeout)
 
     async def call_async(self, oid: int, what: str, *args: Any) -> tuple[bool, Any]:
         """Call this worker's function ``oid`` (named ``what``) from the event loop: ``(True, value)``;
@@ -276,15 +309,15 @@ class Worker(Backend):
             return False, None
         try:
             try:
+                until = self._until() if self.call_timeout is not None else None
                 send(self.sock, None, data=frame)
                 # not answered at once: wait on the loop (a plain ``select`` first: waiting through trio is an
                 # epoll registration, a cancel scope and a task switch, ~40 Python calls a request)
                 if not select.select([self.sock], [], [], self.quick_wait)[0]:
-                    if not await self.wait_answer():
-                        raise NativeError(f"{what}: {DEADLINE}")
+                    await self.wait_answer(what, until)
                 answer = self._recv()  # read as from an untrusted peer (wire.recv_checked)
                 if answer[0] in ("slot", "slot-done"):  # a model run in the worker: its slot is held in a thread
-                    answer = await trio.to_thread.run_sync(self._answer, what, answer)
+                    answer = await trio.to_thread.run_sync(self._answer, what, answer, until)
                 answer = self._settle(answer)
             except BROKEN as exc:
                 raise self._failure(exc, what) from None
@@ -354,8 +387,10 @@ class Worker(Backend):
                 if len(fds) == 2:
                     os.close(fds[1])
             try:
-                if not await self.wait_answer():
-                    raise LoanDied(NativeError(DEADLINE), *PAGE_FORMAT.unpack_from(self.page, 0))
+                try:
+                    await self.wait_answer("a repeated native call")
+                except NativeError as exc:
+                    raise LoanDied(exc, *PAGE_FORMAT.unpack_from(self.page, 0)) from None
                 reply = self._settle(self._recv())
             except BROKEN as exc:
                 raise LoanDied(self._failure(exc, "native call"), *PAGE_FORMAT.unpack_from(self.page, 0)) from None

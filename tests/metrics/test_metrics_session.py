@@ -149,7 +149,8 @@ def test_native_crash_is_counted(board, tmp_path):
 def test_labels_stay_bounded(board):
     """Only the bounded label names; no peer address anywhere in /metrics."""
     scrape = board.scrape()
-    allowed = {"code", "kind", "reason", "slot", "limit", "le", "version", "key", "native", "machine", "hostname"}
+    allowed = {"code", "kind", "reason", "result", "slot", "limit", "le", "version", "key", "native", "machine",
+               "hostname"}
     for fam in scrape.families.values():
         for s in fam.samples:
             assert set(s.labels) <= allowed, (s.name, s.labels)

@@ -28,7 +28,9 @@ NAMES = ("rpcsrv_board_info", "rpcsrv_start_time_seconds", "rpcsrv_limit", "rpcs
          "rpcsrv_session_memory_bytes", "rpcsrv_session_memory_limit_bytes", "rpcsrv_native_workers_alive",
          "rpcsrv_native_workers_started", "rpcsrv_native_workers_crashed", "rpcsrv_native_loaned_requests",
          "rpcsrv_tracker_registered",
-         "rpcsrv_tracker_registrations")
+         "rpcsrv_tracker_registrations",
+         "rpcsrv_health_ok", "rpcsrv_health_checks", "rpcsrv_health_last_failure_time_seconds",
+         "rpcsrv_health_failure_info")
 
 
 def board_version() -> str:
@@ -81,8 +83,8 @@ class BoardCollector:
         yield GaugeMetricFamily("rpcsrv_sessions_open", "Sessions now open", value=len(st.live))
         yield CounterMetricFamily("rpcsrv_sessions", "Sessions opened since the start", value=st.sessions_total)
         ended = CounterMetricFamily("rpcsrv_sessions_ended", "Sessions ended, by reason (closed, timeout, "
-                                    "idle, shutdown, lost)", labels=["reason"])
-        for reason in sorted({"closed", "timeout", "idle", "shutdown", "lost", *st.ended}):
+                                    "idle, shutdown, lost, call-timeout)", labels=["reason"])
+        for reason in sorted({"closed", "timeout", "idle", "shutdown", "lost", "call-timeout", *st.ended}):
             ended.add_metric([reason], st.ended.get(reason, 0))
         yield ended
         refused = CounterMetricFamily("rpcsrv_sessions_refused", "Clients turned away, by reason (key, "
@@ -104,12 +106,28 @@ class BoardCollector:
                                   "it held its session's connection (repeated native calls)", value=st.loaned)
         yield CounterMetricFamily("rpcsrv_native_workers_crashed", "Native workers that ended other than "
                                   "by closing (a crash, or stopped at the session deadline)", value=crashed)
+        yield from self._health()
         gate = server.gate
         if gate is not None and hasattr(gate, "connected"):  # a tracker registration (rpcsrv.farm)
             yield GaugeMetricFamily("rpcsrv_tracker_registered", "1 while registered with the tracker",
                                     value=1 if gate.connected else 0)
             yield CounterMetricFamily("rpcsrv_tracker_registrations", "Successful (re)registrations with "
                                       "the tracker", value=getattr(gate, "registrations", 0))
+
+    def _health(self) -> Iterator[Any]:
+        health = self.server.health  # the self-test's verdict (--health-interval, board/health.py)
+        yield GaugeMetricFamily("rpcsrv_health_ok", "1 while the board's self-test passes (or has not run), 0 "
+                                "while it fails (the board is then off the tracker or proxy)", value=int(health.ok))
+        checks = CounterMetricFamily("rpcsrv_health_checks", "Self-tests run (--health-interval), by result",
+                                     labels=["result"])
+        for result in ("ok", "failed"):
+            checks.add_metric([result], health.checks[result])
+        yield checks
+        yield GaugeMetricFamily("rpcsrv_health_last_failure_time_seconds", "When the self-test last failed "
+                                "(Unix time; 0: never)", value=health.last_failure)
+        failure = InfoMetricFamily("rpcsrv_health_failure", "Why the self-test last failed (empty: never)")
+        failure.add_metric([], {"reason": health.last_failure_reason[:500]})
+        yield failure
 
     def _requests(self) -> Iterator[Any]:
         requests = CounterMetricFamily("rpcsrv_requests", "Requests answered, by RPC code", labels=["code"])

@@ -44,9 +44,13 @@ class MetricsApp:
             return 200, CONTENT_TYPE_LATEST, generate_latest(self.registry)
         if path in ("/", "/index.html"):
             return 200, "text/html; charset=utf-8", render(self.server, self.stats, self.version).encode()
-        if path == "/healthz":
-            healthy = not self.server.draining
-            return (200 if healthy else 503), "text/plain; charset=utf-8", b"ok\n" if healthy else b"draining\n"
+        if path == "/healthz":  # 503 while draining, or while the self-test fails (with its reason)
+            health = self.server.health
+            if self.server.draining:
+                return 503, "text/plain; charset=utf-8", b"draining\n"
+            if not health.ok:
+                return 503, "text/plain; charset=utf-8", f"unhealthy: {health.reason}\n".encode()
+            return 200, "text/plain; charset=utf-8", b"ok\n"
         return 404, "text/plain; charset=utf-8", b"not found: try /, /metrics or /healthz\n"
 
 

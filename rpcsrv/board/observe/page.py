@@ -1,7 +1,7 @@
 """The board's status page (``/`` on the metrics port): what a person wants to see at a glance.
 
-Identity and version, limits, tracker state, the sessions now open (peer, age, memory, calls, the
-modules each holds) and the last errors.  Plain HTML with a little CSS: no script, nothing fetched
+Identity and version, limits, tracker state, the self-test's verdict, the sessions now open (peer, age,
+memory, calls, the modules each holds) and the last errors.  Plain HTML with a little CSS: no script, nothing fetched
 from the network; it reloads itself every :data:`REFRESH` seconds (``<meta http-equiv=refresh>``).
 Every string it shows goes through ``html.escape``: peers, error messages and module names come
 from clients.
@@ -76,6 +76,12 @@ def render(server: Any, stats: Any, version: str) -> str:
         where = "%s:%s" % tuple(getattr(gate, "addr", ("?", "?")))
         state = '<span class="ok">registered</span>' if gate.connected else '<span class="bad">not registered</span>'
         out.append(f"<p>Tracker {_e(where)}: {state} ({getattr(gate, 'registrations', 0)} registration(s))</p>")
+    health = server.health
+    if opts.health_interval:  # the self-test (board/health.py)
+        state = '<span class="ok">passing</span>' if health.ok else \
+            f'<span class="bad">failing, off the farm</span>: {_e(health.reason)}'
+        out.append(f"<p>Self-test every {opts.health_interval:g} s: {state} ({health.checks['ok']} passed, "
+                   f"{health.checks['failed']} failed)</p>")
     bar = min(200, 200 * used // total)
     out.append(f'<p>Memory: {_mib(used)} of {_mib(total)} <span class="track"><span class="bar" style="width:{bar}px">'
                f"</span></span>"
