@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import mmap
 import threading
@@ -204,12 +205,16 @@ class StoragePool:
         self.pooled_bytes = 0
         self.peak_bytes = 0
         self._lock = threading.Lock()
+        #: blocks given back but not yet accounted: a release may come from a finalizer that the garbage
+        #: collector runs inside ``alloc`` on this very thread, which must not wait for the lock it holds
+        self._returned: collections.deque = collections.deque()
 
     def alloc(self, nbytes: int) -> Storage:
         if nbytes < 0:
             raise ValueError(f"alloc_storage: negative size {nbytes}")
         size = max(PAGE, -(-nbytes // PAGE) * PAGE)
         with self._lock:
+            self._account_returned_locked()
             blocks = self.free.get(size)
             if blocks:
                 block = blocks.pop()
@@ -227,16 +232,27 @@ class StoragePool:
         return Storage(self, block)
 
     def release(self, block: _Block) -> None:
-        with self._lock:
+        """Give ``block`` back: accounted now when the lock is free, else by the lock's holder or the next
+        ``alloc`` (never waits: it may run in a finalizer inside ``alloc``)."""
+        self._returned.append(block)
+        if self._lock.acquire(blocking=False):
+            try:
+                self._account_returned_locked()
+            finally:
+                self._lock.release()
+
+    def _account_returned_locked(self) -> None:
+        while self._returned:
+            block = self._returned.popleft()
             self.live_bytes -= block.nbytes
-            if block.escaped or self.naive:
-                return
-            self.free.setdefault(block.nbytes, []).append(block)
-            self.pooled_bytes += block.nbytes
+            if not (block.escaped or self.naive):
+                self.free.setdefault(block.nbytes, []).append(block)
+                self.pooled_bytes += block.nbytes
 
     def clear(self) -> None:
         """Drop every pooled (free) buffer (``vm.builtin.memory_manager.clear``)."""
         with self._lock:
+            self._account_returned_locked()
             self._clear_locked()
 
     def _clear_locked(self) -> None:
