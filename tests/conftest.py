@@ -93,12 +93,14 @@ def need_shared(*parts: str) -> Path:
 class ServerProcess:
     """``rpcsrv serve`` in a child process on a free port (what a user runs on the board)."""
 
-    def __init__(self, *args: str, workdir=None, env=None, cwd=None):
+    def __init__(self, *args: str, workdir=None, env=None, cwd=None, launch=(), flags=()):
+        """``launch``: a command that execs the rest (e.g. into a cgroup); ``flags``: rpcsrv's own, before
+        ``serve`` (``-v``)."""
         import re
         import subprocess
         import sys
 
-        cmd = [sys.executable, "-m", "rpcsrv", "serve", "--port", "0", *args]
+        cmd = [*launch, sys.executable, "-m", "rpcsrv", *flags, "serve", "--port", "0", *args]
         if workdir is not None:
             cmd += ["--workdir", str(workdir)]
         import tempfile

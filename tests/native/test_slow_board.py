@@ -16,16 +16,13 @@ import itertools
 import os
 import re
 import signal
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import REQUIRE_ALL, need_module, need_program
+from conftest import REQUIRE_ALL, ServerProcess, need_module, need_program
 from native_helpers import kernel_inputs, tvm_kernels
 
 CPU = Path("/sys/fs/cgroup/cpu")
@@ -96,27 +93,15 @@ def slow():
     group.remove()
 
 
-class BoardServer:
+class BoardServer(ServerProcess):
     """``rpcsrv serve`` in ``group`` from its first instruction, with its own cache folder."""
 
     def __init__(self, group: Cgroup, cache: Path, workdir: Path, *args: str):
         need_program("cc", "the board's compiler")
-        cmd = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(group.path / "cgroup.procs"), sys.executable, "-m",
-               "rpcsrv", "-v", "serve", "--port", "0", "--cache-dir", str(cache), "--workdir", str(workdir), *args]
         env = {k: v for k, v in os.environ.items() if k not in ("RPCSRV_CACHE_DIR", "RPCSRV_KERNELS_LIB",
                                                                    "RPCSRV_NATIVE_SHIM")}
-        self.log = tempfile.TemporaryFile("a+")
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
-        line = self.proc.stdout.readline()
-        m = re.search(r":(\d+)", line)
-        if not m:
-            self.proc.kill()
-            raise RuntimeError(f"rpcsrv did not start: {line!r} {self.stderr()}")
-        self.port = int(m.group(1))
-
-    def stderr(self) -> str:
-        self.log.seek(0)
-        return self.log.read()
+        super().__init__("--cache-dir", str(cache), *args, workdir=workdir, env=env, flags=("-v",),
+                         launch=("sh", "-c", 'echo $$ > "$0" && exec "$@"', str(group.path / "cgroup.procs")))
 
     def wait_log(self, pattern: str, timeout: float) -> str:
         until = time.monotonic() + timeout
