@@ -69,8 +69,10 @@ def test_mobile_blocks_match_onnxruntime(name, kernels, libraries, monkeypatch):
     ex.get_function("run")()
     got = ex.get_function("get_output")(0)
     np.testing.assert_allclose(got, want[0], rtol=1e-4, atol=1e-4 * np.abs(want[0]).max())
-    # every conv ran as a run plan (kernels/conv/plans_conv.py) with the compiled kernels, none without them
+    # every conv ran as a run plan (kernels/conv/plans_conv.py, plans_pointwise.py) with the compiled kernels,
+    # none without them
     steps = [s for fn in ex._functions.values() for s in getattr(fn, "steps", ())]
     convs = [s for s in steps if s[0].op == "conv"]
-    planned = [s for s in convs if getattr(s[1], "__module__", "") == "rpcsrv.executor.kernels.conv.plans_conv"]
+    plans = {"rpcsrv.executor.kernels.conv.plans_conv", "rpcsrv.executor.kernels.conv.plans_pointwise"}
+    planned = [s for s in convs if getattr(s[1], "__module__", "") in plans]
     assert len(planned) == len(convs) if kernels == "compiled" else not planned, (len(planned), len(convs))
