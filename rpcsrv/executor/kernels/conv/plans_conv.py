@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import math
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from .. import prepared
 from . import gemm, winograd
 from .conv import attrs_geometry, fast_path
 from .depthwise import channel_shuffle
+from .conv_step import ConvStep
 from .plans_pointwise import pointwise_plan, residual_pointwise_plan, scaled_pointwise_plan
 
 #: dense convs with at most this many taps per output (C * KH * KW) run the C rows kernel (``dwconv.c``):
@@ -50,32 +51,6 @@ def fused_pays(taps: int) -> bool:
     way (3x3 s2 2506 / 2624, stem 2825 / 2866, 1x1 s2 at 56 2145 / 2103); alone, 5x5, 7x7 and 11x11 kernels
     of few channels 0.89-0.92x (ZFNet 1.02x faster whole), strided 1x1s 1.02-1.05x slower."""
     return taps > 1
-
-
-class ConvStep(NamedTuple):
-    """A conv step some plan may take, read once (:func:`read_step`)."""
-
-    kernel: Callable[..., Any]  # the table kernel, and its attributes
-    attrs: dict
-    general: Callable[..., Any]  # the table kernel on the step's (x, w, b, *rest): inputs a plan was not made for
-    xshape: tuple  # the computed input's declared shape, and the node's own
-    shape: tuple
-    sshape: Optional[tuple]  # the scale's shape (``scaled``), else None
-    w: np.ndarray  # the constant weights and bias the plan binds
-    b: Optional[np.ndarray]
-    bias: Optional[np.ndarray]  # b as (M,), C-contiguous, and its address
-    bptr: Optional[int]
-    group: int
-    shuffle: int  # ``input_shuffle``: 1, or the groups of the shuffle a depthwise kernel reads in place
-    strides: tuple  # the checked geometry (``conv.attrs_geometry``)
-    dilations: tuple
-    begin: tuple
-    end: tuple
-    out: tuple
-    act: int  # the fused activation's code and bounds for the C kernels (``compiled._activation``)
-    lo: float
-    hi: float
-    lib: Any  # the compiled library the plan was made with
 
 
 def general_kernel(kernel, attrs) -> Callable[..., Any]:

@@ -5,15 +5,13 @@
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 
 from ..plan_support import F32, address, block, in_use
 from . import gemm
-
-if TYPE_CHECKING:
-    from .plans_conv import ConvStep
+from .conv_step import ConvStep
 
 
 class _Pointwise(NamedTuple):
