@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import sys
 import tempfile
@@ -26,6 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import quant_bench  # noqa: E402
+import zoo_profile  # noqa: E402
 
 
 def profiled_session(pair: quant_bench.Pair):
@@ -87,16 +87,11 @@ def profile(pair: quant_bench.Pair, repeat: int) -> tuple[dict, list, float, dic
 def nodes(sess) -> dict:
     """Per onnxruntime op type: [ms, nodes], each node's median kernel time from the session's profile (the first
     run left out)."""
-    with open(sess.end_profiling()) as f:
-        events = json.load(f)
     per_node: dict[str, list[float]] = collections.defaultdict(list)
     op_of: dict[str, str] = {}
-    for e in events:
-        if e.get("cat") != "Node" or not e["name"].endswith("_kernel_time"):
-            continue
-        name = e["name"][:-len("_kernel_time")]
-        per_node[name].append(e["dur"] / 1e3)
-        op_of[name] = e["args"].get("op_name", "?")
+    for name, op, ms in zoo_profile.kernel_times(sess):
+        per_node[name].append(ms)
+        op_of[name] = op
     kinds: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
     for name, ts in per_node.items():
         kinds[op_of[name]][0] += float(np.median(ts[1:] or ts))

@@ -29,6 +29,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import zoo_bench  # noqa: E402  (sets up the import paths)
 
 
+def kernel_times(sess) -> list[tuple[str, str, float]]:
+    """(node name, op type, ms) of every kernel run in an onnxruntime session's profile (``enable_profiling``),
+    in order; ends the profiling."""
+    with open(sess.end_profiling()) as f:
+        events = json.load(f)
+    return [(e["name"][:-len("_kernel_time")], e["args"].get("op_name", "?"), e["dur"] / 1e3) for e in events
+            if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+
+
 def conv_kind(group: int, in_per_group: int, kernel) -> str:
     """``conv dw 3x3``, ``conv grouped 1x1``, ``conv 7x7``: how a convolution is computed."""
     kind = "dw " if group > 1 and in_per_group == 1 else "grouped " if group > 1 else ""
@@ -87,20 +96,15 @@ def theirs(eng: zoo_bench.Engines, model, repeat: int) -> dict[str, float]:
     sess = eng.ort.InferenceSession(eng.serialized, opts, providers=["CPUExecutionProvider"])
     for _ in range(repeat + 1):
         sess.run(None, eng.feeds)
-    with open(sess.end_profiling()) as f:
-        events = json.load(f)
     nodes = {n.name: n for n in model.graph.node if n.name}
     producer = {out: n for n in model.graph.node for out in n.output}
     weights = {t.name: numpy_helper.to_array(t).shape for t in model.graph.initializer}
     times: dict[str, list[float]] = collections.defaultdict(list)
     kinds: dict[str, str] = {}
-    for e in events:
-        if e.get("cat") != "Node" or not e["name"].endswith("_kernel_time"):
-            continue
-        name = e["name"][:-len("_kernel_time")]
-        times[name].append(e["dur"] / 1e3)
+    for name, op, ms in kernel_times(sess):
+        times[name].append(ms)
         node = nodes.get(name.removesuffix("_nchwc"))  # its NCHWc form keeps the node's name
-        if node is not None and node.op_type != "Conv" and e["args"].get("op_name") == "Conv" \
+        if node is not None and node.op_type != "Conv" and op == "Conv" \
                 and producer.get(node.input[0]) is not None and producer[node.input[0]].op_type == "Conv":
             node = producer[node.input[0]]  # a conv with its activation fused, named after the activation
         if node is not None and node.op_type == "Conv" and node.input[1] in weights:
@@ -108,7 +112,6 @@ def theirs(eng: zoo_bench.Engines, model, repeat: int) -> dict[str, float]:
             w = weights[node.input[1]]
             kinds[name] = conv_kind(attrs.get("group", 1), w[1], w[2:])
         else:  # named as our kernels are; a node onnxruntime made (fusions, NCHWc layouts) says so
-            op = e["args"].get("op_name", "?")
             kinds[name] = onnx_op_to_kernel(op) + ("" if node is not None else f" ({op}, onnxruntime's own node)")
     out: dict[str, float] = collections.defaultdict(float)
     for name, ts in times.items():

@@ -21,6 +21,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import ServerProcess, need_module
+from plugin_helpers import reference
 
 pytestmark = pytest.mark.tvm
 
@@ -75,13 +76,6 @@ def tape_model(seed: int = 3) -> onnx.ModelProto:
     model.ir_version = 8
     onnx.checker.check_model(model)
     return model
-
-
-def reference(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
-    import onnxruntime
-
-    sess = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return sess.run(None, {"x": x})[0]
 
 
 def _run(env, *argv, check=True):
