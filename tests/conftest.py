@@ -72,6 +72,21 @@ def need_module(name: str, why: str = ""):
         _missing(f"python module {name!r} not importable ({exc}); {why}".rstrip("; "))
 
 
+def run_with_tvm(board, lib, inputs: dict) -> list:
+    """Run library ``lib`` (a path) on ``board`` (host, port) through the real apache-tvm client, as a user does:
+    upload, ``load_module``, the graph executor from ``default``, every input set, ``run``; returns every
+    output as numpy.  Skips (fails under RPCSRV_REQUIRE_ALL=1) without apache-tvm."""
+    tvm = need_module("tvm", "the real TVM client comes from `pip install apache-tvm`")
+    sess = tvm.rpc.connect(board.host, board.port)
+    sess.upload(str(lib))
+    dev = sess.cpu(0)
+    m = sess.load_module(Path(lib).name)["default"](dev)
+    for name, value in inputs.items():
+        m["set_input"](name, tvm.runtime.tensor(value, dev))
+    m["run"]()
+    return [m["get_output"](k).numpy() for k in range(m["get_num_outputs"]())]
+
+
 def need_program(name: str, why: str = "") -> str:
     """Path of program ``name`` on PATH, or skip (fail under RPCSRV_REQUIRE_ALL=1)."""
     path = shutil.which(name)

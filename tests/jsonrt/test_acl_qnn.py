@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from acl_qnn import AclLibrary, conv_attrs, qparams, tvm_qnn_add, tvm_qnn_conv, tvm_qnn_dense, tvm_requantize
-from conftest import REPO, need_module
+from conftest import REPO, need_module, run_with_tvm
 
 onnx = need_module("onnx", "builds the model")
 need_module("onnxruntime", "quantizes the model and is the reference")
@@ -27,17 +27,9 @@ from rpcsrv.executor.jsonrt.qnn import fixed_point, requantize  # noqa: E402
 
 
 def _run(server, tmp_path, blob: bytes, inputs: dict) -> list[np.ndarray]:
-    tvm = need_module("tvm", "the real TVM client")
     path = tmp_path / "acl_qnn.blob"
     path.write_bytes(blob)
-    sess = tvm.rpc.connect(server.host, server.port)
-    sess.upload(str(path))
-    dev = sess.cpu(0)
-    m = sess.load_module(path.name)["default"](dev)
-    for name, value in inputs.items():
-        m["set_input"](name, tvm.runtime.tensor(value, dev))
-    m["run"]()
-    return [m["get_output"](k).numpy() for k in range(m["get_num_outputs"]())]
+    return run_with_tvm(server, path, inputs)
 
 
 def _acl_mobilenet(path):

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import need_module, need_program
+from conftest import need_module, need_program, run_with_tvm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
@@ -77,17 +77,9 @@ def check_close(model, got: np.ndarray, want: np.ndarray) -> None:
 @pytest.mark.tvm
 @pytest.mark.parametrize("case", CASES, ids=_id)
 def test_quantized_model_over_rpc_matches_onnxruntime(case, made, server):
-    tvm = need_module("tvm", "the real TVM client comes from `pip install apache-tvm`")
     model, lib, feeds = made(case)
     want = _reference(model, feeds)
-    sess = tvm.rpc.connect(server.host, server.port)
-    sess.upload(str(lib))
-    dev = sess.cpu(0)
-    m = sess.load_module(lib.name)["default"](dev)
-    for name, value in feeds.items():
-        m["set_input"](name, tvm.runtime.tensor(value, dev))
-    m["run"]()
-    check_close(model, m["get_output"](0).numpy(), want)
+    check_close(model, run_with_tvm(server, lib, feeds)[0], want)
 
 
 def _steps(lib: Path):

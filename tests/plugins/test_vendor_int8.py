@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, ServerProcess, need_module
+from conftest import REPO, ServerProcess, need_module, run_with_tvm
 from plugin_helpers import VENDOR, fake_site
 
 need_module("onnxruntime", "quantizes the models and is the reference")
@@ -87,16 +87,9 @@ def test_the_vendor_codegen_takes_the_int8_convs(installed, tmp_path, name, fmt,
 @pytest.mark.parametrize("name,per_channel,fmt", [("resnet", False, "QDQ"), ("mobilenet", True, "QDQ"),
                                                   ("resnet", True, "QOperator"), ("mobilenet", False, "QOperator")])
 def test_vendor_int8_library_through_the_real_tvm_client(installed, board, tmp_path, name, per_channel, fmt):
-    tvm = need_module("tvm", "the real TVM client")
     model, so = _compile(tmp_path, name, per_channel, fmt=fmt)
-    sess = tvm.rpc.connect(board.host, board.port)
-    sess.upload(str(so))
-    dev = sess.cpu(0)
-    m = sess.load_module(so.name)["default"](dev)
     x = sample_input(21)
-    m["set_input"]("x", tvm.runtime.tensor(x, dev))
-    m["run"]()
-    ours, theirs = m["get_output"](0).numpy(), reference(model, x)
+    ours, theirs = run_with_tvm(board, so, {"x": x})[0], reference(model, x)
     assert within_one_step(ours, theirs, output_step(model)) >= 0.99 and ours.argmax() == theirs.argmax()
 
 
