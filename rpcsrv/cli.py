@@ -58,20 +58,7 @@ def serve_options(args: argparse.Namespace):
                              ConfineOptions(args.native_confine == "on", args.native_user, tuple(args.native_env))),
         poll_us=args.poll_us, compute=ComputeSettings.from_environment("RPCSRV_COMPUTE_NICE"),
         metrics_port=args.metrics_port, metrics_host=args.metrics_host, build=build_settings(args),
-        **_health_flags(args))
-
-
-def _health_flags(args: argparse.Namespace) -> dict:
-    """--health-interval and --call-timeout, checked: positive seconds, and a board whose calls run in workers
-    for a call timeout."""
-    for flag, value in (("--health-interval", args.health_interval), ("--call-timeout", args.call_timeout)):
-        if value is not None and not 0 < value < float("inf"):
-            raise CLIError(f"{flag} must be a positive number of seconds, got {value:g}")
-    if args.call_timeout is not None and (args.no_native or args.native != "isolated"
-                                          or not sys.platform.startswith("linux")):
-        raise CLIError("--call-timeout needs --native isolated on Linux: a call running in the server process "
-                       "cannot be stopped, only one in a session's worker process")
-    return {"health_interval": args.health_interval, "call_timeout": args.call_timeout}
+        health_interval=args.health_interval, call_timeout=args.call_timeout)
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 from .clikit import add_plugin_flags  # noqa: F401  (re-exported: the flags rpcsrv serve, check, inspect and extract take)
@@ -58,6 +59,14 @@ def check_serve_args(args: argparse.Namespace) -> None:
         value = getattr(args, flag, None)
         if value is not None and value <= 0:
             raise CLIError(f"--{flag.replace('_', '-')} {value} must be positive")
+    for flag in ("health_interval", "call_timeout"):  # (serve's own: check has neither)
+        value = getattr(args, flag, None)
+        if value is not None and not 0 < value < float("inf"):
+            raise CLIError(f"--{flag.replace('_', '-')} must be a positive number of seconds, got {value:g}")
+    if getattr(args, "call_timeout", None) is not None and (args.no_native or args.native != "isolated"
+                                                            or not sys.platform.startswith("linux")):
+        raise CLIError("--call-timeout needs --native isolated on Linux: a call running in the server process "
+                       "cannot be stopped, only one in a session's worker process")
     from .native.replay import MAX_SPIN  # (the loan loop's bound: the worker refuses a longer poll)
 
     poll, most = getattr(args, "poll_us", 0), round(MAX_SPIN * 1e6)
