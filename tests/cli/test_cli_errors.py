@@ -168,6 +168,10 @@ def test_serve_busy_port():
     (["--port", "9000", "--port-end", "9000"], "must be greater than --port"),
     (["--max-memory-mb", "0"], "--max-memory-mb 0 must be a positive"),
     (["--max-workspace-mb", "-5"], "--max-workspace-mb -5 must be a positive"),
+    (["--health-interval", "0"], "--health-interval must be a positive number of seconds, got 0"),
+    (["--call-timeout", "inf"], "--call-timeout must be a positive number of seconds, got inf"),
+    (["--call-timeout", "5", "--native", "inprocess"], "--call-timeout needs --native isolated"),
+    (["--call-timeout", "5", "--no-native"], "--call-timeout needs --native isolated"),
 ])
 def test_serve_validates_flags_at_start(flags, words):
     assert words in one_error_line(cli("rpcsrv", "serve", *flags), "rpcsrv")
