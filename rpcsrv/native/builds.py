@@ -1,9 +1,8 @@
 """A server's background build: the native runtime shim, then the executor's compiled kernels for this CPU,
 built by the board's compiler from the server's start, off every request's path.
 
-On a fresh board (an empty cache) a first use used to build them: the kernels took over 30 s on a busy
-2-core machine or a slow ARM board, inside a native worker's start window, so no session ever got native
-code.  Now (:meth:`BoardBuild.start`, called once by the server when it starts):
+No build sits inside a request or a native worker's start window (on a slow board the kernels take
+minutes).  From :meth:`BoardBuild.start`, called once by the server when it starts:
 
 * what is found serves at once: the cache, the wheel's prebuilt libraries, else numpy for the kernels;
 * the build runs in one thread at the lowest priority (its compiler inherits it), in a private folder of the
